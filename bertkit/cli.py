@@ -1,0 +1,27 @@
+"""The `bertkit` command line: one click group, one sub-command per stage.
+
+Each command lives in bertkit/commands/ and only maps flags onto a Python function;
+heavy imports (torch, deepspeed) happen inside the commands so `bertkit --help` stays fast.
+"""
+import click
+
+from bertkit import __version__
+from bertkit.commands.corpus import prepare_corpus
+from bertkit.commands.tokenizer import train_tokenizer
+from bertkit.commands.instances import make_instances
+from bertkit.commands.model import fill_mask
+from bertkit.commands.pretrain import pretrain, export
+from bertkit.commands.finetune import finetune
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="bertkit")
+def main():
+    """Pretrain and fine-tune BERT encoders on your own corpus.
+
+    Stages: prepare-corpus -> train-tokenizer -> make-instances -> pretrain -> export / fill-mask / finetune.
+    """
+
+
+for command in (prepare_corpus, train_tokenizer, make_instances, fill_mask, pretrain, export, finetune):
+    main.add_command(command)

@@ -1,0 +1,1 @@
+"""Triton fused kernels (attention, residual-add LayerNorm) with PyTorch references."""

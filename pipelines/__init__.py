@@ -1,0 +1,1 @@
+"""The data stages: corpus -> Arrow shards -> WordPiece -> MLM/NSP instances."""

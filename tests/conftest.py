@@ -1,0 +1,15 @@
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = Path(os.environ.get("BERTKIT_SHARED_DATA", REPO.parent / "shared" / "data"))
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """../shared/data (or $BERTKIT_SHARED_DATA); tests that need it skip with a reason when it is absent."""
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"real data not found at {SHARED_DATA} (set BERTKIT_SHARED_DATA to the shared/data folder)")
+    return SHARED_DATA
