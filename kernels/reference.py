@@ -1,0 +1,44 @@
+"""Plain-PyTorch references for every kernel: the CPU path, and the ground truth in tests."""
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+def attention_reference(q, k, v, lengths, dropout_p=0.0, softmax_scale=None):
+    """q, k, v: (batch, seq, heads, head_dim), right-padded; lengths: (batch,) int valid tokens per sequence.
+
+    Returns (batch, seq, heads, head_dim); query rows at or past a sequence's length are zero.
+    """
+    batch, seq, heads, head_dim = q.shape
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
+    valid = torch.arange(seq, device=q.device)[None, :] < lengths[:, None]          # (batch, seq)
+    scores = torch.einsum("bqhd,bkhd->bhqk", q.float(), k.float()) * scale
+    scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # a zero-length sequence has no keys
+    if dropout_p > 0.0:
+        probs = F.dropout(probs, p=dropout_p)
+    out = torch.einsum("bhqk,bkhd->bqhd", probs, v.float())
+    return (out * valid[:, :, None, None]).to(q.dtype)
+
+
+def attention_varlen_reference(q, k, v, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None):
+    """q, k, v: (total_tokens, heads, head_dim) packed; cu_seqlens: (batch + 1,) int32 offsets."""
+    out = torch.empty_like(q)
+    for i in range(cu_seqlens.numel() - 1):
+        start, end = int(cu_seqlens[i]), int(cu_seqlens[i + 1])
+        n = end - start
+        lengths = torch.tensor([n], device=q.device)
+        out[start:end] = attention_reference(
+            q[None, start:end], k[None, start:end], v[None, start:end], lengths, dropout_p, softmax_scale
+        )[0]
+    return out
+
+
+def add_layer_norm_reference(x, residual, weight, bias, eps=1e-12, dropout_p=0.0):
+    """LayerNorm(dropout(x) + residual): BERT's post-LN sub-layer output. residual may be None."""
+    if dropout_p > 0.0:
+        x = F.dropout(x, p=dropout_p)
+    if residual is not None:
+        x = x + residual
+    return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
