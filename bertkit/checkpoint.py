@@ -1,0 +1,321 @@
+"""HF-format checkpoints: load any HF BERT directory into bertkit, save bertkit models that transformers loads.
+
+The HF layout differs from ours in three ways, all handled here:
+- names (`encoder.layer.3.attention.output.LayerNorm.weight` vs `layers.3.attn_norm.weight`);
+- our fused QKV projection, split into query/key/value on save and joined on load;
+- our vocabulary padded to a multiple of 8, sliced on save and zero-padded on load.
+Tensors are read from model.safetensors (or a sharded index), or from pytorch_model.bin with
+torch.load(weights_only=True), which never unpickles arbitrary objects.
+"""
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import torch
+
+from bertkit.config import BertConfig
+from bertkit.fileio import atomic_write_bytes, atomic_write_json
+from bertkit.model import (
+    BertForPreTraining,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+    BertModel,
+    build_model,
+)
+
+log = logging.getLogger(__name__)
+
+TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+ARCHITECTURES = {
+    BertModel: "BertModel",
+    BertForPreTraining: "BertForPreTraining",
+    BertForSequenceClassification: "BertForSequenceClassification",
+    BertForTokenClassification: "BertForTokenClassification",
+    BertForQuestionAnswering: "BertForQuestionAnswering",
+}
+HEAD_OF_ARCHITECTURE = {
+    "BertModel": None,
+    "BertForPreTraining": "pretraining",
+    "BertForMaskedLM": "pretraining",
+    "BertLMHeadModel": "pretraining",
+    "BertForNextSentencePrediction": "pretraining",
+    "BertForSequenceClassification": "sequence_classification",
+    "BertForTokenClassification": "token_classification",
+    "BertForQuestionAnswering": "question_answering",
+}
+LAYER_PARTS = {
+    "attn_out": "attention.output.dense",
+    "attn_norm": "attention.output.LayerNorm",
+    "ffn_in": "intermediate.dense",
+    "ffn_out": "output.dense",
+    "ffn_norm": "output.LayerNorm",
+}
+HEAD_PARTS = {
+    "mlm_dense": "cls.predictions.transform.dense",
+    "mlm_norm": "cls.predictions.transform.LayerNorm",
+    "nsp": "cls.seq_relationship",
+    "classifier": "classifier",
+    "qa_outputs": "qa_outputs",
+}
+VOCAB_PADDED = ("bert.embeddings.word_embeddings.weight", "mlm_bias")
+
+
+# ---------------------------------------------------------------- names
+def hf_names(key: str) -> list[str]:
+    """HF tensor names for one of our (canonical, `bert.`-prefixed) parameter names; three for a fused QKV."""
+    if key == "mlm_bias":
+        return ["cls.predictions.bias"]
+    if not key.startswith("bert."):
+        module, leaf = key.rsplit(".", 1)
+        return [f"{HEAD_PARTS[module]}.{leaf}"]
+    parts = key.split(".")
+    if parts[1] == "layers":
+        i, module, leaf = parts[2], parts[3], parts[4]
+        prefix = f"bert.encoder.layer.{i}."
+        if module == "qkv":
+            return [f"{prefix}attention.self.{name}.{leaf}" for name in ("query", "key", "value")]
+        return [f"{prefix}{LAYER_PARTS[module]}.{leaf}"]
+    if parts[1] == "pooler":
+        return [f"bert.pooler.dense.{parts[2]}"]
+    if parts[1:3] == ["embeddings", "norm"]:
+        return [f"bert.embeddings.LayerNorm.{parts[3]}"]
+    return [key]  # word/position/token_type embeddings keep their names
+
+
+def _canonical_state(model) -> dict:
+    """Our state dict with every encoder name under `bert.`, whether or not the model is a bare BertModel."""
+    state = model.state_dict()
+    if isinstance(model, BertModel):
+        return {f"bert.{k}": v for k, v in state.items()}
+    return dict(state)
+
+
+def to_hf_state_dict(state: dict, cfg: BertConfig) -> dict:
+    """Canonical bertkit tensors (parameters or their gradients) -> HF-named tensors."""
+    out = {}
+    for key, tensor in state.items():
+        names = hf_names(key)
+        if key in VOCAB_PADDED:
+            tensor = tensor[: cfg.vocab_size]
+        pieces = tensor.chunk(len(names), dim=0) if len(names) > 1 else [tensor]
+        for name, piece in zip(names, pieces):
+            out[name] = piece.detach().contiguous().clone()
+    return out
+
+
+def _normalise_hf_keys(tensors: dict) -> dict:
+    """Put every encoder tensor under `bert.`; TF-era LayerNorm gamma/beta -> weight/bias."""
+    out = {}
+    for key, tensor in tensors.items():
+        if key.startswith(("embeddings.", "encoder.", "pooler.")):
+            key = "bert." + key
+        if key.endswith(".gamma"):
+            key = key[: -len("gamma")] + "weight"
+        elif key.endswith(".beta"):
+            key = key[: -len("beta")] + "bias"
+        out[key] = tensor
+    return out
+
+
+# ---------------------------------------------------------------- reading
+def _count_lines(path: Path) -> int:
+    data = path.read_bytes()
+    return data.count(b"\n") + (0 if data.endswith(b"\n") or not data else 1)
+
+
+def read_weights(path) -> dict:
+    """All tensors of an HF checkpoint directory, as float32 on the CPU."""
+    path = Path(path)
+    from safetensors.torch import load_file
+
+    if (path / "model.safetensors").is_file():
+        tensors = load_file(str(path / "model.safetensors"))
+    elif (path / "model.safetensors.index.json").is_file():
+        index = json.loads((path / "model.safetensors.index.json").read_text())
+        tensors = {}
+        for shard in sorted(set(index["weight_map"].values())):
+            tensors.update(load_file(str(path / shard)))
+    elif (path / "pytorch_model.bin").is_file():
+        try:
+            tensors = torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
+        except Exception as e:  # pickled code, not plain tensors: refuse rather than execute it
+            raise ValueError(f"{path / 'pytorch_model.bin'}: cannot be read as plain tensors "
+                             f"(torch.load weights_only=True): {e}") from e
+        if "state_dict" in tensors and isinstance(tensors["state_dict"], dict):
+            tensors = tensors["state_dict"]
+    else:
+        raise FileNotFoundError(f"{path}: no model.safetensors or pytorch_model.bin; is this an HF model folder? "
+                                "(bertkit exports write model.safetensors beside config.json)")
+    return {k: v.float() if v.is_floating_point() else v for k, v in tensors.items()}
+
+
+def read_checkpoint(path):
+    """(BertConfig, HF config dict, HF-named tensors with `bert.`-prefixed encoder names) of a directory."""
+    path = Path(path)
+    config_path = path / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{config_path} not found: load_pretrained needs an HF-format BERT folder "
+                                "(config.json + model.safetensors); export a bertkit training run first")
+    hf_config = json.loads(config_path.read_text(encoding="utf-8"))
+    cfg = BertConfig.from_hf_dict(hf_config, source=str(config_path))
+    tensors = _normalise_hf_keys(read_weights(path))
+
+    word = "bert.embeddings.word_embeddings.weight"
+    if word not in tensors:
+        found = ", ".join(sorted(tensors)[:5])
+        raise ValueError(f"{path}: no tensor {word!r} (or 'embeddings.word_embeddings.weight'); "
+                         f"not a BERT checkpoint? It has: {found}, ...")
+    rows = tuple(tensors[word].shape)
+    if rows != (cfg.vocab_size, cfg.hidden_size):
+        raise ValueError(f"{path}: tensor {word!r} has shape {rows} but config.json says "
+                         f"({cfg.vocab_size}, {cfg.hidden_size}) (vocab_size, hidden_size)")
+    if (path / "vocab.txt").is_file():
+        n = _count_lines(path / "vocab.txt")
+        if n != cfg.vocab_size:
+            raise ValueError(f"{path / 'vocab.txt'} has {n} tokens but tensor {word!r} has shape {rows}: "
+                             "the vocabulary does not match the embeddings")
+    return cfg, hf_config, tensors
+
+
+def infer_head(hf_config: dict, tensors: dict) -> str | None:
+    for arch in hf_config.get("architectures") or []:
+        if arch in HEAD_OF_ARCHITECTURE:
+            return HEAD_OF_ARCHITECTURE[arch]
+    if "qa_outputs.weight" in tensors:
+        return "question_answering"
+    if "cls.predictions.bias" in tensors:
+        return "pretraining"
+    return None
+
+
+# ---------------------------------------------------------------- load / save
+def load_pretrained(path, head: str | None = "auto", num_labels: int | None = None):
+    """Build a bertkit model from an HF BERT folder (or a bertkit export) and load its weights.
+
+    head: None (bare encoder), "pretraining", "sequence_classification", "token_classification",
+    "question_answering", or "auto" (from config.json's architectures). Heads missing from the checkpoint
+    are initialised and logged; encoder tensors must all be present. Returned in eval mode, fp32 on the CPU,
+    with `model.loading_info` = {"head", "missing", "unused"} (HF tensor names) and `model.hf_config`.
+    """
+    path = Path(path)
+    cfg, hf_config, tensors = read_checkpoint(path)
+    saved_head = infer_head(hf_config, tensors)
+    if head == "auto":
+        head = saved_head
+    if head in ("sequence_classification", "token_classification") and num_labels is None:
+        if "classifier.weight" in tensors:
+            num_labels = tensors["classifier.weight"].shape[0]
+        elif saved_head == head and hf_config.get("id2label"):
+            num_labels = len(hf_config["id2label"])
+        else:
+            raise ValueError(f"{path} has no classifier; pass num_labels to build a {head} head")
+    model = build_model(cfg, head, num_labels)
+
+    # tied decoder: HF files may carry it; it must be the embedding matrix, and its bias the MLM bias
+    decoder = tensors.pop("cls.predictions.decoder.weight", None)
+    decoder_bias = tensors.pop("cls.predictions.decoder.bias", None)
+    if decoder_bias is not None and "cls.predictions.bias" not in tensors:
+        tensors["cls.predictions.bias"] = decoder_bias
+    if decoder is not None and not torch.equal(decoder, tensors["bert.embeddings.word_embeddings.weight"]):
+        log.warning("%s: cls.predictions.decoder.weight differs from the word embeddings; bertkit ties them "
+                    "and uses the embeddings", path)
+    for buffer in ("bert.embeddings.position_ids", "bert.embeddings.token_type_ids"):
+        tensors.pop(buffer, None)  # buffers some HF versions saved; not weights
+
+    state = _canonical_state(model)
+    loaded, missing, used = {}, [], set()
+    for key, current in state.items():
+        names = hf_names(key)
+        absent = [n for n in names if n not in tensors]
+        if absent:
+            if key.startswith("bert.") and not (key.startswith("bert.pooler.")):
+                raise ValueError(f"{path}: checkpoint lacks tensor {absent[0]!r} (needed for {key!r}); "
+                                 "is it a BERT checkpoint with this config.json?")
+            missing.extend(absent)
+            loaded[key] = current
+            continue
+        pieces = [tensors[n] for n in names]
+        expected = list(current.shape)
+        if key in VOCAB_PADDED:
+            expected[0] = cfg.vocab_size
+        expected[0] //= len(names)
+        for n, t in zip(names, pieces):
+            if list(t.shape) != expected:
+                raise ValueError(f"{path}: tensor {n!r} has shape {tuple(t.shape)}, "
+                                 f"expected {tuple(expected)} for this config.json / head")
+        tensor = torch.cat(pieces, 0) if len(pieces) > 1 else pieces[0]
+        if key in VOCAB_PADDED:
+            tensor = torch.cat([tensor, current[cfg.vocab_size:].zero_()], 0)
+        loaded[key] = tensor
+        used.update(names)
+
+    if isinstance(model, BertModel):
+        loaded = {k[len("bert."):]: v for k, v in loaded.items()}
+    model.load_state_dict(loaded, strict=True)
+    unused = sorted(set(tensors) - used)
+    if missing:
+        log.warning("%s: no weights for %s; initialised them randomly (train before use)", path, ", ".join(missing))
+    if unused:
+        log.info("%s: tensors not used by the %s model: %s", path, head or "encoder-only", ", ".join(unused))
+    model.loading_info = {"head": head, "missing": missing, "unused": unused}
+    model.hf_config = hf_config
+    return model.eval()
+
+
+def save_pretrained(model, out_dir, tokenizer_dir=None, extra_config: dict | None = None,
+                    safe_serialization: bool = True) -> Path:
+    """Write `model` as an HF BERT folder: config.json, model.safetensors, and the tokenizer files.
+
+    transformers' matching class (BertModel / BertForPreTraining / BertForSequenceClassification /
+    BertForTokenClassification / BertForQuestionAnswering) loads it with no missing or unexpected keys.
+    extra_config entries (e.g. id2label, label2id, finetuning task) are merged into config.json.
+    """
+    model = getattr(model, "module", model)  # DDP / DeepSpeed engine wrappers
+    cfg = model.cfg
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if tokenizer_dir is not None:
+        tokenizer_dir = Path(tokenizer_dir)
+        if not (tokenizer_dir / "vocab.txt").is_file() and not (tokenizer_dir / "tokenizer.json").is_file():
+            raise FileNotFoundError(f"{tokenizer_dir}: no vocab.txt or tokenizer.json to copy beside the model")
+        if (tokenizer_dir / "vocab.txt").is_file():
+            n = _count_lines(tokenizer_dir / "vocab.txt")
+            if n != cfg.vocab_size:
+                raise ValueError(f"{tokenizer_dir / 'vocab.txt'} has {n} tokens but the model's word embeddings "
+                                 f"have shape ({cfg.vocab_size}, {cfg.hidden_size}): wrong tokenizer folder?")
+
+    hf = to_hf_state_dict(_canonical_state(model), cfg)
+    if isinstance(model, BertModel):  # HF's BertModel files carry no `bert.` prefix
+        hf = {k[len("bert."):]: v for k, v in hf.items()}
+
+    config = cfg.to_hf_dict()
+    config["architectures"] = [ARCHITECTURES[type(model)]]
+    num_labels = getattr(model, "num_labels", None)
+    if num_labels is not None:
+        config["id2label"] = {str(i): f"LABEL_{i}" for i in range(num_labels)}
+        config["label2id"] = {f"LABEL_{i}": i for i in range(num_labels)}
+        if num_labels == 1:
+            config["problem_type"] = "regression"
+    config.update(extra_config or {})
+    if num_labels is not None and len(config["id2label"]) != num_labels:
+        raise ValueError(f"extra_config id2label has {len(config['id2label'])} labels, the classifier {num_labels}")
+
+    if safe_serialization:
+        from safetensors.torch import save
+
+        atomic_write_bytes(out_dir / "model.safetensors", save(hf, metadata={"format": "pt"}))
+    else:
+        import io
+
+        buffer = io.BytesIO()
+        torch.save(hf, buffer)
+        atomic_write_bytes(out_dir / "pytorch_model.bin", buffer.getvalue())
+    atomic_write_json(out_dir / "config.json", config)
+    if tokenizer_dir is not None:
+        for name in TOKENIZER_FILES:
+            if (tokenizer_dir / name).is_file() and (tokenizer_dir / name).resolve() != (out_dir / name).resolve():
+                shutil.copyfile(tokenizer_dir / name, out_dir / name)
+    return out_dir

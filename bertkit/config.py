@@ -1,0 +1,117 @@
+"""BertConfig: the shape of a BERT encoder, its presets, and the mapping to/from HF's config.json."""
+from dataclasses import asdict, dataclass, fields
+
+# (num_layers, hidden_size, num_heads) as in the BERT paper and Turc et al. 2019 ("Well-read students").
+PRESETS = {
+    "tiny": (2, 128, 2),
+    "mini": (4, 256, 4),
+    "small": (4, 512, 8),
+    "medium": (8, 512, 8),
+    "base": (12, 768, 12),
+    "large": (24, 1024, 16),
+}
+
+
+@dataclass
+class BertConfig:
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_layers: int = 12
+    num_heads: int = 12
+    intermediate_size: int = 3072
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    hidden_dropout: float = 0.1
+    attention_dropout: float = 0.1
+    layer_norm_eps: float = 1e-12
+    initializer_range: float = 0.02
+    pad_token_id: int = 0
+    classifier_dropout: float | None = None  # None: use hidden_dropout (as HF does)
+
+    def __post_init__(self):
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"hidden_size {self.hidden_size} is not a multiple of num_heads {self.num_heads}")
+        if self.vocab_size < 1:
+            raise ValueError(f"vocab_size must be positive, got {self.vocab_size}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def padded_vocab_size(self) -> int:
+        """The embedding rows: vocab_size rounded up to a multiple of 8 (tensor-core friendly matmuls)."""
+        return (self.vocab_size + 7) // 8 * 8
+
+    @classmethod
+    def preset(cls, name: str, **overrides) -> "BertConfig":
+        if name not in PRESETS:
+            raise ValueError(f"unknown model preset {name!r}; choose one of {', '.join(PRESETS)}")
+        layers, hidden, heads = PRESETS[name]
+        values = dict(num_layers=layers, hidden_size=hidden, num_heads=heads, intermediate_size=4 * hidden)
+        values.update(overrides)
+        return cls(**values)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def to_hf_dict(self) -> dict:
+        """The fields of a transformers BertConfig (config.json), without architectures/labels."""
+        return {
+            "model_type": "bert",
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "intermediate_size": self.intermediate_size,
+            "hidden_act": "gelu",
+            "hidden_dropout_prob": self.hidden_dropout,
+            "attention_probs_dropout_prob": self.attention_dropout,
+            "max_position_embeddings": self.max_position_embeddings,
+            "type_vocab_size": self.type_vocab_size,
+            "initializer_range": self.initializer_range,
+            "layer_norm_eps": self.layer_norm_eps,
+            "pad_token_id": self.pad_token_id,
+            "position_embedding_type": "absolute",
+            "classifier_dropout": self.classifier_dropout,
+        }
+
+    @classmethod
+    def from_hf_dict(cls, d: dict, source: str = "config.json") -> "BertConfig":
+        """Read an HF BERT config.json dict; refuses settings this model does not implement."""
+        model_type = d.get("model_type")
+        if model_type != "bert":
+            archs = d.get("architectures") or []
+            raise ValueError(
+                f"{source}: model_type is {model_type!r} (architectures {archs}), not 'bert'; "
+                "bertkit loads BERT checkpoints only"
+            )
+        unsupported = {
+            "hidden_act": (d.get("hidden_act", "gelu"), ("gelu",)),
+            "position_embedding_type": (d.get("position_embedding_type", "absolute"), ("absolute",)),
+            "is_decoder": (d.get("is_decoder", False), (False,)),
+            "add_cross_attention": (d.get("add_cross_attention", False), (False,)),
+        }
+        for key, (value, allowed) in unsupported.items():
+            if value not in allowed:
+                raise ValueError(f"{source}: {key}={value!r} is not supported (bertkit implements {allowed[0]!r})")
+        return cls(
+            vocab_size=d["vocab_size"],
+            hidden_size=d["hidden_size"],
+            num_layers=d["num_hidden_layers"],
+            num_heads=d["num_attention_heads"],
+            intermediate_size=d["intermediate_size"],
+            max_position_embeddings=d.get("max_position_embeddings", 512),
+            type_vocab_size=d.get("type_vocab_size", 2),
+            hidden_dropout=d.get("hidden_dropout_prob", 0.1),
+            attention_dropout=d.get("attention_probs_dropout_prob", 0.1),
+            layer_norm_eps=d.get("layer_norm_eps", 1e-12),
+            initializer_range=d.get("initializer_range", 0.02),
+            pad_token_id=d.get("pad_token_id") or 0,
+            classifier_dropout=d.get("classifier_dropout"),
+        )
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "BertConfig":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})

@@ -1,0 +1,287 @@
+"""BERT (Devlin et al. 2019): embeddings, post-LN encoder, pooler, and the pretraining / fine-tuning heads.
+
+Attention and the (dropout + residual + LayerNorm) sub-layer exits go through `kernels`, which dispatch to
+Triton on CUDA and to a PyTorch reference elsewhere. Inputs are right-padded batches: attention_mask is
+1 for tokens and 0 for padding, and the kernels use only its per-row length. Hidden states at padded
+positions are not meaningful (the attention kernel zeroes padded query rows); nothing reads them.
+"""
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+import kernels
+from bertkit.config import BertConfig
+
+IGNORE_INDEX = -100
+
+
+@dataclass
+class EncoderOutput:
+    last_hidden_state: torch.Tensor  # (B, S, H)
+    pooler_output: torch.Tensor | None  # (B, H), tanh(dense(h[CLS]))
+
+
+@dataclass
+class PreTrainingOutput:
+    loss: torch.Tensor | None  # mlm_loss + nsp_loss (whichever were asked for)
+    mlm_loss: torch.Tensor | None
+    nsp_loss: torch.Tensor | None
+    mlm_logits: torch.Tensor  # (B, P, vocab_size) at mlm_positions, or (B, S, vocab_size) without them
+    nsp_logits: torch.Tensor  # (B, 2); index 1 = NotNext
+
+
+@dataclass
+class ClassifierOutput:
+    loss: torch.Tensor | None
+    logits: torch.Tensor  # (B, num_labels) or (B, S, num_labels)
+
+
+@dataclass
+class QuestionAnsweringOutput:
+    loss: torch.Tensor | None
+    start_logits: torch.Tensor  # (B, S); padded positions hold a large negative number
+    end_logits: torch.Tensor
+
+
+class Embeddings(nn.Module):
+    def __init__(self, cfg: BertConfig):
+        super().__init__()
+        self.cfg = cfg
+        # rows past vocab_size are padding for fast matmuls: zero, never an input, never predicted
+        self.word_embeddings = nn.Embedding(cfg.padded_vocab_size, cfg.hidden_size)
+        self.position_embeddings = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
+        self.token_type_embeddings = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
+        self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+
+    def forward(self, input_ids, token_type_ids):
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
+        x = x + self.position_embeddings(positions)
+        x = kernels.add_layer_norm(x, None, self.norm.weight, self.norm.bias, self.cfg.layer_norm_eps, 0.0)
+        return F.dropout(x, self.cfg.hidden_dropout, self.training)
+
+
+class Layer(nn.Module):
+    """Post-LN transformer layer: x = LN(x + Attn(x)); x = LN(x + FFN(x))."""
+
+    def __init__(self, cfg: BertConfig):
+        super().__init__()
+        self.cfg = cfg
+        h = cfg.hidden_size
+        self.qkv = nn.Linear(h, 3 * h)  # [query; key; value] rows, split/joined on HF conversion
+        self.attn_out = nn.Linear(h, h)
+        self.attn_norm = nn.LayerNorm(h, eps=cfg.layer_norm_eps)
+        self.ffn_in = nn.Linear(h, cfg.intermediate_size)
+        self.ffn_out = nn.Linear(cfg.intermediate_size, h)
+        self.ffn_norm = nn.LayerNorm(h, eps=cfg.layer_norm_eps)
+
+    def forward(self, x, lengths):
+        cfg = self.cfg
+        batch, seq, hidden = x.shape
+        attn_p = cfg.attention_dropout if self.training else 0.0
+        hidden_p = cfg.hidden_dropout if self.training else 0.0
+        # q, k, v stay strided views of one matmul's output; the kernel reads them in place
+        q, k, v = self.qkv(x).view(batch, seq, 3, cfg.num_heads, cfg.head_dim).unbind(2)
+        a = kernels.attention(q, k, v, lengths, attn_p, None).reshape(batch, seq, hidden)
+        x = kernels.add_layer_norm(self.attn_out(a), x, self.attn_norm.weight, self.attn_norm.bias,
+                                   cfg.layer_norm_eps, hidden_p)
+        f = self.ffn_out(F.gelu(self.ffn_in(x)))  # GELU with erf, as in BERT
+        return kernels.add_layer_norm(f, x, self.ffn_norm.weight, self.ffn_norm.bias, cfg.layer_norm_eps, hidden_p)
+
+
+def init_weights(module: nn.Module, cfg: BertConfig) -> None:
+    """BERT's initialisation: N(0, initializer_range) weights, zero biases, unit LayerNorm."""
+    for m in module.modules():
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, std=cfg.initializer_range)
+            if isinstance(m, nn.Linear) and m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.LayerNorm):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+    for m in module.modules():
+        if isinstance(m, Embeddings):
+            with torch.no_grad():
+                m.word_embeddings.weight[cfg.vocab_size:].zero_()
+
+
+def sequence_lengths(input_ids, attention_mask):
+    """(B,) int32 valid tokens per row; computed on the device (no host sync)."""
+    if attention_mask is None:
+        return torch.full((input_ids.shape[0],), input_ids.shape[1], dtype=torch.int32, device=input_ids.device)
+    return attention_mask.sum(1, dtype=torch.int32)
+
+
+class BertModel(nn.Module):
+    def __init__(self, cfg: BertConfig, add_pooling_layer: bool = True):
+        super().__init__()
+        self.cfg = cfg
+        self.embeddings = Embeddings(cfg)
+        self.layers = nn.ModuleList(Layer(cfg) for _ in range(cfg.num_layers))
+        self.pooler = nn.Linear(cfg.hidden_size, cfg.hidden_size) if add_pooling_layer else None
+        self.gradient_checkpointing = False  # recompute each layer in backward: less memory, ~30% more compute
+        init_weights(self, cfg)
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None) -> EncoderOutput:
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        lengths = sequence_lengths(input_ids, attention_mask)
+        x = self.embeddings(input_ids, token_type_ids)
+        for layer in self.layers:
+            if self.gradient_checkpointing and self.training:
+                x = checkpoint(layer, x, lengths, use_reentrant=False)
+            else:
+                x = layer(x, lengths)
+        pooled = torch.tanh(self.pooler(x[:, 0])) if self.pooler is not None else None
+        return EncoderOutput(x, pooled)
+
+
+class BertForPreTraining(nn.Module):
+    """Masked LM (decoder tied to the word embeddings) + next-sentence prediction."""
+
+    def __init__(self, cfg: BertConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.bert = BertModel(cfg)
+        self.mlm_dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.mlm_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.mlm_bias = nn.Parameter(torch.zeros(cfg.padded_vocab_size))
+        self.nsp = nn.Linear(cfg.hidden_size, 2)
+        init_weights(self.mlm_dense, cfg)
+        init_weights(self.mlm_norm, cfg)
+        init_weights(self.nsp, cfg)
+
+    def mlm_head(self, h):
+        h = F.gelu(self.mlm_dense(h))
+        h = kernels.add_layer_norm(h, None, self.mlm_norm.weight, self.mlm_norm.bias, self.cfg.layer_norm_eps, 0.0)
+        logits = F.linear(h, self.bert.embeddings.word_embeddings.weight, self.mlm_bias)
+        return logits[..., : self.cfg.vocab_size]  # padded rows are never predicted
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None,
+                mlm_positions=None, mlm_labels=None, next_sentence_label=None) -> PreTrainingOutput:
+        out = self.bert(input_ids, token_type_ids, attention_mask)
+        h = out.last_hidden_state
+        if mlm_positions is not None:
+            # gather first: the vocabulary projection is the costliest part of the head
+            index = mlm_positions.long().unsqueeze(-1).expand(-1, -1, h.shape[-1])
+            h = torch.gather(h, 1, index)
+        mlm_logits = self.mlm_head(h)
+        nsp_logits = self.nsp(out.pooler_output)
+
+        mlm_loss = nsp_loss = loss = None
+        if mlm_labels is not None:
+            mlm_loss = F.cross_entropy(mlm_logits.float().flatten(0, -2), mlm_labels.flatten().long(),
+                                       ignore_index=IGNORE_INDEX)
+            loss = mlm_loss
+        if next_sentence_label is not None:
+            nsp_loss = F.cross_entropy(nsp_logits.float(), next_sentence_label.view(-1).long())
+            loss = nsp_loss if loss is None else loss + nsp_loss
+        return PreTrainingOutput(loss, mlm_loss, nsp_loss, mlm_logits, nsp_logits)
+
+
+class BertForSequenceClassification(nn.Module):
+    """Classifier on the pooled [CLS] output; num_labels == 1 is regression (MSE), e.g. STS-B."""
+
+    def __init__(self, cfg: BertConfig, num_labels: int):
+        super().__init__()
+        self.cfg, self.num_labels = cfg, num_labels
+        self.bert = BertModel(cfg)
+        self.classifier = nn.Linear(cfg.hidden_size, num_labels)
+        init_weights(self.classifier, cfg)
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None) -> ClassifierOutput:
+        pooled = self.bert(input_ids, token_type_ids, attention_mask).pooler_output
+        p = self.cfg.classifier_dropout if self.cfg.classifier_dropout is not None else self.cfg.hidden_dropout
+        logits = self.classifier(F.dropout(pooled, p, self.training))
+        loss = None
+        if labels is not None:
+            if self.num_labels == 1:
+                loss = F.mse_loss(logits.float().view(-1), labels.float().view(-1))
+            else:
+                loss = F.cross_entropy(logits.float(), labels.view(-1).long())
+        return ClassifierOutput(loss, logits)
+
+
+class BertForTokenClassification(nn.Module):
+    """A label per token (NER, POS); labels of -100 (padding, sub-word continuations) are ignored."""
+
+    def __init__(self, cfg: BertConfig, num_labels: int):
+        super().__init__()
+        self.cfg, self.num_labels = cfg, num_labels
+        self.bert = BertModel(cfg, add_pooling_layer=False)
+        self.classifier = nn.Linear(cfg.hidden_size, num_labels)
+        init_weights(self.classifier, cfg)
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None) -> ClassifierOutput:
+        h = self.bert(input_ids, token_type_ids, attention_mask).last_hidden_state
+        p = self.cfg.classifier_dropout if self.cfg.classifier_dropout is not None else self.cfg.hidden_dropout
+        logits = self.classifier(F.dropout(h, p, self.training))
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten().long(), ignore_index=IGNORE_INDEX)
+        return ClassifierOutput(loss, logits)
+
+
+# Large but finite, so a softmax over a fully masked row stays defined; padding is never an answer.
+MASKED_LOGIT = -1e4
+
+
+class BertForQuestionAnswering(nn.Module):
+    """Span extraction (SQuAD): start/end logits per token; loss = mean of the two cross-entropies."""
+
+    def __init__(self, cfg: BertConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.bert = BertModel(cfg, add_pooling_layer=False)
+        self.qa_outputs = nn.Linear(cfg.hidden_size, 2)
+        init_weights(self.qa_outputs, cfg)
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None,
+                start_positions=None, end_positions=None) -> QuestionAnsweringOutput:
+        h = self.bert(input_ids, token_type_ids, attention_mask).last_hidden_state
+        start_logits, end_logits = self.qa_outputs(h).unbind(-1)
+        if attention_mask is not None:
+            pad = attention_mask == 0
+            start_logits = start_logits.masked_fill(pad, MASKED_LOGIT)
+            end_logits = end_logits.masked_fill(pad, MASKED_LOGIT)
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            # positions outside the sequence (answer truncated away) are ignored, as in HF
+            seq = start_logits.shape[1]
+            start = start_positions.view(-1).long().clamp(0, seq)
+            end = end_positions.view(-1).long().clamp(0, seq)
+            loss = (F.cross_entropy(start_logits.float(), start, ignore_index=seq)
+                    + F.cross_entropy(end_logits.float(), end, ignore_index=seq)) / 2
+        return QuestionAnsweringOutput(loss, start_logits, end_logits)
+
+
+HEADS = {
+    None: BertModel,
+    "pretraining": BertForPreTraining,
+    "sequence_classification": BertForSequenceClassification,
+    "token_classification": BertForTokenClassification,
+    "question_answering": BertForQuestionAnswering,
+}
+
+
+def build_model(cfg: BertConfig, head: str | None = None, num_labels: int | None = None) -> nn.Module:
+    """The model class for a head name (see HEADS); classification heads need num_labels."""
+    if head not in HEADS:
+        raise ValueError(f"unknown head {head!r}; choose one of {[h for h in HEADS if h]} or None")
+    if head in ("sequence_classification", "token_classification"):
+        if not num_labels:
+            raise ValueError(f"head {head!r} needs num_labels")
+        return HEADS[head](cfg, num_labels)
+    return HEADS[head](cfg)
+
+
+def num_parameters(model: nn.Module, exclude_vocab_padding: bool = True) -> int:
+    n = sum(p.numel() for p in model.parameters())
+    if exclude_vocab_padding:
+        cfg = model.cfg
+        pad_rows = cfg.padded_vocab_size - cfg.vocab_size
+        n -= pad_rows * cfg.hidden_size + (pad_rows if isinstance(model, BertForPreTraining) else 0)
+    return n
