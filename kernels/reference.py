@@ -5,26 +5,31 @@ import torch
 import torch.nn.functional as F
 
 
-def attention_reference(q, k, v, lengths, dropout_p=0.0, softmax_scale=None):
+def attention_reference(q, k, v, lengths, dropout_p=0.0, softmax_scale=None, dropout_mask=None):
     """q, k, v: (batch, seq, heads, head_dim), right-padded; lengths: (batch,) int valid tokens per sequence.
 
     Returns (batch, seq, heads, head_dim); query rows at or past a sequence's length are zero.
+    Computes in fp32 (float64 stays float64). dropout_mask (batch, heads, seq, seq) bool, when given, replaces
+    the random draw (tests pass the kernels' own mask).
     """
+    compute = torch.float64 if q.dtype == torch.float64 else torch.float32
     batch, seq, heads, head_dim = q.shape
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
     valid = torch.arange(seq, device=q.device)[None, :] < lengths[:, None]          # (batch, seq)
-    scores = torch.einsum("bqhd,bkhd->bhqk", q.float(), k.float()) * scale
+    scores = torch.einsum("bqhd,bkhd->bhqk", q.to(compute), k.to(compute)) * scale
     scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
     probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # a zero-length sequence has no keys
-    if dropout_p > 0.0:
+    if dropout_mask is not None:
+        probs = probs * dropout_mask / (1.0 - dropout_p)
+    elif dropout_p > 0.0:
         probs = F.dropout(probs, p=dropout_p)
-    out = torch.einsum("bhqk,bkhd->bqhd", probs, v.float())
+    out = torch.einsum("bhqk,bkhd->bqhd", probs, v.to(compute))
     return (out * valid[:, :, None, None]).to(q.dtype)
 
 
 def attention_varlen_reference(q, k, v, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None):
     """q, k, v: (total_tokens, heads, head_dim) packed; cu_seqlens: (batch + 1,) int32 offsets."""
-    out = torch.empty_like(q)
+    out = torch.zeros_like(q)  # tokens past cu_seqlens[-1] belong to no sequence
     for i in range(cu_seqlens.numel() - 1):
         start, end = int(cu_seqlens[i]), int(cu_seqlens[i + 1])
         n = end - start
@@ -35,9 +40,13 @@ def attention_varlen_reference(q, k, v, cu_seqlens, max_seqlen, dropout_p=0.0, s
     return out
 
 
-def add_layer_norm_reference(x, residual, weight, bias, eps=1e-12, dropout_p=0.0):
-    """LayerNorm(dropout(x) + residual): BERT's post-LN sub-layer output. residual may be None."""
-    if dropout_p > 0.0:
+def add_layer_norm_reference(x, residual, weight, bias, eps=1e-12, dropout_p=0.0, dropout_mask=None):
+    """LayerNorm(dropout(x) + residual): BERT's post-LN sub-layer output. residual may be None.
+
+    dropout_mask (x's shape, bool), when given, replaces the random draw (tests pass the kernels' own mask)."""
+    if dropout_mask is not None:
+        x = x * dropout_mask / (1.0 - dropout_p)
+    elif dropout_p > 0.0:
         x = F.dropout(x, p=dropout_p)
     if residual is not None:
         x = x + residual

@@ -1,0 +1,273 @@
+"""Fused (dropout(x) + residual) -> LayerNorm in Triton, forward and backward.
+
+Forward: each program normalises a tile of BLOCK_M rows x the whole hidden dim in fp32, and saves the per-row mean
+and 1/std plus the pre-norm sum h (in the input dtype; it is what PyTorch's add + layer_norm would save too).
+Backward: a fixed number of programs each walk a contiguous slab of rows, write dh (the residual's gradient; x's is
+dh, or dh * mask / (1 - p) with dropout) and keep their dgamma/dbeta partial sums in fp32 registers; the partials
+(programs x hidden) are then summed in a fixed order: no atomics, no locks, deterministic.
+The row count is a runtime argument that Triton does not specialise on, so changing the token count never
+recompiles. Dropout draws its keep bits from Philox keyed by (seed, row, col), so backward regenerates them.
+"""
+import torch
+import triton
+import triton.language as tl
+
+from kernels.attention import INTERPRET, draw_seed
+
+MAX_HIDDEN = 8192
+
+
+@triton.jit
+def _ln_dropout_keep(seed, rows, cols, dropout_p):
+    c0 = (cols + rows * 0).to(tl.uint32)
+    c1 = (rows + cols * 0).to(tl.uint32)
+    r, _, _, _ = tl.philox(seed, c0, c1, c0 * 0, c0 * 0)
+    u = (r >> 8).to(tl.int32).to(tl.float32) * (1.0 / 16777216.0)
+    return u >= dropout_p
+
+
+@triton.jit(do_not_specialize=["n_rows"])
+def _add_ln_fwd(
+    X, R, W, B, Y, H, MEAN, RSTD, SEED,
+    n_rows, N, stride_x, stride_r, stride_y, stride_h, eps, dropout_p,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, DROPOUT: tl.constexpr, STORE_H: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    row_mask = rows < n_rows
+    col_mask = cols < N
+    mask = row_mask[:, None] & col_mask[None, :]
+    rows64 = rows.to(tl.int64)
+    x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    if DROPOUT:
+        seed = tl.load(SEED)
+        keep = _ln_dropout_keep(seed, rows[:, None], cols[None, :], dropout_p)
+        x = tl.where(keep, x * (1.0 / (1.0 - dropout_p)), 0.0)
+    if HAS_RESIDUAL:
+        x += tl.load(R + rows64[:, None] * stride_r + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    if STORE_H:
+        h_low = x.to(H.dtype.element_ty)
+        tl.store(H + rows64[:, None] * stride_h + cols[None, :], h_low, mask=mask)
+        x = h_low.to(tl.float32)  # normalise exactly what backward will read
+    mean = tl.sum(x, 1) / N
+    xc = tl.where(mask, x - mean[:, None], 0.0)
+    var = tl.sum(xc * xc, 1) / N
+    rstd = 1.0 / tl.sqrt(var + eps)
+    w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)
+    b = tl.load(B + cols, mask=col_mask, other=0.0).to(tl.float32)
+    y = xc * rstd[:, None] * w[None, :] + b[None, :]
+    tl.store(Y + rows64[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+    tl.store(MEAN + rows, mean, mask=row_mask)
+    tl.store(RSTD + rows, rstd, mask=row_mask)
+
+
+@triton.jit(do_not_specialize=["n_rows", "rows_per_program"])
+def _add_ln_bwd(
+    DY, H, W, MEAN, RSTD, DH, DX, DW_PART, DB_PART, SEED,
+    n_rows, N, rows_per_program, stride_dy, stride_h, stride_dh, stride_dx, dropout_p,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DROPOUT: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)
+    dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    db_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    if DROPOUT:
+        seed = tl.load(SEED)
+    row_start = pid * rows_per_program
+    row_end = tl.minimum(row_start + rows_per_program, n_rows)
+    for start in range(row_start, row_end, BLOCK_M):
+        rows = start + tl.arange(0, BLOCK_M)
+        row_mask = rows < row_end
+        mask = row_mask[:, None] & col_mask[None, :]
+        rows64 = rows.to(tl.int64)
+        dy = tl.load(DY + rows64[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        h = tl.load(H + rows64[:, None] * stride_h + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        mean = tl.load(MEAN + rows, mask=row_mask, other=0.0)
+        rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)
+        xhat = tl.where(mask, (h - mean[:, None]) * rstd[:, None], 0.0)
+        wdy = w[None, :] * dy
+        c1 = tl.sum(xhat * wdy, 1) / N
+        c2 = tl.sum(wdy, 1) / N
+        dh = (wdy - (xhat * c1[:, None] + c2[:, None])) * rstd[:, None]
+        dw_acc += tl.sum(dy * xhat, 0)
+        db_acc += tl.sum(dy, 0)
+        tl.store(DH + rows64[:, None] * stride_dh + cols[None, :], dh.to(DH.dtype.element_ty), mask=mask)
+        if DROPOUT:
+            keep = _ln_dropout_keep(seed, rows[:, None], cols[None, :], dropout_p)
+            dx = tl.where(keep, dh * (1.0 / (1.0 - dropout_p)), 0.0)
+            tl.store(DX + rows64[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+    tl.store(DW_PART + pid.to(tl.int64) * N + cols, dw_acc, mask=col_mask)
+    tl.store(DB_PART + pid.to(tl.int64) * N + cols, db_acc, mask=col_mask)
+
+
+@triton.jit(do_not_specialize=["n_rows"])
+def _ln_dropout_mask_kernel(MASK, SEED, n_rows, N, dropout_p, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Materialises the dropout keep mask (rows, N) exactly as the kernels draw it; for tests."""
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    seed = tl.load(SEED)
+    keep = _ln_dropout_keep(seed, rows[:, None], cols[None, :], dropout_p)
+    mask = (rows < n_rows)[:, None] & (cols < N)[None, :]
+    tl.store(MASK + rows.to(tl.int64)[:, None] * N + cols[None, :], keep.to(tl.int8), mask=mask)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# launchers
+
+
+def _tile(n):
+    """(BLOCK_M, BLOCK_N, num_warps): about 4k elements per tile; fewer warps under the interpreter is irrelevant."""
+    block_n = triton.next_power_of_2(n)
+    block_m = max(1, min(16, 4096 // block_n))
+    warps = 4 if block_n * block_m <= 4096 else 8
+    if block_n >= 4096:
+        warps = 8
+    return block_m, block_n, warps
+
+
+def _num_programs(n_rows, block_m, device):
+    if INTERPRET or device.type != "cuda":
+        cap = 4  # a few slabs, so tests exercise the partial-sum reduction
+    else:
+        cap = torch.cuda.get_device_properties(device).multi_processor_count * 4
+    return max(1, min(cap, triton.cdiv(n_rows, block_m)))
+
+
+def _rows(t, n):
+    if t.stride(-1) != 1:
+        t = t.contiguous()
+    return t.reshape(-1, n)  # a view for every layout whose rows are evenly strided, else a copy
+
+
+def add_ln_forward(x, residual, weight, bias, seed, eps, dropout_p, y=None, h=None):
+    """Returns (y, h, mean, rstd); h is the pre-norm sum, or an empty tensor when it is x itself (no residual, no
+    dropout). y/h may be given (tests pass NaN-filled buffers)."""
+    n = x.shape[-1]
+    if n > MAX_HIDDEN:
+        raise ValueError(f"add_layer_norm: hidden size {n} > {MAX_HIDDEN} is not supported")
+    if weight.shape != (n,) or bias.shape != (n,):
+        raise ValueError(f"add_layer_norm: weight/bias must have shape ({n},), got {weight.shape}, {bias.shape}")
+    if residual is not None and residual.shape != x.shape:
+        raise ValueError(f"add_layer_norm: residual shape {residual.shape} != x shape {x.shape}")
+    x2 = _rows(x, n)
+    r2 = _rows(residual.to(x.dtype), n) if residual is not None else x2
+    n_rows = x2.shape[0]
+    dropout = dropout_p > 0.0
+    store_h = residual is not None or dropout
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device) if y is None else y
+    if h is None:
+        h = torch.empty(x.shape if store_h else (0,), dtype=x.dtype, device=x.device)
+    mean = torch.empty(n_rows, dtype=torch.float32, device=x.device)
+    rstd = torch.empty(n_rows, dtype=torch.float32, device=x.device)
+    if n_rows == 0:
+        return y, h, mean, rstd
+    y2 = y.view(-1, n)
+    h2 = h.view(-1, n) if store_h else y2
+    block_m, block_n, warps = _tile(n)
+    _add_ln_fwd[(triton.cdiv(n_rows, block_m),)](
+        x2, r2, weight, bias, y2, h2, mean, rstd, seed if dropout else mean,
+        n_rows, n, x2.stride(0), r2.stride(0), y2.stride(0), h2.stride(0), eps, dropout_p,
+        BLOCK_M=block_m, BLOCK_N=block_n, HAS_RESIDUAL=residual is not None, DROPOUT=dropout, STORE_H=store_h,
+        num_warps=warps,
+    )
+    return y, h, mean, rstd
+
+
+def add_ln_backward(dy, h, weight, mean, rstd, seed, dropout_p, dh=None, dx=None):
+    """Returns (dh, dx, dweight, dbias): dh is the residual's gradient; dx is x's gradient with dropout, else an
+    empty tensor (x's gradient is dh then)."""
+    n = h.shape[-1]
+    dy2 = _rows(dy, n)
+    h2 = _rows(h, n)
+    n_rows = h2.shape[0]
+    dropout = dropout_p > 0.0
+    dh = torch.empty(h.shape, dtype=h.dtype, device=h.device) if dh is None else dh
+    if dx is None:
+        dx = torch.empty(h.shape if dropout else (0,), dtype=h.dtype, device=h.device)
+    block_m, block_n, warps = _tile(n)
+    programs = _num_programs(n_rows, block_m, h.device)
+    rows_per_program = triton.cdiv(triton.cdiv(n_rows, programs), block_m) * block_m
+    dw_part = torch.empty((programs, n), dtype=torch.float32, device=h.device)
+    db_part = torch.empty((programs, n), dtype=torch.float32, device=h.device)
+    dh2 = dh.view(-1, n)
+    dx2 = dx.view(-1, n) if dropout else dh2
+    _add_ln_bwd[(programs,)](
+        dy2, h2, weight, mean, rstd, dh2, dx2, dw_part, db_part, seed if dropout else mean,
+        n_rows, n, rows_per_program, dy2.stride(0), h2.stride(0), dh2.stride(0), dx2.stride(0), dropout_p,
+        BLOCK_M=block_m, BLOCK_N=block_n, DROPOUT=dropout, num_warps=warps,
+    )
+    return dh, dx, dw_part.sum(0).to(weight.dtype), db_part.sum(0).to(weight.dtype)
+
+
+def ln_dropout_mask(seed, n_rows, n, dropout_p):
+    """The keep mask (n_rows, n) bool that the kernels apply for this seed (for tests)."""
+    mask = torch.empty((n_rows, n), dtype=torch.int8, device=seed.device)
+    block_m, block_n, _ = _tile(n)
+    _ln_dropout_mask_kernel[(triton.cdiv(n_rows, block_m),)](mask, seed, n_rows, n, dropout_p,
+                                                             BLOCK_M=block_m, BLOCK_N=block_n)
+    return mask.bool()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# torch.library ops
+
+
+@torch.library.custom_op("bertkit::add_layer_norm_fwd", mutates_args=())
+def add_ln_fwd_op(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor,
+                  seed: torch.Tensor, eps: float, dropout_p: float
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return add_ln_forward(x, residual, weight, bias, seed, eps, dropout_p)
+
+
+@add_ln_fwd_op.register_fake
+def _(x, residual, weight, bias, seed, eps, dropout_p):
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    store_h = residual is not None or dropout_p > 0.0
+    return (torch.empty_like(x, memory_format=torch.contiguous_format),
+            x.new_empty(x.shape if store_h else (0,)),
+            x.new_empty((rows,), dtype=torch.float32), x.new_empty((rows,), dtype=torch.float32))
+
+
+@torch.library.custom_op("bertkit::add_layer_norm_bwd", mutates_args=())
+def add_ln_bwd_op(dy: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, mean: torch.Tensor,
+                  rstd: torch.Tensor, seed: torch.Tensor, dropout_p: float
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return add_ln_backward(dy, h, weight, mean, rstd, seed, dropout_p)
+
+
+@add_ln_bwd_op.register_fake
+def _(dy, h, weight, mean, rstd, seed, dropout_p):
+    return (torch.empty_like(h, memory_format=torch.contiguous_format),
+            h.new_empty(h.shape if dropout_p > 0.0 else (0,)), torch.empty_like(weight), torch.empty_like(weight))
+
+
+def _setup_context(ctx, inputs, output):
+    x, residual, weight, bias, seed, eps, dropout_p = inputs
+    y, h, mean, rstd = output
+    ctx.has_residual = residual is not None
+    ctx.dropout_p = dropout_p
+    store_h = residual is not None or dropout_p > 0.0
+    ctx.save_for_backward(h if store_h else x, weight, mean, rstd, seed)
+
+
+def _backward(ctx, dy, _dh, _dmean, _drstd):
+    h, weight, mean, rstd, seed = ctx.saved_tensors
+    dh, dx, dw, db = add_ln_bwd_op(dy, h, weight, mean, rstd, seed, ctx.dropout_p)
+    grad_x = dx if ctx.dropout_p > 0.0 else dh
+    return grad_x, (dh if ctx.has_residual else None), dw, db, None, None, None
+
+
+torch.library.register_autograd("bertkit::add_layer_norm_fwd", _backward, setup_context=_setup_context)
+
+
+def add_layer_norm_triton(x, residual, weight, bias, eps=1e-12, dropout_p=0.0):
+    """LayerNorm(dropout(x) + residual) over the last dim; residual may be None."""
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"add_layer_norm: dropout_p must be in [0, 1), got {dropout_p}")
+    seed = draw_seed(x.device) if dropout_p > 0.0 else weight  # any tensor: never read when p == 0
+    y, _, _, _ = add_ln_fwd_op(x, residual, weight, bias, seed, float(eps), float(dropout_p))
+    return y
