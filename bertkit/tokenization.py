@@ -29,6 +29,7 @@ MAX_CHARS_PER_WORD = 100
 LATIN_TYPE_MARKS = "[\u0300-\u036f\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\ufe20-\ufe2f]"
 
 STRIP_ACCENTS = ("latin", "all", "none")  # uncased only; "all" is google-research/bert's (and HF's) behaviour
+VOICED_KANA = set("がぎぐげござじずぜぞだぢづでどばびぶべぼぱぴぷぺぽガギグゲゴザジズゼゾダヂヅデドバビブベボパピプペポ")
 
 
 class TokenizerError(ValueError):
@@ -137,11 +138,29 @@ def guess_lowercase(tokens: list[str]) -> bool:
     return capitalised < max(1, len(words) // 200)
 
 
-def tokenizer_from_vocab(path, lowercase: bool | None = None, strip_accents: str = "latin") -> Tokenizer:
-    """A tokenizer over an existing vocab.txt; lowercase=None guesses it from the vocabulary."""
+def guess_strip_accents(tokens: list[str]) -> str:
+    """For an existing uncased vocab.txt: "all" when it was built from NFD-stripped text, else "latin".
+
+    A vocabulary made with original BERT's normalization (bert-base-uncased, multilingual-uncased) spells Hangul
+    as conjoining jamo and has kana without voicing marks; its model only ever saw text normalized that way, so
+    that is how it must be tokenized. Any other vocabulary gets bertkit's Latin-only accent stripping.
+    """
+    chars = {c for t in tokens for c in t}
+    jamo = sum(1 for c in chars if 0x1100 <= ord(c) <= 0x11FF)
+    syllables = sum(1 for c in chars if 0xAC00 <= ord(c) <= 0xD7A3)
+    kana = sum(1 for c in chars if 0x3041 <= ord(c) <= 0x30FA)
+    if (jamo >= 10 and syllables < jamo) or (kana >= 20 and not chars & VOICED_KANA):
+        return "all"
+    return "latin"
+
+
+def tokenizer_from_vocab(path, lowercase: bool | None = None, strip_accents: str = "auto") -> Tokenizer:
+    """A tokenizer over an existing vocab.txt; lowercase=None and strip_accents="auto" are guessed from it."""
     tokens = read_vocab(path)
     if lowercase is None:
         lowercase = guess_lowercase(tokens)
+    if strip_accents == "auto":
+        strip_accents = guess_strip_accents(tokens)
     return build_tokenizer({t: i for i, t in enumerate(tokens)}, lowercase, strip_accents)
 
 
@@ -161,8 +180,9 @@ def load_tokenizer(path, *, lowercase: bool | None = None, strip_accents: str | 
     - folder with tokenizer.json (bertkit or HF): used as written, so ids are exactly the model's;
     - folder with vocab.txt only (HF): do_lower_case / strip_accents from tokenizer_config.json, with HF's
       meaning (strip_accents unset = strip every accent when lower-casing, as the model was trained);
-    - a vocab.txt path: bertkit normalization, uncased unless the vocabulary has capitals
-      (override with lowercase= / strip_accents=).
+    - a vocab.txt path: uncased unless the vocabulary has capitals; bertkit's Latin-only accent stripping
+      unless the vocabulary was built with original BERT's (see guess_strip_accents). Override with
+      lowercase= / strip_accents=.
     The result adds [CLS]/[SEP] and type ids for pairs with add_special_tokens=True and gives offsets; it
     never pads or truncates (settings in an HF tokenizer.json are dropped): callers decide.
     """
@@ -183,7 +203,7 @@ def load_tokenizer(path, *, lowercase: bool | None = None, strip_accents: str | 
         raise TokenizerError(f"{path}: no such tokenizer folder or vocab file")
     if path.name.endswith(".json"):
         return _from_tokenizer_json(path)
-    return tokenizer_from_vocab(path, lowercase, strip_accents or "latin")
+    return tokenizer_from_vocab(path, lowercase, strip_accents or "auto")
 
 
 def _from_tokenizer_json(path: Path) -> Tokenizer:

@@ -1,9 +1,55 @@
-"""`bertkit train-tokenizer`: placeholder until its issue lands."""
+"""`bertkit train-tokenizer`: flags -> pipelines.train_tokenizer.TokenizerConfig."""
 import click
 
 
-@click.command("train-tokenizer", context_settings={"ignore_unknown_options": True})
-@click.argument("args", nargs=-1)
-def train_tokenizer(args):
-    """(not implemented yet)"""
-    raise click.ClickException("train-tokenizer is not implemented yet")
+@click.command("train-tokenizer")
+@click.argument("corpus_dir", required=False, type=click.Path(file_okay=False))
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Tokenizer folder to write.")
+@click.option("--vocab-size", default=30522, show_default=True, help="Target vocabulary size, special tokens included.")
+@click.option("--uncased/--cased", "lowercase", default=None,
+              help="Lower-case and strip Latin accents (default), or keep case and accents. "
+                   "With --vocab, the default is guessed from the vocabulary (capitals in it mean cased).")
+@click.option("--strip-accents", type=click.Choice(["auto", "latin", "all", "none"]), default="auto",
+              show_default=True,
+              help="Uncased only. latin: drop accents of Latin/Greek/Cyrillic letters, keep Hangul syllables and "
+                   "kana voicing marks (used when training); all: original BERT (NFD, drop every combining mark; "
+                   "splits Hangul into jamo); none: lower-case only. auto: latin when training; with --vocab, all "
+                   "if the vocabulary was built that way (Hangul as jamo, kana without voicing marks), else latin.")
+@click.option("--min-frequency", default=2, show_default=True, help="Least count of a pair to be merged.")
+@click.option("--limit-alphabet", type=int, default=None,
+              help="Keep only the N most frequent characters (others become [UNK]). Default: keep every "
+                   "character of the corpus, so rare Hangul syllables and Hanja are not lost.")
+@click.option("--vocab", "vocab_file", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="Use this existing vocab.txt (e.g. bert-base-uncased's) instead of training; CORPUS_DIR is then "
+                   "optional and only used for the held-out statistics.")
+@click.option("--stats-sentences", default=100_000, show_default=True,
+              help="Held-out sentences measured for the [UNK] rate and pieces per word.")
+def train_tokenizer(corpus_dir, out, vocab_size, lowercase, strip_accents, min_frequency, limit_alphabet,
+                    vocab_file, stats_sentences):
+    """Train a BERT WordPiece vocabulary on CORPUS_DIR (a prepare-corpus folder) and write a tokenizer folder.
+
+    OUT gets vocab.txt, tokenizer.json, tokenizer_config.json, special_tokens_map.json and manifest.json;
+    it loads in bertkit, in HF tokenizers (Tokenizer.from_file) and in transformers (AutoTokenizer).
+    Re-running with the same corpus and settings is a no-op.
+    """
+    from bertkit.tokenization import TokenizerError
+    from pipelines.corpus_files import CorpusError
+    from pipelines.train_tokenizer import TokenizerConfig, train_tokenizer as run
+
+    if corpus_dir is None and vocab_file is None:
+        raise click.UsageError("give CORPUS_DIR to train on, or --vocab FILE to use an existing vocabulary")
+    if lowercase is None and vocab_file is None:
+        lowercase = True
+    config = TokenizerConfig(vocab_size=vocab_size, lowercase=lowercase, strip_accents=strip_accents,
+                             min_frequency=min_frequency, limit_alphabet=limit_alphabet, vocab_file=vocab_file,
+                             stats_sentences=stats_sentences)
+    try:
+        m = run(corpus_dir, out, config)
+    except (TokenizerError, CorpusError) as e:
+        raise click.ClickException(str(e)) from None
+    case = f"uncased, strip accents: {m['settings']['strip_accents']}" if m["settings"]["lowercase"] else "cased"
+    click.echo(f"{out}: {m['vocab_size']} tokens ({m['source']}, {case}), vocab sha256 {m['vocab_sha256'][:12]}")
+    if m["stats"]:
+        s = m["stats"]
+        click.echo(f"  {s['split']}: {s['sentences']} sentences, [UNK] {100 * s['unk_word_rate']:.3f}% of words, "
+                   f"{s['pieces_per_word']:.3f} pieces per word")

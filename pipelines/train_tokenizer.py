@@ -1,0 +1,235 @@
+"""Stage 2: a WordPiece vocabulary trained on a prepare-corpus folder (or an existing vocab.txt), saved as a
+tokenizer folder that bertkit, HF transformers and HF tokenizers all load.
+
+Output folder:
+  vocab.txt                 one token per line, id = line number; [PAD] [UNK] [CLS] [SEP] [MASK] = 0..4 when trained
+  tokenizer.json            the whole pipeline (normalizer, pre-tokenizer, WordPiece, [CLS]/[SEP] template)
+  tokenizer_config.json, special_tokens_map.json   for transformers' AutoTokenizer
+  manifest.json             settings, corpus checksum, vocab_sha256, held-out statistics; written last
+"""
+import hashlib
+import json
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from bertkit.fileio import atomic_write_bytes, atomic_write_json, read_arrow, sha256_file
+from bertkit.tokenization import (CONTINUATION, MAX_CHARS_PER_WORD, SPECIAL_TOKENS, STRIP_ACCENTS, UNK,
+                                  TokenizerError, build_tokenizer, guess_lowercase,
+                                  guess_strip_accents, read_vocab,
+                                  vocab_text)
+from pipelines.corpus_files import corpus_shards, read_corpus_manifest
+
+STAGE = "train-tokenizer"
+MODEL_MAX_LENGTH = 512
+
+
+@dataclass
+class TokenizerConfig:
+    vocab_size: int = 30522
+    lowercase: bool | None = True      # None: guess from vocab_file (uncased unless it has capitals)
+    strip_accents: str = "auto"        # uncased only: "latin" (bertkit), "all" (original BERT), "none"; "auto":
+                                       # latin when training, guessed from vocab_file (guess_strip_accents)
+    min_frequency: int = 2             # a pair must occur this often to be merged
+    limit_alphabet: int | None = None  # None keeps every character of the corpus (tokenizers' BERT default: 1000)
+    vocab_file: str | None = None      # use this vocab.txt instead of training one
+    stats_sentences: int = 100_000     # held-out sentences measured for the manifest's statistics
+    progress: bool = True
+
+    def check(self):
+        if self.vocab_file is None and self.vocab_size < len(SPECIAL_TOKENS) + 1:
+            raise TokenizerError(f"vocab_size={self.vocab_size} is too small; BERT uses 30522")
+        if self.strip_accents not in STRIP_ACCENTS + ("auto",):
+            raise TokenizerError(f"strip_accents must be auto or one of {STRIP_ACCENTS}, not {self.strip_accents!r}")
+        if self.limit_alphabet is not None and self.limit_alphabet < 1:
+            raise TokenizerError("limit_alphabet must be a positive number of characters, or None for all")
+        if self.min_frequency < 1:
+            raise TokenizerError("min_frequency must be at least 1")
+
+
+def _sentence_batches(shards, progress: bool, desc: str, limit: int | None = None):
+    """Yield lists of sentences, shard by shard, in file order (deterministic)."""
+    from tqdm import tqdm
+
+    docs = sum(read_arrow(p).num_rows for p in shards)
+    left = limit
+    with tqdm(total=docs, unit="doc", desc=desc, disable=not progress) as bar:
+        for path in shards:
+            table = read_arrow(path)
+            for batch in table.to_batches(max_chunksize=2000):
+                sentences = batch.column("sentences").flatten().to_pylist()
+                if left is not None:
+                    sentences = sentences[:left]
+                    left -= len(sentences)
+                bar.update(batch.num_rows)
+                if sentences:
+                    yield sentences
+                if left is not None and left <= 0:
+                    return
+
+
+def _train(corpus_dir, config: TokenizerConfig):
+    from tokenizers.trainers import WordPieceTrainer
+
+    shards = corpus_shards(corpus_dir, "train")
+    if not shards:
+        raise TokenizerError(f"{corpus_dir}: the corpus has no training shards; nothing to train on")
+    tok = build_tokenizer(None, lowercase=config.lowercase, strip_accents=config.strip_accents)
+    # Left unset, limit_alphabet keeps every character (the binding refuses None).
+    alphabet = {} if config.limit_alphabet is None else {"limit_alphabet": config.limit_alphabet}
+    trainer = WordPieceTrainer(
+        vocab_size=config.vocab_size,
+        min_frequency=config.min_frequency,
+        special_tokens=list(SPECIAL_TOKENS),
+        continuing_subword_prefix=CONTINUATION,
+        show_progress=config.progress,
+        **alphabet,
+    )
+    tok.train_from_iterator(_sentence_batches(shards, config.progress, "train-tokenizer: reading"), trainer)
+    size = tok.get_vocab_size()
+    if size <= len(SPECIAL_TOKENS):
+        raise TokenizerError(f"{corpus_dir}: the training shards hold no text; nothing to train on")
+    if size > config.vocab_size:
+        raise TokenizerError(
+            f"{corpus_dir}: the corpus' characters alone (with their ## forms) need {size} vocabulary entries, more "
+            f"than --vocab-size {config.vocab_size}. Raise --vocab-size, or keep only the most frequent characters "
+            f"with --limit-alphabet N (the rest become [UNK]).")
+    vocab = tok.get_vocab()
+    tokens = sorted(vocab, key=vocab.__getitem__)
+    if tokens[: len(SPECIAL_TOKENS)] != SPECIAL_TOKENS or [vocab[t] for t in tokens] != list(range(len(tokens))):
+        raise AssertionError(f"tokenizers returned an unexpected vocabulary layout: {tokens[:8]}")
+    return tokens
+
+
+def tokenizer_stats(tok, sentence_batches) -> dict:
+    """[UNK] rate and mean WordPiece pieces per word (words as BERT's pre-tokenizer splits them)."""
+    unk_id = tok.token_to_id(UNK)
+    sentences = words = pieces = unks = chars = 0
+    for batch in sentence_batches:
+        for enc, text in zip(tok.encode_batch(batch, add_special_tokens=False), batch):
+            ids = enc.ids
+            sentences += 1
+            chars += len(text)
+            pieces += len(ids)
+            unks += ids.count(unk_id)
+            words += enc.word_ids[-1] + 1 if ids else 0
+    return {
+        "sentences": sentences,
+        "characters": chars,
+        "words": words,
+        "pieces": pieces,
+        "unk_pieces": unks,
+        # a word WordPiece cannot spell becomes one [UNK], so these two rates are per word and per piece
+        "unk_word_rate": unks / words if words else 0.0,
+        "unk_piece_rate": unks / pieces if pieces else 0.0,
+        "pieces_per_word": pieces / words if words else 0.0,
+    }
+
+
+def _hf_files(config: TokenizerConfig) -> tuple[dict, dict]:
+    specials = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
+                "mask_token": "[MASK]"}
+    lower = bool(config.lowercase)
+    # HF's BertTokenizer rebuilds its normalizer from do_lower_case/strip_accents and has no "Latin accents only"
+    # setting, so a bertkit-normalized tokenizer names the generic class, which uses tokenizer.json as written.
+    hf_equivalent = not lower or config.strip_accents == "all"
+    cfg = {
+        "tokenizer_class": "BertTokenizer" if hf_equivalent else "PreTrainedTokenizerFast",
+        "do_lower_case": lower,
+        "strip_accents": None if hf_equivalent else False,
+        "bertkit_strip_accents": config.strip_accents if lower else "none",
+        "tokenize_chinese_chars": True,
+        "model_max_length": MODEL_MAX_LENGTH,
+        "clean_up_tokenization_spaces": True,
+        "model_input_names": ["input_ids", "token_type_ids", "attention_mask"],
+        **specials,
+    }
+    return cfg, specials
+
+
+def _settings(config: TokenizerConfig) -> dict:
+    s = asdict(config)
+    s.pop("progress")
+    s.pop("stats_sentences")
+    s.update(special_tokens=list(SPECIAL_TOKENS), continuing_subword_prefix=CONTINUATION,
+             max_input_chars_per_word=MAX_CHARS_PER_WORD)
+    return s
+
+
+def _corpus_identity(corpus_dir) -> dict | None:
+    if corpus_dir is None:
+        return None
+    read_corpus_manifest(corpus_dir)  # clear error if it is not a finished corpus folder
+    return {"path": str(Path(corpus_dir).resolve()),
+            "manifest_sha256": sha256_file(Path(corpus_dir) / "manifest.json")}
+
+
+def train_tokenizer(corpus_dir, out, config: TokenizerConfig | None = None) -> dict:
+    """Train (or, with config.vocab_file, adopt) a BERT WordPiece tokenizer; write it to `out`; return the manifest.
+
+    corpus_dir may be None only with a vocab_file (no statistics then). Re-running with the same corpus and
+    settings finds the finished folder and returns its manifest; a folder made with other settings is an error.
+    """
+    config = replace(config) if config else TokenizerConfig()  # resolved below; the caller's copy is untouched
+    config.check()
+    out = Path(out)
+    if corpus_dir is None and config.vocab_file is None:
+        raise TokenizerError("train_tokenizer needs a corpus folder to train on, or a vocab_file to use")
+    if config.vocab_file is not None:
+        tokens = read_vocab(config.vocab_file)
+        if config.lowercase is None:
+            config.lowercase = guess_lowercase(tokens)
+        if config.strip_accents == "auto":
+            config.strip_accents = guess_strip_accents(tokens)
+    else:
+        config.lowercase = True if config.lowercase is None else config.lowercase
+        config.strip_accents = "latin" if config.strip_accents == "auto" else config.strip_accents
+    corpus = _corpus_identity(corpus_dir)
+    settings = _settings(config)
+
+    manifest_path = out / "manifest.json"
+    if manifest_path.is_file():
+        old = json.loads(manifest_path.read_text(encoding="utf-8"))
+        if old.get("complete") and old.get("settings") == settings and old.get("corpus") == corpus:
+            return old  # already done: resuming a finished stage is a no-op
+        raise TokenizerError(
+            f"{out}: already holds a tokenizer made from another corpus or with other settings "
+            f"(see {manifest_path}); choose a new --out folder or delete this one.")
+
+    if config.vocab_file is None:
+        tokens = _train(corpus_dir, config)
+        source = "trained"
+    else:
+        source = "vocab_file"
+    tok = build_tokenizer({t: i for i, t in enumerate(tokens)}, config.lowercase, config.strip_accents)
+
+    stats = None
+    if corpus_dir is not None:
+        holdout = corpus_shards(corpus_dir, "holdout")
+        split = "holdout" if holdout else "train"  # no held-out split: measure on (the start of) the training text
+        stats = tokenizer_stats(tok, _sentence_batches(holdout or corpus_shards(corpus_dir, "train"),
+                                                       config.progress, "train-tokenizer: held-out stats",
+                                                       limit=config.stats_sentences))
+        stats = {"split": split, **stats}
+    alphabet = [t for t in tokens if len(t) == 1]
+    vocab_bytes = vocab_text(tokens)
+    hf_config, specials = _hf_files(config)
+
+    atomic_write_bytes(out / "vocab.txt", vocab_bytes)
+    atomic_write_bytes(out / "tokenizer.json", tok.to_str(pretty=True).encode("utf-8"))
+    atomic_write_json(out / "tokenizer_config.json", hf_config)
+    atomic_write_json(out / "special_tokens_map.json", specials)
+    manifest = {
+        "stage": STAGE,
+        "complete": True,
+        "source": source,
+        "settings": settings,
+        "corpus": corpus,
+        "vocab_size": len(tokens),
+        "alphabet_size": len(alphabet),
+        "vocab_sha256": hashlib.sha256(vocab_bytes).hexdigest(),
+        "files": {name: sha256_file(out / name) for name in
+                  ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")},
+        "stats": stats,
+    }
+    atomic_write_json(manifest_path, manifest)
+    return manifest
