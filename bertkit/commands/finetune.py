@@ -1,7 +1,154 @@
-"""`bertkit finetune`: placeholder until its issue lands."""
+"""`bertkit finetune squad|glue|classify|ner`: fine-tune a BERT checkpoint (HF folder or bertkit export).
+
+Each sub-command writes OUT/metrics.json (settings, per-epoch metrics, best epoch), OUT/best/ (the best epoch's
+model in HF format, with the tokenizer files) and the best epoch's predictions. Under `deepspeed cli.py finetune`
+or torchrun (WORLD_SIZE > 1) training is data-parallel through torch.distributed; --batch-size stays global.
+"""
+import functools
+
 import click
+
+
+def common_options(default_lr: float, default_epochs: float, default_batch: int, default_max_len: int):
+    def wrap(f):
+        options = [
+            click.option("--model", "model_path", required=True, type=click.Path(exists=True, file_okay=False),
+                         help="HF BERT folder or `bertkit export` folder (weights + vocab/tokenizer)."),
+            click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
+                         help="Output folder: metrics.json, best/ (HF model), predictions."),
+            click.option("--epochs", default=default_epochs, show_default=True, type=float),
+            click.option("--batch-size", default=default_batch, show_default=True, help="Global train batch."),
+            click.option("--eval-batch-size", default=64, show_default=True),
+            click.option("--learning-rate", "--lr", "learning_rate", default=default_lr, show_default=True,
+                         type=float),
+            click.option("--weight-decay", default=0.01, show_default=True, type=float),
+            click.option("--warmup-ratio", default=0.1, show_default=True, type=float,
+                         help="Fraction of steps with linear warmup; linear decay to 0 after."),
+            click.option("--max-grad-norm", default=1.0, show_default=True, type=float),
+            click.option("--seed", default=42, show_default=True),
+            click.option("--max-seq-length", default=default_max_len, show_default=True),
+            click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N."),
+            click.option("--no-save-model", is_flag=True, help="Skip writing OUT/best/ (metrics only)."),
+        ]
+        for option in reversed(options):
+            f = option(f)
+        return f
+    return wrap
+
+
+def _train_config(kw: dict):
+    from bertkit.finetune.train import TrainConfig
+
+    return TrainConfig(out_dir=kw.pop("out_dir"), epochs=kw.pop("epochs"), batch_size=kw.pop("batch_size"),
+                       eval_batch_size=kw.pop("eval_batch_size"), learning_rate=kw.pop("learning_rate"),
+                       weight_decay=kw.pop("weight_decay"), warmup_ratio=kw.pop("warmup_ratio"),
+                       max_grad_norm=kw.pop("max_grad_norm"), seed=kw.pop("seed"), device=kw.pop("device"),
+                       save_model=not kw.pop("no_save_model"))
+
+
+def _report(summary: dict) -> None:
+    import json
+
+    best = summary.get("best", {})
+    click.echo(json.dumps({"best_epoch": summary.get("best_epoch"), **best}, indent=2))
+
+
+def friendly_errors(f):
+    """Data errors are the user's to fix: print them without a traceback."""
+    @functools.wraps(f)
+    def run(*args, **kwargs):
+        from bertkit.finetune.classify import DataError
+        from bertkit.finetune.squad import SquadFormatError
+
+        try:
+            return f(*args, **kwargs)
+        except (DataError, SquadFormatError) as e:
+            raise click.ClickException(str(e)) from None
+    return run
 
 
 @click.group("finetune")
 def finetune():
-    """(not implemented yet)"""
+    """Fine-tune on SQuAD, GLUE, any classification file, or CoNLL tagging."""
+
+
+@finetune.command("squad")
+@common_options(default_lr=5e-5, default_epochs=2.0, default_batch=32, default_max_len=384)
+@click.option("--train-file", type=click.Path(exists=True, dir_okay=False),
+              help="SQuAD JSON to train on; leave out to only predict.")
+@click.option("--predict-file", required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--version-2", is_flag=True, help="SQuAD 2.0: unanswerable questions, null answers.")
+@click.option("--window-step", default=128, show_default=True,
+              help="Tokens between the starts of consecutive context windows (run_squad.py's doc_stride; "
+                   "NOT HF's `stride`, which is the overlap = window length - step).")
+@click.option("--max-query-length", default=64, show_default=True)
+@click.option("--n-best-size", default=20, show_default=True)
+@click.option("--max-answer-length", default=30, show_default=True, help="In tokens.")
+@click.option("--null-score-diff-threshold", default=0.0, show_default=True, type=float,
+              help="v2: answer \"\" when null score - best span score exceeds this.")
+@click.option("--train-articles", default=None, help="Article range of --train-file to use, e.g. 0:24.")
+@click.option("--predict-articles", default=None, help="Article range of --predict-file, e.g. 24:.")
+@friendly_errors
+def squad(**kw):
+    """SQuAD v1.1 / v2.0 span extraction; writes predictions.json, nbest_predictions.json (and null_odds.json)."""
+    from bertkit.finetune.squad import finetune_squad, parse_articles
+
+    cfg = _train_config(kw)
+    summary = finetune_squad(kw["model_path"], kw["train_file"], kw["predict_file"], cfg,
+                             version_2=kw["version_2"], max_seq_length=kw["max_seq_length"],
+                             window_step=kw["window_step"], max_query_length=kw["max_query_length"],
+                             n_best_size=kw["n_best_size"], max_answer_length=kw["max_answer_length"],
+                             null_score_diff_threshold=kw["null_score_diff_threshold"],
+                             train_articles=parse_articles(kw["train_articles"]),
+                             predict_articles=parse_articles(kw["predict_articles"]))
+    _report(summary)
+
+
+@finetune.command("glue")
+@common_options(default_lr=2e-5, default_epochs=3.0, default_batch=32, default_max_len=128)
+@click.option("--task", required=True,
+              type=click.Choice(["cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte", "wnli"]))
+@click.option("--data-dir", required=True, type=click.Path(exists=True, file_okay=False),
+              help="GLUE folder (holding RTE/, MRPC/, ...) or the task's folder with train.tsv and dev.tsv.")
+@friendly_errors
+def glue(**kw):
+    """A GLUE task, scored with its official metric (Matthews, F1/acc, Pearson/Spearman or accuracy)."""
+    from bertkit.finetune.glue import finetune_glue
+
+    cfg = _train_config(kw)
+    _report(finetune_glue(kw["task"], kw["data_dir"], kw["model_path"], cfg, max_seq_length=kw["max_seq_length"]))
+
+
+@finetune.command("classify")
+@common_options(default_lr=2e-5, default_epochs=3.0, default_batch=32, default_max_len=128)
+@click.option("--train-file", required=True, type=click.Path(exists=True, dir_okay=False),
+              help=".csv, .tsv or .jsonl")
+@click.option("--dev-file", required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--text-a", required=True, help="Column (header name or 0-based index) or JSON key of the text.")
+@click.option("--text-b", default=None, help="Second text, for sentence pairs.")
+@click.option("--label", default="label", show_default=True)
+@click.option("--regression", is_flag=True, help="Numeric target (MSE loss, Pearson/Spearman).")
+@click.option("--no-header", is_flag=True, help="CSV/TSV without a header row (columns by index).")
+@friendly_errors
+def classify(**kw):
+    """Any single-sentence or pair classification data (CSV/TSV/JSONL)."""
+    from bertkit.finetune.classify import finetune_classify
+
+    cfg = _train_config(kw)
+    _report(finetune_classify(kw["model_path"], kw["train_file"], kw["dev_file"], cfg, text_a=kw["text_a"],
+                              text_b=kw["text_b"], label=kw["label"], regression=kw["regression"],
+                              max_seq_length=kw["max_seq_length"], header=not kw["no_header"]))
+
+
+@finetune.command("ner")
+@common_options(default_lr=5e-5, default_epochs=3.0, default_batch=32, default_max_len=128)
+@click.option("--train-file", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="CoNLL format: `word ... tag` per line, blank line between sentences.")
+@click.option("--dev-file", required=True, type=click.Path(exists=True, dir_okay=False))
+@friendly_errors
+def ner(**kw):
+    """Token tagging; entity-level precision/recall/F1 over IOB2 spans (seqeval's default mode)."""
+    from bertkit.finetune.ner import finetune_ner
+
+    cfg = _train_config(kw)
+    _report(finetune_ner(kw["model_path"], kw["train_file"], kw["dev_file"], cfg, max_seq_length=kw["max_seq_length"]))

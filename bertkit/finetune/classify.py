@@ -1,0 +1,199 @@
+"""Sentence and sentence-pair classification (and regression) from CSV, TSV or JSON-lines files.
+
+`finetune_classify` is `bertkit finetune classify`; GLUE (glue.py) reuses `read_table` and `run_classification`.
+Labels are the set seen in the training file; a dev label outside it is an error (file and line), never a
+silent drop. Pairs are encoded with the tokenizer's BERT template ([CLS] a [SEP] b [SEP], type ids 0/1) and
+cut longest-first to --max-seq-length.
+"""
+import csv
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from bertkit.finetune import metrics as M
+
+
+class DataError(ValueError):
+    pass
+
+
+@dataclass
+class TextExample:
+    line: int          # 1-based line in the source file (for messages)
+    text_a: str
+    text_b: str | None
+    label: str | None
+
+
+def _column(header: list | None, col, path: Path):
+    """Column given by name (needs a header) or 0-based index -> index."""
+    if isinstance(col, int) or (isinstance(col, str) and col.isdigit() and (header is None or col not in header)):
+        return int(col)
+    if header is None:
+        raise DataError(f"{path}: column {col!r} given by name but the file has no header row")
+    if col not in header:
+        raise DataError(f"{path}:1: no column {col!r}; the header has {header}. Pass one of those "
+                        f"(or a 0-based column index)")
+    return header.index(col)
+
+
+def read_table(path, text_a, text_b=None, label=None, header: bool = True, fmt: str | None = None) -> list:
+    """Read TextExamples from .tsv (tab-separated, no quoting, as GLUE), .csv (RFC 4180 quoting) or .jsonl.
+    Columns are header names or 0-based indices; label=None reads unlabeled rows."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: no such file")
+    fmt = fmt or {".tsv": "tsv", ".csv": "csv", ".jsonl": "jsonl", ".json": "jsonl"}.get(path.suffix.lower(), "tsv")
+    text = path.read_text(encoding="utf-8-sig")  # utf-8-sig: GLUE's MRPC files start with a byte-order mark
+    if not text.strip():
+        raise DataError(f"{path}: the file is empty")
+    if fmt == "jsonl":
+        return _read_jsonl(path, text, text_a, text_b, label)
+    lines = text.splitlines()
+    if fmt == "tsv":
+        rows = [line.split("\t") for line in lines]
+    else:
+        rows = list(csv.reader(lines))
+    head = rows[0] if header else None
+    first = 1 if header else 0
+    cols = [_column(head, c, path) if c is not None else None for c in (text_a, text_b, label)]
+    need = max(c for c in cols if c is not None) + 1
+    examples = []
+    for i in range(first, len(rows)):
+        row, line = rows[i], i + 1
+        if not any(field.strip() for field in row):
+            continue  # blank line
+        if len(row) < need:
+            names = [c for c in (text_a, text_b, label) if c is not None]
+            raise DataError(f"{path}:{line}: {len(row)} fields but columns {names} need {need} "
+                            f"({'tab' if fmt == 'tsv' else 'comma'}-separated); fix or remove this row")
+        a = row[cols[0]]
+        b = row[cols[1]] if cols[1] is not None else None
+        y = row[cols[2]].strip() if cols[2] is not None else None
+        if y == "":
+            raise DataError(f"{path}:{line}: empty label")
+        examples.append(TextExample(line, a, b, y))
+    if not examples:
+        raise DataError(f"{path}: no data rows (only a header?)")
+    return examples
+
+
+def _read_jsonl(path: Path, text: str, text_a, text_b, label) -> list:
+    examples = []
+    for i, raw in enumerate(text.splitlines(), 1):
+        if not raw.strip():
+            continue
+        try:
+            obj = json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}:{i}: not valid JSON ({e.msg})") from None
+        for key in (text_a, text_b, label):
+            if key is not None and key not in obj:
+                raise DataError(f"{path}:{i}: no key {key!r}; this line has {sorted(obj)}")
+        y = obj[label] if label is not None else None
+        examples.append(TextExample(i, str(obj[text_a]), None if text_b is None else str(obj[text_b]),
+                                    None if y is None else str(y).strip()))
+    if not examples:
+        raise DataError(f"{path}: no data rows")
+    return examples
+
+
+def label_list(examples: list) -> list:
+    """Sorted label strings seen in training (numerically when they are all integers)."""
+    labels = {ex.label for ex in examples}
+    if all(lab.lstrip("-").isdigit() for lab in labels):
+        return sorted(labels, key=int)
+    return sorted(labels)
+
+
+def label_ids(examples: list, labels: list | None, path) -> list:
+    """Class ids (or floats when labels is None: regression); an unseen label names the file and line."""
+    if labels is None:
+        out = []
+        for ex in examples:
+            try:
+                out.append(float(ex.label))
+            except ValueError:
+                raise DataError(f"{path}:{ex.line}: label {ex.label!r} is not a number (regression task)") from None
+        return out
+    index = {lab: i for i, lab in enumerate(labels)}
+    for ex in examples:
+        if ex.label not in index:
+            raise DataError(f"{path}:{ex.line}: label {ex.label!r} never appears in the training file "
+                            f"(training labels: {labels})")
+    return [index[ex.label] for ex in examples]
+
+
+def encode(examples: list, tokenizer, max_seq_length: int, targets: list | None = None) -> list:
+    """Feature dicts: input_ids, token_type_ids (+ labels)."""
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(max_length=max_seq_length, strategy="longest_first")
+    pairs = examples[0].text_b is not None
+    inputs = [(ex.text_a, ex.text_b) if pairs else ex.text_a for ex in examples]
+    encodings = tokenizer.encode_batch(inputs, add_special_tokens=True)
+    tokenizer.no_truncation()
+    rows = []
+    for i, enc in enumerate(encodings):
+        row = {"input_ids": enc.ids, "token_type_ids": enc.type_ids}
+        if targets is not None:
+            row["labels"] = targets[i]
+        rows.append(row)
+    return rows
+
+
+def classification_metrics(preds, golds, labels: list | None) -> dict:
+    """Accuracy and macro F1 for classes; Pearson/Spearman for regression."""
+    if labels is None:
+        return {"pearson": M.pearson(preds, golds), "spearman": M.spearman(preds, golds)}
+    out = {"accuracy": M.accuracy(preds, golds)}
+    out["macro_f1"] = sum(M.binary_f1(preds, golds, positive=c) for c in range(len(labels))) / len(labels)
+    return out
+
+
+def run_classification(model_path, train_examples, dev_examples, labels, cfg, *, task: str, metric_fn,
+                       best_metric: str, max_seq_length: int = 128, train_file=None, dev_file=None,
+                       settings: dict | None = None) -> dict:
+    """Encode, load the model with a fresh head, and train with evaluation on dev each epoch."""
+    import numpy as np
+
+    from bertkit.checkpoint import load_pretrained
+    from bertkit.finetune.train import predict, train
+    from bertkit.tokenization import load_tokenizer
+
+    tokenizer = load_tokenizer(model_path)
+    train_rows = encode(train_examples, tokenizer, max_seq_length, label_ids(train_examples, labels, train_file)) \
+        if train_examples else []
+    dev_targets = label_ids(dev_examples, labels, dev_file)
+    dev_rows = encode(dev_examples, tokenizer, max_seq_length)
+    num_labels = 1 if labels is None else len(labels)
+    model = load_pretrained(model_path, head="sequence_classification", num_labels=num_labels)
+
+    def evaluate(m):
+        logits = np.stack(predict(m, dev_rows, cfg.eval_batch_size)["logits"])
+        preds = logits[:, 0].tolist() if labels is None else logits.argmax(-1).tolist()
+        result = metric_fn(preds, dev_targets)
+        files = {"dev_predictions.json": [p if labels is None else labels[p] for p in preds]}
+        return result, files
+
+    extra = {"finetuning_task": task}
+    if labels is not None:
+        extra["id2label"] = {str(i): lab for i, lab in enumerate(labels)}
+        extra["label2id"] = {lab: i for i, lab in enumerate(labels)}
+    settings = {"model": str(model_path), "max_seq_length": max_seq_length, "labels": labels,
+                "train_file": str(train_file), "dev_file": str(dev_file), **(settings or {})}
+    return train(model, train_rows, evaluate, best_metric, cfg, task=task, settings=settings,
+                 tokenizer_dir=model_path, extra_config=extra)
+
+
+def finetune_classify(model_path, train_file, dev_file, cfg, *, text_a, text_b=None, label="label",
+                      regression: bool = False, max_seq_length: int = 128, header: bool = True) -> dict:
+    """`bertkit finetune classify`: any CSV/TSV/JSONL classification (or regression) data."""
+    train_examples = read_table(train_file, text_a, text_b, label, header=header)
+    dev_examples = read_table(dev_file, text_a, text_b, label, header=header)
+    labels = None if regression else label_list(train_examples)
+    if labels is not None and len(labels) < 2:
+        raise DataError(f"{train_file}: only one label ({labels}) in the training file; nothing to classify")
+    best = "pearson" if regression else "accuracy"
+    return run_classification(model_path, train_examples, dev_examples, labels, cfg, task="classify",
+                              metric_fn=lambda p, g: classification_metrics(p, g, labels), best_metric=best,
+                              max_seq_length=max_seq_length, train_file=train_file, dev_file=dev_file)

@@ -1,0 +1,233 @@
+"""Evaluation metrics, each written from its official definition.
+
+- SQuAD EM/F1: the official evaluate-v1.1.py / evaluate-v2.0.py rules (normalise: lower case, drop punctuation,
+  drop the articles a/an/the, collapse whitespace; max over the gold answers; v2 adds HasAns/NoAns splits and the
+  best threshold over null odds).
+- Matthews correlation (CoLA), F1 of the positive class + accuracy (MRPC, QQP), Pearson + Spearman (STS-B).
+- Entity-level precision/recall/F1 over IOB2 spans, as seqeval's default (conlleval-compatible) mode computes them.
+"""
+import collections
+import math
+import re
+import string
+
+# ---------------------------------------------------------------- SQuAD
+
+_PUNCT = set(string.punctuation)
+_ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)
+
+
+def normalize_answer(s: str) -> str:
+    s = s.lower()
+    s = "".join(ch for ch in s if ch not in _PUNCT)
+    s = _ARTICLES.sub(" ", s)
+    return " ".join(s.split())
+
+
+def exact_match(prediction: str, gold: str) -> float:
+    return float(normalize_answer(prediction) == normalize_answer(gold))
+
+
+def span_f1(prediction: str, gold: str) -> float:
+    pred_tokens = normalize_answer(prediction).split()
+    gold_tokens = normalize_answer(gold).split()
+    if not pred_tokens or not gold_tokens:  # v2: an empty answer is right only against an empty gold
+        return float(pred_tokens == gold_tokens)
+    common = collections.Counter(pred_tokens) & collections.Counter(gold_tokens)
+    same = sum(common.values())
+    if same == 0:
+        return 0.0
+    precision, recall = same / len(pred_tokens), same / len(gold_tokens)
+    return 2 * precision * recall / (precision + recall)
+
+
+def squad_gold_answers(dataset: list) -> dict:
+    """{qid: [gold texts]} from the official JSON's `data` list; unanswerable (v2) questions get [""]."""
+    gold = {}
+    for article in dataset:
+        for paragraph in article["paragraphs"]:
+            for qa in paragraph["qas"]:
+                texts = [a["text"] for a in qa.get("answers", []) if normalize_answer(a["text"])]
+                gold[qa["id"]] = texts or [""]
+    return gold
+
+
+def squad_evaluate(dataset: list, predictions: dict, null_odds: dict | None = None) -> dict:
+    """Official SQuAD scores in percent. `dataset` is the JSON's `data`; `predictions` {qid: text}.
+
+    v1.1 (no unanswerable questions): {"exact_match", "f1"} as evaluate-v1.1.py (a missing prediction scores 0).
+    When the data has unanswerable questions (v2.0), the evaluate-v2.0.py keys: exact, f1, total, HasAns_*,
+    NoAns_*, and with `null_odds` {qid: score} also best_exact/best_f1 and the null-odds threshold that gives them
+    (the predictions are scored as given: "" means "no answer").
+    """
+    gold = squad_gold_answers(dataset)
+    is_v2 = any(answers == [""] for answers in gold.values())
+    em, f1 = {}, {}
+    for qid, answers in gold.items():
+        pred = predictions.get(qid)
+        if pred is None:
+            em[qid] = f1[qid] = 0.0
+            continue
+        em[qid] = max(exact_match(pred, g) for g in answers)
+        f1[qid] = max(span_f1(pred, g) for g in answers)
+    n = len(gold)
+    if not is_v2:
+        return {"exact_match": 100.0 * sum(em.values()) / n, "f1": 100.0 * sum(f1.values()) / n}
+    out = {"exact": 100.0 * sum(em.values()) / n, "f1": 100.0 * sum(f1.values()) / n, "total": n}
+    has = [q for q, a in gold.items() if a != [""]]
+    no = [q for q, a in gold.items() if a == [""]]
+    for name, qids in (("HasAns", has), ("NoAns", no)):
+        if qids:
+            out[f"{name}_exact"] = 100.0 * sum(em[q] for q in qids) / len(qids)
+            out[f"{name}_f1"] = 100.0 * sum(f1[q] for q in qids) / len(qids)
+            out[f"{name}_total"] = len(qids)
+    if null_odds is not None:
+        for key, scores in (("exact", em), ("f1", f1)):
+            best, thresh = _best_threshold(scores, null_odds, gold, predictions)
+            out[f"best_{key}"], out[f"best_{key}_thresh"] = best, thresh
+    return out
+
+
+def _best_threshold(scores: dict, null_odds: dict, gold: dict, predictions: dict):
+    """evaluate-v2.0.py's find_best_thresh: sweep the threshold over the sorted null odds."""
+    num_no_ans = sum(1 for a in gold.values() if a == [""])
+    cur = best = float(num_no_ans)
+    best_thresh = 0.0
+    for qid in sorted(null_odds, key=lambda q: null_odds[q]):
+        if qid not in scores:
+            continue
+        if gold[qid] != [""]:
+            diff = scores[qid]
+        elif predictions.get(qid):
+            diff = -1
+        else:
+            diff = 0
+        cur += diff
+        if cur > best:
+            best, best_thresh = cur, null_odds[qid]
+    return 100.0 * best / len(scores), best_thresh
+
+
+# ---------------------------------------------------------------- classification and regression
+
+def accuracy(preds, labels) -> float:
+    preds, labels = list(preds), list(labels)
+    return sum(int(p == y) for p, y in zip(preds, labels)) / len(labels)
+
+
+def binary_f1(preds, labels, positive=1) -> float:
+    tp = sum(1 for p, y in zip(preds, labels) if p == positive and y == positive)
+    fp = sum(1 for p, y in zip(preds, labels) if p == positive and y != positive)
+    fn = sum(1 for p, y in zip(preds, labels) if p != positive and y == positive)
+    return 0.0 if tp == 0 else 2 * tp / (2 * tp + fp + fn)
+
+
+def matthews_corrcoef(preds, labels) -> float:
+    """Binary MCC = (tp*tn - fp*fn) / sqrt((tp+fp)(tp+fn)(tn+fp)(tn+fn)); 0 when a margin is empty (sklearn)."""
+    tp = tn = fp = fn = 0
+    for p, y in zip(preds, labels):
+        if p == 1 and y == 1:
+            tp += 1
+        elif p == 1:
+            fp += 1
+        elif y == 1:
+            fn += 1
+        else:
+            tn += 1
+    denom = math.sqrt((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn))
+    return 0.0 if denom == 0 else (tp * tn - fp * fn) / denom
+
+
+def pearson(x, y) -> float:
+    x, y = [float(v) for v in x], [float(v) for v in y]
+    mx, my = sum(x) / len(x), sum(y) / len(y)
+    sxy = sum((a - mx) * (b - my) for a, b in zip(x, y))
+    sxx = sum((a - mx) ** 2 for a in x)
+    syy = sum((b - my) ** 2 for b in y)
+    return 0.0 if sxx == 0 or syy == 0 else sxy / math.sqrt(sxx * syy)
+
+
+def _average_ranks(values) -> list:
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    ranks = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):  # ties share the mean of their 1-based ranks
+            ranks[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return ranks
+
+
+def spearman(x, y) -> float:
+    return pearson(_average_ranks([float(v) for v in x]), _average_ranks([float(v) for v in y]))
+
+
+# ---------------------------------------------------------------- entity spans (seqeval default mode)
+
+def _split_tag(tag: str):
+    if tag in ("O", ""):
+        return "O", ""
+    if "-" in tag:
+        prefix, kind = tag.split("-", 1)
+        return prefix, kind
+    return tag, ""
+
+
+def _chunk_ends(prev_tag, tag, prev_type, type_) -> bool:
+    if prev_tag in ("E", "S"):
+        return True
+    if prev_tag in ("B", "I") and tag in ("B", "S", "O"):
+        return True
+    return prev_tag not in ("O", ".") and prev_type != type_
+
+
+def _chunk_starts(prev_tag, tag, prev_type, type_) -> bool:
+    if tag in ("B", "S"):
+        return True
+    if prev_tag in ("E", "S", "O") and tag in ("E", "I"):
+        return True
+    return tag not in ("O", ".") and prev_type != type_
+
+
+def get_entities(tags: list) -> list:
+    """[(type, start, end_inclusive)] for one sentence; an I- after O or after another type starts a chunk."""
+    chunks = []
+    prev_tag, prev_type, begin = "O", "", 0
+    for i, tag in enumerate(list(tags) + ["O"]):
+        cur_tag, cur_type = _split_tag(tag)
+        if _chunk_ends(prev_tag, cur_tag, prev_type, cur_type):
+            chunks.append((prev_type, begin, i - 1))
+        if _chunk_starts(prev_tag, cur_tag, prev_type, cur_type):
+            begin = i
+        prev_tag, prev_type = cur_tag, cur_type
+    return chunks
+
+
+def entity_scores(gold_sentences: list, pred_sentences: list) -> dict:
+    """Micro precision/recall/F1 over exact (type, start, end) entity matches, plus per-type F1 and token accuracy."""
+    gold, pred = set(), set()
+    correct_tokens = total_tokens = 0
+    for s, (g_tags, p_tags) in enumerate(zip(gold_sentences, pred_sentences)):
+        if len(g_tags) != len(p_tags):
+            raise ValueError(f"sentence {s}: {len(g_tags)} gold tags but {len(p_tags)} predicted tags")
+        gold.update((s,) + e for e in get_entities(g_tags))
+        pred.update((s,) + e for e in get_entities(p_tags))
+        correct_tokens += sum(int(a == b) for a, b in zip(g_tags, p_tags))
+        total_tokens += len(g_tags)
+    out = _prf(len(gold & pred), len(pred), len(gold))
+    out["accuracy"] = correct_tokens / max(total_tokens, 1)
+    for kind in sorted({e[1] for e in gold | pred}):
+        g = {e for e in gold if e[1] == kind}
+        p = {e for e in pred if e[1] == kind}
+        out[f"{kind}_f1"] = _prf(len(g & p), len(p), len(g))["f1"]
+    return out
+
+
+def _prf(n_correct, n_pred, n_gold) -> dict:
+    precision = n_correct / n_pred if n_pred else 0.0
+    recall = n_correct / n_gold if n_gold else 0.0
+    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    return {"precision": precision, "recall": recall, "f1": f1}

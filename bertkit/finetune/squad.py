@@ -1,0 +1,329 @@
+"""SQuAD v1.1 / v2.0: read the official JSON, cut windows (features), turn logits back into answers.
+
+Windows follow google-research/bert's run_squad.py: a window holds [CLS] question [SEP] context-piece [SEP],
+at most `max_seq_length` tokens, the question cut to `max_query_length` tokens, and window starts are
+`window_step` tokens apart (the reference's `doc_stride`). HF tokenizers' `stride` is something else: the
+number of tokens two windows *overlap* (overlap = window length - window_step). A context token that falls in
+several windows is answered only from the window where it has the most context on both sides (max-context rule).
+
+Answers map between characters and tokens through the tokenizer's character offsets, so the predicted text is
+a slice of the original context (original case, accents and spacing).
+"""
+import collections
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+
+class SquadFormatError(ValueError):
+    pass
+
+
+@dataclass
+class SquadExample:
+    qid: str
+    question: str
+    context: str
+    answers: list  # [(text, char_start)], all gold answers
+    is_impossible: bool = False
+    title: str = ""
+
+
+@dataclass
+class SquadFeature:
+    example_index: int
+    input_ids: list
+    token_type_ids: list
+    offsets: list        # per input position: (char_start, char_end) into the context, or None outside the context
+    max_context: list    # per input position: True where this window is the best one for that context token
+    start_position: int = 0
+    end_position: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------- reading
+
+def _line_of(raw: str, qid: str) -> int:
+    """1-based line where question `qid` appears in the raw file (the official files are one long line)."""
+    pos = raw.find(json.dumps(qid))
+    return raw.count("\n", 0, pos) + 1 if pos >= 0 else 0
+
+
+def read_squad(path, training: bool, version_2: bool = False, articles: slice | None = None):
+    """-> (examples, dataset) where dataset is the file's `data` list (for the official evaluation), cut to
+    `articles` when given."""
+    path = Path(path)
+    raw = path.read_text(encoding="utf-8")
+    if not raw.strip():
+        raise SquadFormatError(f"{path}: the file is empty; expected the official SQuAD JSON ({{'data': [...]}})")
+    try:
+        dataset = json.loads(raw)["data"]
+    except json.JSONDecodeError as e:
+        raise SquadFormatError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
+    except (KeyError, TypeError):
+        raise SquadFormatError(f"{path}: no top-level 'data' list; expected the official SQuAD JSON") from None
+    indices = list(range(len(dataset)))[articles] if articles is not None else range(len(dataset))
+    dataset = [dataset[a] for a in indices]
+    examples = []
+    for a, article in zip(indices, dataset):
+        for paragraph in article.get("paragraphs", []):
+            context = paragraph["context"]
+            for qa in paragraph["qas"]:
+                qid = qa.get("id", "?")
+                where = f"{path}:{_line_of(raw, qid)}: article {a} ({article.get('title', '')!r}), question id {qid}"
+                if "question" not in qa or "id" not in qa:
+                    raise SquadFormatError(f"{where}: a question needs 'id' and 'question'")
+                impossible = bool(qa.get("is_impossible", False))
+                if impossible and not version_2:
+                    raise SquadFormatError(f"{where}: is_impossible=true in a v1.1 run; pass --version-2")
+                answers = []
+                for ans in qa.get("answers", []):
+                    text, start = ans["text"], int(ans["answer_start"])
+                    if context[start:start + len(text)] != text:
+                        raise SquadFormatError(
+                            f"{where}: answer_start {start} does not point at the answer text {text!r} "
+                            f"(the context there reads {context[start:start + len(text)]!r}); fix answer_start")
+                    answers.append((text, start))
+                if training and not impossible and not answers:
+                    raise SquadFormatError(f"{where}: a training question has no answers "
+                                           "(mark it is_impossible=true with --version-2, or drop it)")
+                examples.append(SquadExample(qid, qa["question"], context, answers, impossible,
+                                             article.get("title", "")))
+    if not examples:
+        raise SquadFormatError(f"{path}: no questions found")
+    return examples, dataset
+
+
+# ---------------------------------------------------------------- features
+
+def char_span_to_tokens(offsets, char_start: int, char_end: int):
+    """Token span [first, last] covering characters [char_start, char_end), or None if no token overlaps."""
+    first = next((i for i, (s, e) in enumerate(offsets) if e > char_start), None)
+    last = next((i for i in range(len(offsets) - 1, -1, -1) if offsets[i][0] < char_end), None)
+    if first is None or last is None or last < first:
+        return None
+    return first, last
+
+
+def windows(num_tokens: int, max_tokens: int, window_step: int):
+    """[(start, length)] of the sliding windows over a context of `num_tokens` tokens (run_squad.py's doc spans)."""
+    spans, start = [], 0
+    while start < num_tokens:
+        length = min(num_tokens - start, max_tokens)
+        spans.append((start, length))
+        if start + length == num_tokens:
+            break
+        start += min(length, window_step)
+    return spans or [(0, 0)]
+
+
+def _is_max_context(spans, span_index: int, position: int) -> bool:
+    best_score, best_index = None, None
+    for i, (start, length) in enumerate(spans):
+        end = start + length - 1
+        if position < start or position > end:
+            continue
+        score = min(position - start, end - position) + 0.01 * length
+        if best_score is None or score > best_score:
+            best_score, best_index = score, i
+    return best_index == span_index
+
+
+def prepare_tokenizer(tokenizer):
+    """Fine-tuning cuts windows itself: switch off any truncation/padding saved in tokenizer.json."""
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    for token in ("[CLS]", "[SEP]"):
+        if tokenizer.token_to_id(token) is None:
+            raise ValueError(f"the tokenizer has no {token} token; bertkit fine-tuning expects a BERT vocabulary")
+    return tokenizer
+
+
+def make_features(examples, tokenizer, training: bool, max_seq_length: int = 384, window_step: int = 128,
+                  max_query_length: int = 64, stats: dict | None = None):
+    """SquadFeature list. In training, a window without the whole answer (or an unanswerable question) points at
+    [CLS] (start = end = 0), as the reference does. `stats` (a dict) receives counts of unmappable answers."""
+    prepare_tokenizer(tokenizer)
+    cls_id, sep_id = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+    contexts = {}  # many questions share a paragraph: tokenize each once
+    for ex in examples:
+        contexts.setdefault(ex.context, None)
+    unique = list(contexts)
+    for text, enc in zip(unique, tokenizer.encode_batch(unique, add_special_tokens=False)):
+        contexts[text] = (enc.ids, enc.offsets)
+    questions = tokenizer.encode_batch([ex.question for ex in examples], add_special_tokens=False)
+    max_tokens = max_seq_length - 3
+    stats = stats if stats is not None else {}
+    stats.setdefault("unmappable_answers", 0)
+    features = []
+    for ex_index, (ex, q) in enumerate(zip(examples, questions)):
+        q_ids = q.ids[:max_query_length]
+        doc_ids, doc_offsets = contexts[ex.context]
+        max_doc = max_tokens - len(q_ids)
+        if max_doc <= 0:
+            raise ValueError(f"max_seq_length {max_seq_length} leaves no room for the context")
+        answer_span = None
+        if training and not ex.is_impossible:
+            text, start = ex.answers[0]
+            answer_span = char_span_to_tokens(doc_offsets, start, start + len(text))
+            if answer_span is None:
+                stats["unmappable_answers"] += 1
+                continue  # an answer made only of characters the tokenizer drops (e.g. whitespace)
+        spans = windows(len(doc_ids), max_doc, window_step)
+        for span_index, (start, length) in enumerate(spans):
+            input_ids = [cls_id] + q_ids + [sep_id] + doc_ids[start:start + length] + [sep_id]
+            type_ids = [0] * (len(q_ids) + 2) + [1] * (length + 1)
+            offsets = [None] * (len(q_ids) + 2) + list(doc_offsets[start:start + length]) + [None]
+            max_context = [False] * (len(q_ids) + 2) + [_is_max_context(spans, span_index, start + i)
+                                                        for i in range(length)] + [False]
+            s_pos = e_pos = 0
+            if answer_span is not None and start <= answer_span[0] and answer_span[1] < start + length:
+                shift = len(q_ids) + 2 - start
+                s_pos, e_pos = answer_span[0] + shift, answer_span[1] + shift
+            features.append(SquadFeature(ex_index, input_ids, type_ids, offsets, max_context, s_pos, e_pos))
+    return features
+
+
+def feature_dicts(features, training: bool) -> list:
+    """Model inputs for the training loop (plus labels when training)."""
+    rows = []
+    for f in features:
+        row = {"input_ids": f.input_ids, "token_type_ids": f.token_type_ids}
+        if training:
+            row["start_positions"], row["end_positions"] = f.start_position, f.end_position
+        rows.append(row)
+    return rows
+
+
+# ---------------------------------------------------------------- post-processing
+
+_NULL_ODDS_NO_SPAN = 1e4  # null odds written when no valid span exists at all: "certainly no answer"
+
+
+def postprocess(examples, features, start_logits, end_logits, n_best_size: int = 20,
+                max_answer_length: int = 30, version_2: bool = False, null_score_diff_threshold: float = 0.0):
+    """-> (predictions {qid: text}, nbest {qid: [{text, probability, start_logit, end_logit}]}, null_odds {qid: float}).
+
+    start_logits/end_logits: one 1-D array per feature (padding positions may be included, they are never
+    context tokens). For v2, the null score is the smallest [CLS] score over the example's windows, and the
+    answer is "" when null score - best span score > threshold; null_odds holds that difference."""
+    by_example = collections.defaultdict(list)
+    for i, f in enumerate(features):
+        by_example[f.example_index].append(i)
+    predictions, nbest_json, null_odds = {}, {}, {}
+    for ex_index, ex in enumerate(examples):
+        candidates = []  # (score, start_logit, end_logit, char_start, char_end)
+        null = None      # (score, start_logit, end_logit)
+        for fi in by_example.get(ex_index, []):
+            f, s_logits, e_logits = features[fi], np.asarray(start_logits[fi]), np.asarray(end_logits[fi])
+            n = len(f.input_ids)
+            s_logits, e_logits = s_logits[:n], e_logits[:n]
+            feature_null = float(s_logits[0] + e_logits[0])
+            if null is None or feature_null < null[0]:
+                null = (feature_null, float(s_logits[0]), float(e_logits[0]))
+            top_starts = np.argsort(-s_logits, kind="stable")[:n_best_size]
+            top_ends = np.argsort(-e_logits, kind="stable")[:n_best_size]
+            for s in top_starts:
+                if f.offsets[s] is None or not f.max_context[s]:
+                    continue
+                for e in top_ends:
+                    if f.offsets[e] is None or e < s or e - s + 1 > max_answer_length:
+                        continue
+                    candidates.append((float(s_logits[s] + e_logits[e]), float(s_logits[s]), float(e_logits[e]),
+                                       f.offsets[s][0], f.offsets[e][1]))
+        candidates.sort(key=lambda c: -c[0])
+        entries, seen = [], set()
+        for score, sl, el, cs, ce in candidates:
+            text = ex.context[cs:ce]
+            if text in seen:
+                continue
+            seen.add(text)
+            entries.append({"text": text, "score": score, "start_logit": sl, "end_logit": el})
+            if len(entries) == n_best_size:
+                break
+        best_span = entries[0] if entries else None
+        if version_2 and null is not None:
+            entries.append({"text": "", "score": null[0], "start_logit": null[1], "end_logit": null[2]})
+            entries.sort(key=lambda c: -c["score"])  # up to n_best spans plus the null answer, as the reference
+        if not entries:  # no window, or no valid span in v1: keep the official formats well-formed
+            entries = [{"text": "", "score": 0.0, "start_logit": 0.0, "end_logit": 0.0}]
+        scores = np.array([c["score"] for c in entries])
+        probs = np.exp(scores - scores.max())
+        probs /= probs.sum()
+        nbest_json[ex.qid] = [{"text": c["text"], "probability": float(p), "start_logit": c["start_logit"],
+                               "end_logit": c["end_logit"]} for c, p in zip(entries, probs)]
+        if not version_2:
+            predictions[ex.qid] = best_span["text"] if best_span else ""
+            continue
+        if best_span is None:  # every candidate is null (google-research/bert#476): answer "no answer"
+            null_odds[ex.qid] = _NULL_ODDS_NO_SPAN
+            predictions[ex.qid] = ""
+            continue
+        diff = null[0] - best_span["score"]
+        null_odds[ex.qid] = diff
+        predictions[ex.qid] = "" if diff > null_score_diff_threshold else best_span["text"]
+    return predictions, nbest_json, null_odds
+
+
+
+# ---------------------------------------------------------------- the run
+
+def finetune_squad(model_path, train_file, predict_file, cfg, *, version_2: bool = False,
+                   max_seq_length: int = 384, window_step: int = 128, max_query_length: int = 64,
+                   n_best_size: int = 20, max_answer_length: int = 30, null_score_diff_threshold: float = 0.0,
+                   train_articles: slice | None = None, predict_articles: slice | None = None) -> dict:
+    """`bertkit finetune squad`. Without train_file, only predicts and scores predict_file.
+    train_articles/predict_articles select articles of each file (e.g. train on one half of dev, score the other)."""
+    from bertkit.checkpoint import load_pretrained
+    from bertkit.finetune.metrics import squad_evaluate
+    from bertkit.finetune.train import predict, train
+    from bertkit.tokenization import load_tokenizer
+
+    tokenizer = load_tokenizer(model_path)
+    window = dict(max_seq_length=max_seq_length, window_step=window_step, max_query_length=max_query_length)
+    stats = {}
+    train_rows = []
+    if train_file:
+        examples, _ = read_squad(train_file, training=True, version_2=version_2, articles=train_articles)
+        train_rows = feature_dicts(make_features(examples, tokenizer, True, stats=stats, **window), True)
+    dev_examples, dev_data = read_squad(predict_file, training=False, version_2=version_2,
+                                        articles=predict_articles)
+    dev_features = make_features(dev_examples, tokenizer, False, **window)
+    dev_rows = feature_dicts(dev_features, False)
+    model = load_pretrained(model_path, head="question_answering")
+
+    def evaluate(m):
+        out = predict(m, dev_rows, cfg.eval_batch_size, outputs=("start_logits", "end_logits"), per_token=True)
+        preds, nbest, odds = postprocess(dev_examples, dev_features, out["start_logits"], out["end_logits"],
+                                         n_best_size, max_answer_length, version_2, null_score_diff_threshold)
+        scores = squad_evaluate(dev_data, preds, odds if version_2 else None)
+        files = {"predictions.json": preds, "nbest_predictions.json": nbest}
+        if version_2:
+            files["null_odds.json"] = odds
+        return scores, files
+
+    settings = {"model": str(model_path), "train_file": str(train_file), "predict_file": str(predict_file),
+                "version_2": version_2, **window, "n_best_size": n_best_size,
+                "max_answer_length": max_answer_length, "null_score_diff_threshold": null_score_diff_threshold,
+                "train_articles": _slice_text(train_articles), "predict_articles": _slice_text(predict_articles),
+                "train_features": len(train_rows), "predict_questions": len(dev_examples),
+                "predict_features": len(dev_rows), **stats}
+    return train(model, train_rows, evaluate, "f1", cfg, task="squad2" if version_2 else "squad", settings=settings,
+                 tokenizer_dir=model_path, extra_config={"finetuning_task": "squad2" if version_2 else "squad"})
+
+
+def _slice_text(s: slice | None):
+    return None if s is None else f"{s.start or 0}:{'' if s.stop is None else s.stop}"
+
+
+def parse_articles(text: str | None) -> slice | None:
+    """"0:24" -> slice(0, 24): a Python-style range of article indices."""
+    if not text:
+        return None
+    try:
+        start, stop = (part.strip() for part in text.split(":"))
+        return slice(int(start) if start else None, int(stop) if stop else None)
+    except ValueError:
+        raise ValueError(f"article range {text!r}: expected START:STOP, e.g. 0:24 or 24:") from None
