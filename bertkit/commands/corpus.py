@@ -1,9 +1,57 @@
-"""`bertkit prepare-corpus`: placeholder until its issue lands."""
+"""`bertkit prepare-corpus`: maps flags onto pipelines.prepare_corpus.CorpusConfig and runs the stage."""
+import os
+
 import click
 
 
-@click.command("prepare-corpus", context_settings={"ignore_unknown_options": True})
-@click.argument("args", nargs=-1)
-def prepare_corpus(args):
-    """(not implemented yet)"""
-    raise click.ClickException("prepare-corpus is not implemented yet")
+def _default_workers() -> int:
+    return max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+
+
+@click.command("prepare-corpus")
+@click.argument("inputs", nargs=-1, required=True, metavar="INPUT...")
+@click.option("--out", "-o", required=True, type=click.Path(file_okay=False), help="Output folder.")
+@click.option("--format", "fmt", default="auto", show_default=True,
+              type=click.Choice(["auto", "wikiextractor", "lines", "paragraphs", "jsonl", "parquet", "arrow"]),
+              help="Input format for every file; auto detects per file (plain text counts as paragraphs).")
+@click.option("--text-field", default="text", show_default=True, help="JSON Lines field / Parquet-Arrow column with the text.")
+@click.option("--language", default="auto", show_default=True,
+              help="sentencex language code (en, ko, ja, de, ...); auto: Hangul -> ko, kana -> ja, else en, per document.")
+@click.option("--min-chars", default=50, show_default=True, type=click.IntRange(min=0), help="Drop shorter documents.")
+@click.option("--min-sentences", default=1, show_default=True, type=click.IntRange(min=0),
+              help="Drop documents with fewer sentences.")
+@click.option("--holdout", default=0.01, show_default=True, type=click.FloatRange(0, 1, max_open=True),
+              help="Fraction of documents held out (chosen by a hash of the text: stable across runs).")
+@click.option("--shard-size", default="64MB", show_default=True, help="Text bytes per shard, e.g. 64MB, 512KB.")
+@click.option("--workers", "-j", default=_default_workers(), show_default="CPUs, at most 8", type=click.IntRange(min=1),
+              help="Processes; the output is byte-identical for any number.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing output or an unfinished run made with other options.")
+@click.option("--strict", is_flag=True, help="Exit non-zero if any input had a problem (the output is still written).")
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
+def prepare_corpus(inputs, out, fmt, text_field, language, min_chars, min_sentences, holdout, shard_size, workers,
+                   overwrite, strict, no_progress):
+    """Clean, sentence-split and deduplicate raw text into Arrow shards (the input of every later stage).
+
+    INPUT may be files, folders (walked recursively, sorted) or globs; formats: WikiExtractor output, plain text
+    (paragraphs, or one sentence per line with --format lines), JSON Lines, Parquet, Arrow; any of them may be
+    .gz/.bz2/.xz/.zst compressed. Re-running the same command resumes an interrupted run.
+
+    \b
+    Examples:
+      bertkit prepare-corpus wiki/ --out corpus/
+      bertkit prepare-corpus 'dumps/*.jsonl.zst' --text-field content --out corpus/ --workers 8
+      bertkit prepare-corpus books.txt --format lines --holdout 0.05 --out corpus/
+    """
+    from pipelines.corpus_files import CorpusError
+    from pipelines.prepare_corpus import CorpusConfig, parse_size, prepare_corpus as run
+
+    try:
+        config = CorpusConfig(format=fmt, text_field=text_field, language=language, min_chars=min_chars,
+                              min_sentences=min_sentences, holdout=holdout, shard_size=parse_size(shard_size),
+                              workers=workers, overwrite=overwrite, strict=strict, progress=not no_progress)
+    except ValueError as e:
+        raise click.BadParameter(str(e))
+    try:
+        run(list(inputs), out, config)
+    except CorpusError as e:
+        raise click.ClickException(str(e))

@@ -1,0 +1,391 @@
+"""Finding, opening and parsing prepare-corpus inputs: every supported format yields RawDoc records.
+
+Readers never raise on bad *content*: they record a problem (file, line, what to do) and go on, so one bad
+line or file never costs the rest. They raise InputError only when the file as a whole cannot be read.
+"""
+import bz2
+import codecs
+import glob
+import gzip
+import io
+import json
+import lzma
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+FORMATS = ("auto", "wikiextractor", "lines", "paragraphs", "jsonl", "parquet", "arrow")
+COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".zst")
+MAGIC = {b"\x1f\x8b": "gz", b"BZh": "bz2", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zst"}
+MAX_MESSAGES_PER_KIND = 5  # per file: the first few in full, the rest only counted
+
+
+class InputError(Exception):
+    """The file as a whole cannot be read (missing, binary, wrong format, truncated...)."""
+
+
+@dataclass
+class InputFile:
+    path: Path          # where to read it
+    source: str         # what the corpus records: relative to the parent of the input root it was found under
+
+
+@dataclass
+class RawDoc:
+    title: str | None
+    lines: list[str]    # raw (uncleaned) text lines
+    line: int           # 1-based line (or row) where the document starts, for messages
+    kind: str = "split"  # how lines become sentences: "wiki" or "split" each line; "join" then split; keep "lines"
+
+
+class Problems:
+    """Per-file problem log: counted by kind, the first few of each kind kept as messages."""
+
+    def __init__(self, source: str):
+        self.source = source
+        self.counts: dict[str, int] = {}
+        self.messages: list[str] = []
+
+    def add(self, kind: str, message: str, line: int | None = None):
+        n = self.counts.get(kind, 0) + 1
+        self.counts[kind] = n
+        where = f"{self.source}:{line}" if line else self.source
+        if n <= MAX_MESSAGES_PER_KIND:
+            self.messages.append(f"{where}: {message}")
+        elif n == MAX_MESSAGES_PER_KIND + 1:
+            self.messages.append(f"{self.source}: further '{kind}' problems are only counted")
+
+
+# ---------------------------------------------------------------------------------------------------- discovery
+
+def expand_inputs(inputs, exclude: Path | None = None) -> tuple[list[InputFile], list[str]]:
+    """INPUT arguments -> files in a stable order (argument order; sorted walk inside folders and globs).
+
+    Returns (files, problems): a missing path, an empty folder or a glob matching nothing is a problem message,
+    not an exception, so the other inputs still run.
+    """
+    files, problems, seen = [], [], set()
+    exclude = exclude.resolve() if exclude else None
+
+    def add(path: Path, source: str):
+        key = path.resolve()
+        if exclude and (key == exclude or exclude in key.parents):
+            return
+        if key in seen:
+            problems.append(f"{path}: given more than once; read once")
+            return
+        seen.add(key)
+        files.append(InputFile(path, source))
+
+    for arg in inputs:
+        arg = str(arg)
+        path = Path(arg)
+        if path.is_dir():
+            found = _walk(path)
+            if not found:
+                problems.append(f"{arg}: folder holds no (non-hidden) files")
+            for f in found:
+                add(f, (Path(path.resolve().name) / f.relative_to(path)).as_posix())
+        elif path.is_file():
+            add(path, path.name)
+        elif glob.has_magic(arg):
+            matches = sorted(glob.glob(arg, recursive=True))
+            if not matches:
+                problems.append(f"{arg}: pattern matches no file")
+            for m in matches:
+                m = Path(m)
+                for f in (_walk(m) if m.is_dir() else [m]):
+                    add(f, f.name if f == m else (Path(m.resolve().name) / f.relative_to(m)).as_posix())
+        else:
+            problems.append(f"{arg}: no such file or folder")
+    return files, problems
+
+
+def _walk(root: Path) -> list[Path]:
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        out += [Path(dirpath) / f for f in sorted(filenames) if not f.startswith(".")]
+    return sorted(out, key=lambda p: p.relative_to(root).parts)
+
+
+# ---------------------------------------------------------------------------------------------------- opening
+
+class _ZstdReader(io.RawIOBase):
+    """Streaming zstd (multi-frame) that raises EOFError on a truncated stream; zstandard's own reader is silent."""
+
+    def __init__(self, raw):
+        import zstandard
+
+        self._zstd, self._raw, self._buf = zstandard, raw, b""
+        self._dobj = zstandard.ZstdDecompressor().decompressobj()
+        self._in_frame = False
+
+    def readable(self):
+        return True
+
+    def readinto(self, b):
+        while not self._buf:
+            chunk = self._raw.read(1 << 16)
+            if not chunk:
+                if self._in_frame:
+                    raise EOFError("zstd stream ended before the end of its frame (truncated file)")
+                return 0
+            while chunk:
+                self._in_frame = True
+                self._buf += self._dobj.decompress(chunk)
+                chunk = b""
+                if self._dobj.eof:
+                    self._in_frame = False
+                    chunk = self._dobj.unused_data
+                    self._dobj = self._zstd.ZstdDecompressor().decompressobj()
+        n = min(len(b), len(self._buf))
+        b[:n] = self._buf[:n]
+        self._buf = self._buf[n:]
+        return n
+
+
+def compression_of(path: Path) -> str | None:
+    with open(path, "rb") as f:
+        head = f.read(6)
+    for magic, name in MAGIC.items():
+        if head.startswith(magic):
+            return name
+    return None
+
+
+def open_binary(path: Path, compression: str | None):
+    """(decompressed binary stream, raw file) – the raw file's tell() is the progress in input bytes."""
+    raw = open(path, "rb")
+    if compression == "gz":
+        stream = gzip.GzipFile(fileobj=raw)
+    elif compression == "bz2":
+        stream = bz2.BZ2File(raw)
+    elif compression == "xz":
+        stream = lzma.LZMAFile(raw)
+    elif compression == "zst":
+        stream = io.BufferedReader(_ZstdReader(raw), 1 << 16)
+    else:
+        stream = raw
+    return stream, raw
+
+
+STREAM_ERRORS = (EOFError, OSError, lzma.LZMAError, ValueError)
+
+
+def sniff(path: Path, compression: str | None, head_bytes: int = 1 << 15) -> bytes:
+    stream, raw = open_binary(path, compression)
+    try:
+        return stream.read(head_bytes)
+    except STREAM_ERRORS as e:
+        raise InputError(f"cannot decompress ({compression}): {e}. The file is corrupt; re-download or re-compress it.")
+    finally:
+        stream.close()
+        raw.close()
+
+
+def detect_format(path: Path, compression: str | None, head: bytes) -> str:
+    name = path.name.lower()
+    for suffix in COMPRESSED_SUFFIXES:
+        name = name.removesuffix(suffix)
+    if head.startswith(b"PAR1") or name.endswith(".parquet"):
+        return "parquet"
+    if head.startswith(b"ARROW1") or head.startswith(b"\xff\xff\xff\xff") or name.endswith((".arrow", ".feather", ".ipc")):
+        return "arrow"
+    if name.endswith((".jsonl", ".ndjson")):
+        return "jsonl"
+    first = head.lstrip(b"\xef\xbb\xbf \t\r\n")[:64]
+    if first.startswith(b"<doc"):
+        return "wikiextractor"
+    if first.startswith(b"{"):
+        return "jsonl"
+    return "paragraphs"
+
+
+def check_text(head: bytes):
+    """Refuse binary files early; a few undecodable bytes are fine (replaced and counted later)."""
+    if not head:
+        return
+    if b"\x00" in head:
+        hint = " (UTF-16 text? convert it: iconv -f UTF-16 -t UTF-8)" if head[:2] in (b"\xff\xfe", b"\xfe\xff") else ""
+        raise InputError(f"looks binary (NUL bytes), not UTF-8 text{hint}; skipped. Pass only text, JSON Lines, "
+                         f"Parquet or Arrow files")
+    _, bad = decode_counting(head)
+    if bad > len(head) // 10 + 3:  # +3: the sniffed head may end inside a multi-byte character
+        raise InputError("is mostly not UTF-8 (binary, or a legacy encoding such as EUC-KR/CP949?); skipped. "
+                         "Convert it to UTF-8 first, e.g. iconv -f CP949 -t UTF-8")
+
+
+# ---------------------------------------------------------------------------------------------------- decoding
+
+_replaced = [0]  # bytes replaced by the last bertkit-replace decode
+
+
+def _replace_and_count(err):
+    _replaced[0] += err.end - err.start
+    return "\ufffd", err.end
+
+
+codecs.register_error("bertkit-replace", _replace_and_count)
+
+
+def decode_counting(data: bytes) -> tuple[str, int]:
+    """UTF-8 decode with bad bytes replaced by U+FFFD; returns (text, number of bytes replaced)."""
+    try:
+        return data.decode("utf-8"), 0
+    except UnicodeDecodeError:
+        _replaced[0] = 0
+        text = data.decode("utf-8", "bertkit-replace")
+        return text, _replaced[0]
+
+
+class _Decode:
+    """Decodes lines, counting replaced bytes and tracking the current line number for messages."""
+
+    def __init__(self, problems: Problems):
+        self.problems = problems
+        self.replaced = 0
+        self.line = 0
+
+    def __call__(self, data: bytes) -> str:
+        text, n = decode_counting(data)
+        if n:
+            self.replaced += n
+            self.problems.add("undecodable", f"{n} undecodable byte(s) replaced by U+FFFD", self.line)
+        return text
+
+
+def text_lines(stream, problems: Problems, decode: _Decode):
+    """Decoded lines (without line end) of a binary stream, tracking the line number in decode.line."""
+    for data in stream:
+        decode.line += 1
+        if decode.line == 1 and data.startswith(b"\xef\xbb\xbf"):
+            data = data[3:]
+        yield decode(data).rstrip("\r\n")
+
+
+# ---------------------------------------------------------------------------------------------------- formats
+
+_DOC_OPEN = re.compile(r"^<doc(\s[^>]*)?>\s*$")
+_ATTR = re.compile(r'(\w+)="([^"]*)"')
+
+
+def read_wikiextractor(lines, problems: Problems, decode: _Decode):
+    """<doc id=.. url=.. title=..> ... </doc> blocks; text outside blocks and broken blocks are reported."""
+    doc, title, start = None, None, 0
+    outside = 0
+    for text in lines:
+        n = decode.line
+        if text.startswith("<doc"):
+            m = _DOC_OPEN.match(text.strip())
+            if doc is not None:
+                problems.add("malformed_doc", f"<doc> opened at line {start} has no </doc> before the next <doc>; "
+                                              f"kept its text as one document", start)
+                yield RawDoc(title, doc, start, "wiki")
+            attrs = dict(_ATTR.findall(m.group(1) or "")) if m else {}
+            if not m or "title" not in attrs:
+                problems.add("malformed_doc", f"<doc> line without a title=\"...\" attribute: {text[:80]!r}", n)
+            doc, title, start = [], attrs.get("title"), n
+        elif text.strip() == "</doc>":
+            if doc is None:
+                problems.add("malformed_doc", "</doc> without an opening <doc ...>; ignored", n)
+            else:
+                yield RawDoc(title, doc, start, "wiki")
+            doc = None
+        elif doc is not None:
+            doc.append(text)
+        elif text.strip():
+            outside += 1
+            problems.add("outside_doc", "text outside any <doc>...</doc> block; dropped", n)
+    if doc is not None:
+        problems.add("malformed_doc", f"<doc> opened at line {start} is not closed at the end of the file; "
+                                      f"kept its text as one document", start)
+        yield RawDoc(title, doc, start, "wiki")
+
+
+def read_blocks(lines, kind: str, decode: _Decode):
+    """Blank-line separated documents (BERT's 'lines' layout, or paragraphs to split)."""
+    doc, start = [], 0
+    for text in lines:
+        if text.strip():
+            if not doc:
+                start = decode.line
+            doc.append(text)
+        elif doc:
+            yield RawDoc(None, doc, start, kind)
+            doc = []
+    if doc:
+        yield RawDoc(None, doc, start, kind)
+
+
+def read_jsonl(lines, problems: Problems, decode: _Decode, text_field: str):
+    for text in lines:
+        n = decode.line
+        if not text.strip():
+            continue
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as e:
+            problems.add("bad_json", f"not valid JSON ({e.msg} at column {e.colno}); line skipped", n)
+            continue
+        if not isinstance(obj, dict):
+            problems.add("bad_json", f"expected a JSON object per line, got {type(obj).__name__}; line skipped", n)
+            continue
+        value = obj.get(text_field)
+        if not isinstance(value, str):
+            what = "has no" if text_field not in obj else f"has a non-string ({type(value).__name__})"
+            keys = ", ".join(list(obj)[:8])
+            problems.add("missing_field", f"{what} {text_field!r} field (keys: {keys}); line skipped. "
+                                          f"Choose the field with --text-field", n)
+            continue
+        title = obj.get("title")
+        yield RawDoc(title if isinstance(title, str) else None, value.split("\n"), n, "split")
+
+
+def read_table(path: Path, fmt: str, compression: str | None, problems: Problems, text_field: str, progress):
+    """Parquet or Arrow (IPC file or stream) with a text column, read batch by batch."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if compression:  # columnar files need random access: decompress to memory (they are rarely compressed whole)
+        stream, raw = open_binary(path, compression)
+        with stream, raw:
+            source = pa.BufferReader(stream.read())
+    else:
+        source = pa.memory_map(str(path), "r")
+    try:
+        if fmt == "parquet":
+            pf = pq.ParquetFile(source)
+            schema, batches = pf.schema_arrow, None
+        else:
+            try:
+                reader = pa.ipc.open_file(source)
+                schema = reader.schema
+                batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
+            except pa.ArrowInvalid:
+                source.seek(0)
+                reader = pa.ipc.open_stream(source)
+                schema, batches = reader.schema, iter(reader)
+    except (pa.ArrowInvalid, OSError) as e:
+        raise InputError(f"cannot be read as {fmt}: {e}. Is the file complete and really {fmt}?")
+    if text_field not in schema.names:
+        raise InputError(f"has no column {text_field!r} (columns: {', '.join(schema.names)}). "
+                         f"Choose the text column with --text-field")
+    columns = [text_field] + (["title"] if "title" in schema.names and text_field != "title" else [])
+    if batches is None:
+        batches = pf.iter_batches(batch_size=1024, columns=columns)
+    row = 0
+    try:
+        for batch in batches:
+            texts = batch.column(text_field).to_pylist()
+            titles = batch.column("title").to_pylist() if "title" in columns else [None] * len(texts)
+            for text, title in zip(texts, titles):
+                row += 1
+                if not isinstance(text, str):
+                    problems.add("missing_field", f"row {row}: {text_field!r} is null or not a string; skipped")
+                    continue
+                yield RawDoc(title if isinstance(title, str) else None, text.split("\n"), row, "split")
+            progress(row)
+    except (pa.ArrowInvalid, OSError) as e:
+        raise InputError(f"stopped after row {row}: {e}. The file looks truncated or corrupt")

@@ -1,0 +1,547 @@
+"""prepare-corpus: raw text files -> cleaned, sentence-split, deduplicated documents in Arrow shards.
+
+How it runs (and why it is byte-identical for any --workers and resumable after a kill):
+  1. Each input file is one task. A worker streams it (bounded memory), cleans and splits its documents and writes
+     them to OUT/.work/part-NNNNN.arrow, then OUT/.work/part-NNNNN.json with the file's counts. Both are written
+     atomically; the .json marks the part done, so a restarted run redoes only unfinished files.
+  2. The main process merges the parts strictly in input order as they become ready: drops exact duplicates
+     (first occurrence wins), sends each document to train or holdout by a hash of its text, and cuts shards of
+     --shard-size. Every decision depends only on the ordered document stream, never on timing or worker count.
+     After a kill the merge is simply redone from the parts (it is cheap next to segmentation); shard files are
+     deterministic, so rewriting them changes nothing.
+  3. manifest.json is written with "complete": true, then OUT/.work is removed.
+"""
+import hashlib
+import json
+import os
+import re
+import shutil
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, TimeoutError as FutureTimeout
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from bertkit import __version__
+from bertkit.fileio import atomic_write_arrow, atomic_write_json, sha256_file
+from pipelines import corpus_readers as readers
+from pipelines.corpus_files import CorpusError
+from pipelines.schemas import CORPUS_SCHEMA
+from pipelines.sentences import clean_text, detect_language, split_sentences
+
+PART_SCHEMA = CORPUS_SCHEMA.append(pa.field("nbytes", pa.int64(), nullable=False))  # text bytes, for shard cuts
+PART_BATCH_ROWS = 1000
+SHARD_NAME = re.compile(r"^(shard|holdout)-\d{5}\.arrow$")
+
+
+@dataclass
+class CorpusConfig:
+    format: str = "auto"           # auto | wikiextractor | lines | paragraphs | jsonl | parquet | arrow
+    text_field: str = "text"       # JSON Lines field / Parquet or Arrow column holding the text
+    language: str = "auto"         # sentencex language code, or auto (per document: Hangul -> ko, kana -> ja, else en)
+    min_chars: int = 50            # drop documents with fewer characters (sentences joined)
+    min_sentences: int = 1         # drop documents with fewer sentences
+    holdout: float = 0.01          # fraction of documents in the held-out split, chosen by a hash of the text
+    shard_size: int = 64 << 20     # bytes of text per shard (approximate; a shard ends after the row crossing it)
+    workers: int = 1               # processes; the output does not depend on it
+    overwrite: bool = False        # replace an existing output (or unfinished run) made with other options
+    strict: bool = False           # fail (after writing the output) if any input had a problem
+    progress: bool = True          # tqdm bar on stderr
+
+    def __post_init__(self):
+        if self.format not in readers.FORMATS:
+            raise ValueError(f"format must be one of {', '.join(readers.FORMATS)}, not {self.format!r}")
+        if not 0.0 <= self.holdout < 1.0:
+            raise ValueError(f"holdout must be in [0, 1), not {self.holdout}")
+        if self.shard_size < 1024 or self.shard_size > (1 << 30):
+            raise ValueError(f"shard_size must be between 1 KB and 1 GB, not {self.shard_size}")
+        if self.workers < 1:
+            raise ValueError(f"workers must be >= 1, not {self.workers}")
+        if self.min_chars < 0 or self.min_sentences < 0:
+            raise ValueError("min_chars and min_sentences must be >= 0")
+
+    def output_options(self) -> dict:
+        """The options that change the output; a resumed run must use the same ones."""
+        skip = {"workers", "overwrite", "strict", "progress"}
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
+
+
+def parse_size(text) -> int:
+    """'64MB', '512KiB', '1G', '100000' -> bytes (decimal and binary units both mean powers of 1024 here)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?\s*", str(text).lower())
+    if not m:
+        raise ValueError(f"not a size: {text!r} (examples: 64MB, 512KB, 1GB)")
+    return int(float(m.group(1)) * 1024 ** " kmgt".index(m.group(2) or " "))
+
+
+# ------------------------------------------------------------------------------------------ one document
+
+_MARKUP = re.compile(r'^(</?[a-zA-Z][^>]*>|[a-z-]+="[^"]*"( [a-z-]+="[^"]*")*;?)$')
+_KO_SENTENCE_END = ("다.", "요.", "까.")
+
+
+def _is_heading(line: str) -> bool:
+    """WikiExtractor section titles stand alone, end with '.', and are short ('History.', '생애.')."""
+    return (line.endswith(".") and len(line) <= 80 and len(line.split()) <= 8
+            and not re.search(r"[.!?]", line[:-1]) and not line.endswith(_KO_SENTENCE_END))
+
+
+def build_sentences(raw: readers.RawDoc, config: CorpusConfig, removed: dict) -> list[str]:
+    lines = [clean_text(line) for line in raw.lines]
+    lines = [line for line in lines if line]
+    if raw.kind == "wiki":
+        if lines and raw.title is not None and lines[0] == clean_text(raw.title):
+            lines.pop(0)
+            removed["repeated_title"] = removed.get("repeated_title", 0) + 1
+        kept = []
+        for i, line in enumerate(lines):
+            if _MARKUP.match(line):
+                removed["markup"] = removed.get("markup", 0) + 1
+            elif _is_heading(line) and (i + 1 == len(lines) or _is_heading(lines[i + 1])):
+                removed["empty_section"] = removed.get("empty_section", 0) + 1  # a title with no text under it
+            else:
+                kept.append(line)
+        lines = kept
+    if raw.kind == "lines":
+        return lines
+    if not lines:
+        return []
+    language = config.language if config.language != "auto" else detect_language(" ".join(lines[:3]))
+    if raw.kind == "join":
+        return split_sentences(" ".join(lines), language)
+    return [s for line in lines for s in split_sentences(line, language)]
+
+
+def document_id(sentences: list[str]) -> str:
+    return hashlib.sha1("\n".join(sentences).encode("utf-8")).hexdigest()[:16]
+
+
+def is_holdout(doc_id: str, fraction: float) -> bool:
+    # the id's last 8 hex digits (the first ones order nothing, but keep the two uses apart anyway)
+    return int(doc_id[8:16], 16) < fraction * (1 << 32)
+
+
+# ------------------------------------------------------------------------------------------ one input file (worker)
+
+_progress_queue = None
+
+
+def _init_worker(queue):
+    global _progress_queue
+    _progress_queue = queue
+
+
+class _PartWriter:
+    """Streams one file's documents to an Arrow IPC stream file; renamed into place only when complete."""
+
+    def __init__(self, path: Path):
+        self.path, self.tmp = path, path.with_name(path.name + ".tmp")
+        self.sink = pa.OSFile(str(self.tmp), "wb")
+        self.writer = pa.ipc.new_stream(self.sink, PART_SCHEMA)
+        self.rows = {name: [] for name in PART_SCHEMA.names}
+
+    def add(self, doc_id, source, title, sentences, nbytes):
+        for name, value in zip(PART_SCHEMA.names, (doc_id, source, title, sentences, nbytes)):
+            self.rows[name].append(value)
+        if len(self.rows["id"]) >= PART_BATCH_ROWS:
+            self.flush()
+
+    def flush(self):
+        if self.rows["id"]:
+            self.writer.write_batch(pa.record_batch(self.rows, schema=PART_SCHEMA))
+            self.rows = {name: [] for name in PART_SCHEMA.names}
+
+    def close(self):
+        self.flush()
+        self.writer.close()
+        self.sink.close()
+        os.replace(self.tmp, self.path)
+
+
+def file_fingerprint(path: Path) -> dict:
+    st = path.stat()
+    return {"bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def process_file(index: int, path: str, source: str, options: dict, part: str) -> dict:
+    """Worker task: one input file -> part file + counts. Never raises for bad input: the error goes in the counts."""
+    config = CorpusConfig(**options)
+    path, part = Path(path), Path(part)
+    problems = readers.Problems(source)
+    stats = {"index": index, "source": source, "path": str(path), "format": None, "compression": None,
+             "fingerprint": {"bytes": 0, "mtime_ns": 0}, "documents_read": 0, "documents": 0, "sentences": 0,
+             "replaced_bytes": 0, "dropped": {}, "removed_lines": {}, "error": None}
+    writer = _PartWriter(part)
+    reported = [0, 0, time.monotonic()]  # bytes, docs, time of the last progress report
+
+    def report(position: int, final: bool = False):
+        now = time.monotonic()
+        if final or now - reported[2] > 0.2:
+            delta = (position - reported[0], stats["documents"] - reported[1])
+            reported[:] = [position, stats["documents"], now]
+            if _progress_queue is not None:
+                _progress_queue.put(delta)
+            elif _local_progress is not None:
+                _local_progress(*delta)
+
+    def drop(reason):
+        stats["dropped"][reason] = stats["dropped"].get(reason, 0) + 1
+
+    raw_file, decode = None, readers._Decode(problems)
+    try:
+        stats["fingerprint"] = file_fingerprint(path)
+        compression = readers.compression_of(path)
+        head = readers.sniff(path, compression)
+        fmt = config.format if config.format != "auto" else readers.detect_format(path, compression, head)
+        stats["format"], stats["compression"] = fmt, compression
+        if fmt in ("parquet", "arrow"):
+            docs = readers.read_table(path, fmt, compression, problems, config.text_field, lambda row: None)
+        else:
+            readers.check_text(head)
+            stream, raw_file = readers.open_binary(path, compression)
+            lines = readers.text_lines(stream, problems, decode)
+            if fmt == "wikiextractor":
+                docs = readers.read_wikiextractor(lines, problems, decode)
+            elif fmt == "jsonl":
+                docs = readers.read_jsonl(lines, problems, decode, config.text_field)
+            else:
+                docs = readers.read_blocks(lines, "lines" if fmt == "lines" else "join", decode)
+        for raw in docs:
+            stats["documents_read"] += 1
+            sentences = build_sentences(raw, config, stats["removed_lines"])
+            chars = sum(len(s) for s in sentences)
+            if not sentences:
+                drop("empty")
+            elif chars < config.min_chars:
+                drop("too_short")
+            elif len(sentences) < config.min_sentences:
+                drop("too_few_sentences")
+            else:
+                title = clean_text(raw.title) if raw.title else None
+                nbytes = sum(len(s.encode("utf-8")) for s in sentences) + 4 * len(sentences)
+                writer.add(document_id(sentences), source, title or None, sentences, nbytes)
+                stats["documents"] += 1
+                stats["sentences"] += len(sentences)
+            if raw_file is not None and stats["documents_read"] % 64 == 0:
+                report(raw_file.tell())
+        stats["replaced_bytes"] = decode.replaced
+    except readers.InputError as e:
+        stats["error"] = f"{source}: {e}"
+    except FileNotFoundError:
+        stats["error"] = f"{source}: disappeared while the run was going ({path})"
+    except readers.STREAM_ERRORS as e:  # truncated or corrupt compressed stream, I/O error mid-file
+        line = f" at line {decode.line}" if stats["format"] not in ("parquet", "arrow") else ""
+        stats["error"] = (f"{source}: reading stopped{line}: {e}. Kept the {stats['documents']} complete "
+                          f"document(s) before it; the file looks truncated or corrupt")
+    except Exception as e:  # a bug must not cost the other files' output; it is reported as this file's error
+        stats["error"] = f"{source}: internal error {type(e).__name__}: {e} (please report it)"
+    finally:
+        if raw_file is not None:
+            raw_file.close()
+    writer.close()
+    for kind, n in problems.counts.items():
+        if kind in ("bad_json", "missing_field", "outside_doc"):
+            stats["dropped"][kind] = stats["dropped"].get(kind, 0) + n
+    stats["problems"] = problems.counts
+    stats["messages"] = problems.messages
+    report(stats["fingerprint"]["bytes"], final=True)
+    atomic_write_json(part.with_suffix(".json"), stats)
+    return stats
+
+
+_local_progress = None  # in-process (workers=1) progress callback
+
+
+# ------------------------------------------------------------------------------------------ merge (main process)
+
+class ShardWriter:
+    """Cuts one split's ordered document stream into shards of about shard_size text bytes."""
+
+    def __init__(self, out: Path, prefix: str, split: str, shard_size: int):
+        self.out, self.prefix, self.split, self.shard_size = out, prefix, split, shard_size
+        self.tables, self.buffered, self.entries = [], 0, []
+        self.rows = self.sentences = self.text_bytes = 0
+
+    def add(self, table: pa.Table):
+        nbytes = table.column("nbytes").to_numpy()
+        while len(table):
+            cum = np.cumsum(nbytes)
+            cut = int(np.searchsorted(cum, self.shard_size - self.buffered))  # first row reaching the size
+            if cut >= len(table):
+                self.tables.append(table)
+                self.buffered += int(cum[-1])
+                return
+            self.tables.append(table.slice(0, cut + 1))
+            self.flush()
+            table, nbytes = table.slice(cut + 1), nbytes[cut + 1:]
+
+    def flush(self):
+        table = pa.concat_tables(self.tables).combine_chunks()
+        self.tables, self.buffered = [], 0
+        if not len(table):
+            return
+        self.rows += len(table)
+        self.sentences += int(pc.sum(pc.list_value_length(table.column("sentences"))).as_py())
+        self.text_bytes += int(pc.sum(table.column("nbytes")).as_py())
+        table = table.drop_columns(["nbytes"]).cast(CORPUS_SCHEMA)
+        name = f"{self.prefix}-{len(self.entries):05d}.arrow"
+        atomic_write_arrow(self.out / name, table)
+        self.entries.append({"file": name, "split": self.split, "rows": len(table),
+                             "bytes": (self.out / name).stat().st_size, "sha256": sha256_file(self.out / name)})
+
+    def close(self):
+        if self.tables:
+            self.flush()
+
+
+class Merger:
+    """Deduplicates and splits the ordered stream of parts into the train and holdout shard writers."""
+
+    def __init__(self, out: Path, config: CorpusConfig):
+        self.config = config
+        self.seen: set[int] = set()
+        self.train = ShardWriter(out, "shard", "train", config.shard_size)
+        self.holdout = ShardWriter(out, "holdout", "holdout", config.shard_size)
+
+    def add_part(self, part: Path):
+        with pa.memory_map(str(part), "r") as source:
+            for batch in pa.ipc.open_stream(source):
+                keep, held = [], []
+                for i, doc_id in enumerate(batch.column("id").to_pylist()):
+                    key = int(doc_id, 16)
+                    if key in self.seen:
+                        continue  # exact duplicate of an earlier document
+                    self.seen.add(key)
+                    (held if is_holdout(doc_id, self.config.holdout) else keep).append(i)
+                table = pa.Table.from_batches([batch])
+                if keep:
+                    self.train.add(table.take(keep))
+                if held:
+                    self.holdout.add(table.take(held))
+
+    def close(self) -> list[dict]:
+        self.train.close()
+        self.holdout.close()
+        return self.train.entries + self.holdout.entries
+
+
+# ------------------------------------------------------------------------------------------ the stage
+
+def _say(message: str):
+    from tqdm import tqdm
+
+    tqdm.write(message, file=sys.stderr)
+
+
+def prepare_corpus(inputs, out, config: CorpusConfig | None = None) -> dict:
+    """Run the stage; returns the manifest. Raises CorpusError when the run as a whole fails."""
+    from tqdm import tqdm
+
+    config = config or CorpusConfig()
+    if isinstance(inputs, (str, os.PathLike)):
+        inputs = [inputs]
+    out = Path(out)
+    started = time.time()
+    files, input_problems = readers.expand_inputs(inputs, exclude=out)
+    for message in input_problems:
+        _say(f"warning: {message}")
+    if not files:
+        raise CorpusError("no input files to read: " + "; ".join(input_problems or ["no INPUT given"]))
+
+    fingerprint = {"options": config.output_options(),
+                   "inputs": [[f.source, str(f.path.resolve())] for f in files]}
+    work = out / ".work"
+    manifest_path = out / "manifest.json"
+    previous = _read_json(manifest_path)
+    if previous and previous.get("stage") == "prepare-corpus" and previous.get("fingerprint") == fingerprint \
+            and previous.get("complete") and not config.overwrite:
+        shutil.rmtree(work, ignore_errors=True)
+        _say(f"{out}: already complete with these inputs and options; nothing to do (--overwrite to redo)")
+        return previous
+    state = _read_json(work / "state.json")
+    if not config.overwrite:
+        for what, found in (("an unfinished run", state), ("a finished run", previous)):
+            if found and found.get("fingerprint") != fingerprint:
+                raise CorpusError(f"{out}: holds {what} with other inputs or options. Use another --out, "
+                                  f"or --overwrite to replace it")
+        if previous is None and out.is_dir() and any(SHARD_NAME.match(p.name) for p in out.iterdir()):
+            raise CorpusError(f"{out}: holds shard files but no manifest.json. Use another --out, or --overwrite")
+    if config.overwrite:
+        shutil.rmtree(work, ignore_errors=True)
+        for p in out.glob("*.arrow") if out.is_dir() else []:
+            if SHARD_NAME.match(p.name):
+                p.unlink()
+        manifest_path.unlink(missing_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(work / "state.json", {"fingerprint": fingerprint})
+    atomic_write_json(manifest_path, {"stage": "prepare-corpus", "complete": False, "fingerprint": fingerprint,
+                                      "bertkit_version": __version__})
+
+    parts = [work / f"part-{i:05d}.arrow" for i in range(len(files))]
+    done = {}
+    for i, f in enumerate(files):
+        meta = _read_json(parts[i].with_suffix(".json"))
+        if meta and parts[i].is_file() and meta.get("fingerprint") == file_fingerprint(f.path):
+            done[i] = meta
+    todo = [i for i in range(len(files)) if i not in done]
+    if done:
+        _say(f"resuming: {len(done)} of {len(files)} input files already processed")
+
+    total_bytes = sum(f.path.stat().st_size for f in files)
+    bar = tqdm(total=total_bytes, unit="B", unit_scale=True, unit_divisor=1024, desc="prepare-corpus",
+               disable=not config.progress, file=sys.stderr, dynamic_ncols=True)
+    counters = {"docs": 0}
+    bar.update(sum(done[i]["fingerprint"]["bytes"] for i in done))
+    counters["docs"] += sum(done[i]["documents"] for i in done)
+
+    def advance(nbytes, ndocs):
+        counters["docs"] += ndocs
+        bar.update(nbytes)
+        elapsed = max(bar.format_dict["elapsed"], 1e-9)
+        bar.set_postfix_str(f"{counters['docs']:,} docs, {counters['docs'] / elapsed:,.0f} docs/s", refresh=False)
+
+    merger = Merger(out, config)
+    results = {}
+    args = lambda i: (i, str(files[i].path), files[i].source, asdict(config), str(parts[i]))  # noqa: E731
+    global _local_progress
+    executor = None
+    try:
+        if config.workers > 1 and len(todo) > 1:
+            import multiprocessing
+
+            ctx = multiprocessing.get_context("spawn")
+            queue = ctx.Queue()
+            executor = ProcessPoolExecutor(min(config.workers, len(todo)), mp_context=ctx,
+                                           initializer=_init_worker, initargs=(queue,))
+            futures = {i: executor.submit(process_file, *args(i)) for i in todo}
+        else:
+            queue, futures = None, {}
+            _local_progress = advance
+        for i in range(len(files)):
+            if i in done:
+                stats = done[i]
+            elif i in futures:
+                while True:
+                    try:
+                        stats = futures[i].result(timeout=0.1)
+                        break
+                    except FutureTimeout:
+                        pass
+                    finally:
+                        _drain(queue, advance)
+            else:
+                stats = process_file(*args(i))
+            results[i] = stats
+            for message in stats.get("messages", []):
+                _say(f"warning: {message}")
+            if stats["error"]:
+                _say(f"error: {stats['error']}")
+            merger.add_part(parts[i])
+        _drain(queue, advance)
+        entries = merger.close()
+    except BaseException:
+        if executor is not None:
+            executor.shutdown(wait=False, cancel_futures=True)
+        raise
+    finally:
+        _local_progress = None
+        bar.close()
+    if executor is not None:
+        executor.shutdown()
+
+    manifest = _manifest(files, results, merger, entries, config, fingerprint, input_problems, started)
+    written = manifest["totals"]["documents"]
+    if written == 0:
+        reasons = ", ".join(f"{k}: {v}" for k, v in manifest["dropped"].items()) or "none"
+        errors = "; ".join(manifest["errors"][:5])
+        raise CorpusError(f"no documents were kept (dropped by reason: {reasons}). "
+                          f"{'Errors: ' + errors if errors else 'Check --format, --text-field, --min-chars.'}")
+    for p in out.glob("*.arrow"):  # shards of an earlier, longer attempt with the same options cannot exist,
+        if SHARD_NAME.match(p.name) and p.name not in {e["file"] for e in entries}:  # but be safe
+            p.unlink()
+    atomic_write_json(manifest_path, manifest)
+    shutil.rmtree(work, ignore_errors=True)
+    _say(_summary(manifest, out))
+    if config.strict and manifest["errors"]:
+        raise CorpusError(f"{len(manifest['errors'])} input problem(s) and --strict: see the messages above "
+                          f"(the output in {out} is complete otherwise)")
+    return manifest
+
+
+def _drain(queue, advance):
+    if queue is None:
+        return
+    while True:
+        try:
+            advance(*queue.get_nowait())
+        except Exception:  # queue.Empty
+            return
+
+
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _manifest(files, results, merger, entries, config, fingerprint, input_problems, started) -> dict:
+    dropped, removed, inputs = {}, {}, []
+    errors = list(input_problems)
+    for i in range(len(files)):
+        s = results[i]
+        for k, v in s["dropped"].items():
+            dropped[k] = dropped.get(k, 0) + v
+        for k, v in s["removed_lines"].items():
+            removed[k] = removed.get(k, 0) + v
+        if s["error"]:
+            errors.append(s["error"])
+        inputs.append({"path": s["path"], "source": s["source"], "bytes": s["fingerprint"]["bytes"],
+                       "format": s["format"], "compression": s["compression"],
+                       "documents_read": s["documents_read"], "documents": s["documents"],
+                       "replaced_bytes": s["replaced_bytes"], "problems": s["problems"], "error": s["error"],
+                       "messages": s["messages"]})
+    written = merger.train.rows + merger.holdout.rows
+    dropped["duplicate"] = sum(s["documents"] for s in results.values()) - written
+    return {
+        "stage": "prepare-corpus",
+        "complete": True,
+        "bertkit_version": __version__,
+        "schema": {f.name: str(f.type) for f in CORPUS_SCHEMA},
+        "options": config.output_options(),
+        "inputs": inputs,
+        "totals": {
+            "input_files": len(files), "input_bytes": sum(s["fingerprint"]["bytes"] for s in results.values()),
+            "documents_read": sum(s["documents_read"] for s in results.values()),
+            "documents": written, "train_documents": merger.train.rows, "holdout_documents": merger.holdout.rows,
+            "sentences": merger.train.sentences + merger.holdout.sentences,
+            "text_bytes": merger.train.text_bytes + merger.holdout.text_bytes,
+            "replaced_bytes": sum(s["replaced_bytes"] for s in results.values()),
+            "files_with_errors": sum(1 for s in results.values() if s["error"]),
+        },
+        "dropped": dict(sorted(dropped.items())),
+        "removed_lines": dict(sorted(removed.items())),
+        "errors": errors,
+        "shards": entries,
+        "elapsed_seconds": round(time.time() - started, 2),
+        "fingerprint": fingerprint,
+    }
+
+
+def _summary(m: dict, out: Path) -> str:
+    t = m["totals"]
+    drops = ", ".join(f"{k} {v:,}" for k, v in m["dropped"].items() if v) or "none"
+    lines = [f"prepare-corpus: {t['documents']:,} documents ({t['train_documents']:,} train, "
+             f"{t['holdout_documents']:,} holdout), {t['sentences']:,} sentences in {len(m['shards'])} shard(s) "
+             f"-> {out}",
+             f"  read {t['input_files']} file(s), {t['input_bytes'] / 1e6:,.1f} MB, {t['documents_read']:,} documents "
+             f"in {m['elapsed_seconds']:.1f} s; dropped: {drops}"]
+    if t["replaced_bytes"]:
+        lines.append(f"  {t['replaced_bytes']:,} undecodable byte(s) replaced by U+FFFD")
+    if m["errors"]:
+        lines.append(f"  {len(m['errors'])} input problem(s): see manifest.json \"errors\"")
+    return "\n".join(lines)
