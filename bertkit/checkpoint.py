@@ -192,13 +192,13 @@ def infer_head(hf_config: dict, tensors: dict) -> str | None:
 
 
 # ---------------------------------------------------------------- load / save
-def load_pretrained(path, head: str | None = "auto", num_labels: int | None = None):
+def load_pretrained(path, head: str | None = "auto", num_labels: int | None = None, require_head: bool = False):
     """Build a bertkit model from an HF BERT folder (or a bertkit export) and load its weights.
 
     head: None (bare encoder), "pretraining", "sequence_classification", "token_classification",
     "question_answering", or "auto" (from config.json's architectures). Heads missing from the checkpoint
-    are initialised and logged; encoder tensors must all be present. Returned in eval mode, fp32 on the CPU,
-    with `model.loading_info` = {"head", "missing", "unused"} (HF tensor names) and `model.hf_config`.
+    are initialised and logged (with require_head=True refused, except the NSP classifier and the pooler);
+    encoder tensors must all be present. Returned in eval mode, fp32 on the CPU, with `model.loading_info` = {"head", "missing", "unused"} (HF tensor names) and `model.hf_config`.
     """
     path = Path(path)
     cfg, hf_config, tensors = read_checkpoint(path)
@@ -252,6 +252,11 @@ def load_pretrained(path, head: str | None = "auto", num_labels: int | None = No
         loaded[key] = tensor
         used.update(names)
 
+    # the NSP classifier and the pooler are cheap to retrain; the MLM head, classifiers and QA outputs are the head
+    essential = [n for n in missing if not n.startswith(("cls.seq_relationship.", "bert.pooler."))]
+    if essential and require_head:
+        raise ValueError(f"{path} has no {head} head: it lacks {', '.join(essential)} "
+                         f"(config.json architectures: {hf_config.get('architectures')})")
     if isinstance(model, BertModel):
         loaded = {k[len("bert."):]: v for k, v in loaded.items()}
     model.load_state_dict(loaded, strict=True)

@@ -126,6 +126,9 @@ class BertModel(nn.Module):
         init_weights(self, cfg)
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None) -> EncoderOutput:
+        if input_ids.shape[1] > self.cfg.max_position_embeddings:
+            raise ValueError(f"sequence of {input_ids.shape[1]} tokens; the model has "
+                             f"{self.cfg.max_position_embeddings} positions (max_position_embeddings)")
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         lengths = sequence_lengths(input_ids, attention_mask)

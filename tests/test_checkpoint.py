@@ -148,6 +148,17 @@ def test_pytorch_model_bin_prefixes_and_tf_names(tmp_path):
     (tmp_path / "bare" / "config.json").write_text(config)
     assert_same_outputs(load_pretrained(tmp_path / "bare"), hf)
 
+    # sharded safetensors with an index (large models)
+    (tmp_path / "sharded").mkdir()
+    names = sorted(tensors)
+    halves = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    for shard, keys in halves.items():
+        save_file({k: tensors[k] for k in keys}, tmp_path / "sharded" / shard)
+    index = {"weight_map": {k: shard for shard, keys in halves.items() for k in keys}}
+    (tmp_path / "sharded" / "model.safetensors.index.json").write_text(json.dumps(index))
+    (tmp_path / "sharded" / "config.json").write_text(config)
+    assert_same_outputs(load_pretrained(tmp_path / "sharded"), hf)
+
 
 def test_pickled_code_is_never_executed(tmp_path):
     marker = tmp_path / "pwned"
@@ -185,6 +196,20 @@ def test_missing_heads_are_initialised_and_logged(tmp_path, caplog):
     assert "bert.pooler.dense.weight" in tagger.loading_info["unused"]
     with pytest.raises(ValueError, match="pass num_labels"):
         load_pretrained(tmp_path / "pt", head="sequence_classification")
+
+    # require_head: an encoder is not a QA model; an MLM-only checkpoint is enough for pretraining (NSP is new)
+    with pytest.raises(ValueError, match="has no question_answering head: it lacks qa_outputs.weight"):
+        load_pretrained(tmp_path, head="question_answering", require_head=True)
+    mlm_only = random_hf(transformers.BertForMaskedLM)
+    mlm_only.save_pretrained(tmp_path / "mlm")
+    model = load_pretrained(tmp_path / "mlm", require_head=True)
+    assert isinstance(model, bm.BertForPreTraining)
+    assert set(model.loading_info["missing"]) == {"cls.seq_relationship.weight", "cls.seq_relationship.bias",
+                                                  "bert.pooler.dense.weight", "bert.pooler.dense.bias"}
+    ids = inputs()[0]
+    with torch.no_grad():
+        ref = mlm_only(input_ids=ids).logits
+        assert (model(ids).mlm_logits - ref).abs().max() <= TOL
 
 
 def test_bad_checkpoints_name_the_tensor_and_both_shapes(tmp_path):
@@ -282,4 +307,4 @@ def test_fill_mask_matches_transformers(tmp_path):
     result = CliRunner().invoke(cli, ["fill-mask", "--model", str(tmp_path), "no mask here"])
     assert result.exit_code != 0 and "no [MASK]" in result.output
     result = CliRunner().invoke(cli, ["fill-mask", "--model", str(tok_dir), text])
-    assert result.exit_code != 0 and "has no MLM head" in result.output
+    assert result.exit_code != 0 and "has no pretraining head: it lacks cls.predictions.bias" in result.output

@@ -335,5 +335,7 @@ def test_build_model_checks_its_arguments():
         bm.build_model(cfg, "token_classification")
     with pytest.raises(ValueError, match="unknown head"):
         bm.build_model(cfg, "masked_lm")
+    with pytest.raises(ValueError, match="sequence of 17 tokens; the model has 16 positions"):
+        bm.BertModel(cfg)(torch.zeros(1, 17, dtype=torch.long))
     with pytest.raises(ValueError, match="not a multiple of num_heads"):
         BertConfig(hidden_size=100, num_heads=3)

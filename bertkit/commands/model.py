@@ -53,12 +53,11 @@ def fill_mask(model_dir, top_k, device, texts):
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
-        model = load_pretrained(model_dir, head="pretraining")
+        model = load_pretrained(model_dir, head="pretraining", require_head=True)
     except (ValueError, FileNotFoundError) as e:
-        raise click.ClickException(str(e)) from e
-    if any(name.startswith("cls.predictions.") for name in model.loading_info["missing"]):
-        raise click.ClickException(f"{model_dir} has no MLM head (cls.predictions.* tensors); fill-mask needs a "
-                                   "model pretrained with masked-LM, not an encoder-only or fine-tuned checkpoint")
+        hint = ("; fill-mask needs a model pretrained with masked-LM, not an encoder-only or fine-tuned checkpoint"
+                if "head" in str(e) else "")
+        raise click.ClickException(f"{e}{hint}") from e
     tokenizer = load_tokenizer(model_dir)
     model.to(device)
     for text, masks in zip(texts, fill_mask_predictions(model, tokenizer, texts, top_k, device)):
