@@ -1,0 +1,58 @@
+"""Shared helpers for the kernel tests.
+
+Triton picks interpreter vs compiler when @triton.jit runs (at import of kernels.*), and the rest of the suite
+imports `kernels` without the interpreter. So each kernel test file runs its interpreter cases in a child pytest
+process started with TRITON_INTERPRET=1 (test_under_interpreter); in the parent process those cases skip.
+"""
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+interpreter_only = pytest.mark.skipif(
+    not INTERPRETED, reason="runs in the TRITON_INTERPRET=1 child process started by test_under_interpreter")
+cuda_only = pytest.mark.skipif(
+    INTERPRETED or not torch.cuda.is_available(), reason="needs a CUDA GPU (compiled Triton)")
+parent_only = pytest.mark.skipif(INTERPRETED, reason="this is the child process")
+
+
+def run_file_under_interpreter(test_file, min_passed):
+    """Runs `test_file` in a child pytest with TRITON_INTERPRET=1; fails with the child's output if any case fails
+    or if fewer than `min_passed` cases actually ran."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", str(test_file)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    log = proc.stdout[-8000:] + proc.stderr[-4000:]
+    assert proc.returncode == 0, f"interpreter run of {Path(test_file).name} failed:\n{log}"
+    passed = re.search(r"(\d+) passed", proc.stdout)
+    assert passed and int(passed.group(1)) >= min_passed, f"expected >= {min_passed} interpreter cases:\n{log}"
+
+
+def rel_err(actual, expected):
+    """max |actual - expected| / max |expected|, in float64."""
+    expected = expected.double()
+    return ((actual.double() - expected).abs().max() / expected.abs().max().clamp_min(1e-30)).item()
+
+
+def poisoned(shape, dtype, device="cpu"):
+    """A NaN-filled output buffer: any element a kernel forgets to write fails the comparison."""
+    return torch.full(shape, float("nan"), dtype=dtype, device=device)
+
+
+TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3}
+
+
+def binomial_ok(keep, p, sigmas=5.0):
+    """Keep rate of a bool tensor within `sigmas` standard deviations of 1 - p."""
+    n = keep.numel()
+    rate = keep.double().mean().item()
+    sd = ((p * (1 - p)) / n) ** 0.5
+    return abs(rate - (1 - p)) <= sigmas * sd, rate

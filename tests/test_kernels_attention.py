@@ -1,0 +1,285 @@
+"""Fused attention: the Triton kernels (run in Triton's interpreter on the CPU, or compiled on a GPU) against the
+float64 PyTorch reference; every output and gradient, padded rows, dropout, determinism, torch.library wiring."""
+import math
+import zlib
+
+import pytest
+import torch
+
+from tests.kernel_utils import (
+    INTERPRETED, TOLERANCE, binomial_ok, cuda_only, interpreter_only, parent_only, poisoned, rel_err,
+    run_file_under_interpreter,
+)
+from kernels.reference import attention_reference
+
+INTERPRETER_CASES = 14
+
+
+@parent_only
+def test_under_interpreter():
+    run_file_under_interpreter(__file__, INTERPRETER_CASES)
+
+
+def _lengths(batch, seq, gen):
+    """Random lengths that always include a full row, a single token and (batch >= 4) an empty sequence."""
+    lengths = torch.randint(1, seq + 1, (batch,), generator=gen)
+    lengths[0] = seq
+    lengths[1] = 1
+    if batch >= 4:
+        lengths[2] = 0
+    return lengths.to(torch.int32)
+
+
+def _fused_qkv(lead, heads, head_dim, dtype, device="cpu", gen=None):
+    """q, k, v as strided views of one fused (…, 3, heads, head_dim) projection output."""
+    qkv = torch.randn(*lead, 3, heads, head_dim, dtype=torch.float64, generator=gen).to(device=device, dtype=dtype)
+    return qkv, qkv.unbind(-3)
+
+
+def _padded_reference(q, k, v, lengths, dout, p=0.0, mask=None):
+    """float64 outputs and gradients of the reference on exactly the (rounded) inputs the kernel saw."""
+    leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    out = attention_reference(*leaves, lengths.long(), p, None, mask)
+    out.backward(dout.double())
+    return out.detach(), [t.grad for t in leaves]
+
+
+def _varlen_reference(q, k, v, cu, dout, p=0.0, mask=None):
+    leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    outs = []
+    for i in range(cu.numel() - 1):
+        s, e = int(cu[i]), int(cu[i + 1])
+        m = None if mask is None else mask[i][:, : e - s, : e - s][None]
+        outs.append(attention_reference(*(t[None, s:e] for t in leaves), torch.tensor([e - s]), p, None, m)[0])
+    out = torch.cat(outs)
+    out.backward(dout.double())
+    return out.detach(), [t.grad for t in leaves]
+
+
+def _check_padded_rows_zero(tensors, lengths):
+    for t in tensors:
+        for b, n in enumerate(lengths.tolist()):
+            assert torch.equal(t[b, n:], torch.zeros_like(t[b, n:])), "padded rows must be exactly zero"
+
+
+@interpreter_only
+@pytest.mark.parametrize("dtype,head_dim,p", [
+    (torch.float32, 32, 0.0), (torch.float16, 64, 0.0), (torch.float32, 128, 0.0), (torch.float32, 32, 0.3),
+    (torch.float16, 32, 0.2),
+])
+def test_padded_matches_reference(dtype, head_dim, p):
+    from kernels.attention import draw_seed, dropout_mask, flash_attn_backward, flash_attn_forward
+
+    gen = torch.Generator().manual_seed(zlib.crc32(f"padded{dtype}{head_dim}{p}".encode()))
+    batch, seq, heads = 4, 37, 2
+    lengths = _lengths(batch, seq, gen)
+    _, (q, k, v) = _fused_qkv((batch, seq), heads, head_dim, dtype, gen=gen)
+    assert q.stride(1) == 3 * heads * head_dim  # strided, straight from the fused layout
+    dout = torch.randn(batch, seq, heads, head_dim, generator=gen, dtype=torch.float64).to(dtype)
+    scale = 1.0 / math.sqrt(head_dim)
+    seed = draw_seed("cpu")
+    mask = dropout_mask(seed, batch * heads, seq, p).view(batch, heads, seq, seq) if p > 0 else None
+
+    out, lse = flash_attn_forward(q, k, v, lengths, seed, seq, False, p, scale,
+                                  out=poisoned(q.shape, dtype), lse=poisoned((batch, heads, seq), torch.float32))
+    grads = flash_attn_backward(dout, q, k, v, out, lse, lengths, seed, seq, False, p, scale,
+                                *(poisoned(q.shape, dtype) for _ in range(3)))
+    ref_out, ref_grads = _padded_reference(q, k, v, lengths, dout, p, mask)
+
+    tol = TOLERANCE[dtype]
+    assert rel_err(out, ref_out) <= tol
+    for name, g, r in zip("qkv", grads, ref_grads):
+        assert rel_err(g, r) <= tol, f"d{name}: {rel_err(g, r)}"
+    _check_padded_rows_zero([out, *grads], lengths)
+
+
+@interpreter_only
+@pytest.mark.parametrize("dtype,head_dim,p", [
+    (torch.float32, 64, 0.0), (torch.float16, 128, 0.0), (torch.float16, 32, 0.0), (torch.float32, 64, 0.25),
+])
+def test_varlen_matches_reference(dtype, head_dim, p):
+    from kernels.attention import draw_seed, dropout_mask, flash_attn_backward, flash_attn_forward
+
+    gen = torch.Generator().manual_seed(zlib.crc32(f"varlen{dtype}{head_dim}{p}".encode()))
+    max_seqlen, heads = 40, 2
+    lengths = torch.tensor([40, 1, 23, 17, 0, 32])[torch.randperm(6, generator=gen)]
+    cu = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]).to(torch.int32)
+    total = int(cu[-1])
+    _, (q, k, v) = _fused_qkv((total,), heads, head_dim, dtype, gen=gen)
+    dout = torch.randn(total, heads, head_dim, generator=gen, dtype=torch.float64).to(dtype)
+    scale = 1.0 / math.sqrt(head_dim)
+    seed = draw_seed("cpu")
+    mask = dropout_mask(seed, 6 * heads, max_seqlen, p).view(6, heads, max_seqlen, max_seqlen) if p > 0 else None
+
+    out, lse = flash_attn_forward(q, k, v, cu, seed, max_seqlen, True, p, scale, out=poisoned(q.shape, dtype),
+                                  lse=poisoned((6, heads, max_seqlen), torch.float32))
+    grads = flash_attn_backward(dout, q, k, v, out, lse, cu, seed, max_seqlen, True, p, scale,
+                                *(poisoned(q.shape, dtype) for _ in range(3)))
+    ref_out, ref_grads = _varlen_reference(q, k, v, cu, dout, p, mask)
+    tol = TOLERANCE[dtype]
+    assert rel_err(out, ref_out) <= tol
+    for name, g, r in zip("qkv", grads, ref_grads):
+        assert rel_err(g, r) <= tol, f"d{name}: {rel_err(g, r)}"
+
+
+@interpreter_only
+def test_public_api_autograd_through_fused_qkv():
+    """kernels.attention dispatches to the Triton op under the interpreter, and autograd reaches the fused QKV."""
+    import kernels
+
+    gen = torch.Generator().manual_seed(7)
+    batch, seq, heads, head_dim = 3, 33, 2, 32
+    lengths = torch.tensor([33, 20, 5], dtype=torch.int32)
+    qkv, _ = _fused_qkv((batch, seq), heads, head_dim, torch.float32, gen=gen)
+    qkv.requires_grad_()
+    out = kernels.attention(*qkv.unbind(2), lengths)
+    dout = torch.randn(out.shape, generator=gen)
+    out.backward(dout)
+    ref_out, ref_grads = _padded_reference(*qkv.detach().unbind(2), lengths, dout)
+    assert rel_err(out, ref_out) <= 1e-5
+    assert rel_err(qkv.grad, torch.stack(ref_grads, 2)) <= 1e-5
+
+    # varlen entry: the same sequences packed, same answers row for row
+    cu = torch.tensor([0, 33, 53, 58], dtype=torch.int32)
+    rows = torch.cat([qkv.detach()[b, :n] for b, n in enumerate(lengths.tolist())])
+    packed = kernels.attention_varlen(*rows.unbind(1), cu, seq)
+    assert torch.allclose(packed, torch.cat([out.detach()[b, :n] for b, n in enumerate(lengths.tolist())]),
+                          rtol=0, atol=1e-6)
+
+
+@interpreter_only
+def test_dropout_keep_rate_and_seeding():
+    from kernels.attention import draw_seed, dropout_mask
+
+    torch.manual_seed(0)
+    seed = draw_seed("cpu")
+    p = 0.1
+    mask = dropout_mask(seed, 4, 128, p)
+    ok, rate = binomial_ok(mask, p)
+    assert ok, f"keep rate {rate} vs {1 - p}"
+    assert torch.equal(mask, dropout_mask(seed.clone(), 4, 128, p))  # a pure function of the seed
+    other = dropout_mask(draw_seed("cpu"), 4, 128, p)
+    assert not torch.equal(mask, other)
+    # heads and rows get different streams, not copies
+    assert not torch.equal(mask[0], mask[1]) and not torch.equal(mask[0, 0], mask[0, 1])
+
+
+@interpreter_only
+def test_dropout_deterministic_and_replayed_by_checkpointing():
+    """Same torch seed -> same output and bitwise-identical gradients; checkpoint recompute replays the mask."""
+    import kernels
+    from torch.utils.checkpoint import checkpoint
+
+    gen = torch.Generator().manual_seed(3)
+    batch, seq, heads, head_dim = 2, 24, 2, 32
+    lengths = torch.tensor([24, 13], dtype=torch.int32)
+    base = torch.randn(batch, seq, 3, heads, head_dim, generator=gen)
+    dout = torch.randn(batch, seq, heads, head_dim, generator=gen)
+
+    def run(use_checkpoint, seed):
+        qkv = base.clone().requires_grad_()
+        torch.manual_seed(seed)
+        f = lambda t: kernels.attention(*t.unbind(2), lengths, 0.3)  # noqa: E731
+        out = checkpoint(f, qkv, use_reentrant=False) if use_checkpoint else f(qkv)
+        out.backward(dout)
+        return out.detach(), qkv.grad
+
+    out1, g1 = run(False, 11)
+    out2, g2 = run(False, 11)
+    out3, g3 = run(True, 11)
+    out4, _ = run(False, 12)
+    assert torch.equal(out1, out2) and torch.equal(g1, g2)
+    assert torch.equal(out1, out3) and torch.equal(g1, g3)
+    assert not torch.equal(out1, out4)
+
+
+@interpreter_only
+def test_opcheck_torch_library_registration():
+    from kernels.attention import flash_attn_fwd_op
+
+    gen = torch.Generator().manual_seed(5)
+    _, (q, k, v) = _fused_qkv((2, 16), 2, 16, torch.float32, gen=gen)
+    lengths = torch.tensor([16, 9], dtype=torch.int32)
+    args = (q.contiguous().requires_grad_(), k.contiguous(), v.contiguous(), lengths, lengths, 16, False, 0.0, 0.25)
+    torch.library.opcheck(flash_attn_fwd_op, args, test_utils=("test_schema", "test_autograd_registration",
+                                                              "test_faketensor"))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# GPU: compiled kernels at BERT shapes; FlashAttention's rule: error <= 2x that of PyTorch in the same precision.
+
+
+def _low_precision_reference(q, k, v, lengths):
+    """Attention computed the way a user would in bf16/fp16 PyTorch (scores and P in the input dtype)."""
+    seq, head_dim = q.shape[1], q.shape[-1]
+    valid = torch.arange(seq, device=q.device)[None, :] < lengths[:, None]
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(head_dim)
+    scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
+    probs = torch.softmax(scores.float(), dim=-1).nan_to_num(0.0).to(q.dtype)
+    return torch.einsum("bhqk,bkhd->bqhd", probs, v) * valid[:, :, None, None]
+
+
+@cuda_only
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("seq", [128, 512])
+def test_cuda_bert_shapes_flash_rule(dtype, seq):
+    import kernels
+
+    gen = torch.Generator(device="cuda").manual_seed(seq)
+    batch, heads, head_dim = 8, 12, 64
+    lengths = torch.randint(seq // 4, seq + 1, (batch,), device="cuda", generator=gen).to(torch.int32)
+    qkv = torch.randn(batch, seq, 3, heads, head_dim, device="cuda", generator=gen, dtype=torch.float64)
+    dout = torch.randn(batch, seq, heads, head_dim, device="cuda", generator=gen, dtype=torch.float64)
+
+    exact_leaf = qkv.to(dtype).double().requires_grad_()
+    exact = attention_reference(*exact_leaf.unbind(2), lengths)
+    exact.backward(dout)
+    low_leaf = qkv.to(dtype).requires_grad_()
+    low = _low_precision_reference(*low_leaf.unbind(2), lengths)
+    low.backward(dout.to(dtype))
+    ours_leaf = qkv.to(dtype).requires_grad_()
+    ours = kernels.attention(*ours_leaf.unbind(2), lengths)
+    ours.backward(dout.to(dtype))
+
+    def err(a, b):
+        return (a.double() - b).abs().max().item()
+
+    assert err(ours, exact) <= 2 * err(low, exact) + 1e-5
+    assert err(ours_leaf.grad, exact_leaf.grad) <= 2 * err(low_leaf.grad, exact_leaf.grad) + 1e-5
+    _check_padded_rows_zero([ours.detach(), ours_leaf.grad[:, :, 0]], lengths.cpu())
+
+
+@cuda_only
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_cuda_varlen_and_dropout(dtype):
+    from kernels.attention import draw_seed, dropout_mask, flash_attn_backward, flash_attn_forward
+
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    heads, head_dim, max_seqlen = 12, 64, 128
+    lengths = torch.tensor([128, 1, 77, 0, 100, 64], device="cuda")
+    cu = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)]).to(torch.int32)
+    total = int(cu[-1])
+    _, (q, k, v) = _fused_qkv((total,), heads, head_dim, dtype, device="cuda", gen=gen)
+    dout = torch.randn(total, heads, head_dim, device="cuda", generator=gen).to(dtype)
+    p, scale = 0.1, head_dim ** -0.5
+    seed = draw_seed("cuda")
+    mask = dropout_mask(seed, 6 * heads, max_seqlen, p).view(6, heads, max_seqlen, max_seqlen)
+    out, lse = flash_attn_forward(q, k, v, cu, seed, max_seqlen, True, p, scale,
+                                  out=poisoned(q.shape, dtype, "cuda"))
+    grads = flash_attn_backward(dout, q, k, v, out, lse, cu, seed, max_seqlen, True, p, scale,
+                                *(poisoned(q.shape, dtype, "cuda") for _ in range(3)))
+    ref_out, ref_grads = _varlen_reference(q, k, v, cu, dout, p, mask)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    assert rel_err(out, ref_out) <= tol
+    for g, r in zip(grads, ref_grads):
+        assert rel_err(g, r) <= tol
+    ok, rate = binomial_ok(dropout_mask(seed, 48, 512, p), p)
+    assert ok, rate
+
+
+if INTERPRETED:
+    # the child process must not pick up the CUDA cases' device, only prove the interpreter path is active
+    def test_dispatch_is_triton_under_interpreter():
+        import kernels
+
+        assert kernels.INTERPRET and kernels._triton_for(torch.zeros(1))

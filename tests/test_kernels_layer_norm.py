@@ -1,0 +1,195 @@
+"""Fused (dropout + residual add) LayerNorm: the Triton kernels (Triton's interpreter on the CPU, or compiled on a
+GPU) against the float64 PyTorch reference: output, dx, d(residual), dgamma, dbeta; dropout; torch.library."""
+import zlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.kernel_utils import (
+    INTERPRETED, TOLERANCE, binomial_ok, cuda_only, interpreter_only, parent_only, poisoned, rel_err,
+    run_file_under_interpreter,
+)
+from kernels.reference import add_layer_norm_reference
+
+INTERPRETER_CASES = 10
+
+
+@parent_only
+def test_under_interpreter():
+    run_file_under_interpreter(__file__, INTERPRETER_CASES)
+
+
+def _inputs(rows, hidden, dtype, residual, gen, device="cpu", strided=False):
+    f64 = dict(dtype=torch.float64, generator=gen)
+    x = torch.randn(rows, hidden + (24 if strided else 0), **f64)[:, :hidden]  # strided: row stride > hidden
+    r = torch.randn(rows, hidden, **f64) if residual else None
+    w = 1.0 + 0.5 * torch.randn(hidden, **f64)
+    b = 0.5 * torch.randn(hidden, **f64)
+    return [t.to(device=device, dtype=dtype) if t is not None else None for t in (x, r, w, b)]
+
+
+def _reference(x, r, w, b, dy, eps, p=0.0, mask=None):
+    leaves = [t.detach().double().requires_grad_() if t is not None else None for t in (x, r, w, b)]
+    y = add_layer_norm_reference(*leaves, eps, p, mask)
+    y.backward(dy.double())
+    return y.detach(), [t.grad if t is not None else None for t in leaves]
+
+
+@interpreter_only
+@pytest.mark.parametrize("dtype,rows,hidden,residual,p", [
+    (torch.float32, 37, 128, True, 0.0),
+    (torch.float16, 50, 768, True, 0.0),
+    (torch.float32, 9, 1000, False, 0.0),
+    (torch.float16, 6, 4096, True, 0.0),
+    (torch.float32, 40, 256, True, 0.2),
+    (torch.float16, 21, 384, False, 0.1),
+])
+def test_matches_reference(dtype, rows, hidden, residual, p):
+    from kernels.attention import draw_seed
+    from kernels.layer_norm import add_ln_backward, add_ln_forward, ln_dropout_mask
+
+    gen = torch.Generator().manual_seed(zlib.crc32(f"{dtype}{rows}{hidden}{residual}{p}".encode()))
+    x, r, w, b = _inputs(rows, hidden, dtype, residual, gen, strided=(hidden == 1000))
+    dy = torch.randn(rows, hidden, generator=gen, dtype=torch.float64).to(dtype)
+    eps = 1e-5
+    seed = draw_seed("cpu")
+    mask = ln_dropout_mask(seed, rows, hidden, p) if p > 0 else None
+    store_h = residual or p > 0
+
+    y, h, mean, rstd = add_ln_forward(x, r, w, b, seed, eps, p, y=poisoned(x.shape, dtype),
+                                      h=poisoned(x.shape, dtype) if store_h else None)
+    dh, dx, dw, db = add_ln_backward(dy, h if store_h else x, w, mean, rstd, seed, p,
+                                     dh=poisoned(x.shape, dtype), dx=poisoned(x.shape, dtype) if p > 0 else None)
+    grad_x = dx if p > 0 else dh
+    ref_y, (ref_dx, ref_dr, ref_dw, ref_db) = _reference(x, r, w, b, dy, eps, p, mask)
+
+    tol = TOLERANCE[dtype]
+    assert rel_err(y, ref_y) <= tol
+    assert rel_err(grad_x, ref_dx) <= tol
+    if residual:
+        assert rel_err(dh, ref_dr) <= tol
+    assert rel_err(dw, ref_dw) <= tol
+    assert rel_err(db, ref_db) <= tol
+    if p > 0:
+        assert torch.equal(grad_x == 0, ~mask | (dh == 0))  # dropped elements get exactly zero gradient
+
+
+@interpreter_only
+def test_public_api_autograd_and_3d_input():
+    """kernels.add_layer_norm goes through the torch.library op under the interpreter, on (batch, seq, hidden)."""
+    import kernels
+
+    gen = torch.Generator().manual_seed(1)
+    x, r, w, b = _inputs(3 * 11, 192, torch.float32, True, gen)
+    leaves = [t.view(3, 11, 192).requires_grad_() if t.dim() == 2 else t.requires_grad_() for t in (x, r, w, b)]
+    y = kernels.add_layer_norm(*leaves, 1e-12, 0.0)
+    dy = torch.randn(y.shape, generator=gen)
+    y.backward(dy)
+    ref_y, ref_grads = _reference(*leaves, dy, 1e-12)
+    assert y.shape == (3, 11, 192)
+    assert rel_err(y, ref_y) <= 1e-5
+    for leaf, ref in zip(leaves, ref_grads):
+        assert rel_err(leaf.grad, ref) <= 1e-5
+
+
+@interpreter_only
+def test_dropout_keep_rate_seeding_and_checkpoint_replay():
+    import kernels
+    from kernels.attention import draw_seed
+    from kernels.layer_norm import ln_dropout_mask
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(0)
+    seed = draw_seed("cpu")
+    p = 0.1
+    mask = ln_dropout_mask(seed, 64, 1024, p)
+    ok, rate = binomial_ok(mask, p)
+    assert ok, f"keep rate {rate} vs {1 - p}"
+    assert not torch.equal(mask[0], mask[1])  # rows get their own streams
+    assert not torch.equal(mask, ln_dropout_mask(draw_seed("cpu"), 64, 1024, p))
+
+    gen = torch.Generator().manual_seed(2)
+    x, r, w, b = _inputs(12, 128, torch.float32, True, gen)
+    dy = torch.randn(12, 128, generator=gen)
+
+    def run(use_checkpoint, torch_seed):
+        xx = x.clone().requires_grad_()
+        torch.manual_seed(torch_seed)
+        f = lambda t: kernels.add_layer_norm(t, r, w, b, 1e-12, 0.3)  # noqa: E731
+        y = checkpoint(f, xx, use_reentrant=False) if use_checkpoint else f(xx)
+        y.backward(dy)
+        return y.detach(), xx.grad
+
+    y1, g1 = run(False, 5)
+    y2, g2 = run(True, 5)
+    y3, _ = run(False, 6)
+    assert torch.equal(y1, y2) and torch.equal(g1, g2)
+    assert not torch.equal(y1, y3)
+
+
+@interpreter_only
+def test_opcheck_torch_library_registration():
+    from kernels.layer_norm import add_ln_fwd_op
+
+    gen = torch.Generator().manual_seed(3)
+    x, r, w, b = _inputs(8, 128, torch.float32, True, gen)
+    for residual in (r, None):
+        args = (x.requires_grad_(), residual, w.requires_grad_(), b.requires_grad_(), w, 1e-5, 0.0)
+        torch.library.opcheck(add_ln_fwd_op, args, test_utils=("test_schema", "test_autograd_registration",
+                                                              "test_faketensor"))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# GPU: compiled kernels at BERT-base shapes; error <= 2x that of PyTorch's add + layer_norm in the same precision.
+
+
+@cuda_only
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows,hidden", [(4096, 768), (2048, 1024), (512, 4096)])
+def test_cuda_flash_rule(dtype, rows, hidden):
+    import kernels
+
+    gen = torch.Generator(device="cuda").manual_seed(rows + hidden)
+    x, r, w, b = _inputs(rows, hidden, dtype, True, gen, device="cuda")
+    dy = torch.randn(rows, hidden, device="cuda", generator=gen, dtype=torch.float64)
+    exact_y, exact_grads = _reference(x, r, w, b, dy, 1e-12)
+
+    low = [t.detach().clone().requires_grad_() for t in (x, r, w, b)]
+    low_y = F.layer_norm(low[0] + low[1], (hidden,), low[2], low[3], 1e-12)
+    low_y.backward(dy.to(dtype))
+    ours = [t.detach().clone().requires_grad_() for t in (x, r, w, b)]
+    ours_y = kernels.add_layer_norm(*ours, 1e-12, 0.0)
+    ours_y.backward(dy.to(dtype))
+
+    def err(a, e):
+        return (a.double() - e).abs().max().item()
+
+    assert err(ours_y, exact_y) <= 2 * err(low_y, exact_y) + 1e-6
+    for o, lo, e in zip(ours, low, exact_grads):
+        assert err(o.grad, e) <= 2 * err(lo.grad, e) + 1e-6
+
+
+@cuda_only
+def test_cuda_rows_do_not_recompile():
+    """The row count is a runtime argument: new token counts reuse the compiled kernel."""
+    import kernels
+    from kernels.layer_norm import _add_ln_fwd
+
+    w = torch.ones(768, device="cuda")
+    b = torch.zeros(768, device="cuda")
+    kernels.add_layer_norm(torch.randn(100, 768, device="cuda"), None, w, b)
+    caches = getattr(_add_ln_fwd, "device_caches", None)
+    if caches is None:
+        pytest.skip("this triton has no JITFunction.device_caches to inspect")
+    before = sum(len(c[0]) for c in caches.values())
+    for rows in (37, 64, 4099, 1):
+        kernels.add_layer_norm(torch.randn(rows, 768, device="cuda"), None, w, b)
+    assert sum(len(c[0]) for c in caches.values()) == before
+
+
+if INTERPRETED:
+    def test_dispatch_is_triton_under_interpreter():
+        import kernels
+
+        assert kernels.INTERPRET and kernels._triton_for(torch.zeros(1))
