@@ -175,14 +175,20 @@ STREAM_ERRORS = (EOFError, OSError, lzma.LZMAError, ValueError)
 
 
 def sniff(path: Path, compression: str | None, head_bytes: int = 1 << 15) -> bytes:
+    """The first bytes after decompression; a stream that breaks early is reported later, where it breaks."""
     stream, raw = open_binary(path, compression)
+    head = b""
     try:
-        return stream.read(head_bytes)
+        while len(head) < head_bytes and (chunk := stream.read(4096)):
+            head += chunk
     except STREAM_ERRORS as e:
-        raise InputError(f"cannot decompress ({compression}): {e}. The file is corrupt; re-download or re-compress it.")
+        if not head:
+            raise InputError(f"cannot decompress ({compression}): {e}. The file is corrupt or truncated; "
+                             f"re-download or re-compress it")
     finally:
         stream.close()
         raw.close()
+    return head
 
 
 def detect_format(path: Path, compression: str | None, head: bytes) -> str:

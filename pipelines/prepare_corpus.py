@@ -378,8 +378,8 @@ def prepare_corpus(inputs, out, config: CorpusConfig | None = None) -> dict:
         manifest_path.unlink(missing_ok=True)
     work.mkdir(parents=True, exist_ok=True)
     atomic_write_json(work / "state.json", {"fingerprint": fingerprint})
-    atomic_write_json(manifest_path, {"stage": "prepare-corpus", "complete": False, "fingerprint": fingerprint,
-                                      "bertkit_version": __version__})
+    atomic_write_json(manifest_path, {"stage": "prepare-corpus", "complete": False, "shards": [],
+                                      "fingerprint": fingerprint, "bertkit_version": __version__})
 
     parts = [work / f"part-{i:05d}.arrow" for i in range(len(files))]
     done = {}
@@ -455,8 +455,10 @@ def prepare_corpus(inputs, out, config: CorpusConfig | None = None) -> dict:
 
     manifest = _manifest(files, results, merger, entries, config, fingerprint, input_problems, started)
     written = manifest["totals"]["documents"]
-    if written == 0:
-        reasons = ", ".join(f"{k}: {v}" for k, v in manifest["dropped"].items()) or "none"
+    if written == 0:  # nothing of value to resume: leave no unfinished run behind to block a corrected retry
+        shutil.rmtree(work, ignore_errors=True)
+        manifest_path.unlink(missing_ok=True)
+        reasons = ", ".join(f"{k}: {v}" for k, v in manifest["dropped"].items() if v) or "none"
         errors = "; ".join(manifest["errors"][:5])
         raise CorpusError(f"no documents were kept (dropped by reason: {reasons}). "
                           f"{'Errors: ' + errors if errors else 'Check --format, --text-field, --min-chars.'}")

@@ -1,0 +1,434 @@
+"""prepare-corpus: formats, cleaning, counts, schema, holdout, worker-count identity, resume, bad input, Korean."""
+import bz2
+import gzip
+import hashlib
+import json
+import lzma
+import os
+import signal
+import subprocess
+import sys
+import time
+import unicodedata
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import zstandard
+from click.testing import CliRunner
+
+from bertkit.cli import main as cli
+from bertkit.fileio import read_arrow, sha256_file
+from pipelines.corpus_files import CorpusError, corpus_shards, read_corpus_manifest
+from pipelines.prepare_corpus import CorpusConfig, parse_size, prepare_corpus
+from pipelines.schemas import CORPUS_SCHEMA
+
+REPO = Path(__file__).resolve().parents[1]
+JAMO = range(0x1100, 0x1200)
+
+WIKI = """<doc id="1" url="http://x/?curid=1" title="Alpha">
+Alpha
+
+Alpha is the first letter of the Greek alphabet. It has the value one in the Greek numeral system.
+History.
+The letter was derived from the Phoenician letter aleph. It was adopted by the Greeks in the 8th century BC.
+See also.
+References.
+</doc>
+<doc id="2" url="http://x/?curid=2" title="Beta">
+Beta
+
+Beta is the second letter of the Greek alphabet. In the system of Greek numerals it has a value of two.
+</dl>
+</doc>
+<doc id="3" url="http://x/?curid=3" title="Alpha copy">
+Alpha copy
+
+Alpha is the first letter of the Greek alphabet. It has the value one in the Greek numeral system.
+History.
+The letter was derived from the Phoenician letter aleph. It was adopted by the Greeks in the 8th century BC.
+</doc>
+<doc id="4" url="http://x/?curid=4" title="Stub">
+Stub
+
+Too short to keep!
+</doc>
+"""
+ALPHA = ["Alpha is the first letter of the Greek alphabet.", "It has the value one in the Greek numeral system.",
+         "History.", "The letter was derived from the Phoenician letter aleph.",
+         "It was adopted by the Greeks in the 8th century BC."]
+BETA = ["Beta is the second letter of the Greek alphabet.", "In the system of Greek numerals it has a value of two."]
+
+
+def cfg(**kw):
+    kw.setdefault("progress", False)
+    kw.setdefault("holdout", 0.0)
+    return CorpusConfig(**kw)
+
+
+def rows(out, split=None):
+    """All documents of a corpus folder, in shard order, through the contract's reader."""
+    splits = [split] if split else ["train", "holdout"]
+    return [r for s in splits for p in corpus_shards(out, s) for r in read_arrow(p).to_pylist()]
+
+
+def shard_bytes(out):
+    return {p.name: p.read_bytes() for p in sorted(Path(out).glob("*.arrow"))}
+
+
+def write(path: Path, text: str, opener=open):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with opener(path, "wb") as f:
+        f.write(text.encode("utf-8"))
+    return path
+
+
+def synthetic_docs(n, seed=0):
+    """n distinct documents of 3 plain sentences each (unambiguous boundaries)."""
+    import random
+
+    rnd = random.Random(seed)
+    words = "river stone light paper garden window music letter forest winter".split()
+    docs = []
+    for i in range(n):
+        docs.append([f"Document {i} talks about the {rnd.choice(words)} and the {rnd.choice(words)} today.",
+                     f"The {rnd.choice(words)} was seen near the {rnd.choice(words)} in year {1000 + i}.",
+                     f"Nobody forgot the {rnd.choice(words)} of number {i}."])
+    return docs
+
+
+def as_paragraphs(docs):
+    return "\n\n".join(" ".join(d) for d in docs) + "\n"
+
+
+# ------------------------------------------------------------------------------------------ cleaning and counts
+
+def test_wikiextractor_cleaning_counts_schema(tmp_path):
+    src = write(tmp_path / "wiki" / "AA" / "wiki_00", WIKI)
+    m = prepare_corpus([tmp_path / "wiki"], tmp_path / "out", cfg(min_chars=40))
+    docs = rows(tmp_path / "out")
+    # the repeated title line, the empty sections (See also., References.) and markup (</dl>) are gone;
+    # the non-empty section title stays; doc 3 is an exact duplicate of doc 1; doc 4 is shorter than --min-chars
+    assert [d["sentences"] for d in docs] == [ALPHA, BETA]
+    assert [d["title"] for d in docs] == ["Alpha", "Beta"]
+    assert {d["source"] for d in docs} == {"wiki/AA/wiki_00"}
+    assert docs[0]["id"] == hashlib.sha1("\n".join(ALPHA).encode()).hexdigest()[:16]
+    assert m["dropped"] == {"duplicate": 1, "too_short": 1}
+    assert m["removed_lines"] == {"empty_section": 2, "markup": 1, "repeated_title": 4}
+    assert m["totals"]["documents_read"] == 4 and m["totals"]["documents"] == 2
+    assert m["totals"]["sentences"] == len(ALPHA) + len(BETA)
+    assert m["inputs"][0]["bytes"] == src.stat().st_size and m["inputs"][0]["format"] == "wikiextractor"
+    # the manifest contract, checked against the files themselves
+    assert read_corpus_manifest(tmp_path / "out")["complete"] is True
+    for entry in m["shards"]:
+        path = tmp_path / "out" / entry["file"]
+        assert entry["sha256"] == sha256_file(path) and entry["bytes"] == path.stat().st_size
+        assert entry["rows"] == read_arrow(path).num_rows
+        assert read_arrow(path).schema.equals(CORPUS_SCHEMA)
+    assert not (tmp_path / "out" / ".work").exists()
+
+
+def test_cleaning_nfc_controls_whitespace_and_korean(tmp_path):
+    korean = "한국어 문장은 음절 단위로 저장되어야 한다. 두 번째 문장도 마찬가지다."
+    nfd = unicodedata.normalize("NFD", korean)
+    assert any(ord(c) in JAMO for c in nfd)  # the input really is decomposed
+    text = f"Tabs\tand  spaces\x0cand\x07 bells are\u00ad cleaned.   Second  sentence here.\n\n{nfd}\n"
+    write(tmp_path / "a.txt", text)
+    prepare_corpus([tmp_path / "a.txt"], tmp_path / "out", cfg(min_chars=10))
+    docs = rows(tmp_path / "out")
+    assert docs[0]["sentences"] == ["Tabs and spaces and bells are cleaned.", "Second sentence here."]
+    assert docs[1]["sentences"] == ["한국어 문장은 음절 단위로 저장되어야 한다.", "두 번째 문장도 마찬가지다."]
+    assert all(unicodedata.is_normalized("NFC", s) for d in docs for s in d["sentences"])
+
+
+# ------------------------------------------------------------------------------------------ formats
+
+def test_every_format_and_compression_gives_the_same_documents(tmp_path):
+    docs = synthetic_docs(12)
+    expected = [d for d in docs]
+    inputs = {
+        "para.txt": as_paragraphs(docs),
+        "lines.txt": "\n\n".join("\n".join(d) for d in docs) + "\n",
+        "docs.jsonl": "".join(json.dumps({"body": " ".join(d), "title": f"t{i}"}) + "\n" for i, d in enumerate(docs)),
+    }
+    for name, text in inputs.items():
+        write(tmp_path / "in" / name, text)
+        fmt = {"lines.txt": "lines"}.get(name, "auto")
+        for suffix, opener in ((".gz", gzip.open), (".bz2", bz2.open), (".xz", lzma.open)):
+            write(tmp_path / "in" / (name + suffix), text, opener)
+        (tmp_path / "in" / (name + ".zst")).write_bytes(zstandard.ZstdCompressor().compress(text.encode()))
+        for variant in sorted((tmp_path / "in").glob(name + "*")):
+            out = tmp_path / "out" / variant.name
+            prepare_corpus([variant], out, cfg(format=fmt, text_field="body", min_chars=0))
+            got = rows(out)
+            assert [d["sentences"] for d in got] == expected, variant.name
+            if name == "docs.jsonl":
+                assert [d["title"] for d in got] == [f"t{i}" for i in range(len(docs))]
+    table = pa.table({"body": [" ".join(d) for d in docs], "other": list(range(len(docs)))})
+    pq.write_table(table, tmp_path / "in" / "t.parquet")
+    with pa.OSFile(str(tmp_path / "in" / "t.arrow"), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
+        w.write_table(table)
+    with pa.OSFile(str(tmp_path / "in" / "s.arrows"), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table)
+    for name, fmt in (("t.parquet", "auto"), ("t.arrow", "auto"), ("s.arrows", "arrow")):
+        out = tmp_path / "out" / name
+        m = prepare_corpus([tmp_path / "in" / name], out, cfg(format=fmt, text_field="body", min_chars=0))
+        assert [d["sentences"] for d in rows(out)] == expected, name
+        assert m["inputs"][0]["format"] in ("parquet", "arrow")
+
+
+def test_shards_bounded_ordered_and_loadable_with_datasets(tmp_path):
+    docs = synthetic_docs(300)
+    write(tmp_path / "a.txt", as_paragraphs(docs[:150]))
+    write(tmp_path / "b.txt", as_paragraphs(docs[150:]))
+    m = prepare_corpus([tmp_path / "a.txt", tmp_path / "b.txt"], tmp_path / "out",
+                       cfg(shard_size=parse_size("4KB"), min_chars=0))
+    train = [e for e in m["shards"] if e["split"] == "train"]
+    assert len(train) > 3 and [e["file"] for e in train] == [f"shard-{i:05d}.arrow" for i in range(len(train))]
+    assert [d["sentences"] for d in rows(tmp_path / "out")] == docs  # input order kept across shards and files
+    for e in train[:-1]:  # every shard but the last ends with the row that crosses the size
+        texts = read_arrow(tmp_path / "out" / e["file"]).column("sentences").to_pylist()
+        size = sum(len(s.encode()) + 4 for doc in texts for s in doc)
+        last = sum(len(s.encode()) + 4 for s in texts[-1])
+        assert size - last < 4096 <= size
+    datasets = pytest.importorskip("datasets")
+    ds = datasets.load_dataset("arrow", data_files=[str(p) for p in corpus_shards(tmp_path / "out")],
+                               split="train", cache_dir=str(tmp_path / "hf"))
+    assert ds.num_rows == 300 and ds[0]["sentences"] == docs[0] and ds.column_names == CORPUS_SCHEMA.names
+
+
+def test_holdout_is_a_stable_hash_split(tmp_path):
+    docs = synthetic_docs(2000)
+    write(tmp_path / "all.txt", as_paragraphs(docs))
+    write(tmp_path / "half.txt", as_paragraphs(docs[::2]))
+    m = prepare_corpus([tmp_path / "all.txt"], tmp_path / "o1", cfg(holdout=0.1, min_chars=0))
+    held = {tuple(d["sentences"]) for d in rows(tmp_path / "o1", "holdout")}
+    train = {tuple(d["sentences"]) for d in rows(tmp_path / "o1", "train")}
+    assert not held & train and len(held) + len(train) == 2000
+    # binomial(2000, 0.1): mean 200, sd 13.4; 5 sd either side
+    assert 133 < len(held) < 267 and m["totals"]["holdout_documents"] == len(held)
+    # a document's split depends only on its text: another run on other inputs puts it on the same side
+    prepare_corpus([tmp_path / "half.txt"], tmp_path / "o2", cfg(holdout=0.1, min_chars=0))
+    held2 = {tuple(d["sentences"]) for d in rows(tmp_path / "o2", "holdout")}
+    assert held2 == {tuple(d) for d in docs[::2]} & held
+
+
+# ------------------------------------------------------------------------------------------ workers and resume
+
+def _mixed_inputs(tmp_path):
+    docs = synthetic_docs(240)
+    for i in range(6):
+        write(tmp_path / "in" / f"f{i}.txt", as_paragraphs(docs[i * 40:(i + 1) * 40] + docs[:3]))  # + duplicates
+    write(tmp_path / "in" / "w.gz", WIKI, gzip.open)
+    return [tmp_path / "in"]
+
+
+def test_one_and_two_workers_write_identical_bytes(tmp_path, shared_data):
+    inputs = _mixed_inputs(tmp_path) + [shared_data / "wikipedia_ko_wikiextractor" / "text" / "AA" / "wiki_00"]
+    options = dict(holdout=0.05, shard_size=parse_size("64KB"))
+    m1 = prepare_corpus(inputs, tmp_path / "w1", cfg(workers=1, **options))
+    m2 = prepare_corpus(inputs, tmp_path / "w2", cfg(workers=2, **options))
+    assert len(m1["shards"]) > 2 and m1["dropped"]["duplicate"] == 6 * 3 + 1
+    assert shard_bytes(tmp_path / "w1") == shard_bytes(tmp_path / "w2")
+    assert m1["shards"] == m2["shards"]
+
+
+def test_resume_after_interrupt_in_merge_and_in_worker(tmp_path, monkeypatch):
+    import pipelines.prepare_corpus as pc
+
+    inputs = _mixed_inputs(tmp_path)
+    options = dict(holdout=0.05, shard_size=parse_size("8KB"))
+    clean = prepare_corpus(inputs, tmp_path / "clean", cfg(**options))
+
+    # 1) killed inside a worker, half-way through a file (its part stays unfinished)
+    real_process, seen = pc.process_file, []
+
+    def die_in_third_file(index, *a):
+        seen.append(index)
+        if len(seen) == 3:
+            Path(a[-1]).with_name(Path(a[-1]).name + ".tmp").write_bytes(b"half a part")
+            raise KeyboardInterrupt
+        return real_process(index, *a)
+
+    monkeypatch.setattr(pc, "process_file", die_in_third_file)
+    with pytest.raises(KeyboardInterrupt):
+        prepare_corpus(inputs, tmp_path / "out", cfg(**options))
+    monkeypatch.setattr(pc, "process_file", real_process)
+
+    assert len(list((tmp_path / "out" / ".work").glob("part-*.json"))) == 2
+
+    # 2) then killed while merging the resumed run, after some shards were written
+    real_flush, calls = pc.ShardWriter.flush, []
+
+    def flush_then_die(self):
+        real_flush(self)
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(pc.ShardWriter, "flush", flush_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        prepare_corpus(inputs, tmp_path / "out", cfg(**options))
+    monkeypatch.setattr(pc.ShardWriter, "flush", real_flush)
+    with pytest.raises(CorpusError, match="did not finish"):
+        corpus_shards(tmp_path / "out")
+
+    resumed = prepare_corpus(inputs, tmp_path / "out", cfg(**options))
+    assert shard_bytes(tmp_path / "out") == shard_bytes(tmp_path / "clean")
+    assert resumed["totals"] == clean["totals"] and resumed["dropped"] == clean["dropped"]
+    ids = [d["id"] for d in rows(tmp_path / "out")]
+    assert len(ids) == len(set(ids)) == clean["totals"]["documents"]
+
+
+def test_resume_after_sigkill(tmp_path):
+    docs = synthetic_docs(400)
+    for i in range(8):
+        write(tmp_path / "in" / f"f{i}.txt", as_paragraphs(docs[i * 50:(i + 1) * 50] + docs[:2]))
+    out = tmp_path / "out"
+    # a real process, slowed down per file so the kill lands mid-run, then SIGKILLed: no cleanup code runs
+    script = (f"import sys, time; sys.path.insert(0, {str(REPO)!r}); import pipelines.prepare_corpus as pc\n"
+              "real = pc.process_file\n"
+              "def slow(*a):\n    s = real(*a); time.sleep(0.3); return s\n"
+              "pc.process_file = slow\n"
+              f"pc.prepare_corpus([{str(tmp_path / 'in')!r}], {str(out)!r}, "
+              "pc.CorpusConfig(progress=False, holdout=0.1, shard_size=2048, workers=1))\n")
+    proc = subprocess.Popen([sys.executable, "-c", script])
+    deadline = time.time() + 60
+    while len(list((out / ".work").glob("part-*.json"))) < 3 and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (out / "manifest.json").exists() or not json.loads((out / "manifest.json").read_text())["complete"]
+    done_before = len(list((out / ".work").glob("part-*.json")))
+    assert 3 <= done_before < 8
+    m = prepare_corpus([tmp_path / "in"], out, cfg(holdout=0.1, shard_size=2048))
+    prepare_corpus([tmp_path / "in"], tmp_path / "clean", cfg(holdout=0.1, shard_size=2048))
+    assert shard_bytes(out) == shard_bytes(tmp_path / "clean")
+    got = sorted(tuple(d["sentences"]) for d in rows(out))
+    assert got == sorted(tuple(d) for d in docs) and m["dropped"]["duplicate"] == 8 * 2
+
+
+def test_rerun_is_a_no_op_and_other_options_need_overwrite(tmp_path):
+    write(tmp_path / "a.txt", as_paragraphs(synthetic_docs(20)))
+    first = prepare_corpus([tmp_path / "a.txt"], tmp_path / "out", cfg())
+    assert prepare_corpus([tmp_path / "a.txt"], tmp_path / "out", cfg()) == first
+    with pytest.raises(CorpusError, match="--overwrite"):
+        prepare_corpus([tmp_path / "a.txt"], tmp_path / "out", cfg(min_chars=10))
+    m = prepare_corpus([tmp_path / "a.txt"], tmp_path / "out", cfg(min_chars=10, overwrite=True))
+    assert m["options"]["min_chars"] == 10
+
+
+# ------------------------------------------------------------------------------------------ bad input
+
+def test_bad_inputs_are_reported_and_never_cost_other_files(tmp_path):
+    good = synthetic_docs(5)
+    write(tmp_path / "in" / "good.txt", as_paragraphs(good))
+    (tmp_path / "in" / "binary.bin").write_bytes(bytes(range(256)) * 40)
+    bad_utf8 = as_paragraphs(synthetic_docs(1, seed=1)).encode().replace(b"river", b"riv\xff\xfer")
+    bad_utf8 = bad_utf8 if b"\xff" in bad_utf8 else bad_utf8.replace(b"Document", b"Docu\xffment")
+    (tmp_path / "in" / "latin.txt").write_bytes(bad_utf8)
+    payload = gzip.compress((as_paragraphs(synthetic_docs(300, seed=2))).encode())
+    (tmp_path / "in" / "cut.txt.gz").write_bytes(payload[: len(payload) // 2])
+    # zstd emits whole blocks (128 KB) only: half of a 400 KB stream still holds complete documents
+    zst = zstandard.ZstdCompressor().compress(as_paragraphs(synthetic_docs(3000, seed=3)).encode())
+    (tmp_path / "in" / "cut.txt.zst").write_bytes(zst[: len(zst) // 2])
+    write(tmp_path / "in" / "broken.wiki",
+          '<doc id="1" title="A">\nA\n\nFirst document text is long enough to keep here.\n'
+          '<doc id="2" title="B">\nB\n\nSecond document text is long enough to keep too.\n</doc>\n'
+          'stray text outside of any block\n</doc>\n')
+    write(tmp_path / "in" / "docs.jsonl", json.dumps({"text": " ".join(good[0]) + " Extra."}) + "\n"
+          + json.dumps({"body": "no text field"}) + "\n{not json\n")
+    (tmp_path / "empty").mkdir()
+    runner = CliRunner()
+    result = runner.invoke(cli, ["prepare-corpus", str(tmp_path / "in"), str(tmp_path / "missing.txt"),
+                                 str(tmp_path / "empty"), "--out", str(tmp_path / "out"), "--no-progress",
+                                 "--holdout", "0", "--min-chars", "20", "-j", "1"])
+    assert result.exit_code == 0, result.output
+    log = result.output
+    assert "missing.txt: no such file or folder" in log
+    assert "empty: folder holds no (non-hidden) files" in log
+    assert "binary.bin: looks binary" in log
+    assert "cut.txt.gz: reading stopped at line" in log and "truncated" in log
+    assert "cut.txt.zst: reading stopped at line" in log
+    assert "broken.wiki:1: <doc> opened at line 1 has no </doc>" in log
+    assert "broken.wiki:10: text outside any <doc>" in log
+    assert "broken.wiki:11: </doc> without an opening" in log
+    assert "docs.jsonl:2: has no 'text' field" in log and "--text-field" in log
+    assert "docs.jsonl:3: not valid JSON" in log
+    assert "latin.txt:1: " in log and "undecodable byte(s) replaced" in log
+    m = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    by_source = {i["source"]: i for i in m["inputs"]}
+    assert by_source["in/good.txt"]["documents"] == 5 and by_source["in/binary.bin"]["documents"] == 0
+    assert by_source["in/latin.txt"]["documents"] == 1 and by_source["in/latin.txt"]["replaced_bytes"] >= 1
+    assert 0 < by_source["in/cut.txt.gz"]["documents"] < 300 and by_source["in/cut.txt.gz"]["error"]
+    assert 0 < by_source["in/cut.txt.zst"]["documents"] < 3000
+    assert by_source["in/broken.wiki"]["documents"] == 2 and by_source["in/docs.jsonl"]["documents"] == 1
+    assert m["dropped"]["missing_field"] == 1 and m["dropped"]["bad_json"] == 1
+    assert m["totals"]["files_with_errors"] == 3 and len(m["errors"]) == 5  # 3 files + missing path + empty folder
+    kept = [d["sentences"] for d in rows(tmp_path / "out")]
+    assert all(d in kept for d in good[1:])
+    # the same inputs with --strict: output written, but the run reports failure
+    strict = runner.invoke(cli, ["prepare-corpus", str(tmp_path / "in"), "--out", str(tmp_path / "out2"),
+                                 "--no-progress", "--strict", "-j", "1"])
+    assert strict.exit_code != 0 and "--strict" in strict.output
+    assert read_corpus_manifest(tmp_path / "out2")["complete"]
+
+
+def test_run_fails_only_when_nothing_usable(tmp_path):
+    runner = CliRunner()
+    r = runner.invoke(cli, ["prepare-corpus", str(tmp_path / "nope"), "--out", str(tmp_path / "o"), "--no-progress"])
+    assert r.exit_code != 0 and "no such file or folder" in r.output
+    (tmp_path / "empty").mkdir()
+    r = runner.invoke(cli, ["prepare-corpus", str(tmp_path / "empty"), "--out", str(tmp_path / "o"), "--no-progress"])
+    assert r.exit_code != 0 and "folder holds no" in r.output
+    (tmp_path / "bin.dat").write_bytes(b"\x00\x01\x02" * 1000)
+    r = runner.invoke(cli, ["prepare-corpus", str(tmp_path / "bin.dat"), "--out", str(tmp_path / "o"), "--no-progress"])
+    assert r.exit_code != 0 and "no documents were kept" in r.output and "looks binary" in r.output
+    write(tmp_path / "x.jsonl", json.dumps({"content": "Some text that is surely long enough to be kept here."}) + "\n")
+    r = runner.invoke(cli, ["prepare-corpus", str(tmp_path / "x.jsonl"), "--out", str(tmp_path / "o2"),
+                            "--no-progress"])
+    assert r.exit_code != 0 and "x.jsonl:1: has no 'text' field (keys: content)" in r.output
+    r = runner.invoke(cli, ["prepare-corpus", str(tmp_path / "x.jsonl"), "--out", str(tmp_path / "o2"),
+                            "--no-progress", "--text-field", "content", "--shard-size", "lots"])
+    assert r.exit_code != 0 and "not a size" in r.output
+    r = runner.invoke(cli, ["prepare-corpus", str(tmp_path / "x.jsonl"), "--out", str(tmp_path / "o2"),
+                            "--no-progress", "--text-field", "content", "--holdout", "0"])
+    assert r.exit_code == 0, r.output
+    assert rows(tmp_path / "o2")[0]["sentences"] == ["Some text that is surely long enough to be kept here."]
+
+
+# ------------------------------------------------------------------------------------------ real data
+
+def test_english_wikipedia_sample(tmp_path, shared_data):
+    src = shared_data / "wikipedia_en_wikiextractor" / "text" / "AA" / "wiki_00"
+    m = prepare_corpus([src], tmp_path / "out", cfg(holdout=0.05))
+    n_docs = src.read_text(encoding="utf-8").count("<doc ")
+    assert m["totals"]["documents_read"] == n_docs
+    assert m["totals"]["documents"] + sum(m["dropped"].values()) == n_docs
+    assert m["removed_lines"]["repeated_title"] == n_docs and not m["errors"]
+    docs = rows(tmp_path / "out")
+    titles = [d["title"] for d in docs]
+    assert "Anarchism" in titles and len(set(d["id"] for d in docs)) == len(docs)
+    anarchism = docs[titles.index("Anarchism")]["sentences"]
+    assert anarchism[0].startswith("Anarchism is a political philosophy") and anarchism[0].endswith("associations.")
+    assert anarchism[1] == "Anarchism holds the state to be undesirable, unnecessary, or harmful."
+    sentences = [s for d in docs for s in d["sentences"]]
+    assert all(s == " ".join(s.split()) and s for s in sentences)
+    assert "Anarchism" not in sentences  # the repeated title line is not a sentence
+
+
+def test_korean_wikipedia_sample_keeps_syllables(tmp_path, shared_data):
+    src = shared_data / "wikipedia_ko_wikiextractor" / "text" / "AA" / "wiki_02"
+    text = src.read_text(encoding="utf-8")
+    assert not any(ord(c) in JAMO for c in text)
+    m = prepare_corpus([src], tmp_path / "out", cfg())
+    docs = rows(tmp_path / "out")
+    assert m["totals"]["documents_read"] == text.count("<doc ") and len(docs) > 50
+    joined = "".join(s for d in docs for s in d["sentences"])
+    assert not any(ord(c) in JAMO for c in joined)
+    hangul = sum("\uac00" <= c <= "\ud7a3" for c in joined)
+    assert hangul > 0.5 * sum("\uac00" <= c <= "\ud7a3" for c in text)
+    # Korean declarative endings close sentences: few sentences keep '다. ' inside them (quotes aside)
+    inner = sum(s.count("다. ") for d in docs for s in d["sentences"])
+    assert inner < 0.02 * sum(len(d["sentences"]) for d in docs)
