@@ -67,37 +67,76 @@ def _sentence_batches(shards, progress: bool, desc: str, limit: int | None = Non
                     return
 
 
-def _train(corpus_dir, config: TokenizerConfig):
+def _run_trainer(shards, config: TokenizerConfig, vocab_size: int, specials: list[str], desc: str,
+                 initial_alphabet: list[str] | None = None) -> list[str]:
+    """One tokenizers WordPiece training over the shards; the vocabulary in id order."""
     from tokenizers.trainers import WordPieceTrainer
 
+    tok = build_tokenizer(None, lowercase=config.lowercase, strip_accents=config.strip_accents)
+    extra = {}
+    if initial_alphabet is not None:  # keep exactly these characters (the binding refuses limit_alphabet=None)
+        extra = {"initial_alphabet": initial_alphabet, "limit_alphabet": len(initial_alphabet)}
+    trainer = WordPieceTrainer(vocab_size=vocab_size, min_frequency=config.min_frequency, special_tokens=specials,
+                               continuing_subword_prefix=CONTINUATION, show_progress=False, **extra)
+    tok.train_from_iterator(_sentence_batches(shards, config.progress, desc), trainer)
+    vocab = tok.get_vocab()
+    tokens = sorted(vocab, key=vocab.__getitem__)
+    if [vocab[t] for t in tokens] != list(range(len(tokens))):
+        raise AssertionError("tokenizers returned a vocabulary with gaps in its ids")
+    return tokens
+
+
+def _char_counts(shards, config: TokenizerConfig, alphabet_tokens: list[str]) -> dict[str, int]:
+    """How often each character occurs in the normalized training words (for --limit-alphabet)."""
+    import numpy as np
+
+    tok = build_tokenizer({t: i for i, t in enumerate(alphabet_tokens)}, config.lowercase, config.strip_accents)
+    counts = np.zeros(len(alphabet_tokens), dtype=np.int64)
+    for batch in _sentence_batches(shards, config.progress, "train-tokenizer: counting characters"):
+        ids = [i for e in tok.encode_batch(batch, add_special_tokens=False) for i in e.ids]
+        counts += np.bincount(np.asarray(ids, dtype=np.int64), minlength=len(alphabet_tokens))
+    chars: dict[str, int] = {}
+    for t, n in zip(alphabet_tokens, counts.tolist()):
+        if t not in SPECIAL_TOKENS:
+            c = t.removeprefix(CONTINUATION) if len(t) > 1 else t
+            chars[c] = chars.get(c, 0) + n
+    return chars
+
+
+def _train(corpus_dir, config: TokenizerConfig) -> list[str]:
+    """Train the vocabulary; deterministic for a given corpus and config.
+
+    tokenizers' trainer gives each `##c` piece an id in hash-map order and breaks ties between equally frequent
+    merges by those ids, so two runs can differ. A first pass (no merges) finds the alphabet and its `##` forms;
+    the second pass gets them, sorted, as the first entries of the vocabulary, which fixes every id and so every
+    tie-break. The --limit-alphabet cut is made here too, by (count, character), for the same reason.
+    """
     shards = corpus_shards(corpus_dir, "train")
     if not shards:
         raise TokenizerError(f"{corpus_dir}: the corpus has no training shards; nothing to train on")
-    tok = build_tokenizer(None, lowercase=config.lowercase, strip_accents=config.strip_accents)
-    # Left unset, limit_alphabet keeps every character (the binding refuses None).
-    alphabet = {} if config.limit_alphabet is None else {"limit_alphabet": config.limit_alphabet}
-    trainer = WordPieceTrainer(
-        vocab_size=config.vocab_size,
-        min_frequency=config.min_frequency,
-        special_tokens=list(SPECIAL_TOKENS),
-        continuing_subword_prefix=CONTINUATION,
-        show_progress=config.progress,
-        **alphabet,
-    )
-    tok.train_from_iterator(_sentence_batches(shards, config.progress, "train-tokenizer: reading"), trainer)
-    size = tok.get_vocab_size()
-    if size <= len(SPECIAL_TOKENS):
+    n_special = len(SPECIAL_TOKENS)
+    alphabet = _run_trainer(shards, config, n_special, list(SPECIAL_TOKENS), "train-tokenizer: alphabet")
+    if len(alphabet) <= n_special:
         raise TokenizerError(f"{corpus_dir}: the training shards hold no text; nothing to train on")
-    if size > config.vocab_size:
+    chars = sorted(t for t in alphabet[n_special:] if not t.startswith(CONTINUATION) or len(t) == 1)
+    continued = {t for t in alphabet[n_special:] if t not in chars}
+    if config.limit_alphabet is not None and len(chars) > config.limit_alphabet:
+        counts = _char_counts(shards, config, alphabet)
+        chars = sorted(sorted(chars, key=lambda c: (-counts[c], c))[: config.limit_alphabet])
+    pieces = [CONTINUATION + c for c in chars if CONTINUATION + c in continued]
+    if n_special + len(chars) + len(pieces) > config.vocab_size:
         raise TokenizerError(
-            f"{corpus_dir}: the corpus' characters alone (with their ## forms) need {size} vocabulary entries, more "
-            f"than --vocab-size {config.vocab_size}. Raise --vocab-size, or keep only the most frequent characters "
-            f"with --limit-alphabet N (the rest become [UNK]).")
-    vocab = tok.get_vocab()
-    tokens = sorted(vocab, key=vocab.__getitem__)
-    if tokens[: len(SPECIAL_TOKENS)] != SPECIAL_TOKENS or [vocab[t] for t in tokens] != list(range(len(tokens))):
-        raise AssertionError(f"tokenizers returned an unexpected vocabulary layout: {tokens[:8]}")
-    return tokens
+            f"{corpus_dir}: the corpus' characters alone (with their ## forms) need {len(chars) + len(pieces)} "
+            f"vocabulary entries, more than --vocab-size {config.vocab_size} allows. Raise --vocab-size, or keep "
+            f"only the most frequent characters with --limit-alphabet N (the rest become [UNK]).")
+    tokens = _run_trainer(shards, config, config.vocab_size, list(SPECIAL_TOKENS) + pieces,
+                          "train-tokenizer: training",
+                          initial_alphabet=chars if config.limit_alphabet is not None else None)
+    # trainer order: specials, ## pieces, characters, merges; write the familiar one: characters before ## pieces
+    head = n_special + len(pieces)
+    if tokens[:head] != list(SPECIAL_TOKENS) + pieces or tokens[head: head + len(chars)] != chars:
+        raise AssertionError("tokenizers laid out the vocabulary in an unexpected order")
+    return list(SPECIAL_TOKENS) + chars + pieces + tokens[head + len(chars):]
 
 
 def tokenizer_stats(tok, sentence_batches) -> dict:
