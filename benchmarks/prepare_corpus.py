@@ -1,0 +1,82 @@
+"""Benchmark `prepare-corpus` on the English WikiExtractor sample: input MB/s, documents/s, peak memory.
+
+  python benchmarks/prepare_corpus.py [SHARED_DATA] [--workers 1 2]
+
+Each configuration runs in a fresh child process (so imports, process start-up and memory are counted honestly);
+peak memory is the child's max RSS (main process) and the largest worker's max RSS. Running the same run on the
+first 5 and on all 20 files shows that memory does not grow with the input. Writes benchmarks/results/prepare_corpus.json.
+"""
+import argparse
+import json
+import platform
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def child(files: list[str], out: str, workers: int):
+    sys.path.insert(0, str(REPO))
+    from pipelines.prepare_corpus import CorpusConfig, prepare_corpus
+
+    t = time.perf_counter()
+    m = prepare_corpus(files, out, CorpusConfig(workers=workers, progress=False))
+    seconds = time.perf_counter() - t
+    print(json.dumps({"seconds": seconds, "documents": m["totals"]["documents"],
+                      "documents_read": m["totals"]["documents_read"], "input_bytes": m["totals"]["input_bytes"],
+                      "main_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                      "worker_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))
+
+
+def run(files, workers, repeats):
+    best = None
+    for _ in range(repeats):
+        out = tempfile.mkdtemp(prefix="bench_corpus_")
+        try:
+            proc = subprocess.run([sys.executable, __file__, "--child", str(workers), out, *map(str, files)],
+                                  capture_output=True, text=True, check=True)
+        finally:
+            shutil.rmtree(out, ignore_errors=True)
+        r = json.loads(proc.stdout.strip().splitlines()[-1])
+        best = r if best is None or r["seconds"] < best["seconds"] else best
+    mb = best["input_bytes"] / 1e6
+    return {"files": len(files), "workers": workers, "input_mb": round(mb, 2), "seconds": round(best["seconds"], 2),
+            "mb_per_s": round(mb / best["seconds"], 2), "docs_per_s": round(best["documents_read"] / best["seconds"], 1),
+            "documents_kept": best["documents"], "peak_rss_main_mb": round(best["main_rss_mb"], 1),
+            "peak_rss_worker_mb": round(best["worker_rss_mb"], 1) if workers > 1 else None}
+
+
+def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        return child(sys.argv[4:], sys.argv[3], int(sys.argv[2]))
+    ap = argparse.ArgumentParser()
+    ap.add_argument("data", nargs="?", default=str(REPO.parent / "shared" / "data"))
+    ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--repeats", type=int, default=2, help="best of N (the machine is shared)")
+    args = ap.parse_args()
+    files = sorted((Path(args.data) / "wikipedia_en_wikiextractor" / "text" / "AA").glob("wiki_*"))
+    if len(files) != 20:
+        sys.exit(f"expected the 20-file English sample under {args.data}; found {len(files)} files")
+    rows = [run(files[:5], 1, args.repeats)] + [run(files, w, args.repeats) for w in args.workers]
+    print(f"{'files':>5} {'workers':>7} {'MB':>6} {'s':>6} {'MB/s':>6} {'docs/s':>7} {'main MB':>8} {'worker MB':>9}")
+    for r in rows:
+        print(f"{r['files']:>5} {r['workers']:>7} {r['input_mb']:>6} {r['seconds']:>6} {r['mb_per_s']:>6} "
+              f"{r['docs_per_s']:>7} {r['peak_rss_main_mb']:>8} {str(r['peak_rss_worker_mb'] or '-'):>9}")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=REPO).stdout.strip()
+    result = {"benchmark": "prepare_corpus", "date": time.strftime("%Y-%m-%d"), "machine": "2-core CPU (shared)",
+              "cpu": platform.processor() or platform.machine(), "python": platform.python_version(),
+              "commit": commit, "input": "wikipedia_en_wikiextractor text/AA/wiki_00..19", "results": rows}
+    out = REPO / "benchmarks" / "results" / "prepare_corpus.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
