@@ -80,8 +80,9 @@ class BertConfig:
     def from_hf_dict(cls, d: dict, source: str = "config.json") -> "BertConfig":
         """Read an HF BERT config.json dict; refuses settings this model does not implement."""
         model_type = d.get("model_type")
-        if model_type != "bert":
-            archs = d.get("architectures") or []
+        archs = d.get("architectures") or []
+        # configs from before HF wrote model_type (and google-research's bert_config.json) have none
+        if model_type not in ("bert", None) or not all(a.startswith("Bert") for a in archs):
             raise ValueError(
                 f"{source}: model_type is {model_type!r} (architectures {archs}), not 'bert'; "
                 "bertkit loads BERT checkpoints only"

@@ -107,6 +107,10 @@ def test_padded_vocab_and_hf_config_round_trip():
     assert BertConfig(vocab_size=32000).padded_vocab_size == 32000
     cfg = BertConfig.preset("mini", vocab_size=777, hidden_dropout=0.2)
     assert BertConfig.from_hf_dict(cfg.to_hf_dict()) == cfg
+    legacy = {k: v for k, v in cfg.to_hf_dict().items() if k != "model_type"}  # pre-2020 / google bert_config.json
+    assert BertConfig.from_hf_dict(legacy) == cfg
+    with pytest.raises(ValueError, match="not 'bert'"):
+        BertConfig.from_hf_dict({**legacy, "architectures": ["DistilBertModel"]})
     hf = transformers.BertConfig(**cfg.to_hf_dict())
     assert (hf.num_hidden_layers, hf.hidden_size, hf.num_attention_heads, hf.vocab_size) == (4, 256, 4, 777)
 
