@@ -152,7 +152,8 @@ class _PartWriter:
 
     def flush(self):
         if self.rows["id"]:
-            self.writer.write_batch(pa.record_batch(self.rows, schema=PART_SCHEMA))
+            arrays = [pa.array(self.rows[f.name], type=f.type) for f in PART_SCHEMA]  # (pa.record_batch(dict)
+            self.writer.write_batch(pa.RecordBatch.from_arrays(arrays, schema=PART_SCHEMA))  # imports pandas)
             self.rows = {name: [] for name in PART_SCHEMA.names}
 
     def close(self):
