@@ -1,16 +1,69 @@
-"""`bertkit pretrain` and `bertkit export`: placeholders until their issue lands."""
+"""`bertkit pretrain` (also `deepspeed cli.py pretrain`) and `bertkit export`: flags onto bertkit.trainer."""
 import click
 
 
-@click.command("pretrain", context_settings={"ignore_unknown_options": True})
-@click.argument("args", nargs=-1)
-def pretrain(args):
-    """(not implemented yet)"""
-    raise click.ClickException("pretrain is not implemented yet")
+@click.command("pretrain")
+@click.option("--instances", required=True, type=click.Path(file_okay=False), help="make-instances output folder.")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Run folder (checkpoints, metrics).")
+@click.option("--model", default="base", show_default=True,
+              help="Preset (tiny mini small medium base large) or an HF config.json / model folder.")
+@click.option("--max-steps", default=10000, show_default=True, type=int, help="Optimizer steps.")
+@click.option("--micro-batch", type=int, help="Sequences per rank per forward  [default: 32].")
+@click.option("--global-batch", type=int, help="Sequences per optimizer step (sets gradient accumulation) "
+                                               "[default: micro batch x ranks].")
+@click.option("--zero-stage", type=click.IntRange(0, 3), help="DeepSpeed ZeRO stage  [default: 2].")
+@click.option("--precision", type=click.Choice(["auto", "fp32", "bf16", "fp16"]),
+              help="auto = bf16 on GPUs that have it, else fp16 (dynamic loss scaling); fp32 on the CPU.")
+@click.option("--optimizer", type=click.Choice(["lamb", "adamw"]), help="[default: lamb]")
+@click.option("--lr", type=float, help="Peak learning rate  [default: 1e-3].")
+@click.option("--weight-decay", type=float, help="[default: 0.01; never on biases and LayerNorm]")
+@click.option("--grad-clip", type=float, help="Global gradient-norm clipping  [default: 1.0].")
+@click.option("--schedule", type=click.Choice(["linear", "poly"]), default="linear", show_default=True,
+              help="Warmup then linear decay (BERT), or polynomial decay with power 0.5 (NVIDIA).")
+@click.option("--warmup", type=float, default=0.01, show_default=True,
+              help="Warmup: a fraction of --max-steps when < 1, else a number of steps.")
+@click.option("--deepspeed-config", type=click.Path(dir_okay=False, exists=True),
+              help="A DeepSpeed JSON config; it wins where the flags are silent, a contradiction is an error.")
+@click.option("--init-from", type=click.Path(exists=True),
+              help="Start from these weights (phase 2): an export folder or a run folder (its latest checkpoint).")
+@click.option("--resume", is_flag=True, help="Continue the run in --out from its latest checkpoint, exactly.")
+@click.option("--save-every", default=1000, show_default=True, type=int)
+@click.option("--keep-last", default=3, show_default=True, type=int, help="Checkpoints kept.")
+@click.option("--log-every", default=10, show_default=True, type=int)
+@click.option("--eval-every", default=1000, show_default=True, type=int, help="Held-out evaluation; 0 = never.")
+@click.option("--eval-batches", default=20, show_default=True, type=int)
+@click.option("--seed", default=42, show_default=True, type=int)
+@click.option("--num-workers", default=1, show_default=True, type=int, help="Loader processes per rank.")
+@click.option("--dropout", type=float, help="Override the model's hidden and attention dropout.")
+@click.option("--progress/--no-progress", default=True, show_default=True)
+def pretrain(**flags):
+    """Pretrain BERT (MLM + NSP) on an instances folder with DeepSpeed.
+
+    \b
+    Several ranks:  deepspeed --num_gpus 8 cli.py pretrain --instances DIR --model base --out RUN
+    One process:    bertkit pretrain --instances DIR --model tiny --out RUN
+    """
+    from bertkit.data import InstancesError
+    from bertkit.trainer import ConfigError, PretrainConfig, TrainingError, pretrain as run
+
+    try:
+        result = run(PretrainConfig(**flags))
+    except (InstancesError, ConfigError, TrainingError) as e:
+        raise click.ClickException(str(e)) from e
+    if result.get("checkpoint") and __import__("os").environ.get("RANK", "0") == "0":
+        click.echo(f"step {result['step']}: checkpoint {result['checkpoint']}", err=True)
 
 
-@click.command("export", context_settings={"ignore_unknown_options": True})
-@click.argument("args", nargs=-1)
-def export(args):
-    """(not implemented yet)"""
-    raise click.ClickException("export is not implemented yet")
+@click.command("export")
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="HF model folder to write.")
+@click.option("--checkpoint", "tag", help="Checkpoint tag (e.g. global_step1000)  [default: the latest].")
+def export(run_dir, out, tag):
+    """Write a pretrain run's checkpoint (any ZeRO stage) as an HF BertForPreTraining folder."""
+    from bertkit.trainer import ConfigError, TrainingError, export as run
+
+    try:
+        path = run(run_dir, out, tag)
+    except (ConfigError, TrainingError) as e:
+        raise click.ClickException(str(e)) from e
+    click.echo(f"wrote {path}")

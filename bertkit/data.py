@@ -1,0 +1,223 @@
+"""Pretraining data: an instances folder (make-instances) read memory-mapped, batched per rank, deterministically.
+
+* `read_instances_manifest` checks the folder and tells what to run when it is missing, unfinished or empty.
+* `InstanceDataset` reads rows straight out of the memory-mapped Arrow files (never loaded whole). Static folders
+  carry their masking; dynamic ones are masked here with `bertkit.masking.mask_instance` and a generator seeded from
+  (seed, epoch, index), so the masking of a row never depends on the worker, the rank or a resume.
+* `EpochBatches` is the sampler: one permutation per epoch (seeded from (seed, epoch)), rank r takes every
+  world_size-th row, cut into micro batches; a resume starts at micro batch k without reading the k before it.
+* `collate` pads to the batch's longest row rounded up to a multiple of 8 (tensor-core friendly, few shapes).
+"""
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from bertkit.fileio import read_arrow
+
+IGNORE_INDEX = -100
+
+
+class InstancesError(ValueError):
+    pass
+
+
+def read_instances_manifest(instances_dir) -> dict:
+    instances_dir = Path(instances_dir)
+    fix = f"Run `bertkit make-instances CORPUS --tokenizer TOK --out {instances_dir}` first."
+    if not instances_dir.is_dir():
+        raise InstancesError(f"{instances_dir}: no such instances folder. {fix}")
+    manifest = instances_dir / "manifest.json"
+    if not manifest.is_file():
+        raise InstancesError(f"{instances_dir}: no manifest.json, so not a finished make-instances output. {fix}")
+    try:
+        data = json.loads(manifest.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise InstancesError(f"{manifest}: not valid JSON ({e}). Re-run make-instances into a fresh folder.") from e
+    if data.get("stage") != "make-instances":
+        raise InstancesError(f"{manifest}: stage is {data.get('stage')!r}, not 'make-instances'. "
+                             f"--instances must name a make-instances output folder.")
+    if not data.get("complete", False):
+        raise InstancesError(f"{instances_dir}: make-instances did not finish; re-run the same command to resume it.")
+    for key in ("mode", "vocab_size", "shards"):
+        if key not in data:
+            raise InstancesError(f"{manifest}: lacks {key!r}; re-run make-instances with this bertkit version.")
+    if data["mode"] not in ("static", "dynamic"):
+        raise InstancesError(f"{manifest}: mode is {data['mode']!r}, expected 'static' or 'dynamic'.")
+    for shard in data["shards"]:
+        if not (instances_dir / shard["file"]).is_file():
+            raise InstancesError(f"{instances_dir / shard['file']}: listed in {manifest} but missing; "
+                                 "re-run make-instances.")
+    if not any(s["split"] == "train" and s["rows"] > 0 for s in data["shards"]):
+        raise InstancesError(f"{instances_dir}: no training instances (the corpus was empty or too short?). "
+                             "Check the corpus, then re-run make-instances.")
+    return data
+
+
+def read_vocab(path) -> list[str]:
+    return Path(path).read_text(encoding="utf-8").rstrip("\n").split("\n")
+
+
+class _ListColumn:
+    """A list<int> Arrow column over several files as numpy views (values, offsets) into the memory map."""
+
+    def __init__(self, chunks):
+        self.values, self.offsets = [], []
+        for chunk in chunks:
+            offsets = chunk.offsets.to_numpy()
+            self.offsets.append(offsets)
+            self.values.append(chunk.values.to_numpy(zero_copy_only=True))
+
+    def get(self, chunk: int, row: int) -> np.ndarray:
+        o = self.offsets[chunk]
+        return self.values[chunk][o[row]:o[row + 1]]
+
+
+class InstanceDataset:
+    """Rows of one split. `dataset[(epoch, index)]` -> dict of numpy arrays (epoch only matters when dynamic)."""
+
+    def __init__(self, instances_dir, split: str = "train", seed: int = 0, manifest: dict | None = None):
+        self.dir = Path(instances_dir)
+        self.manifest = manifest or read_instances_manifest(self.dir)
+        self.split, self.seed = split, int(seed)
+        self.dynamic = self.manifest["mode"] == "dynamic"
+        files = [self.dir / s["file"] for s in self.manifest["shards"] if s["split"] == split]
+        tables = [read_arrow(p) for p in files]
+        tables = [t for t in tables if t.num_rows]
+        # one record batch per chunk: a row is found by (chunk, row in chunk)
+        chunks = [b for t in tables for b in t.to_batches()]
+        chunks = [b for b in chunks if b.num_rows]
+        sizes = np.array([b.num_rows for b in chunks], dtype=np.int64)
+        self.starts = np.concatenate([[0], np.cumsum(sizes)])
+        self.input_ids = _ListColumn([b.column("input_ids") for b in chunks])
+        self.b_start = [b.column("b_start").to_numpy() for b in chunks]
+        self.nsp = [b.column("next_sentence_label").to_numpy() for b in chunks]
+        if not self.dynamic:
+            self.masked_positions = _ListColumn([b.column("masked_positions") for b in chunks])
+            self.masked_ids = _ListColumn([b.column("masked_ids") for b in chunks])
+        self.spec = None
+        if self.dynamic:
+            from bertkit.masking import MaskingSpec
+
+            vocab_file = self.dir / "vocab.txt"
+            if not vocab_file.is_file():
+                raise InstancesError(f"{vocab_file}: missing; dynamic masking needs the vocabulary. "
+                                     "Re-run make-instances (it copies vocab.txt into the folder).")
+            m = self.manifest
+            self.spec = MaskingSpec.from_vocab(read_vocab(vocab_file), masked_lm_prob=m.get("masked_lm_prob", 0.15),
+                                               max_predictions=m.get("max_predictions", 20),
+                                               whole_word_mask=m.get("whole_word_mask", False))
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def _locate(self, index: int):
+        chunk = int(np.searchsorted(self.starts, index, side="right") - 1)
+        return chunk, index - int(self.starts[chunk])
+
+    def __getitem__(self, key):
+        epoch, index = key
+        if not 0 <= index < len(self):
+            raise IndexError(f"instance {index} out of range ({len(self)} in {self.dir} {self.split})")
+        chunk, row = self._locate(int(index))
+        ids = self.input_ids.get(chunk, row).astype(np.int64)
+        if self.dynamic:
+            from bertkit.masking import mask_instance
+
+            rng = np.random.default_rng([self.seed, int(epoch), int(index)])
+            ids, positions, labels = mask_instance(ids, rng, self.spec)
+        else:
+            positions = self.masked_positions.get(chunk, row).astype(np.int64)
+            labels = self.masked_ids.get(chunk, row).astype(np.int64)
+        token_type = np.zeros(len(ids), dtype=np.int64)
+        token_type[int(self.b_start[chunk][row]):] = 1
+        return {"input_ids": np.asarray(ids, dtype=np.int64), "token_type_ids": token_type,
+                "mlm_positions": np.asarray(positions, dtype=np.int64), "mlm_labels": np.asarray(labels, np.int64),
+                "next_sentence_label": int(self.nsp[chunk][row])}
+
+
+def round_up(n: int, multiple: int) -> int:
+    return (n + multiple - 1) // multiple * multiple
+
+
+def collate(rows: list[dict], pad_multiple: int = 8, pad_id: int = 0) -> dict:
+    """Right-pad to the batch's longest row rounded up to pad_multiple; MLM slots padded with label -100."""
+    import torch
+
+    seq = round_up(max(len(r["input_ids"]) for r in rows), pad_multiple)
+    preds = round_up(max(1, max(len(r["mlm_positions"]) for r in rows)), pad_multiple)
+    n = len(rows)
+    input_ids = np.full((n, seq), pad_id, dtype=np.int64)
+    token_type = np.zeros((n, seq), dtype=np.int64)
+    attention = np.zeros((n, seq), dtype=np.int64)
+    positions = np.zeros((n, preds), dtype=np.int64)
+    labels = np.full((n, preds), IGNORE_INDEX, dtype=np.int64)
+    for i, r in enumerate(rows):
+        length, k = len(r["input_ids"]), len(r["mlm_positions"])
+        input_ids[i, :length] = r["input_ids"]
+        token_type[i, :length] = r["token_type_ids"]
+        attention[i, :length] = 1
+        positions[i, :k] = r["mlm_positions"]
+        labels[i, :k] = r["mlm_labels"]
+    nsp = np.array([r["next_sentence_label"] for r in rows], dtype=np.int64)
+    return {k: torch.from_numpy(v) for k, v in (("input_ids", input_ids), ("token_type_ids", token_type),
+                                                   ("attention_mask", attention), ("mlm_positions", positions),
+                                                   ("mlm_labels", labels), ("next_sentence_label", nsp))}
+
+
+@dataclass
+class EpochBatches:
+    """Micro batches of one rank: [(epoch, index), ...] lists, from micro batch `start` of epoch `start_epoch` on.
+
+    Every rank gets the same number of micro batches per epoch (the permutation's tail that does not fill a micro
+    batch on every rank is dropped, a different tail each epoch), so ranks never wait on one another.
+    """
+    num_rows: int
+    micro_batch: int
+    seed: int
+    rank: int = 0
+    world_size: int = 1
+    start_epoch: int = 0
+    start: int = 0
+    shuffle: bool = True
+
+    @property
+    def per_epoch(self) -> int:
+        return self.num_rows // (self.world_size * self.micro_batch)
+
+    def epoch_indices(self, epoch: int) -> np.ndarray:
+        order = (np.random.default_rng([self.seed, epoch]).permutation(self.num_rows) if self.shuffle
+                 else np.arange(self.num_rows))
+        mine = order[self.rank::self.world_size][: self.per_epoch * self.micro_batch]
+        return mine.reshape(self.per_epoch, self.micro_batch)
+
+    def __iter__(self):
+        if self.per_epoch == 0:
+            raise InstancesError(f"{self.num_rows} instances cannot fill one micro batch of {self.micro_batch} on "
+                                 f"each of {self.world_size} rank(s); lower --micro-batch or make more instances.")
+        epoch, start = self.start_epoch, self.start
+        while True:
+            batches = self.epoch_indices(epoch)
+            for b in range(start, self.per_epoch):
+                yield [(epoch, int(i)) for i in batches[b]]
+            epoch, start = epoch + 1, 0
+
+
+class _Rows:
+    """Map-style view for torch's DataLoader: a sampler-produced list of keys -> one collated batch."""
+
+    def __init__(self, dataset: InstanceDataset, pad_multiple: int):
+        self.dataset, self.pad_multiple = dataset, pad_multiple
+
+    def __getitem__(self, keys):
+        return collate([self.dataset[k] for k in keys], self.pad_multiple)
+
+
+def batch_loader(dataset: InstanceDataset, batches, num_workers: int = 0, pad_multiple: int = 8):
+    """Iterate collated micro batches in `batches` order; workers prefetch, the order never changes."""
+    import torch
+
+    return torch.utils.data.DataLoader(_Rows(dataset, pad_multiple), sampler=batches, batch_size=None,
+                                       num_workers=num_workers, persistent_workers=False,
+                                       prefetch_factor=4 if num_workers else None)

@@ -1,0 +1,193 @@
+"""The pretraining loader: memory-mapped instances, per-epoch permutation per rank, resume skip, padding, masking."""
+import json
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from bertkit.data import EpochBatches, InstanceDataset, InstancesError, collate, read_instances_manifest
+from bertkit.fileio import atomic_write_arrow, atomic_write_json, sha256_file
+from bertkit.masking import MaskingSpec, mask_instance
+from pipelines.schemas import instance_schema
+
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+N_WORDS = 120
+
+
+def toy_vocab() -> list[str]:
+    return SPECIALS + [f"w{i}" for i in range(N_WORDS)] + [f"##s{i}" for i in range(8)]
+
+
+def toy_rows(n: int, max_len: int, seed: int):
+    """Rows a tiny model learns from in a few steps: Zipf-distributed words; B is Zipf too when IsNext,
+    uniform when NotNext."""
+    rng = np.random.default_rng(seed)
+    zipf = 1.0 / np.arange(1, N_WORDS + 1)
+    zipf /= zipf.sum()
+    rows = []
+    for _ in range(n):
+        total = int(rng.integers(12, max_len - 3 + 1))
+        a_len = int(rng.integers(4, total - 3))
+        not_next = int(rng.random() < 0.5)
+        a = rng.choice(N_WORDS, size=a_len, p=zipf)
+        b = rng.integers(0, N_WORDS, size=total - a_len) if not_next else rng.choice(N_WORDS, total - a_len, p=zipf)
+        ids = [2] + [5 + int(t) for t in a] + [3] + [5 + int(t) for t in b] + [3]
+        rows.append((np.array(ids, dtype=np.int64), a_len + 2, not_next))
+    return rows
+
+
+def make_instances_dir(path, n=256, holdout=32, max_len=64, mode="dynamic", seed=0, rows_per_shard=100,
+                       max_predictions=10):
+    """A small make-instances folder in the contract's format (schemas.instance_schema + manifest.json)."""
+    path.mkdir(parents=True, exist_ok=True)
+    vocab = toy_vocab()
+    (path / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    spec = MaskingSpec.from_vocab(vocab, max_predictions=max_predictions)
+    schema = instance_schema(len(vocab), mode == "static")
+    rng = np.random.default_rng(seed + 1)
+    shards = []
+    for split, rows in (("train", toy_rows(n, max_len, seed)), ("holdout", toy_rows(holdout, max_len, seed + 7))):
+        prefix = "instances" if split == "train" else "holdout"
+        for k, lo in enumerate(range(0, len(rows), rows_per_shard)):
+            chunk = rows[lo:lo + rows_per_shard]
+            cols = {"input_ids": [], "b_start": [], "next_sentence_label": []}
+            if mode == "static":
+                cols.update(masked_positions=[], masked_ids=[])
+            for ids, b_start, nsp in chunk:
+                if mode == "static":
+                    ids, positions, labels = mask_instance(ids, rng, spec)
+                    cols["masked_positions"].append(positions.tolist())
+                    cols["masked_ids"].append(labels.tolist())
+                cols["input_ids"].append(np.asarray(ids).tolist())
+                cols["b_start"].append(b_start)
+                cols["next_sentence_label"].append(nsp)
+            name = f"{prefix}-{k:05d}.arrow"
+            atomic_write_arrow(path / name, pa.table(cols, schema=schema))
+            shards.append({"file": name, "split": split, "rows": len(chunk), "bytes": (path / name).stat().st_size,
+                           "sha256": sha256_file(path / name)})
+    atomic_write_json(path / "manifest.json", {
+        "stage": "make-instances", "complete": True, "mode": mode, "vocab_size": len(vocab),
+        "vocab_sha256": sha256_file(path / "vocab.txt"), "max_seq_length": max_len,
+        "max_predictions": max_predictions, "masked_lm_prob": 0.15, "whole_word_mask": False, "seed": seed,
+        "tokenizer": str(path), "shards": shards, "stats": {}})
+    return path
+
+
+def test_static_rows_come_back_exactly(tmp_path):
+    d = make_instances_dir(tmp_path / "inst", n=230, holdout=10, mode="static", rows_per_shard=100)
+    ds = InstanceDataset(d, "train")
+    assert len(ds) == 230 and len(InstanceDataset(d, "holdout")) == 10
+    import pyarrow.ipc as ipc
+
+    table = ipc.open_file(str(d / "instances-00002.arrow")).read_all()  # rows 200..229
+    for j in (0, 17, 29):
+        row = ds[(0, 200 + j)]
+        assert row["input_ids"].tolist() == table["input_ids"][j].as_py()
+        assert row["mlm_positions"].tolist() == table["masked_positions"][j].as_py()
+        assert row["mlm_labels"].tolist() == table["masked_ids"][j].as_py()
+        b = table["b_start"][j].as_py()
+        assert row["token_type_ids"].tolist() == [0] * b + [1] * (len(row["input_ids"]) - b)
+        assert row["next_sentence_label"] == table["next_sentence_label"][j].as_py()
+    # static masking does not depend on the epoch
+    assert ds[(3, 5)]["input_ids"].tolist() == ds[(0, 5)]["input_ids"].tolist()
+
+
+def test_dynamic_masking_is_keyed_by_seed_epoch_index(tmp_path):
+    d = make_instances_dir(tmp_path / "inst", n=64, holdout=4)
+    ds = InstanceDataset(d, "train", seed=3)
+    a, again, other_epoch = ds[(0, 7)], ds[(0, 7)], ds[(1, 7)]
+    assert a["input_ids"].tolist() == again["input_ids"].tolist()
+    assert a["mlm_positions"].tolist() == again["mlm_positions"].tolist()
+    assert a["mlm_positions"].tolist() != other_epoch["mlm_positions"].tolist()
+    # the same function make-instances uses, with the documented seed
+    raw = InstanceDataset(d, "train", seed=3).input_ids.get(0, 7).astype(np.int64)
+    spec = MaskingSpec.from_vocab(toy_vocab(), max_predictions=10)
+    ids, pos, lab = mask_instance(raw, np.random.default_rng([3, 0, 7]), spec)
+    assert a["input_ids"].tolist() == ids.tolist() and a["mlm_positions"].tolist() == pos.tolist()
+    assert (raw[a["mlm_positions"]] == a["mlm_labels"]).all()
+
+
+def test_dynamic_masking_statistics(tmp_path):
+    """Over many rows and epochs: 15% of tokens chosen (capped), never [CLS]/[SEP]; 80/10/10 mask/keep/random."""
+    d = make_instances_dir(tmp_path / "inst", n=400, holdout=4, max_predictions=64)
+    ds = InstanceDataset(d, "train", seed=11)
+    chosen = total = n_mask = n_keep = n_random = 0
+    expected_chosen = 0
+    for epoch in range(3):
+        for i in range(len(ds)):
+            r = ds[(epoch, i)]
+            raw = ds.input_ids.get(*ds._locate(i)).astype(np.int64)
+            pos = r["mlm_positions"]
+            assert (np.diff(pos) > 0).all()
+            assert not np.isin(raw[pos], [2, 3]).any()
+            new = r["input_ids"][pos]
+            n_mask += int((new == 4).sum())
+            n_keep += int((new == raw[pos]).sum())
+            n_random += int(((new != 4) & (new != raw[pos])).sum())
+            chosen += len(pos)
+            total += len(raw)
+            expected_chosen += min(64, max(1, round(len(raw) * 0.15)))
+            # unchosen positions are untouched
+            rest = np.setdiff1d(np.arange(len(raw)), pos)
+            assert (r["input_ids"][rest] == raw[rest]).all()
+    assert chosen == expected_chosen
+    # a random replacement may draw the original token (1/120), counted as kept: tolerance covers it
+    sd = np.sqrt(chosen * 0.1 * 0.9)
+    assert abs(n_mask / chosen - 0.8) < 4 * np.sqrt(0.16 / chosen)
+    assert abs(n_keep - 0.1 * chosen) < 4 * sd + chosen / 120
+    assert abs(n_random - 0.1 * chosen) < 4 * sd + chosen / 120
+
+
+def test_epoch_batches_partition_and_resume():
+    n, micro, world = 103, 4, 3
+    samplers = [EpochBatches(n, micro, seed=5, rank=r, world_size=world) for r in range(world)]
+    per_epoch = samplers[0].per_epoch
+    assert per_epoch == 103 // 12
+    for epoch in range(2):
+        seen = np.concatenate([s.epoch_indices(epoch).ravel() for s in samplers])
+        assert len(seen) == len(set(seen.tolist())) == per_epoch * micro * world  # disjoint across ranks
+    assert not np.array_equal(samplers[0].epoch_indices(0), samplers[0].epoch_indices(1))
+    # resume at micro batch 11 (epoch 1, batch 3) yields exactly what the uninterrupted stream yields from there
+    full = samplers[1].__iter__()
+    stream = [next(full) for _ in range(20)]
+    resumed = EpochBatches(n, micro, seed=5, rank=1, world_size=world, start_epoch=11 // per_epoch,
+                           start=11 % per_epoch).__iter__()
+    assert [next(resumed) for _ in range(9)] == stream[11:]
+    assert all(e == (i // per_epoch) for i, b in enumerate(stream) for e, _ in b)
+
+
+def test_collate_pads_to_multiple_of_8():
+    rows = [{"input_ids": np.array([2, 10, 11, 3]), "token_type_ids": np.array([0, 0, 0, 0]),
+             "mlm_positions": np.array([1]), "mlm_labels": np.array([9]), "next_sentence_label": 0},
+            {"input_ids": np.arange(2, 13), "token_type_ids": np.array([0] * 5 + [1] * 6),
+             "mlm_positions": np.array([2, 5, 7]), "mlm_labels": np.array([20, 21, 22]), "next_sentence_label": 1}]
+    b = collate(rows)
+    assert b["input_ids"].shape == (2, 16) and b["mlm_positions"].shape == (2, 8)
+    assert b["attention_mask"].sum(1).tolist() == [4, 11]
+    assert b["input_ids"][0, 4:].eq(0).all() and b["token_type_ids"][1, 5:11].eq(1).all()
+    assert b["mlm_labels"][0].tolist() == [9] + [-100] * 7
+    assert b["next_sentence_label"].tolist() == [0, 1]
+
+
+def test_bad_instances_folders(tmp_path):
+    with pytest.raises(InstancesError, match="no such instances folder"):
+        read_instances_manifest(tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InstancesError, match="no manifest.json.*make-instances"):
+        read_instances_manifest(tmp_path / "empty")
+    d = make_instances_dir(tmp_path / "inst", n=16, holdout=2)
+    m = json.loads((d / "manifest.json").read_text())
+    m["complete"] = False
+    (d / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(InstancesError, match="did not finish"):
+        read_instances_manifest(d)
+    m["complete"] = True
+    m["shards"] = [s | {"rows": 0} if s["split"] == "train" else s for s in m["shards"]]
+    (d / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(InstancesError, match="no training instances"):
+        read_instances_manifest(d)
+    (d / "instances-00000.arrow").unlink()
+    with pytest.raises(InstancesError, match="instances-00000.arrow: listed in .* but missing"):
+        read_instances_manifest(d)
+    with pytest.raises(InstancesError, match="cannot fill one micro batch"):
+        next(iter(EpochBatches(5, 4, seed=0, world_size=2)))

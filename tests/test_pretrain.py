@@ -1,0 +1,158 @@
+"""Optimizers, schedules, DeepSpeed-config merging and the trainer's bad-input errors (one process, no launcher)."""
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from bertkit.optim import Lamb, build_scheduler, lr_factor, param_groups
+from bertkit.trainer import ConfigError, PretrainConfig, TrainingError, pretrain, resolve_deepspeed_config
+from tests.test_data import make_instances_dir
+
+TINY = {"vocab_size": 133, "hidden_size": 32, "num_layers": 2, "num_heads": 2, "intermediate_size": 64,
+        "max_position_embeddings": 64}
+
+
+def lamb_numpy(w, grads, lr, b1, b2, eps, wd):
+    """LAMB written from the paper (Algorithm 2, with Adam's bias correction), one tensor."""
+    m = np.zeros_like(w)
+    v = np.zeros_like(w)
+    for t, g in enumerate(grads, start=1):
+        m = b1 * m + (1 - b1) * g
+        v = b2 * v + (1 - b2) * g * g
+        r = (m / (1 - b1 ** t)) / (np.sqrt(v / (1 - b2 ** t)) + eps) + wd * w
+        wn, rn = np.linalg.norm(w), np.linalg.norm(r)
+        trust = wn / rn if wn > 0 and rn > 0 else 1.0
+        w = w - lr * trust * r
+    return w
+
+
+def test_lamb_matches_the_paper():
+    rng = np.random.default_rng(0)
+    w0 = rng.normal(size=(5, 7))
+    grads = [rng.normal(size=(5, 7)) for _ in range(4)]
+    zero_bias_grads = [rng.normal(size=3) for _ in range(4)]
+    p = torch.nn.Parameter(torch.tensor(w0, dtype=torch.float32))
+    b = torch.nn.Parameter(torch.zeros(3))
+    opt = Lamb([{"params": [p], "weight_decay": 0.01}, {"params": [b], "weight_decay": 0.0}],
+               lr=0.05, betas=(0.9, 0.99), eps=1e-6)
+    for g, gb in zip(grads, zero_bias_grads):
+        p.grad = torch.tensor(g, dtype=torch.float32)
+        b.grad = torch.tensor(gb, dtype=torch.float32)
+        opt.step()
+    np.testing.assert_allclose(p.detach().numpy(), lamb_numpy(w0, grads, 0.05, 0.9, 0.99, 1e-6, 0.01), rtol=2e-5,
+                               atol=1e-6)
+    # a zero-initialised bias: trust ratio 1 at the first step, then ||w|| / ||r||
+    np.testing.assert_allclose(b.detach().numpy(), lamb_numpy(np.zeros(3), zero_bias_grads, 0.05, 0.9, 0.99, 1e-6,
+                                                              0.0), rtol=2e-5, atol=1e-6)
+
+
+def test_no_weight_decay_on_biases_and_layer_norm():
+    from bertkit.config import BertConfig
+    from bertkit.model import BertForPreTraining
+
+    model = BertForPreTraining(BertConfig(**TINY))
+    decay, no_decay = param_groups(model, 0.01)
+    names = {id(p): n for n, p in model.named_parameters()}
+    decayed = {names[id(p)] for p in decay["params"]}
+    assert decay["weight_decay"] == 0.01 and no_decay["weight_decay"] == 0.0
+    assert not any(n.endswith("bias") or "norm" in n.lower() for n in decayed)
+    assert "bert.embeddings.word_embeddings.weight" in decayed
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+
+
+def test_schedules():
+    # linear: warmup 10 steps to the peak, then to 0 at step 100
+    f = [lr_factor(s, 100, 10, "linear") for s in range(101)]
+    assert f[0] == pytest.approx(0.1) and f[9] == pytest.approx(1.0) and f[10] == pytest.approx(1.0)
+    assert f[55] == pytest.approx(0.5) and f[100] == 0.0
+    assert lr_factor(55, 100, 10, "poly") == pytest.approx(math.sqrt(0.5))
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=2.0)
+    sched = build_scheduler(opt, 100, 10, "poly")
+    for _ in range(30):
+        opt.step()
+        sched.step()
+    assert opt.param_groups[0]["lr"] == pytest.approx(2.0 * math.sqrt(1 - 20 / 90))
+    with pytest.raises(ValueError, match="unknown schedule"):
+        build_scheduler(opt, 100, 10, "cosine")
+
+
+def _cfg(**kw):
+    return PretrainConfig(instances="i", out="o", **kw)
+
+
+def test_deepspeed_config_from_flags_and_merging():
+    ds, res = resolve_deepspeed_config(_cfg(micro_batch=8, global_batch=64), 2, None, False, False)
+    assert ds["train_micro_batch_size_per_gpu"] == 8 and ds["gradient_accumulation_steps"] == 4
+    assert ds["train_batch_size"] == 64 and ds["zero_optimization"]["stage"] == 2 and ds["gradient_clipping"] == 1.0
+    assert res["precision"] == "fp32" and "fp16" not in ds and "bf16" not in ds and "optimizer" not in ds
+    # GPU: bf16 where supported, else fp16 with dynamic loss scaling
+    ds, res = resolve_deepspeed_config(_cfg(), 1, None, True, True)
+    assert ds["bf16"]["enabled"] and res["precision"] == "bf16"
+    ds, res = resolve_deepspeed_config(_cfg(), 1, None, True, False)
+    assert ds["fp16"]["enabled"] and ds["fp16"]["loss_scale"] == 0
+    # the user's file wins where the flags are silent; its optimizer is read into the settings
+    user = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 3, "zero_optimization": {"stage": 3,
+            "overlap_comm": True}, "optimizer": {"type": "AdamW", "params": {"lr": 5e-4}}}
+    ds, res = resolve_deepspeed_config(_cfg(), 2, user, False, False)
+    assert res["micro_batch"] == 4 and res["global_batch"] == 24 and res["zero_stage"] == 3
+    assert res["optimizer"] == "adamw" and res["lr"] == 5e-4 and ds["zero_optimization"]["overlap_comm"]
+    # agreeing values are fine, contradicting ones name both
+    resolve_deepspeed_config(_cfg(micro_batch=4, lr=5e-4), 2, user, False, False)
+    with pytest.raises(ConfigError, match=r"--micro-batch 16 contradicts ds.json's train_micro_batch_size_per_gpu = 4"):
+        resolve_deepspeed_config(_cfg(micro_batch=16), 2, user, False, False, source="ds.json")
+    with pytest.raises(ConfigError, match=r"--zero-stage 1 contradicts .*zero_optimization.stage = 3"):
+        resolve_deepspeed_config(_cfg(zero_stage=1), 2, user, False, False)
+    with pytest.raises(ConfigError, match=r"--precision fp32 contradicts .*bf16"):
+        resolve_deepspeed_config(_cfg(precision="fp32"), 1, {"bf16": {"enabled": True}}, True, True)
+    with pytest.raises(ConfigError, match="gradient_accumulation_steps = 3 contradicts --global-batch 16"):
+        resolve_deepspeed_config(_cfg(global_batch=16), 2, user, False, False)
+    with pytest.raises(ConfigError, match="not a multiple of micro batch 8"):
+        resolve_deepspeed_config(_cfg(micro_batch=8, global_batch=20), 2, None, False, False)
+    with pytest.raises(ConfigError, match="fp16 needs a GPU"):
+        resolve_deepspeed_config(_cfg(precision="fp16"), 1, None, False, False)
+    with pytest.raises(ConfigError, match="optimizer type 'sgd' is not supported"):
+        resolve_deepspeed_config(_cfg(), 1, {"optimizer": {"type": "SGD"}}, False, False)
+
+
+@pytest.fixture(scope="module")
+def instances(tmp_path_factory):
+    d = tmp_path_factory.mktemp("pretrain") / "inst"
+    make_instances_dir(d, n=96, holdout=16, max_len=32)
+    (d.parent / "model.json").write_text(json.dumps(TINY))
+    return d
+
+
+@pytest.fixture
+def clean_dist_env():
+    """pretrain() in this process makes a group of one; keep its env vars from leaking into other tests."""
+    saved = dict(os.environ)
+    yield
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        if k in saved:
+            os.environ[k] = saved[k]
+        else:
+            os.environ.pop(k, None)
+
+
+def test_bad_inputs_give_clear_errors(instances, tmp_path, clean_dist_env):
+    from bertkit.data import InstancesError
+
+    model = str(instances.parent / "model.json")
+    with pytest.raises(InstancesError, match="no such instances folder"):
+        pretrain(PretrainConfig(instances=str(tmp_path / "missing"), out=str(tmp_path / "r0"), model=model))
+    other = dict(TINY, vocab_size=140)
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    with pytest.raises(ConfigError, match=r"vocabulary has 140 tokens .* made with 133"):
+        pretrain(PretrainConfig(instances=str(instances), out=str(tmp_path / "r1"), model=str(tmp_path / "other.json"),
+                                progress=False, num_workers=0))
+    # a loss that blows up stops with the step and what to do, and saves nothing
+    run = tmp_path / "nan"
+    with pytest.raises(TrainingError, match=r"loss is (nan|inf) at step \d+; stopped without saving .*--lr"):
+        pretrain(PretrainConfig(instances=str(instances), out=str(run), model=model, optimizer="adamw", lr=1e30,
+                                warmup=0, max_steps=20, micro_batch=8, progress=False, num_workers=0, log_every=1))
+    assert not (run / "checkpoints" / "latest").exists()
+    with pytest.raises(ConfigError, match="no complete checkpoint"):
+        pretrain(PretrainConfig(instances=str(instances), out=str(run), model=model, resume=True, progress=False))
