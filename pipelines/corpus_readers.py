@@ -93,13 +93,23 @@ def expand_inputs(inputs, exclude: Path | None = None) -> tuple[list[InputFile],
             matches = sorted(glob.glob(arg, recursive=True))
             if not matches:
                 problems.append(f"{arg}: pattern matches no file")
+            # sources are named relative to the parent of the pattern's fixed leading folder: 'dumps/*/x.jsonl'
+            # gives 'dumps/a/x.jsonl', so equal file names in different folders stay distinct
+            fixed = Path(*[p for p in _take_fixed(path.parts)]) if not glob.has_magic(path.parts[0]) else Path(".")
             for m in matches:
                 m = Path(m)
                 for f in (_walk(m) if m.is_dir() else [m]):
-                    add(f, f.name if f == m else (Path(m.resolve().name) / f.relative_to(m)).as_posix())
+                    add(f, (Path(fixed.resolve().name) / f.relative_to(fixed)).as_posix())
         else:
             problems.append(f"{arg}: no such file or folder")
     return files, problems
+
+
+def _take_fixed(parts):
+    for part in parts[:-1]:
+        if glob.has_magic(part):
+            return
+        yield part
 
 
 def _walk(root: Path) -> list[Path]:

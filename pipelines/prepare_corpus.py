@@ -444,9 +444,12 @@ def prepare_corpus(inputs, out, config: CorpusConfig | None = None) -> dict:
             merger.add_part(parts[i])
         _drain(queue, advance)
         entries = merger.close()
-    except BaseException:
+    except BaseException as e:
         if executor is not None:
             executor.shutdown(wait=False, cancel_futures=True)
+        if type(e).__name__ == "BrokenProcessPool":
+            raise CorpusError(f"a worker process died ({e}); out of memory? Re-run the same command to resume "
+                              f"(finished files are kept), perhaps with fewer --workers") from e
         raise
     finally:
         _local_progress = None

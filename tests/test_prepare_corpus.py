@@ -432,3 +432,20 @@ def test_korean_wikipedia_sample_keeps_syllables(tmp_path, shared_data):
     # Korean declarative endings close sentences: few sentences keep '다. ' inside them (quotes aside)
     inner = sum(s.count("다. ") for d in docs for s in d["sentences"])
     assert inner < 0.02 * sum(len(d["sentences"]) for d in docs)
+
+
+def test_inputs_expand_in_a_stable_order_with_distinct_sources(tmp_path):
+    docs = synthetic_docs(6)
+    for sub, i in (("b", 0), ("a/z", 1), ("a", 2), ("c", 3)):
+        write(tmp_path / "data" / sub / "x.txt", as_paragraphs(docs[i:i + 1]))
+    write(tmp_path / "data" / ".hidden" / "x.txt", as_paragraphs(docs[4:5]))
+    out = tmp_path / "data" / "corpus"  # the output inside an input folder is never read back
+    prepare_corpus([tmp_path / "data" / "b", tmp_path / "data"], out, cfg(min_chars=0))
+    prepare_corpus([tmp_path / "data"], out, cfg(min_chars=0, overwrite=True))  # its own shards are not inputs
+    got = rows(out)
+    assert [d["source"] for d in got] == ["data/a/x.txt", "data/a/z/x.txt", "data/b/x.txt", "data/c/x.txt"]
+    assert [d["sentences"] for d in got] == [docs[2], docs[1], docs[0], docs[3]]
+    m = prepare_corpus([str(tmp_path / "data" / "*" / "x.txt"), tmp_path / "data" / "c" / "x.txt"],
+                       tmp_path / "o2", cfg(min_chars=0))
+    assert [i["source"] for i in m["inputs"]] == ["data/a/x.txt", "data/b/x.txt", "data/c/x.txt"]
+    assert any("given more than once" in e for e in m["errors"])
