@@ -15,6 +15,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import zstandard
+
 FORMATS = ("auto", "wikiextractor", "lines", "paragraphs", "jsonl", "parquet", "arrow")
 COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".zst")
 MAGIC = {b"\x1f\x8b": "gz", b"BZh": "bz2", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zst"}
@@ -126,8 +128,6 @@ class _ZstdReader(io.RawIOBase):
     """Streaming zstd (multi-frame) that raises EOFError on a truncated stream; zstandard's own reader is silent."""
 
     def __init__(self, raw):
-        import zstandard
-
         self._zstd, self._raw, self._buf = zstandard, raw, b""
         self._dobj = zstandard.ZstdDecompressor().decompressobj()
         self._in_frame = False
@@ -181,7 +181,8 @@ def open_binary(path: Path, compression: str | None):
     return stream, raw
 
 
-STREAM_ERRORS = (EOFError, OSError, lzma.LZMAError, ValueError)
+# what a truncated or corrupt stream raises (gzip/bz2: EOFError or OSError; xz: LZMAError; zstd: ZstdError)
+STREAM_ERRORS = (EOFError, OSError, lzma.LZMAError, zstandard.ZstdError)
 
 
 def sniff(path: Path, compression: str | None, head_bytes: int = 1 << 15) -> bytes:
@@ -256,7 +257,7 @@ def decode_counting(data: bytes) -> tuple[str, int]:
         return text, _replaced[0]
 
 
-class _Decode:
+class LineDecoder:
     """Decodes lines, counting replaced bytes and tracking the current line number for messages."""
 
     def __init__(self, problems: Problems):
@@ -272,7 +273,7 @@ class _Decode:
         return text
 
 
-def text_lines(stream, problems: Problems, decode: _Decode):
+def text_lines(stream, problems: Problems, decode: LineDecoder):
     """Decoded lines (without line end) of a binary stream, tracking the line number in decode.line."""
     for data in stream:
         decode.line += 1
@@ -287,7 +288,7 @@ _DOC_OPEN = re.compile(r"^<doc(\s[^>]*)?>\s*$")
 _ATTR = re.compile(r'(\w+)="([^"]*)"')
 
 
-def read_wikiextractor(lines, problems: Problems, decode: _Decode):
+def read_wikiextractor(lines, problems: Problems, decode: LineDecoder):
     """<doc id=.. url=.. title=..> ... </doc> blocks; text outside blocks and broken blocks are reported."""
     doc, title, start = None, None, 0
     outside = 0
@@ -320,7 +321,7 @@ def read_wikiextractor(lines, problems: Problems, decode: _Decode):
         yield RawDoc(title, doc, start, "wiki")
 
 
-def read_blocks(lines, kind: str, decode: _Decode):
+def read_blocks(lines, kind: str, decode: LineDecoder):
     """Blank-line separated documents (BERT's 'lines' layout, or paragraphs to split)."""
     doc, start = [], 0
     for text in lines:
@@ -335,7 +336,7 @@ def read_blocks(lines, kind: str, decode: _Decode):
         yield RawDoc(None, doc, start, kind)
 
 
-def read_jsonl(lines, problems: Problems, decode: _Decode, text_field: str):
+def read_jsonl(lines, problems: Problems, decode: LineDecoder, text_field: str):
     for text in lines:
         n = decode.line
         if not text.strip():

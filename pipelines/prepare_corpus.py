@@ -121,7 +121,7 @@ def document_id(sentences: list[str]) -> str:
 
 
 def is_holdout(doc_id: str, fraction: float) -> bool:
-    # the id's last 8 hex digits (the first ones order nothing, but keep the two uses apart anyway)
+    """The id is a hash of the text, so this split is stable across runs, input orders and worker counts."""
     return int(doc_id[8:16], 16) < fraction * (1 << 32)
 
 
@@ -192,7 +192,7 @@ def process_file(index: int, path: str, source: str, options: dict, part: str) -
     def drop(reason):
         stats["dropped"][reason] = stats["dropped"].get(reason, 0) + 1
 
-    raw_file, decode = None, readers._Decode(problems)
+    raw_file, decode = None, readers.LineDecoder(problems)
     try:
         stats["fingerprint"] = file_fingerprint(path)
         compression = readers.compression_of(path)
@@ -229,11 +229,12 @@ def process_file(index: int, path: str, source: str, options: dict, part: str) -
                 stats["sentences"] += len(sentences)
             if raw_file is not None and stats["documents_read"] % 64 == 0:
                 report(raw_file.tell())
-        stats["replaced_bytes"] = decode.replaced
     except readers.InputError as e:
         stats["error"] = f"{source}: {e}"
     except FileNotFoundError:
         stats["error"] = f"{source}: disappeared while the run was going ({path})"
+    except PermissionError as e:
+        stats["error"] = f"{source}: cannot be read ({e.strerror}); fix its permissions"
     except readers.STREAM_ERRORS as e:  # truncated or corrupt compressed stream, I/O error mid-file
         line = f" at line {decode.line}" if stats["format"] not in ("parquet", "arrow") else ""
         stats["error"] = (f"{source}: reading stopped{line}: {e}. Kept the {stats['documents']} complete "
@@ -241,6 +242,7 @@ def process_file(index: int, path: str, source: str, options: dict, part: str) -
     except Exception as e:  # a bug must not cost the other files' output; it is reported as this file's error
         stats["error"] = f"{source}: internal error {type(e).__name__}: {e} (please report it)"
     finally:
+        stats["replaced_bytes"] = decode.replaced
         if raw_file is not None:
             raw_file.close()
     writer.close()
@@ -346,6 +348,8 @@ def prepare_corpus(inputs, out, config: CorpusConfig | None = None) -> dict:
     if isinstance(inputs, (str, os.PathLike)):
         inputs = [inputs]
     out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise CorpusError(f"{out}: exists and is not a folder; --out must be a folder")
     started = time.time()
     files, input_problems = readers.expand_inputs(inputs, exclude=out)
     for message in input_problems:
@@ -472,6 +476,8 @@ def prepare_corpus(inputs, out, config: CorpusConfig | None = None) -> dict:
     atomic_write_json(manifest_path, manifest)
     shutil.rmtree(work, ignore_errors=True)
     _say(_summary(manifest, out))
+    if config.holdout > 0 and manifest["totals"]["holdout_documents"] == 0:
+        _say(f"warning: the holdout split is empty ({written} documents x --holdout {config.holdout} < 1)")
     if config.strict and manifest["errors"]:
         raise CorpusError(f"{len(manifest['errors'])} input problem(s) and --strict: see the messages above "
                           f"(the output in {out} is complete otherwise)")

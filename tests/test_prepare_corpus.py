@@ -333,6 +333,9 @@ def test_bad_inputs_are_reported_and_never_cost_other_files(tmp_path):
     # zstd emits whole blocks (128 KB) only: half of a 400 KB stream still holds complete documents
     zst = zstandard.ZstdCompressor().compress(as_paragraphs(synthetic_docs(3000, seed=3)).encode())
     (tmp_path / "in" / "cut.txt.zst").write_bytes(zst[: len(zst) // 2])
+    xz = lzma.compress(as_paragraphs(synthetic_docs(3000, seed=4)).encode())
+    (tmp_path / "in" / "cut.txt.xz").write_bytes(xz[: len(xz) // 2])
+    write(tmp_path / "in" / "plain.txt.gz", as_paragraphs(synthetic_docs(2, seed=5)))  # named .gz, but plain text
     write(tmp_path / "in" / "broken.wiki",
           '<doc id="1" title="A">\nA\n\nFirst document text is long enough to keep here.\n'
           '<doc id="2" title="B">\nB\n\nSecond document text is long enough to keep too.\n</doc>\n'
@@ -350,7 +353,7 @@ def test_bad_inputs_are_reported_and_never_cost_other_files(tmp_path):
     assert "empty: folder holds no (non-hidden) files" in log
     assert "binary.bin: looks binary" in log
     assert "cut.txt.gz: reading stopped at line" in log and "truncated" in log
-    assert "cut.txt.zst: reading stopped at line" in log
+    assert "cut.txt.zst: reading stopped at line" in log and "cut.txt.xz: reading stopped at line" in log
     assert "broken.wiki:1: <doc> opened at line 1 has no </doc>" in log
     assert "broken.wiki:10: text outside any <doc>" in log
     assert "broken.wiki:11: </doc> without an opening" in log
@@ -362,10 +365,11 @@ def test_bad_inputs_are_reported_and_never_cost_other_files(tmp_path):
     assert by_source["in/good.txt"]["documents"] == 5 and by_source["in/binary.bin"]["documents"] == 0
     assert by_source["in/latin.txt"]["documents"] == 1 and by_source["in/latin.txt"]["replaced_bytes"] >= 1
     assert 0 < by_source["in/cut.txt.gz"]["documents"] < 300 and by_source["in/cut.txt.gz"]["error"]
-    assert 0 < by_source["in/cut.txt.zst"]["documents"] < 3000
+    assert 0 < by_source["in/cut.txt.zst"]["documents"] < 3000 and 0 < by_source["in/cut.txt.xz"]["documents"] < 3000
+    assert by_source["in/plain.txt.gz"]["documents"] == 2 and by_source["in/plain.txt.gz"]["compression"] is None
     assert by_source["in/broken.wiki"]["documents"] == 2 and by_source["in/docs.jsonl"]["documents"] == 1
     assert m["dropped"]["missing_field"] == 1 and m["dropped"]["bad_json"] == 1
-    assert m["totals"]["files_with_errors"] == 3 and len(m["errors"]) == 5  # 3 files + missing path + empty folder
+    assert m["totals"]["files_with_errors"] == 4 and len(m["errors"]) == 6  # 4 files + missing path + empty folder
     kept = [d["sentences"] for d in rows(tmp_path / "out")]
     assert all(d in kept for d in good[1:])
     # the same inputs with --strict: output written, but the run reports failure
