@@ -16,6 +16,7 @@ activation checkpointing (which restores that generator) replays the same mask. 
 dropout code away (a constexpr).
 """
 import math
+import os
 
 import torch
 import triton
@@ -24,8 +25,6 @@ import triton.language as tl
 try:  # triton >= 3.4 decides interpreter vs compiled when @triton.jit runs, i.e. at import of this module
     INTERPRET = bool(triton.knobs.runtime.interpret)
 except AttributeError:  # pragma: no cover - older triton
-    import os
-
     INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 LOG2E = 1.4426950408889634
@@ -297,13 +296,37 @@ def _dropout_mask_kernel(MASK, SEED, H, MAX_SEQLEN, dropout_p, BLOCK: tl.constex
 # launchers
 
 
-def _blocks(head_dim, backward=False):
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages). Small blocks under the interpreter exercise the multi-block loops."""
-    if INTERPRET:
-        return 16, 16, 1, 1
-    if backward:
-        return 64, 64, 4 if head_dim <= 64 else 8, 2
-    return 128, 64, 4 if head_dim <= 64 else 8, 3
+# (BLOCK_M, BLOCK_N, num_warps, num_stages); the first of each list is the default when autotuning is off.
+# BLOCK_M tiles queries, BLOCK_N keys: the forward and dQ kernels own a query block, the dK/dV kernel a key block.
+FWD_CONFIGS = [(128, 64, 4, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 32, 4, 4)]
+DKDV_CONFIGS = [(32, 128, 4, 3), (64, 64, 4, 2), (64, 128, 8, 2), (32, 64, 4, 3)]
+DQ_CONFIGS = [(128, 32, 4, 3), (64, 64, 4, 2), (128, 64, 8, 2), (64, 32, 4, 3)]
+INTERPRETER_CONFIG = (16, 16, 1, 1)  # small blocks so tiny test shapes still run the multi-block loops
+# Autotuning picks per (head_dim, bucket, dtype, dropout, layout) on first use; BERTKIT_AUTOTUNE=0 takes the defaults.
+AUTOTUNE = not INTERPRET and os.environ.get("BERTKIT_AUTOTUNE", "1") != "0"
+TUNE_KEY = ["HEAD_DIM", "MAX_SEQLEN", "VARLEN", "DROPOUT", "DOT_PREC"]
+
+
+class _Launcher:
+    """kernel[grid](...) with BLOCK_M/BLOCK_N/num_warps/num_stages from the interpreter config, the default config,
+    or triton.autotune; `grid(block_m, block_n)` gives the launch grid."""
+
+    def __init__(self, kernel, configs):
+        self.kernel, self.configs = kernel, configs
+        self.tuned = triton.autotune(
+            [triton.Config(dict(BLOCK_M=m, BLOCK_N=n), num_warps=w, num_stages=st) for m, n, w, st in configs],
+            key=TUNE_KEY)(kernel) if AUTOTUNE else None
+
+    def __call__(self, grid, *args, **kwargs):
+        if self.tuned is not None:
+            return self.tuned[lambda meta: grid(meta["BLOCK_M"], meta["BLOCK_N"])](*args, **kwargs)
+        m, n, w, st = INTERPRETER_CONFIG if INTERPRET else self.configs[0]
+        return self.kernel[grid(m, n)](*args, **kwargs, BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=st)
+
+
+_fwd_launch = _Launcher(_attn_fwd, FWD_CONFIGS)
+_dkdv_launch = _Launcher(_attn_bwd_dkdv, DKDV_CONFIGS)
+_dq_launch = _Launcher(_attn_bwd_dq, DQ_CONFIGS)
 
 
 def _dot_precision(dtype):
@@ -347,15 +370,14 @@ def flash_attn_forward(q, k, v, seqinfo, seed, max_seqlen, varlen, dropout_p, so
     if batch == 0 or max_seqlen == 0 or q.numel() == 0:
         out.zero_()
         return out, lse
-    block_m, block_n, warps, stages = _blocks(head_dim)
     dropout = dropout_p > 0.0
-    grid = (triton.cdiv(max_seqlen, block_m), batch * heads)
-    _attn_fwd[grid](
+    _fwd_launch(
+        lambda block_m, block_n: (triton.cdiv(max_seqlen, block_m), batch * heads),
         q, k, v, out, lse, seqinfo, seed if dropout else seqinfo,
         *_strides(q, varlen), *_strides(k, varlen), *_strides(v, varlen), *_strides(out, varlen),
         heads, max_seqlen, softmax_scale * LOG2E, dropout_p,
-        HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
-        VARLEN=varlen, DROPOUT=dropout, DOT_PREC=_dot_precision(q.dtype), num_warps=warps, num_stages=stages,
+        HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+        VARLEN=varlen, DROPOUT=dropout, DOT_PREC=_dot_precision(q.dtype),
     )
     return out, lse
 
@@ -372,7 +394,7 @@ def flash_attn_backward(dout, q, k, v, out, lse, seqinfo, seed, max_seqlen, varl
         return dq.zero_(), dk.zero_(), dv.zero_()
     if dout.stride(-1) != 1:
         dout = dout.contiguous()
-    block_m, block_n, warps, stages = _blocks(head_dim, backward=True)
+    block_m = INTERPRETER_CONFIG[0] if INTERPRET else 64
     block_d = max(16, triton.next_power_of_2(head_dim))
     dropout = dropout_p > 0.0
     seed_arg = seed if dropout else seqinfo
@@ -381,15 +403,17 @@ def flash_attn_backward(dout, q, k, v, out, lse, seqinfo, seed, max_seqlen, varl
         out, dout, delta, seqinfo, *_strides(out, varlen), *_strides(dout, varlen), heads, max_seqlen,
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_D=block_d, VARLEN=varlen,
     )
-    common = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, VARLEN=varlen,
-                  DROPOUT=dropout, DOT_PREC=_dot_precision(q.dtype), num_warps=warps, num_stages=stages)
+    common = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, VARLEN=varlen, DROPOUT=dropout,
+                  DOT_PREC=_dot_precision(q.dtype))
     qkv_strides = (*_strides(q, varlen), *_strides(k, varlen), *_strides(v, varlen), *_strides(dout, varlen))
     scales = (heads, max_seqlen, softmax_scale * LOG2E, softmax_scale, dropout_p)
-    _attn_bwd_dkdv[(triton.cdiv(max_seqlen, block_n), batch * heads)](
+    _dkdv_launch(
+        lambda block_m, block_n: (triton.cdiv(max_seqlen, block_n), batch * heads),
         q, k, v, dout, lse, delta, dk, dv, seqinfo, seed_arg,
         *qkv_strides, *_strides(dk, varlen), *_strides(dv, varlen), *scales, **common,
     )
-    _attn_bwd_dq[(triton.cdiv(max_seqlen, block_m), batch * heads)](
+    _dq_launch(
+        lambda block_m, block_n: (triton.cdiv(max_seqlen, block_m), batch * heads),
         q, k, v, dout, lse, delta, dq, seqinfo, seed_arg,
         *qkv_strides, *_strides(dq, varlen), *scales, **common,
     )

@@ -56,3 +56,25 @@ def binomial_ok(keep, p, sigmas=5.0):
     rate = keep.double().mean().item()
     sd = ((p * (1 - p)) / n) ** 0.5
     return abs(rate - (1 - p)) <= sigmas * sd, rate
+
+
+def compile_for_gpu(kernel, pointers, floats, constexprs, num_warps=4, num_stages=3, arch=90):
+    """Compiles a @triton.jit kernel to a CUDA binary for sm_`arch` without a GPU (Triton ships ptxas): catches
+    typing and lowering errors that the interpreter never sees. Arguments not named are i32 scalars."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    if "nvidia" not in getattr(triton.backends, "backends", {}):
+        pytest.skip("this triton build has no NVIDIA backend")
+    signature = {}
+    for name in kernel.arg_names:
+        if name in constexprs:
+            signature[name] = "constexpr"
+        else:
+            signature[name] = pointers.get(name) or ("fp32" if name in floats else "i32")
+    source = ASTSource(kernel, signature, constexprs)
+    compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32),
+                              options=dict(num_warps=num_warps, num_stages=num_stages))
+    assert compiled.asm.get("cubin"), "no CUDA binary produced"
+    return compiled

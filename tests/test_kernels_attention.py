@@ -283,3 +283,23 @@ if INTERPRETED:
         import kernels
 
         assert kernels.INTERPRET and kernels._triton_for(torch.zeros(1))
+
+
+@parent_only
+@pytest.mark.parametrize("kind", ["fwd", "dkdv", "dq"])
+def test_kernels_compile_for_hopper(kind):
+    """The compiled path (not the interpreter): each kernel in its default config lowers to an sm_90 binary, with
+    dropout, the varlen layout and bf16 (the training configuration)."""
+    import importlib
+
+    from tests.kernel_utils import compile_for_gpu
+
+    attn = importlib.import_module("kernels.attention")
+    kernel, configs = {"fwd": (attn._attn_fwd, attn.FWD_CONFIGS), "dkdv": (attn._attn_bwd_dkdv, attn.DKDV_CONFIGS),
+                       "dq": (attn._attn_bwd_dq, attn.DQ_CONFIGS)}[kind]
+    block_m, block_n, warps, stages = configs[0]
+    pointers = {name: "*bf16" for name in ["Q", "K", "V", "O", "DO", "DK", "DV", "DQ"]}
+    pointers.update(LSE="*fp32", DELTA="*fp32", SEQ="*i32", SEED="*i64")
+    constexprs = dict(HEAD_DIM=64, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=64, VARLEN=True, DROPOUT=True,
+                      DOT_PREC="tf32")
+    compile_for_gpu(kernel, pointers, ("qk_scale", "sm_scale", "dropout_p"), constexprs, warps, stages)

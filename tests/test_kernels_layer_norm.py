@@ -193,3 +193,20 @@ if INTERPRETED:
         import kernels
 
         assert kernels.INTERPRET and kernels._triton_for(torch.zeros(1))
+
+
+@parent_only
+def test_kernels_compile_for_hopper():
+    """The compiled path (not the interpreter): forward and backward lower to sm_90 binaries (bf16, dropout)."""
+    import importlib
+
+    from tests.kernel_utils import compile_for_gpu
+
+    ln = importlib.import_module("kernels.layer_norm")
+    block_m, block_n, warps = ln._tile(768)
+    pointers = {name: "*bf16" for name in ["X", "R", "W", "B", "Y", "H", "DY", "DH", "DX"]}
+    pointers.update(MEAN="*fp32", RSTD="*fp32", SEED="*i64", DW_PART="*fp32", DB_PART="*fp32")
+    floats = ("eps", "dropout_p")
+    compile_for_gpu(ln._add_ln_fwd, pointers, floats, dict(BLOCK_M=block_m, BLOCK_N=block_n, HAS_RESIDUAL=True,
+                                                           DROPOUT=True, STORE_H=True), warps)
+    compile_for_gpu(ln._add_ln_bwd, pointers, floats, dict(BLOCK_M=block_m, BLOCK_N=block_n, DROPOUT=True), warps)
