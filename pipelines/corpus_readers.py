@@ -21,6 +21,8 @@ FORMATS = ("auto", "wikiextractor", "lines", "paragraphs", "jsonl", "parquet", "
 COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".zst")
 MAGIC = {b"\x1f\x8b": "gz", b"BZh": "bz2", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zst"}
 MAX_MESSAGES_PER_KIND = 5  # per file: the first few in full, the rest only counted
+MAX_LINE_BYTES = 1 << 20  # longer lines are read in pieces
+MAX_DOC_CHARS = 4 << 20    # a "document" this long (a file without blank lines...) is cut, so memory stays bounded
 
 
 class InputError(Exception):
@@ -274,9 +276,30 @@ class LineDecoder:
 
 
 def text_lines(stream, problems: Problems, decode: LineDecoder):
-    """Decoded lines (without line end) of a binary stream, tracking the line number in decode.line."""
-    for data in stream:
-        decode.line += 1
+    """Decoded lines (without line end) of a binary stream, tracking the line number in decode.line.
+
+    A line longer than MAX_LINE_BYTES (a file with no line breaks at all...) comes in pieces cut at a character
+    boundary, so memory stays bounded whatever the input.
+    """
+    carry, continued = b"", False
+    while True:
+        data = carry + stream.readline(MAX_LINE_BYTES)
+        carry = b""
+        if not data:
+            return
+        first_piece = not continued
+        if first_piece:
+            decode.line += 1
+        continued = not data.endswith(b"\n") and len(data) >= MAX_LINE_BYTES
+        if continued:
+            cut = len(data)
+            while cut > len(data) - 4 and data[cut - 1] & 0xC0 == 0x80:  # back off over continuation bytes
+                cut -= 1
+            if data[cut - 1] >= 0xC0:  # ... and the lead byte of the cut character
+                cut -= 1
+            data, carry = data[:cut], data[cut:]
+            if first_piece:
+                problems.add("long_line", f"line longer than {MAX_LINE_BYTES:,} bytes: read in pieces", decode.line)
         if decode.line == 1 and data.startswith(b"\xef\xbb\xbf"):
             data = data[3:]
         yield decode(data).rstrip("\r\n")
@@ -290,8 +313,7 @@ _ATTR = re.compile(r'(\w+)="([^"]*)"')
 
 def read_wikiextractor(lines, problems: Problems, decode: LineDecoder):
     """<doc id=.. url=.. title=..> ... </doc> blocks; text outside blocks and broken blocks are reported."""
-    doc, title, start = None, None, 0
-    outside = 0
+    doc, title, start, chars = None, None, 0, 0
     for text in lines:
         n = decode.line
         if text.startswith("<doc"):
@@ -303,7 +325,7 @@ def read_wikiextractor(lines, problems: Problems, decode: LineDecoder):
             attrs = dict(_ATTR.findall(m.group(1) or "")) if m else {}
             if not m or "title" not in attrs:
                 problems.add("malformed_doc", f"<doc> line without a title=\"...\" attribute: {text[:80]!r}", n)
-            doc, title, start = [], attrs.get("title"), n
+            doc, title, start, chars = [], attrs.get("title"), n, 0
         elif text.strip() == "</doc>":
             if doc is None:
                 problems.add("malformed_doc", "</doc> without an opening <doc ...>; ignored", n)
@@ -312,8 +334,13 @@ def read_wikiextractor(lines, problems: Problems, decode: LineDecoder):
             doc = None
         elif doc is not None:
             doc.append(text)
+            chars += len(text)
+            if chars > MAX_DOC_CHARS:
+                problems.add("long_document", f"<doc> opened at line {start} runs past {MAX_DOC_CHARS:,} "
+                                              f"characters: cut into pieces (a missing </doc>?)", start)
+                yield RawDoc(title, doc, start, "wiki")
+                doc, chars = [], 0
         elif text.strip():
-            outside += 1
             problems.add("outside_doc", "text outside any <doc>...</doc> block; dropped", n)
     if doc is not None:
         problems.add("malformed_doc", f"<doc> opened at line {start} is not closed at the end of the file; "
@@ -321,14 +348,21 @@ def read_wikiextractor(lines, problems: Problems, decode: LineDecoder):
         yield RawDoc(title, doc, start, "wiki")
 
 
-def read_blocks(lines, kind: str, decode: LineDecoder):
+def read_blocks(lines, kind: str, problems: Problems, decode: LineDecoder):
     """Blank-line separated documents (BERT's 'lines' layout, or paragraphs to split)."""
-    doc, start = [], 0
+    doc, start, chars = [], 0, 0
     for text in lines:
         if text.strip():
             if not doc:
-                start = decode.line
+                start, chars = decode.line, 0
             doc.append(text)
+            chars += len(text)
+            if chars > MAX_DOC_CHARS:
+                problems.add("long_document", f"no blank line for {len(doc):,} lines ({chars:,} characters): "
+                                              f"cut into a document here; are documents separated by blank lines?",
+                             start)
+                yield RawDoc(None, doc, start, kind)
+                doc = []
         elif doc:
             yield RawDoc(None, doc, start, kind)
             doc = []

@@ -210,7 +210,7 @@ def process_file(index: int, path: str, source: str, options: dict, part: str) -
             elif fmt == "jsonl":
                 docs = readers.read_jsonl(lines, problems, decode, config.text_field)
             else:
-                docs = readers.read_blocks(lines, "lines" if fmt == "lines" else "join", decode)
+                docs = readers.read_blocks(lines, "lines" if fmt == "lines" else "join", problems, decode)
         for raw in docs:
             stats["documents_read"] += 1
             sentences = build_sentences(raw, config, stats["removed_lines"])
@@ -357,8 +357,9 @@ def prepare_corpus(inputs, out, config: CorpusConfig | None = None) -> dict:
     if not files:
         raise CorpusError("no input files to read: " + "; ".join(input_problems or ["no INPUT given"]))
 
+    # what the output depends on: options and the input files (path, size, mtime); workers are not part of it
     fingerprint = {"options": config.output_options(),
-                   "inputs": [[f.source, str(f.path.resolve())] for f in files]}
+                   "inputs": [[f.source, str(f.path.resolve()), *file_fingerprint(f.path).values()] for f in files]}
     work = out / ".work"
     manifest_path = out / "manifest.json"
     previous = _read_json(manifest_path)

@@ -453,3 +453,21 @@ def test_inputs_expand_in_a_stable_order_with_distinct_sources(tmp_path):
                        tmp_path / "o2", cfg(min_chars=0))
     assert [i["source"] for i in m["inputs"]] == ["data/a/x.txt", "data/b/x.txt", "data/c/x.txt"]
     assert any("given more than once" in e for e in m["errors"])
+
+
+def test_huge_lines_and_blocks_are_cut_so_memory_stays_bounded(tmp_path, monkeypatch):
+    from pipelines import corpus_readers
+
+    monkeypatch.setattr(corpus_readers, "MAX_LINE_BYTES", 64)
+    monkeypatch.setattr(corpus_readers, "MAX_DOC_CHARS", 400)
+    long_text = "".join(f"Hangul 한글 number {i} stays whole. " for i in range(40))  # multi-byte chars straddle cuts
+    write(tmp_path / "long.txt", long_text + "\n")
+    write(tmp_path / "block.txt", "".join(f"Line number {i} of a file without blank lines.\n" for i in range(60)))
+    m = prepare_corpus([tmp_path / "long.txt", tmp_path / "block.txt"], tmp_path / "out", cfg(min_chars=0))
+    docs = rows(tmp_path / "out")
+    text = "".join(s for d in docs if d["source"] == "long.txt" for s in d["sentences"])
+    assert text.replace(" ", "") == long_text.replace(" ", "") and m["totals"]["replaced_bytes"] == 0
+    blocks = [d["sentences"] for d in docs if d["source"] == "block.txt"]
+    assert len(blocks) > 5 and sum(len(b) for b in blocks) == 60  # cut into several documents, nothing lost
+    assert "long.txt:1: line longer than 64 bytes" in " ".join(m["inputs"][0]["messages"])
+    assert m["inputs"][1]["problems"]["long_document"] == len(blocks) - 1
