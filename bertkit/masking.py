@@ -81,45 +81,54 @@ def num_to_predict(lengths, spec: MaskingSpec) -> np.ndarray:
     return np.minimum(spec.max_predictions, np.maximum(1, np.rint(lengths * spec.masked_lm_prob))).astype(np.int64)
 
 
-def _segmented_rank(row: np.ndarray, key: np.ndarray, row_start: np.ndarray) -> np.ndarray:
-    """Rank of each element by key within its row (rows are contiguous runs of `row`)."""
-    order = np.lexsort((key, row))
-    rank = np.empty(len(row), dtype=np.int64)
-    rank[order] = np.arange(len(row)) - row_start[row[order]]
-    return rank
+def _smallest_k(keys: np.ndarray, k_row: np.ndarray) -> np.ndarray:
+    """Boolean (R, L) mask of the k_row[r] smallest keys of each row (2.0 marks padding, never chosen).
 
-
-def _choose_words(group_row, group_size, k_row, rng):
-    """Greedy of the reference over whole words: visit words in random order, take one unless it would exceed k.
-
-    Vectorised: words taken before the first overflow are a prefix of the visiting order; after it the remaining
-    capacity is smaller than a word, so a few rounds of "first word after the pointer that still fits" finish it.
+    Sorting short rows of a 2-D array is far faster than sorting one long ragged array. Keys are float64 draws,
+    so a tie at the threshold is a 1e-12 event per row; such rows are still resolved exactly by position order.
     """
-    n_groups = len(group_row)
-    order = np.lexsort((rng.random(n_groups), group_row))          # visiting order, grouped by row
-    g_row, g_size = group_row[order], group_size[order]
     n_rows = len(k_row)
-    row_first = np.searchsorted(g_row, np.arange(n_rows))
-    cum = np.cumsum(g_size)
-    before_row = np.concatenate([[0], cum])[row_first]
-    cum_in_row = cum - before_row[g_row]
-    taken = cum_in_row <= k_row[g_row]
-    # capacity left and pointer (last visited index) per row after the prefix
-    taken_count = np.bincount(g_row, weights=g_size * taken, minlength=n_rows).astype(np.int64)
-    capacity = k_row - taken_count
-    pointer = row_first + np.bincount(g_row, weights=taken, minlength=n_rows).astype(np.int64)  # first not-taken
-    idx = np.arange(n_groups)
+    if keys.shape[1] == 0:
+        return np.zeros(keys.shape, dtype=bool)
+    k_col = np.clip(k_row - 1, 0, keys.shape[1] - 1)
+    threshold = np.sort(keys, axis=1)[np.arange(n_rows), k_col]
+    chosen = (keys <= threshold[:, None]) & (keys < 2.0) & (k_row[:, None] > 0)
+    over = np.flatnonzero(chosen.sum(axis=1) > k_row)
+    for r in over:  # ties: keep the first k by stable order
+        order = np.argsort(keys[r], kind="stable")[: k_row[r]]
+        chosen[r] = False
+        chosen[r, order] = keys[r, order] < 2.0
+    return chosen
+
+
+def _choose_words(group_key: np.ndarray, group_size: np.ndarray, k_row: np.ndarray) -> np.ndarray:
+    """Greedy of the reference over whole words, all rows at once on (R, G) arrays.
+
+    group_key: random keys of each row's words (2.0 = padding), group_size: their piece counts. Words are visited
+    in key order and taken unless they would exceed k. Words taken before the first overflow are a prefix of the
+    visiting order; after it the capacity left is smaller than a word, so a few rounds of "first word after the
+    pointer that still fits" finish the greedy exactly. Returns a boolean (R, G) mask of chosen words.
+    """
+    n_rows, n_cols = group_key.shape
+    order = np.argsort(group_key, axis=1, kind="stable")
+    rows = np.arange(n_rows)[:, None]
+    size = np.where(group_key[rows, order] < 2.0, group_size[rows, order], np.iinfo(np.int64).max // 4)
+    taken = np.cumsum(size, axis=1) <= k_row[:, None]
+    capacity = k_row - np.where(taken, size, 0).sum(axis=1)
+    pointer = taken.sum(axis=1)            # first visited word not taken
+    cols = np.arange(n_cols)[None, :]
     while True:
-        eligible = (~taken) & (idx > pointer[g_row]) & (g_size <= capacity[g_row])
-        if not eligible.any():
+        eligible = (cols > pointer[:, None]) & (size <= capacity[:, None])
+        has = eligible.any(axis=1)
+        if not has.any():
             break
-        cand = idx[eligible]
-        first = cand[np.r_[True, g_row[cand][1:] != g_row[cand][:-1]]]   # first eligible word of each row
-        taken[first] = True
-        capacity[g_row[first]] -= g_size[first]
-        pointer[g_row[first]] = first
-    chosen = np.zeros(n_groups, dtype=bool)
-    chosen[order] = taken
+        r = np.flatnonzero(has)
+        first = eligible[r].argmax(axis=1)
+        taken[r, first] = True
+        capacity[r] -= size[r, first]
+        pointer[r] = first
+    chosen = np.zeros_like(taken)
+    chosen[rows, order] = taken
     return chosen
 
 
@@ -135,24 +144,32 @@ def mask_batch(ids: np.ndarray, offsets: np.ndarray, rng: np.random.Generator, s
     n, n_rows = len(ids), len(offsets) - 1
     lengths = np.diff(offsets)
     row = np.repeat(np.arange(n_rows), lengths)
+    col = np.arange(n) - offsets[:-1][row]
     k_row = num_to_predict(lengths, spec)
     cand = (ids != spec.cls_id) & (ids != spec.sep_id)
+    width = int(lengths.max()) if n_rows else 0
 
     if not spec.whole_word_mask:
-        key = rng.random(n)
-        key[~cand] = 2.0  # never ahead of a candidate
-        selected = cand & (_segmented_rank(row, key, offsets[:-1]) < k_row[row])
+        keys = np.full((n_rows, width), 2.0)
+        keys[row[cand], col[cand]] = rng.random(int(cand.sum()))
+        selected = _smallest_k(keys, k_row)[row, col]
         group_of = None
     else:
         cand_idx = np.flatnonzero(cand)
-        ids_c = ids[cand_idx]
         prev_is_cand = np.zeros(len(cand_idx), dtype=bool)
         prev_is_cand[1:] = (cand_idx[1:] - cand_idx[:-1] == 1) & (row[cand_idx[1:]] == row[cand_idx[:-1]])
-        starts = ~(spec.is_continuation[ids_c] & prev_is_cand)
-        group_id = np.cumsum(starts) - 1
+        starts = ~(spec.is_continuation[ids[cand_idx]] & prev_is_cand)
+        group_id = np.cumsum(starts) - 1                       # word of each candidate, numbered over the batch
         group_row = row[cand_idx[starts]]
         group_size = np.bincount(group_id, minlength=len(group_row)).astype(np.int64)
-        chosen = _choose_words(group_row, group_size, k_row, rng)
+        first_group = np.searchsorted(group_row, np.arange(n_rows))
+        group_col = np.arange(len(group_row)) - first_group[group_row]
+        g_width = int(group_col.max()) + 1 if len(group_row) else 0
+        keys = np.full((n_rows, g_width), 2.0)
+        keys[group_row, group_col] = rng.random(len(group_row))
+        sizes = np.zeros((n_rows, g_width), dtype=np.int64)
+        sizes[group_row, group_col] = group_size
+        chosen = _choose_words(keys, sizes, k_row)[group_row, group_col]
         selected = np.zeros(n, dtype=bool)
         selected[cand_idx[chosen[group_id]]] = True
         group_of = np.full(n, -1, dtype=np.int64)

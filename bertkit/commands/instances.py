@@ -1,9 +1,71 @@
-"""`bertkit make-instances`: placeholder until its issue lands."""
+"""`bertkit make-instances`: maps flags onto pipelines.make_instances.InstancesConfig and runs the stage."""
+import os
+
 import click
 
 
-@click.command("make-instances", context_settings={"ignore_unknown_options": True})
-@click.argument("args", nargs=-1)
-def make_instances(args):
-    """(not implemented yet)"""
-    raise click.ClickException("make-instances is not implemented yet")
+def _default_workers() -> int:
+    return max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+
+
+@click.command("make-instances")
+@click.argument("corpus_dir", type=click.Path(file_okay=False))
+@click.option("--tokenizer", "tokenizer_dir", required=True, type=click.Path(),
+              help="train-tokenizer output folder, HF model folder, or a vocab.txt.")
+@click.option("--out", "-o", required=True, type=click.Path(file_okay=False), help="Output folder.")
+@click.option("--max-seq-length", default=128, show_default=True, type=int, help="Tokens per instance, 8..512.")
+@click.option("--max-predictions", default=20, show_default=True, type=int, help="Most masked positions per instance.")
+@click.option("--masked-lm-prob", default=0.15, show_default=True, type=float, help="Share of tokens to predict.")
+@click.option("--short-seq-prob", default=0.1, show_default=True, type=float,
+              help="Probability that a document's target length is drawn in [2, max-seq-length - 3].")
+@click.option("--dupe", default=None, type=int, show_default="10 static, 1 dynamic",
+              help="Passes over the corpus, each with new pairs and masks.")
+@click.option("--seed", default=12345, show_default=True, type=int)
+@click.option("--whole-word-mask", is_flag=True, help="Mask whole words (a ## piece joins the word before it).")
+@click.option("--mode", type=click.Choice(["static", "dynamic"]), default="static", show_default=True,
+              help="static: masked here; dynamic: unmasked pairs, masked by the pretraining loader each epoch.")
+@click.option("--workers", "-j", default=_default_workers(), show_default="CPUs, at most 8",
+              type=click.IntRange(min=1), help="Processes; the output is byte-identical for any number.")
+@click.option("--compat", type=click.Choice(["google"]), default=None,
+              help="Replay google-research/bert's create_pretraining_data.py exactly (single process, in memory).")
+@click.option("--random-from-whole-vocab", is_flag=True,
+              help="Reference behaviour: random replacements may be [PAD], [CLS], [unused..] and other specials.")
+@click.option("--wwm-decide-per-piece", is_flag=True,
+              help="Reference behaviour: whole-word masking draws [MASK]/random/kept per piece, not per word.")
+@click.option("--same-doc-notnext", is_flag=True,
+              help="Reference behaviour: a NotNext B may come from A's own document (always, in a one-document "
+                   "corpus) and is still labelled NotNext.")
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
+def make_instances(corpus_dir, tokenizer_dir, out, max_seq_length, max_predictions, masked_lm_prob, short_seq_prob,
+                   dupe, seed, whole_word_mask, mode, workers, compat, random_from_whole_vocab, wwm_decide_per_piece,
+                   same_doc_notnext, no_progress):
+    """Make MLM + NSP pretraining instances from a prepare-corpus folder (google-research/bert's rules).
+
+    Re-running the same command resumes an interrupted run: finished files are kept, the rest redone.
+
+    \b
+    Examples:
+      bertkit make-instances corpus/ --tokenizer tok/ --out instances/
+      bertkit make-instances corpus/ --tokenizer tok/ --out inst-dyn/ --mode dynamic
+      bertkit make-instances corpus/ --tokenizer vocab.txt --out inst-google/ --compat google
+    """
+    from pipelines.corpus_files import CorpusError
+    from pipelines.make_instances import InstancesConfig, InstancesError, make_instances as run
+
+    config = InstancesConfig(max_seq_length=max_seq_length, max_predictions=max_predictions,
+                             masked_lm_prob=masked_lm_prob, short_seq_prob=short_seq_prob, dupe=dupe, seed=seed,
+                             whole_word_mask=whole_word_mask, mode=mode, workers=workers, compat=compat,
+                             random_from_whole_vocab=random_from_whole_vocab,
+                             wwm_decide_per_piece=wwm_decide_per_piece, same_doc_notnext=same_doc_notnext)
+    try:
+        manifest = run(corpus_dir, tokenizer_dir, out, config, progress=not no_progress)
+    except (CorpusError, InstancesError) as e:
+        raise click.ClickException(str(e))
+    s = manifest["stats"]
+    line = (f"make-instances: {s['instances'].get('train', 0):,} train + {s['instances'].get('holdout', 0):,} "
+            f"holdout instances ({manifest['mode']}) in {len(manifest['shards'])} file(s) -> {out}\n"
+            f"  NotNext {s['not_next_share']:.1%}, mean length {s['mean_length']:.1f}")
+    if manifest["mode"] == "static":
+        line += (f", selected {s['selected_fraction']:.2%} of tokens: [MASK] {s['mask_share']:.1%} / "
+                 f"random {s['random_share']:.1%} / kept {s['kept_share']:.1%}")
+    click.echo(line, err=True)

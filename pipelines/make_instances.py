@@ -1,0 +1,572 @@
+"""`bertkit make-instances`: MLM + NSP training instances from a prepare-corpus folder.
+
+The rules are google-research/bert's create_pretraining_data.py (README "make-instances" numbers them 1-6);
+this module runs them per corpus shard, in parallel, with numpy doing the per-token work:
+
+  tokenize a shard once (tokenizers' Rust batch encoder)  ->  for each dupe pass:
+  pairs (Python loop over segments: rules 1-3)  ->  shuffle  ->  truncate (rule 4, closed form)  ->
+  assemble [CLS] A [SEP] B [SEP] (rule 5, index arithmetic)  ->  mask (rule 6, bertkit.masking.mask_batch)  ->
+  one Arrow file per (shard, pass), written atomically.
+
+Each (split, shard, pass) has its own generator seeded by (seed, split, shard, pass), so the output is the same
+bytes whatever --workers is, and a killed run resumes by redoing only the files that are missing.
+Memory is one shard's tokens plus one pass of its instances, never corpus x dupe.
+`--compat google` (pipelines/google_compat.py) instead replays the reference's random calls exactly.
+"""
+import json
+import os
+import shutil
+from array import array
+from bisect import bisect_left
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute  # noqa: F401  (pa.compute)
+
+from bertkit.fileio import atomic_write_arrow, atomic_write_bytes, atomic_write_json, read_arrow, sha256_file
+from bertkit.masking import KIND_KEPT, KIND_MASK, KIND_RANDOM, MaskingSpec, mask_batch, num_to_predict
+from pipelines.corpus_files import CorpusError, corpus_shards, read_corpus_manifest
+from pipelines.schemas import id_type, instance_schema
+
+MAX_POSITIONS = 512          # BERT's position embeddings
+SPLIT_CODE = {"train": 0, "holdout": 1}
+HF_TOKENIZER_FILES = ("tokenizer_config.json", "special_tokens_map.json")
+
+
+class InstancesError(ValueError):
+    pass
+
+
+@dataclass
+class InstancesConfig:
+    max_seq_length: int = 128
+    max_predictions: int = 20
+    masked_lm_prob: float = 0.15
+    short_seq_prob: float = 0.1
+    dupe: int | None = None            # passes over the corpus; None: 10 in static mode, 1 in dynamic mode
+    seed: int = 12345
+    whole_word_mask: bool = False
+    mode: str = "static"               # "static": masked here; "dynamic": unmasked pairs, masked by the loader
+    workers: int = 1
+    compat: str | None = None          # "google": single process, the reference's exact random calls
+    # Each improvement over the reference is on by default; these restore the reference's behaviour.
+    random_from_whole_vocab: bool = False   # random replacements may draw [PAD], [CLS], [unused..] ...
+    wwm_decide_per_piece: bool = False      # whole-word masking draws 80/10/10 per piece (google-research/bert#910)
+    same_doc_notnext: bool = False          # NotNext B may come from A's own document (NVIDIA/DeepLearningExamples#421)
+    holdout_dupe: int = 1                   # passes over the held-out split (an evaluation set needs one)
+    unit_mb: float | None = None            # work unit: a run of one shard's documents with about this much text;
+                                            # None: corpus text / 32, clamped to 1..16 MB (never depends on workers)
+    rows_per_file: int = 250_000            # --compat google only: it writes one shuffled list, cut into files
+
+    @property
+    def passes(self) -> int:
+        return self.dupe if self.dupe is not None else (10 if self.mode == "static" else 1)
+
+    def check(self) -> None:
+        if not 8 <= self.max_seq_length <= MAX_POSITIONS:
+            raise InstancesError(f"--max-seq-length {self.max_seq_length}: must be between 8 and {MAX_POSITIONS} "
+                                 f"(BERT has {MAX_POSITIONS} positions; [CLS] A [SEP] B [SEP] needs room for A and B)")
+        if self.mode not in ("static", "dynamic"):
+            raise InstancesError(f"--mode {self.mode!r}: use static or dynamic")
+        if self.compat not in (None, "google"):
+            raise InstancesError(f"--compat {self.compat!r}: the only compatibility mode is 'google'")
+        if self.compat == "google" and self.mode != "static":
+            raise InstancesError("--compat google writes masked instances as the reference does: use --mode static")
+        if self.passes < 1 or self.holdout_dupe < 1:
+            raise InstancesError(f"--dupe {self.passes}: must be at least 1")
+        if not 0.0 < self.masked_lm_prob < 1.0:
+            raise InstancesError(f"--masked-lm-prob {self.masked_lm_prob}: must be between 0 and 1")
+        if not 0.0 <= self.short_seq_prob <= 1.0:
+            raise InstancesError(f"--short-seq-prob {self.short_seq_prob}: must be between 0 and 1")
+        if self.max_predictions < 1:
+            raise InstancesError(f"--max-predictions {self.max_predictions}: must be at least 1")
+        if self.workers < 1:
+            raise InstancesError(f"--workers {self.workers}: must be at least 1")
+
+    def identity(self) -> dict:
+        """The options that decide the output bytes (not workers): a resumed run must match them."""
+        d = asdict(self)
+        d.pop("workers")
+        d["dupe"] = self.passes
+        return d
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Tokenizer
+
+
+_TOKENIZERS = {}
+
+
+def load_stage_tokenizer(tokenizer_dir):
+    """The tokenizer (cached per process) and its vocabulary in id order."""
+    from bertkit.tokenization import load_tokenizer, vocab_tokens
+
+    key = str(tokenizer_dir)
+    if key not in _TOKENIZERS:
+        tok = load_tokenizer(tokenizer_dir)
+        # a literal "[SEP]" in the text is text, as in google's tokenizer, never a special token
+        tok.encode_special_tokens = True
+        _TOKENIZERS[key] = (tok, vocab_tokens(tokenizer_dir))
+    return _TOKENIZERS[key]
+
+
+def masking_spec(vocab: list[str], config: InstancesConfig, reference: bool = False) -> MaskingSpec:
+    return MaskingSpec.from_vocab(vocab, masked_lm_prob=config.masked_lm_prob, max_predictions=config.max_predictions,
+                                  whole_word_mask=config.whole_word_mask,
+                                  random_from_whole_vocab=reference or config.random_from_whole_vocab,
+                                  decide_per_piece=reference or config.wwm_decide_per_piece)
+
+
+def tokenize_documents(tokenizer, sentences: pa.Array, batch: int = 16384):
+    """A corpus shard's `sentences` column -> (tokens int32, seg_start, doc_seg).
+
+    Segment s is tokens[seg_start[s]:seg_start[s+1]], document d is segments doc_seg[d]:doc_seg[d+1].
+    Segments that tokenize to nothing and documents left empty are dropped, as the reference does.
+    """
+    sentences = sentences.combine_chunks() if isinstance(sentences, pa.ChunkedArray) else sentences
+    doc_off = sentences.offsets.to_numpy().astype(np.int64)
+    doc_off -= doc_off[0]
+    texts = sentences.flatten().to_pylist()
+    pieces, lengths = [], []
+    for i in range(0, len(texts), batch):
+        ids = [e.ids for e in tokenizer.encode_batch_fast(texts[i:i + batch], add_special_tokens=False)]
+        lens = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+        pieces.append(np.fromiter((t for seg in ids for t in seg), dtype=np.int32, count=int(lens.sum())))
+        lengths.append(lens)
+    tokens = np.concatenate(pieces) if pieces else np.zeros(0, np.int32)
+    lens = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
+    keep = lens > 0
+    kept_before = np.concatenate([[0], np.cumsum(keep)])
+    doc_seg = np.unique(kept_before[doc_off])          # empty documents collapse into their neighbour's offset
+    seg_start = np.concatenate([[0], np.cumsum(lens[keep])])
+    return tokens, seg_start, doc_seg
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Rules 1-3: segment pairs of one pass over one shard's documents
+
+
+def build_pairs(seg_start: np.ndarray, doc_seg: np.ndarray, rng: np.random.Generator, config: InstancesConfig,
+                doc_batch_segments: int = 1 << 16):
+    """Token ranges of A and B for every instance of one pass, in document order.
+
+    Returns int64 arrays a_lo, a_hi, b_lo, b_hi (ranges into the shard's token array) and bool not_next, plus the
+    number of chunks skipped (a one-token chunk in a one-document pool: nothing to pair it with).
+    Random numbers are drawn in blocks per batch of documents, so the Python loop only indexes lists.
+    """
+    max_num = config.max_seq_length - 3
+    n_docs = len(doc_seg) - 1
+    starts, dseg = seg_start.tolist(), doc_seg.tolist()
+    single_doc = n_docs == 1 and not config.same_doc_notnext
+    tries = 10 if config.same_doc_notnext else 1
+    out = {k: array("q") for k in ("a_lo", "a_hi", "b_lo", "b_hi", "not_next")}
+    a_lo_, a_hi_, b_lo_, b_hi_, nn_ = (out[k].append for k in ("a_lo", "a_hi", "b_lo", "b_hi", "not_next"))
+    skipped = 0
+    d0 = 0
+    while d0 < n_docs:
+        # a batch of documents holding about doc_batch_segments segments; a chunk uses >= 1 segment, so
+        # n_segments draws per kind suffice for the batch
+        d1 = min(n_docs, max(d0 + 1, bisect_left(dseg, dseg[d0] + doc_batch_segments, d0 + 1, n_docs)))
+        n_seg = dseg[d1] - dseg[d0]
+        short = rng.random(d1 - d0) < config.short_seq_prob
+        targets = np.where(short, rng.integers(2, max_num + 1, d1 - d0), max_num).tolist()
+        u_a, u_coin, u_start, u_split = rng.random((4, n_seg)).tolist()
+        u_doc = rng.random((n_seg, tries)).tolist()
+        c = 0                                   # chunk counter within the batch
+        for d in range(d0, d1):
+            target = targets[d - d0]
+            s_end = dseg[d + 1]
+            i = chunk = dseg[d]
+            while i < s_end:
+                if starts[i + 1] - starts[chunk] >= target or i == s_end - 1:
+                    n_chunk = i - chunk + 1
+                    a_end = chunk + (1 if n_chunk == 1 else 1 + int(u_a[c] * (n_chunk - 1)))
+                    a_lo, a_hi = starts[chunk], starts[a_end]
+                    if single_doc:
+                        # nothing to draw a random B from: B is A's true continuation (IsNext)
+                        if n_chunk == 1:
+                            n_tok = a_hi - a_lo
+                            if n_tok < 2:
+                                skipped += 1
+                                i, chunk, c = i + 1, i + 1, c + 1
+                                continue
+                            cut = a_lo + 1 + int(u_split[c] * (n_tok - 1))
+                            a_lo_(a_lo), a_hi_(cut), b_lo_(cut), b_hi_(a_hi), nn_(0)
+                        else:
+                            a_lo_(a_lo), a_hi_(a_hi), b_lo_(a_hi), b_hi_(starts[i + 1]), nn_(0)
+                    elif n_chunk == 1 or u_coin[c] < 0.5:
+                        if config.same_doc_notnext:   # the reference: 10 tries to avoid this document
+                            for t in range(tries):
+                                r = int(u_doc[c][t] * n_docs)
+                                if r != d:
+                                    break
+                        else:                         # uniform over the other documents
+                            r = int(u_doc[c][0] * (n_docs - 1))
+                            r += r >= d
+                        r0, r1 = dseg[r], dseg[r + 1]
+                        rs = r0 + int(u_start[c] * (r1 - r0))
+                        b_end = bisect_left(starts, starts[rs] + target - (a_hi - a_lo), rs + 1, r1)
+                        a_lo_(a_lo), a_hi_(a_hi), b_lo_(starts[rs]), b_hi_(starts[b_end]), nn_(1)
+                        i = a_end - 1                 # the chunk's segments after A start the next chunk
+                    else:
+                        a_lo_(a_lo), a_hi_(a_hi), b_lo_(a_hi), b_hi_(starts[i + 1]), nn_(0)
+                    c += 1
+                    chunk = i + 1
+                i += 1
+        d0 = d1
+    arrays = {k: np.frombuffer(v, dtype=np.int64) if len(v) else np.zeros(0, np.int64) for k, v in out.items()}
+    arrays["not_next"] = arrays["not_next"].astype(bool)
+    return arrays, skipped
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Rules 4-5: truncation and assembly, vectorised
+
+
+def truncation_amounts(len_a: np.ndarray, len_b: np.ndarray, max_num: int):
+    """How many tokens rule 4 removes from A and from B.
+
+    The loop "trim the longer side, B on a tie" first cuts the longer side down to the shorter, then alternates
+    starting with B; so with excess e and difference d: e <= d -> the longer loses e; else it loses d and the
+    remaining r = e - d split as B ceil(r/2), A floor(r/2).
+    """
+    excess = np.maximum(0, len_a + len_b - max_num)
+    d = np.abs(len_a - len_b)
+    r = np.maximum(0, excess - d)
+    a_longer = len_a > len_b
+    cut_longer = np.minimum(excess, d)
+    trim_a = np.where(a_longer, cut_longer, 0) + r // 2
+    trim_b = np.where(a_longer, 0, cut_longer) + (r + 1) // 2
+    return trim_a, trim_b
+
+
+def ragged_arange(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """concatenate([arange(s, s + n) for s, n in zip(starts, lengths)]) without the Python loop."""
+    total = int(lengths.sum())
+    if total == 0:
+        return np.zeros(0, np.int64)
+    offsets = np.cumsum(lengths) - lengths
+    return np.repeat(starts - offsets, lengths) + np.arange(total)
+
+
+def assemble(tokens: np.ndarray, pairs: dict, rng: np.random.Generator, max_seq_length: int, cls_id: int,
+             sep_id: int, dtype):
+    """Rules 4 and 5 for all pairs: returns (flat ids, row offsets, b_start)."""
+    a_lo, a_hi, b_lo, b_hi = pairs["a_lo"], pairs["a_hi"], pairs["b_lo"], pairs["b_hi"]
+    trim_a, trim_b = truncation_amounts(a_hi - a_lo, b_hi - b_lo, max_seq_length - 3)
+    front_a, front_b = rng.binomial(trim_a, 0.5), rng.binomial(trim_b, 0.5)   # each trim: first or last, p = 0.5
+    a_lo, a_hi = a_lo + front_a, a_hi - (trim_a - front_a)
+    b_lo, b_hi = b_lo + front_b, b_hi - (trim_b - front_b)
+    len_a, len_b = a_hi - a_lo, b_hi - b_lo
+    lengths = len_a + len_b + 3
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    ids = np.empty(int(offsets[-1]), dtype=dtype)
+    row0 = offsets[:-1]
+    ids[row0] = cls_id
+    ids[row0 + 1 + len_a] = sep_id
+    ids[offsets[1:] - 1] = sep_id
+    ids[ragged_arange(row0 + 1, len_a)] = tokens[ragged_arange(a_lo, len_a)]
+    ids[ragged_arange(row0 + 2 + len_a, len_b)] = tokens[ragged_arange(b_lo, len_b)]
+    return ids, offsets, len_a + 2
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One shard: tokenize once, then every pass; stats per written file
+
+
+def instances_table(ids, offsets, b_start, not_next, vocab_size, masking=None) -> pa.Table:
+    """Arrow table of instance_schema from flat arrays (masking = (positions_in_row, labels, pred_offsets))."""
+    id_t = id_type(vocab_size)
+    np_id = np.uint16 if id_t == pa.uint16() else np.int32
+
+    def lists(values, offs, t):
+        return pa.ListArray.from_arrays(pa.array(np.asarray(offs, dtype=np.int32)), pa.array(values, type=t))
+
+    cols = [lists(ids.astype(np_id, copy=False), offsets, id_t), pa.array(b_start.astype(np.uint16)),
+            pa.array(not_next.astype(np.int8))]
+    if masking is not None:
+        pos, labels, pred_off = masking
+        cols += [lists(pos.astype(np.uint16), pred_off, pa.uint16()), lists(labels.astype(np_id), pred_off, id_t)]
+    return pa.Table.from_arrays(cols, schema=instance_schema(vocab_size, masking is not None))
+
+
+def empty_stats(max_seq_length: int) -> dict:
+    return {"instances": 0, "not_next": 0, "tokens": 0, "candidates": 0, "selected": 0, "expected_selected": 0,
+            "mask": 0, "random": 0, "kept": 0, "skipped_chunks": 0, "length_counts": [0] * (max_seq_length + 1)}
+
+
+def pass_stats(offsets, b_start, not_next, max_seq_length, spec=None, masked=None, skipped=0) -> dict:
+    lengths = np.diff(offsets)
+    s = empty_stats(max_seq_length)
+    s.update(instances=len(lengths), not_next=int(not_next.sum()), tokens=int(lengths.sum()),
+             candidates=int(lengths.sum()) - 3 * len(lengths), skipped_chunks=int(skipped),
+             length_counts=np.bincount(lengths, minlength=max_seq_length + 1).tolist())
+    if masked is not None:
+        kinds = masked
+        n_cand = lengths - 3
+        s.update(selected=len(kinds), expected_selected=int(np.minimum(num_to_predict(lengths, spec), n_cand).sum()),
+                 mask=int((kinds == KIND_MASK).sum()), random=int((kinds == KIND_RANDOM).sum()),
+                 kept=int((kinds == KIND_KEPT).sum()))
+    return s
+
+
+def file_name(split: str, unit_index: int, pass_index: int, n_units: int) -> str:
+    # pass-major numbering: reading files in order sees every document once before seeing it again
+    prefix = "instances" if split == "train" else "holdout"
+    return f"{prefix}-{pass_index * n_units + unit_index:05d}.arrow"
+
+
+def plan_units(shards: list[Path], unit_bytes: int) -> list[tuple[int, int, int]]:
+    """(shard index, first row, end row) of each work unit: consecutive documents of one shard, cut once a unit
+    holds unit_bytes of text. The NotNext document of an instance comes from its unit."""
+    units = []
+    for k, path in enumerate(shards):
+        sentences = read_arrow(path).column("sentences").combine_chunks()
+        offsets = sentences.offsets.to_numpy().astype(np.int64)
+        text_bytes = np.concatenate([[0], np.cumsum(pa.compute.binary_length(sentences.flatten()).to_numpy(
+            zero_copy_only=False).astype(np.int64))])
+        row_end_bytes = text_bytes[offsets[1:] - offsets[0]]          # text before each row's end
+        lo, n_rows = 0, len(offsets) - 1
+        while lo < n_rows:
+            start = text_bytes[offsets[lo] - offsets[0]]
+            hi = int(np.searchsorted(row_end_bytes, start + unit_bytes, side="left")) + 1
+            hi = min(n_rows, max(lo + 1, hi))
+            units.append((k, lo, hi))
+            lo = hi
+    return units
+
+
+def corpus_text_bytes(shards: list[Path]) -> int:
+    return sum(int(pa.compute.sum(pa.compute.binary_length(
+        read_arrow(p).column("sentences").combine_chunks().flatten())).as_py() or 0) for p in shards)
+
+
+def process_unit(task: dict) -> list[dict]:
+    """Worker: every missing pass file of one work unit. Returns [{file, split, rows, bytes, sha256, stats}]."""
+    config = InstancesConfig(**task["config"])
+    out_dir, parts = Path(task["out"]), Path(task["out"]) / ".parts"
+    passes = config.passes if task["split"] == "train" else config.holdout_dupe
+    names = [file_name(task["split"], task["unit_index"], p, task["n_units"]) for p in range(passes)]
+    done = {}
+    for n in names:   # a file counts as finished only with its record, and the record's size matches
+        record = parts / f"{n}.json"
+        if record.is_file() and (out_dir / n).is_file():
+            entry = json.loads(record.read_text())
+            if entry["bytes"] == (out_dir / n).stat().st_size:
+                done[n] = entry
+    if len(done) == len(names):
+        return [done[n] for n in names]
+
+    tokenizer, vocab = load_stage_tokenizer(task["tokenizer"])
+    spec = masking_spec(vocab, config)
+    table = read_arrow(task["path"]).slice(task["row_lo"], task["row_hi"] - task["row_lo"])
+    dtype = np.uint16 if len(vocab) <= 65536 else np.int32
+    tokens, seg_start, doc_seg = tokenize_documents(tokenizer, table.column("sentences"))
+    tokens = tokens.astype(dtype)
+    del table
+    results = []
+    for p, name in enumerate(names):
+        if name in done:
+            results.append(done[name])
+            continue
+        rng = np.random.default_rng([config.seed, SPLIT_CODE[task["split"]], task["unit_index"], p])
+        if len(doc_seg) > 1:
+            pairs, skipped = build_pairs(seg_start, doc_seg, rng, config)
+        else:
+            pairs, skipped = {k: np.zeros(0, np.int64) for k in ("a_lo", "a_hi", "b_lo", "b_hi")}, 0
+            pairs["not_next"] = np.zeros(0, bool)
+        order = rng.permutation(len(pairs["a_lo"]))          # the file's rows come shuffled
+        pairs = {k: v[order] for k, v in pairs.items()}
+        ids, offsets, b_start = assemble(tokens, pairs, rng, config.max_seq_length, spec.cls_id, spec.sep_id, dtype)
+        if config.mode == "static":
+            masked, pos, labels, pred_off, kinds = mask_batch(ids, offsets, rng, spec)
+            row_of = np.repeat(np.arange(len(offsets) - 1), np.diff(pred_off))
+            tbl = instances_table(masked, offsets, b_start, pairs["not_next"], len(vocab),
+                                  (pos - offsets[:-1][row_of], labels, pred_off))
+            stats = pass_stats(offsets, b_start, pairs["not_next"], config.max_seq_length, spec, kinds, skipped)
+        else:
+            tbl = instances_table(ids, offsets, b_start, pairs["not_next"], len(vocab))
+            stats = pass_stats(offsets, b_start, pairs["not_next"], config.max_seq_length, skipped=skipped)
+        stats["documents"], stats["segments"] = len(doc_seg) - 1, len(seg_start) - 1
+        atomic_write_arrow(out_dir / name, tbl)
+        entry = {"file": name, "split": task["split"], "rows": tbl.num_rows, "bytes": (out_dir / name).stat().st_size,
+                 "sha256": sha256_file(out_dir / name), "pass": p, "stats": stats}
+        atomic_write_json(parts / f"{name}.json", entry)   # written last: its presence marks the file finished
+        results.append(entry)
+    return results
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The stage
+
+
+def check_tokenizer(tokenizer_dir) -> tuple[list[str], str]:
+    from bertkit.tokenization import SPECIAL_TOKENS, TokenizerError, vocab_sha256
+
+    try:
+        _, vocab = load_stage_tokenizer(tokenizer_dir)
+    except TokenizerError as e:
+        raise InstancesError(str(e)) from None
+    missing = [t for t in SPECIAL_TOKENS if t not in set(vocab)]
+    if missing:
+        raise InstancesError(f"{tokenizer_dir}: the vocabulary lacks {missing}; make-instances needs all of "
+                             f"{SPECIAL_TOKENS}. Train one with `bertkit train-tokenizer`.")
+    return vocab, vocab_sha256(tokenizer_dir)
+
+
+def copy_tokenizer_files(tokenizer_dir, out: Path, vocab: list[str]) -> None:
+    """vocab.txt, tokenizer.json and the HF tokenizer files travel with the instances (contracts.md)."""
+    from bertkit.tokenization import load_tokenizer, vocab_text
+
+    src = Path(tokenizer_dir)
+    atomic_write_bytes(out / "vocab.txt", vocab_text(vocab))
+    atomic_write_bytes(out / "tokenizer.json", load_tokenizer(src).to_str(pretty=True).encode("utf-8"))
+    for name in HF_TOKENIZER_FILES:
+        if src.is_dir() and (src / name).is_file():
+            shutil.copyfile(src / name, out / name)
+
+
+def summarize(entries: list[dict], config: InstancesConfig) -> dict:
+    """Manifest statistics, summed over files."""
+    total = empty_stats(config.max_seq_length)
+    per_pass, by_split = {}, {}
+    for e in entries:
+        st = e["stats"]
+        if e["split"] == "train":
+            by_pass = st.get("instances_by_pass") or {e["pass"]: st["instances"]}
+            for p, n_p in (enumerate(by_pass) if isinstance(by_pass, list) else by_pass.items()):
+                per_pass[p] = per_pass.get(p, 0) + n_p
+            for k, v in st.items():
+                if k == "length_counts":
+                    total[k] = [a + b for a, b in zip(total[k], v)]
+                elif k in total:
+                    total[k] += v
+        by_split[e["split"]] = by_split.get(e["split"], 0) + st["instances"]
+    n, sel, cand = total["instances"], total["selected"], total["candidates"]
+    bin_w = max(1, config.max_seq_length // 16)
+    counts = total.pop("length_counts")
+    out = {
+        "instances": by_split,
+        "instances_per_pass": [per_pass[p] for p in sorted(per_pass)],
+        "train_counts": total,   # sums over the train split's files
+        "not_next_share": total["not_next"] / n if n else 0.0,
+        "mean_length": total["tokens"] / n if n else 0.0,
+        "length_histogram": {"bin_width": bin_w, "counts": [sum(counts[i:i + bin_w])
+                                                             for i in range(0, len(counts), bin_w)]},
+    }
+    if config.mode == "static":
+        out.update(selected_fraction=sel / cand if cand else 0.0,
+                   expected_selected_fraction=total["expected_selected"] / cand if cand else 0.0,
+                   mask_share=total["mask"] / sel if sel else 0.0,
+                   random_share=total["random"] / sel if sel else 0.0,
+                   kept_share=total["kept"] / sel if sel else 0.0)
+    return out
+
+
+def _corpus_identity(corpus_dir: Path, manifest: dict) -> list:
+    return [[s["file"], s.get("split"), s.get("sha256"), s.get("rows")] for s in manifest["shards"]]
+
+
+def make_instances(corpus_dir, tokenizer_dir, out, config: InstancesConfig | None = None, progress: bool = True) -> dict:
+    """Write instances for every corpus shard into `out`; returns the manifest. Resumes an interrupted run."""
+    config = config or InstancesConfig()
+    config.check()
+    corpus_dir, out = Path(corpus_dir), Path(out)
+    corpus_manifest = read_corpus_manifest(corpus_dir)
+    train, holdout = corpus_shards(corpus_dir, "train"), corpus_shards(corpus_dir, "holdout")
+    if not train:
+        raise InstancesError(f"{corpus_dir}: the corpus has no training shard; run prepare-corpus on some text")
+    vocab, vocab_sha = check_tokenizer(tokenizer_dir)
+
+    identity = {"config": config.identity(), "vocab_sha256": vocab_sha,
+                "corpus": _corpus_identity(corpus_dir, corpus_manifest)}
+    run_file = out / ".parts" / "run.json"
+    if run_file.is_file():
+        previous = json.loads(run_file.read_text())
+        if previous != identity:
+            changed = sorted(k for k in identity["config"] if previous["config"].get(k) != identity["config"][k])
+            what = ", ".join(changed) or ("the tokenizer" if previous["vocab_sha256"] != vocab_sha else "the corpus")
+            raise InstancesError(f"{out}: holds instances made with different settings ({what}); "
+                                 f"use a new --out folder or delete {out}")
+    elif out.exists() and any(out.iterdir()):
+        raise InstancesError(f"{out}: exists and is not a make-instances output; choose an empty or new --out folder")
+    atomic_write_json(run_file, identity)
+    for stale in list(out.glob(".*.tmp")) + list((out / ".parts").glob(".*.tmp")):
+        stale.unlink()   # half-written files of a killed run (atomic writes never expose them)
+
+    if config.compat == "google":
+        from pipelines.google_compat import make_instances_google
+
+        entries = make_instances_google(train, holdout, tokenizer_dir, out, config, progress)
+    else:
+        entries = _run_shards(train, holdout, tokenizer_dir, out, config, progress)
+
+    stats = summarize(entries, config)
+    if stats["instances"].get("train", 0) == 0:
+        raise InstancesError(f"{corpus_dir}: no instance could be made: the corpus has no non-empty document "
+                             f"(every sentence tokenized to nothing)")
+    copy_tokenizer_files(tokenizer_dir, out, vocab)
+    manifest = {
+        "stage": "make-instances", "complete": True, "mode": config.mode, "compat": config.compat,
+        "vocab_size": len(vocab), "vocab_sha256": vocab_sha,
+        "max_seq_length": config.max_seq_length, "max_predictions": config.max_predictions,
+        "masked_lm_prob": config.masked_lm_prob, "whole_word_mask": config.whole_word_mask, "seed": config.seed,
+        "short_seq_prob": config.short_seq_prob, "dupe": config.passes, "holdout_dupe": config.holdout_dupe,
+        "reference_behaviour": {"random_from_whole_vocab": config.random_from_whole_vocab or config.compat == "google",
+                                "wwm_decide_per_piece": config.wwm_decide_per_piece or config.compat == "google",
+                                "same_doc_notnext": config.same_doc_notnext or config.compat == "google"},
+        "next_sentence_label": "0 = B follows A (IsNext), 1 = B is random (NotNext)",
+        "tokenizer": str(Path(tokenizer_dir).resolve()), "corpus": str(corpus_dir.resolve()),
+        "shards": [{k: e[k] for k in ("file", "split", "rows", "bytes", "sha256")} for e in entries],
+        "stats": stats,
+    }
+    atomic_write_json(out / "manifest.json", manifest)
+    return manifest
+
+
+def _one_core():
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"   # each worker is one core; --workers sets the parallelism
+
+
+def _run_shards(train, holdout, tokenizer_dir, out: Path, config: InstancesConfig, progress: bool) -> list[dict]:
+    from tqdm import tqdm
+
+    if config.unit_mb is not None:
+        unit_bytes = int(config.unit_mb * (1 << 20))
+    else:
+        unit_bytes = int(min(16 << 20, max(1 << 20, corpus_text_bytes(train) // 32)))
+    tasks = []
+    for split, paths in (("train", train), ("holdout", holdout)):
+        units = plan_units(paths, unit_bytes)
+        tasks += [{"split": split, "unit_index": u, "n_units": len(units), "path": str(paths[k]), "row_lo": lo,
+                   "row_hi": hi, "out": str(out), "tokenizer": str(tokenizer_dir), "config": asdict(config)}
+                  for u, (k, lo, hi) in enumerate(units)]
+    results = []
+    bar = tqdm(total=len(tasks), desc="make-instances", unit="unit", disable=not progress)
+    if config.workers == 1 or len(tasks) == 1:
+        previous = os.environ.get("TOKENIZERS_PARALLELISM")
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"   # one worker = one core
+        try:
+            for t in tasks:
+                results.append(process_unit(t))
+                bar.update(1)
+        finally:
+            if previous is None:
+                os.environ.pop("TOKENIZERS_PARALLELISM")
+            else:
+                os.environ["TOKENIZERS_PARALLELISM"] = previous
+    else:
+        import multiprocessing as mp
+
+        # spawn: no fork of a parent whose tokenizers/arrow thread pools are already running
+        with mp.get_context("spawn").Pool(min(config.workers, len(tasks)), initializer=_one_core) as pool:
+            for r in pool.imap(process_unit, tasks):
+                results.append(r)
+                bar.update(1)
+    bar.close()
+    entries = [e for r in results for e in r]
+    order = {"train": 0, "holdout": 1}
+    return sorted(entries, key=lambda e: (order[e["split"]], e["file"]))

@@ -1,0 +1,536 @@
+"""make-instances: rules 1-6 on hand-built documents, the improvements and their reference switches, --compat google
+call for call, the Arrow output, determinism, workers, resuming, bad inputs and statistics on English Wikipedia."""
+import hashlib
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from click.testing import CliRunner
+
+from bertkit.fileio import atomic_write_arrow, atomic_write_json, read_arrow, sha256_file
+from pipelines import google_compat
+from pipelines.make_instances import (InstancesConfig, InstancesError, assemble, build_pairs, make_instances,
+                                      truncation_amounts)
+from pipelines.schemas import CORPUS_SCHEMA, instance_schema
+
+VOCAB_FILE = "vocab/bert-base-uncased/vocab.txt"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# helpers
+
+
+def layout(docs):
+    """Documents as lists of segment lengths -> (tokens = 0..N-1, seg_start, doc_seg): a token's id is its index."""
+    lens = [n for d in docs for n in d]
+    seg_start = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+    doc_seg = np.concatenate([[0], np.cumsum([len(d) for d in docs])]).astype(np.int64)
+    return np.arange(seg_start[-1]), seg_start, doc_seg
+
+
+def doc_of(token, seg_start, doc_seg):
+    seg = np.searchsorted(seg_start, token, side="right") - 1
+    return int(np.searchsorted(doc_seg, seg, side="right") - 1)
+
+
+def write_corpus(folder: Path, shards, holdout=()):
+    """A prepare-corpus folder: shards are lists of documents, a document a list of sentences."""
+    folder.mkdir(parents=True, exist_ok=True)
+    entries = []
+    for split, groups in (("train", shards), ("holdout", holdout)):
+        for i, docs in enumerate(groups):
+            name = f"{'shard' if split == 'train' else 'holdout'}-{i:05d}.arrow"
+            table = pa.table({"id": [hashlib.sha1(repr(d).encode()).hexdigest()[:16] for d in docs],
+                              "source": ["test.txt"] * len(docs), "title": [None] * len(docs),
+                              "sentences": list(docs)}, schema=CORPUS_SCHEMA)
+            atomic_write_arrow(folder / name, table)
+            entries.append({"file": name, "split": split, "rows": len(docs),
+                            "bytes": (folder / name).stat().st_size, "sha256": sha256_file(folder / name)})
+    atomic_write_json(folder / "manifest.json", {"stage": "prepare-corpus", "complete": True, "shards": entries})
+    return folder
+
+
+WORDS = ("the cat sat on a mat while the dog ran after a red ball in the park near old trees and "
+         "children played games under bright summer light before evening rain came down hard").split()
+
+
+def synthetic_docs(n_docs, seed=0, max_sentences=30):
+    rng = random.Random(seed)
+    return [[" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 25))) + "."
+             for _ in range(rng.randint(2, max_sentences))] for _ in range(n_docs)]
+
+
+@pytest.fixture(scope="module")
+def vocab(shared_data):
+    return str(shared_data / VOCAB_FILE)
+
+
+@pytest.fixture(scope="module")
+def small_corpus(tmp_path_factory):
+    return write_corpus(tmp_path_factory.mktemp("corpus"), [synthetic_docs(40, 1), synthetic_docs(25, 2)],
+                        holdout=[synthetic_docs(5, 3)])
+
+
+def files_bytes(folder: Path):
+    return {p.name: p.read_bytes() for p in sorted(folder.glob("*.arrow"))}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# rules 1-3 in the default mode, on token ranges
+
+
+def test_rule2_chunks_fill_to_target_and_one_document_pool_is_isnext():
+    # one document of 40 one-token segments, target 13 (short_seq_prob 0): chunks 0-12, 13-25, 26-38 and the last
+    # segment alone. With nothing else to draw B from, B is A's continuation (IsNext); a one-token chunk is skipped.
+    tokens, seg_start, doc_seg = layout([[1] * 40])
+    cfg = InstancesConfig(max_seq_length=16, short_seq_prob=0.0)
+    for seed in range(20):
+        pairs, skipped = build_pairs(seg_start, doc_seg, np.random.default_rng(seed), cfg)
+        assert skipped == 1 and not pairs["not_next"].any()
+        assert pairs["a_lo"].tolist() == [0, 13, 26] and pairs["b_hi"].tolist() == [13, 26, 39]
+        assert np.all(pairs["a_hi"] == pairs["b_lo"])                      # B follows A
+        assert np.all((pairs["a_hi"] > pairs["a_lo"]) & (pairs["b_hi"] > pairs["b_lo"]))
+
+
+def test_one_document_single_segment_chunk_splits_inside_the_segment():
+    # segments longer than the target: each chunk is one segment; IsNext pairs cut it at a point in [1, len-1]
+    tokens, seg_start, doc_seg = layout([[20, 30]])
+    pairs, skipped = build_pairs(seg_start, doc_seg, np.random.default_rng(0), InstancesConfig(max_seq_length=16,
+                                                                                              short_seq_prob=0.0))
+    assert skipped == 0 and not pairs["not_next"].any()
+    assert pairs["a_lo"].tolist() == [0, 20] and pairs["b_hi"].tolist() == [20, 50]
+    assert np.all(pairs["a_hi"] == pairs["b_lo"]) and np.all(pairs["a_lo"] < pairs["a_hi"])
+
+
+def test_same_doc_notnext_restores_reference_on_one_document():
+    # the reference: B comes from the same document (10 draws all land on it) and is still labelled NotNext
+    tokens, seg_start, doc_seg = layout([[20, 30]])
+    cfg = InstancesConfig(max_seq_length=16, short_seq_prob=0.0, same_doc_notnext=True)
+    pairs, skipped = build_pairs(seg_start, doc_seg, np.random.default_rng(0), cfg)
+    assert pairs["not_next"].all() and skipped == 0
+    assert pairs["a_lo"].tolist() == [0, 20]                          # A: each (one-segment) chunk
+    assert set(pairs["b_lo"].tolist()) <= {0, 20}                     # B: from a segment start of the same document
+
+
+def test_rule1_short_target_drawn_once_per_document_and_pass():
+    # one-token segments and a one-document pool: every chunk but the last has exactly the target's length
+    tokens, seg_start, doc_seg = layout([[1] * 200])
+    cfg = InstancesConfig(max_seq_length=16, short_seq_prob=1.0)
+    targets = []
+    for seed in range(300):
+        pairs, _ = build_pairs(seg_start, doc_seg, np.random.default_rng(seed), cfg)
+        lengths = (pairs["b_hi"] - pairs["a_lo"])[:-1]
+        assert len(set(lengths.tolist())) == 1
+        targets.append(int(lengths[0]))
+    counts = np.bincount(targets, minlength=14)
+    assert counts[:2].sum() == 0                                     # uniform over [2, 13]: 25 each expected
+    assert counts[2:].min() >= 10 and counts[2:].max() <= 45
+
+
+def test_rule3_notnext_from_another_document_put_back_and_nothing_lost():
+    docs = [[3, 4, 2, 5, 1, 6, 2, 2, 3], [1, 1, 7], [9], [4, 4, 4, 4]]
+    tokens, seg_start, doc_seg = layout(docs)
+    cfg = InstancesConfig(max_seq_length=12, short_seq_prob=0.3)        # target 9 or shorter
+    seg_starts = set(seg_start.tolist())
+    not_next = n_pairs = 0
+    for seed in range(200):
+        pairs, skipped = build_pairs(seg_start, doc_seg, np.random.default_rng(seed), cfg)
+        assert skipped == 0
+        for d in range(len(docs)):
+            lo, hi = seg_start[doc_seg[d]], seg_start[doc_seg[d + 1]]
+            mine = np.flatnonzero((pairs["a_lo"] >= lo) & (pairs["a_lo"] < hi))
+            covered = []
+            for k in mine:
+                a_lo, a_hi, b_lo, b_hi = (int(pairs[x][k]) for x in ("a_lo", "a_hi", "b_lo", "b_hi"))
+                assert a_lo in seg_starts and a_hi in seg_starts          # A is whole segments
+                covered.append((a_lo, a_hi))
+                if pairs["not_next"][k]:
+                    assert doc_of(b_lo, seg_start, doc_seg) != d        # improvement: never A's own document
+                    assert b_lo in seg_starts and b_hi in seg_starts
+                    assert doc_of(b_hi - 1, seg_start, doc_seg) == doc_of(b_lo, seg_start, doc_seg)
+                else:
+                    assert b_lo == a_hi and b_hi in seg_starts and b_hi <= hi
+                    covered.append((b_lo, b_hi))
+            # the document's text, in order, exactly once: unused segments were put back
+            assert covered[0][0] == lo and covered[-1][1] == hi
+            assert all(x[1] == y[0] for x, y in zip(covered, covered[1:]))
+        # the single-segment document [9] always gets NotNext
+        d2 = int(seg_start[doc_seg[2]])
+        assert pairs["not_next"][pairs["a_lo"] == d2].all()
+        not_next += int(pairs["not_next"].sum())
+        n_pairs += len(pairs["not_next"])
+    assert 0.4 < not_next / n_pairs < 0.8
+
+
+def test_rule3_random_b_fills_to_target_minus_a():
+    # doc 0 = segments of 3 and 20 tokens, target 13: one chunk of both, A = the 3-token segment. NotNext: B from
+    # doc 1 (segments 2 3 4 5 6 = tokens 23..43) from a random start segment until 13 - 3 = 10 tokens or its end.
+    tokens, seg_start, doc_seg = layout([[3, 20], [2, 3, 4, 5, 6]])
+    cfg = InstancesConfig(max_seq_length=16, short_seq_prob=0.0)
+    seen = set()
+    for seed in range(200):
+        pairs, _ = build_pairs(seg_start, doc_seg, np.random.default_rng(seed), cfg)
+        assert (pairs["a_lo"][0], pairs["a_hi"][0]) == (0, 3)
+        b = (int(pairs["b_lo"][0]), int(pairs["b_hi"][0]))
+        if pairs["not_next"][0]:
+            assert b in {(23, 37), (25, 37), (28, 43), (32, 43), (37, 43)}
+            # the 20-token segment was put back: it is the next chunk, alone, hence NotNext with B of one segment
+            # (13 - 20 < 0)
+            assert (pairs["a_lo"][1], pairs["a_hi"][1]) == (3, 23) and pairs["not_next"][1]
+            assert (int(pairs["b_lo"][1]), int(pairs["b_hi"][1])) in {(23, 25), (25, 28), (28, 32), (32, 37),
+                                                                     (37, 43)}
+        else:
+            assert b == (3, 23)
+        seen.add(b)
+    assert len(seen) == 6
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# rules 4-5
+
+
+def simulate_truncation(la, lb, max_num):
+    trim_a = trim_b = 0
+    while la + lb > max_num:
+        if la > lb:
+            la, trim_a = la - 1, trim_a + 1
+        else:
+            lb, trim_b = lb - 1, trim_b + 1
+    return trim_a, trim_b
+
+
+def test_rule4_truncation_amounts_equal_the_trimming_loop():
+    la, lb = np.meshgrid(np.arange(1, 60), np.arange(1, 60))
+    la, lb = la.ravel(), lb.ravel()
+    for max_num in (2, 5, 13, 40):
+        ta, tb = truncation_amounts(la, lb, max_num)
+        expected = [simulate_truncation(a, b, max_num) for a, b in zip(la.tolist(), lb.tolist())]
+        assert list(zip(ta.tolist(), tb.tolist())) == expected
+
+
+def test_rule4_and_5_assembly_trims_both_ends_evenly_and_builds_cls_a_sep_b_sep():
+    # A = 20 tokens, B = 5, max_seq_length 16 -> 13 tokens: A alone loses 12, each from its front or back
+    tokens = np.arange(1000, 1100)
+    n = 4000
+    pairs = {"a_lo": np.zeros(n, np.int64), "a_hi": np.full(n, 20), "b_lo": np.full(n, 50), "b_hi": np.full(n, 55)}
+    ids, offsets, b_start = assemble(tokens, pairs, np.random.default_rng(0), 16, 1, 2, np.int64)
+    assert np.all(np.diff(offsets) == 16) and np.all(b_start == 10)
+    rows = ids.reshape(n, 16)
+    assert np.all(rows[:, 0] == 1) and np.all(rows[:, 9] == 2) and np.all(rows[:, 15] == 2)
+    a, b = rows[:, 1:9] - 1000, rows[:, 10:15] - 1000
+    assert np.all(np.diff(a, axis=1) == 1) and np.all(b == np.arange(50, 55))
+    first = a[:, 0]                                                   # front trims ~ Binomial(12, 0.5)
+    assert abs(first.mean() - 6) < 0.15 and abs(first.var() - 3) < 0.3 and first.max() <= 12
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# --compat google: the reference's calls, scripted
+
+
+class ScriptedRandom(random.Random):
+    """Answers each call from a script and checks it is the call the reference makes next."""
+
+    def __init__(self, script):
+        super().__init__(0)
+        self.script = list(script)
+
+    def _next(self, call, *args):
+        want = self.script.pop(0)
+        assert want[0] == call and tuple(want[1:-1]) == args, f"expected {want[:-1]}, got {(call, *args)}"
+        return want[-1]
+
+    def random(self):
+        return self._next("random")
+
+    def randint(self, a, b):
+        return self._next("randint", a, b)
+
+    def shuffle(self, x):
+        order = self._next("shuffle", len(x))
+        x[:] = [x[i] for i in order]
+
+
+CLS, SEP, MASK, V = 101, 102, 103, 30522
+VOCAB_INFO = {"size": V, "cls": CLS, "sep": SEP, "mask": MASK, "is_continuation": [False] * V}
+
+
+def run_scripted(documents, script, **cfg):
+    config = InstancesConfig(compat="google", **cfg)
+    rng = ScriptedRandom(script)
+    docs = list(documents)
+    rng.shuffle(docs)
+    instances = []
+    for d in range(len(docs)):
+        instances += google_compat.instances_from_document(docs, d, rng, config, VOCAB_INFO)
+    rng.shuffle(instances)
+    assert rng.script == [], "the reference makes more calls"
+    return [(list(i[0]), i[1], i[2], list(i[3]), list(i[4])) for i in instances]
+
+
+def test_compat_isnext_short_target_notnext_retry_and_random_word():
+    docs = [[[10, 11, 12], [13, 14]], [[20]]]
+    script = [
+        ("shuffle", 2, [0, 1]),
+        # doc 0: not short; target 5; chunk of 2 segments -> a_end = randint(1, 1); coin 0.7 -> IsNext
+        ("random", 0.5), ("randint", 1, 1, 1), ("random", 0.7),
+        # masking [CLS] 10 11 12 [SEP] 13 14 [SEP]: round(8 * .15) = 1; first candidate kept (0.85, then 0.3)
+        ("shuffle", 5, [0, 1, 2, 3, 4]), ("random", 0.85), ("random", 0.3),
+        # doc 1: short (0.05 < 0.1) -> target randint(2, 5) = 2; one segment -> NotNext without a coin;
+        # first try lands on doc 1 itself, the second on doc 0; start segment 1 of doc 0
+        ("random", 0.05), ("randint", 2, 5, 2), ("randint", 0, 1, 1), ("randint", 0, 1, 0), ("randint", 0, 1, 1),
+        # masking [CLS] 20 [SEP] 13 14 [SEP]: round(0.9) = 1; random word: randint over the whole vocab
+        ("shuffle", 3, [0, 1, 2]), ("random", 0.95), ("random", 0.9), ("randint", 0, V - 1, 7),
+        ("shuffle", 2, [0, 1]),
+    ]
+    got = run_scripted(docs, script, max_seq_length=8)
+    assert got == [([CLS, 10, 11, 12, SEP, 13, 14, SEP], 5, False, [1], [10]),
+                   ([CLS, 7, SEP, 13, 14, SEP], 3, True, [1], [20])]
+
+
+def test_compat_truncation_and_put_back():
+    docs = [[[1, 2, 3, 4], [5, 6], [7]], [[8, 9, 10, 11, 12, 13]]]
+    script = [
+        ("shuffle", 2, [0, 1]),
+        # doc 0, target 5: chunk [1 2 3 4][5 6] -> A = [1 2 3 4], coin 0.2 -> NotNext from doc 1 (its one segment)
+        ("random", 0.5), ("randint", 1, 1, 1), ("random", 0.2), ("randint", 0, 1, 1), ("randint", 0, 0, 0),
+        # truncate 4 + 6 to 5: B front, B back, tie -> B front, A back, tie -> B back
+        ("random", 0.3), ("random", 0.7), ("random", 0.1), ("random", 0.6), ("random", 0.6),
+        ("shuffle", 5, [0, 1, 2, 3, 4]), ("random", 0.1),
+        # [5 6] was put back: chunk [5 6][7] ends the document -> A = [5 6], coin 0.9 -> IsNext B = [7]
+        ("randint", 1, 1, 1), ("random", 0.9), ("shuffle", 3, [0, 1, 2]), ("random", 0.5),
+        # doc 1: one 6-token segment -> NotNext, B from doc 0 segment 2; truncate A front then back
+        ("random", 0.5), ("randint", 0, 1, 0), ("randint", 0, 2, 2), ("random", 0.2), ("random", 0.8),
+        ("shuffle", 5, [0, 1, 2, 3, 4]), ("random", 0.5),
+        ("shuffle", 3, [2, 0, 1]),
+    ]
+    got = run_scripted(docs, script, max_seq_length=8)
+    assert got == [([CLS, MASK, 10, 11, 12, SEP, 7, SEP], 6, True, [1], [9]),
+                   ([CLS, MASK, 2, 3, SEP, 10, 11, SEP], 5, True, [1], [1]),
+                   ([CLS, MASK, 6, SEP, 7, SEP], 4, False, [1], [5])]
+
+
+def test_compat_whole_word_masking_reference_quirks():
+    # [CLS] a ##b [SEP] ##c d [SEP]: the reference glues ##c (start of B) onto a##b; k = round(7 * .43) = 3;
+    # the 3-piece group decides per piece: kept, [MASK], random word (which may be [PAD]: whole vocabulary)
+    is_cont = [False] * 10
+    is_cont[6] = is_cont[7] = True
+    a, b, c, d = 5, 6, 7, 8
+    rng = ScriptedRandom([("shuffle", 2, [0, 1]), ("random", 0.9), ("random", 0.2), ("random", 0.1),
+                          ("random", 0.95), ("random", 0.7), ("randint", 0, 9, 0)])
+    out, pos, labels, kinds = google_compat.mask_google([CLS, a, b, SEP, c, d, SEP], rng, 10, CLS, SEP, MASK,
+                                                        is_cont, 0.43, 20, True)
+    assert out == [CLS, a, MASK, SEP, 0, d, SEP] and pos == [1, 2, 4] and labels == [a, b, c]
+    # a group that would exceed the number is skipped, the next one that fits is taken
+    rng = ScriptedRandom([("shuffle", 2, [0, 1]), ("random", 0.1)])
+    out, pos, labels, _ = google_compat.mask_google([CLS, a, b, SEP, c, d, SEP], rng, 10, CLS, SEP, MASK,
+                                                    is_cont, 0.3, 20, True)       # k = round(2.1) = 2
+    assert pos == [5] and out[5] == MASK
+
+
+def test_compat_end_to_end_deterministic(tmp_path, vocab):
+    corpus = write_corpus(tmp_path / "c", [synthetic_docs(12, 4)])
+    cfg = InstancesConfig(compat="google", dupe=2, max_seq_length=32)
+    m1 = make_instances(corpus, vocab, tmp_path / "o1", cfg, progress=False)
+    m2 = make_instances(corpus, vocab, tmp_path / "o2", InstancesConfig(compat="google", dupe=2, max_seq_length=32),
+                        progress=False)
+    assert files_bytes(tmp_path / "o1") == files_bytes(tmp_path / "o2")
+    t = read_arrow(tmp_path / "o1" / "instances-00000.arrow")
+    assert t.schema.equals(instance_schema(30522, True)) and t.num_rows == sum(m1["stats"]["instances_per_pass"])
+    assert m1["reference_behaviour"] == {"random_from_whole_vocab": True, "wwm_decide_per_piece": True,
+                                         "same_doc_notnext": True}
+    assert m2["stats"]["train_counts"]["selected"] == m2["stats"]["train_counts"]["expected_selected"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the stage end to end
+
+
+def test_static_output_round_trip_and_contract(tmp_path, small_corpus, vocab, shared_data):
+    out = tmp_path / "inst"
+    m = make_instances(small_corpus, vocab, out, InstancesConfig(dupe=2, max_seq_length=64, workers=1),
+                       progress=False)
+    assert m["stage"] == "make-instances" and m["complete"] and m["mode"] == "static"
+    assert m["vocab_size"] == 30522 and m["vocab_sha256"] == sha256_file(shared_data / VOCAB_FILE)
+    assert (out / "vocab.txt").read_bytes() == (shared_data / VOCAB_FILE).read_bytes()
+    assert (out / "tokenizer.json").is_file()
+    names = sorted(p.name for p in out.glob("*.arrow"))
+    assert names == sorted(s["file"] for s in m["shards"])
+    assert any(n.startswith("holdout-") for n in names)
+    vocab_tokens = (shared_data / VOCAB_FILE).read_text().split("\n")
+    n_rows = 0
+    for s in m["shards"]:
+        t = read_arrow(out / s["file"])
+        assert t.schema.equals(instance_schema(30522, True)) and s["rows"] == t.num_rows
+        assert s["sha256"] == sha256_file(out / s["file"])
+        d = t.to_pydict()
+        for ids, b, nsp, pos, lab in zip(d["input_ids"], d["b_start"], d["next_sentence_label"],
+                                         d["masked_positions"], d["masked_ids"]):
+            assert len(ids) <= 64 and ids[0] == CLS and ids[b - 1] == SEP and ids[-1] == SEP
+            assert SEP not in ids[1:b - 1] + ids[b:-1] and nsp in (0, 1)
+            assert pos == sorted(set(pos)) and len(pos) == min(20, max(1, round(len(ids) * 0.15)))
+            assert all(0 < p < len(ids) and p != b - 1 for p in pos) and len(lab) == len(pos)
+            for p, label in zip(pos, lab):
+                if ids[p] not in (MASK, label):     # a random replacement: never a special or [unused] token
+                    assert not (vocab_tokens[ids[p]].startswith("[") and vocab_tokens[ids[p]].endswith("]"))
+        n_rows += t.num_rows if s["split"] == "train" else 0
+    assert n_rows == m["stats"]["instances"]["train"] == sum(m["stats"]["instances_per_pass"])
+    assert len(m["stats"]["instances_per_pass"]) == 2
+
+
+def test_isnext_pairs_are_contiguous_text_of_one_document(tmp_path, vocab):
+    from bertkit.tokenization import load_tokenizer
+
+    docs = synthetic_docs(6, 9, max_sentences=8)                      # no chunk reaches 509 tokens: no truncation
+    corpus = write_corpus(tmp_path / "c", [docs])
+    out = tmp_path / "o"
+    make_instances(corpus, vocab, out, InstancesConfig(mode="dynamic", max_seq_length=512, short_seq_prob=0.0),
+                   progress=False)
+    tok = load_tokenizer(vocab)
+    doc_ids = [[t for s in d for t in tok.encode(s, add_special_tokens=False).ids] for d in docs]
+    t = read_arrow(out / "instances-00000.arrow").to_pydict()
+    seen_isnext = 0
+    for ids, b, nsp in zip(t["input_ids"], t["b_start"], t["next_sentence_label"]):
+        a_tokens, b_tokens = ids[1:b - 1], ids[b:-1]
+        owners_a = [k for k, d in enumerate(doc_ids) if _contains(d, a_tokens)]
+        assert owners_a
+        if nsp == 0:
+            seen_isnext += 1
+            assert any(_contains(doc_ids[k], a_tokens + b_tokens) for k in owners_a)
+    assert seen_isnext > 0
+
+
+def _contains(seq, sub):
+    n = len(sub)
+    return any(seq[i:i + n] == sub for i in range(len(seq) - n + 1))
+
+
+def test_dynamic_mode_is_static_before_masking(tmp_path, small_corpus, vocab):
+    cfg = dict(dupe=1, max_seq_length=48, workers=1)
+    make_instances(small_corpus, vocab, tmp_path / "s", InstancesConfig(**cfg), progress=False)
+    m = make_instances(small_corpus, vocab, tmp_path / "d", InstancesConfig(mode="dynamic", **cfg), progress=False)
+    assert m["mode"] == "dynamic" and "mask_share" not in m["stats"]
+    s = read_arrow(tmp_path / "s" / "instances-00000.arrow").to_pydict()
+    d = read_arrow(tmp_path / "d" / "instances-00000.arrow")
+    assert d.schema.equals(instance_schema(30522, False))
+    d = d.to_pydict()
+    for ids_s, pos, lab, ids_d in zip(s["input_ids"], s["masked_positions"], s["masked_ids"], d["input_ids"]):
+        restored = list(ids_s)
+        for p, label in zip(pos, lab):
+            restored[p] = label
+        assert restored == ids_d
+    assert s["b_start"] == d["b_start"] and s["next_sentence_label"] == d["next_sentence_label"]
+    # the dynamic default is one pass; static is 10
+    assert InstancesConfig(mode="dynamic").passes == 1 and InstancesConfig().passes == 10
+
+
+def test_deterministic_and_identical_for_1_and_2_workers(tmp_path, small_corpus, vocab):
+    cfg = dict(dupe=2, max_seq_length=64, unit_mb=0.002)          # several work units per shard
+    m1 = make_instances(small_corpus, vocab, tmp_path / "w1", InstancesConfig(workers=1, **cfg), progress=False)
+    make_instances(small_corpus, vocab, tmp_path / "w2", InstancesConfig(workers=2, **cfg), progress=False)
+    assert len(m1["shards"]) > 4
+    assert files_bytes(tmp_path / "w1") == files_bytes(tmp_path / "w2")
+    assert (tmp_path / "w1" / "manifest.json").read_bytes() == (tmp_path / "w2" / "manifest.json").read_bytes()
+    make_instances(small_corpus, vocab, tmp_path / "seed", InstancesConfig(workers=1, seed=7, **cfg), progress=False)
+    assert files_bytes(tmp_path / "seed") != files_bytes(tmp_path / "w1")
+
+
+def test_resume_redoes_only_unfinished_files(tmp_path, small_corpus, vocab):
+    out = tmp_path / "o"
+    cfg = InstancesConfig(dupe=3, max_seq_length=64, workers=1)
+    make_instances(small_corpus, vocab, out, cfg, progress=False)
+    before = files_bytes(out)
+    mtimes = {p.name: p.stat().st_mtime_ns for p in out.glob("*.arrow")}
+    # a killed run: one file never written, one written but without its record, a temp file left behind
+    (out / "instances-00001.arrow").unlink()
+    (out / ".parts" / "instances-00004.arrow.json").unlink()
+    (out / ".instances-00002.arrow.abc.tmp").write_bytes(b"partial")
+    (out / "manifest.json").unlink()
+    make_instances(small_corpus, vocab, out, InstancesConfig(dupe=3, max_seq_length=64, workers=1), progress=False)
+    assert files_bytes(out) == before
+    assert not list(out.glob(".*.tmp"))
+    for name, t in mtimes.items():
+        if name not in ("instances-00001.arrow", "instances-00004.arrow"):
+            assert (out / name).stat().st_mtime_ns == t, f"{name} was redone"
+    # other settings into the same folder: refused, not mixed
+    with pytest.raises(InstancesError, match="different settings.*seed"):
+        make_instances(small_corpus, vocab, out, InstancesConfig(dupe=3, max_seq_length=64, seed=1), progress=False)
+
+
+def test_bad_inputs_are_clear_errors(tmp_path, small_corpus, vocab, shared_data):
+    from pipelines.corpus_files import CorpusError
+
+    (tmp_path / "nomanifest").mkdir()
+    with pytest.raises(CorpusError, match="no manifest.json"):
+        make_instances(tmp_path / "nomanifest", vocab, tmp_path / "o1")
+    for bad in (7, 513):
+        with pytest.raises(InstancesError, match="--max-seq-length"):
+            make_instances(small_corpus, vocab, tmp_path / "o2", InstancesConfig(max_seq_length=bad))
+    tokens = (shared_data / VOCAB_FILE).read_text().split("\n")
+    (tmp_path / "tok").mkdir()
+    (tmp_path / "tok" / "vocab.txt").write_text("\n".join(t for t in tokens if t != "[MASK]"))
+    with pytest.raises(InstancesError, match=r"\[MASK\]"):
+        make_instances(small_corpus, tmp_path / "tok", tmp_path / "o3")
+    empty = write_corpus(tmp_path / "empty", [[["  ", "\t"], []]])
+    with pytest.raises(InstancesError, match="no non-empty document"):
+        make_instances(empty, vocab, tmp_path / "o4", InstancesConfig(workers=1))
+    (tmp_path / "occupied").mkdir()
+    (tmp_path / "occupied" / "x.txt").write_text("x")
+    with pytest.raises(InstancesError, match="not a make-instances output"):
+        make_instances(small_corpus, vocab, tmp_path / "occupied")
+
+
+def test_cli(tmp_path, small_corpus, vocab):
+    from bertkit.cli import main
+
+    r = CliRunner().invoke(main, ["make-instances", str(small_corpus), "--tokenizer", vocab, "--out",
+                                  str(tmp_path / "o"), "--dupe", "1", "--workers", "1", "--max-seq-length", "32",
+                                  "--whole-word-mask", "--no-progress"])
+    assert r.exit_code == 0, r.output
+    m = json.loads((tmp_path / "o" / "manifest.json").read_text())
+    assert m["whole_word_mask"] and m["max_seq_length"] == 32 and "NotNext" in r.output
+    r = CliRunner().invoke(main, ["make-instances", str(tmp_path / "missing"), "--tokenizer", vocab,
+                                  "--out", str(tmp_path / "o2")])
+    assert r.exit_code != 0 and "prepare-corpus" in r.output
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# statistics on the English Wikipedia sample
+
+
+@pytest.fixture(scope="module")
+def english_instances(shared_data, tmp_path_factory, vocab):
+    from pipelines.prepare_corpus import CorpusConfig, prepare_corpus
+
+    root = tmp_path_factory.mktemp("en")
+    files = sorted((shared_data / "wikipedia_en_wikiextractor" / "text" / "AA").glob("wiki_*"))[:3]
+    prepare_corpus([str(f) for f in files], root / "corpus", CorpusConfig(progress=False, holdout=0.0))
+    m = make_instances(root / "corpus", vocab, root / "inst", InstancesConfig(workers=1), progress=False)
+    return root / "inst", m
+
+
+def test_english_statistics_match_the_rules(english_instances):
+    out, m = english_instances
+    n_sel = n_expected = n_cand = n_mask = n_kept = n_random = n_notnext = n_rows = 0
+    for s in m["shards"]:
+        d = read_arrow(out / s["file"]).to_pydict()
+        for ids, pos, lab in zip(d["input_ids"], d["masked_positions"], d["masked_ids"]):
+            n_expected += min(20, max(1, int(round(len(ids) * 0.15))))
+            n_cand += len(ids) - 3
+            n_sel += len(pos)
+            for p, label in zip(pos, lab):
+                n_mask += ids[p] == MASK
+                n_kept += ids[p] == label
+                n_random += ids[p] not in (MASK, label)
+        n_notnext += sum(d["next_sentence_label"])
+        n_rows += len(d["input_ids"])
+    assert n_rows > 50_000
+    assert n_sel == n_expected                                   # the rounding rule, row by row
+    assert abs(n_sel / n_cand - m["stats"]["selected_fraction"]) < 1e-12
+    assert abs(n_mask / n_sel - 0.8) < 0.01 and abs(n_kept / n_sel - 0.1) < 0.01 and abs(n_random / n_sel - 0.1) < 0.01
+    assert 0.50 <= n_notnext / n_rows <= 0.56
+    st = m["stats"]
+    assert abs(st["not_next_share"] - n_notnext / n_rows) < 1e-12 and abs(st["mask_share"] - n_mask / n_sel) < 2e-4
+    assert sum(st["length_histogram"]["counts"]) == n_rows and len(st["instances_per_pass"]) == 10
