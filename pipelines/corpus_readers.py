@@ -21,7 +21,7 @@ FORMATS = ("auto", "wikiextractor", "lines", "paragraphs", "jsonl", "parquet", "
 COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".zst")
 MAGIC = {b"\x1f\x8b": "gz", b"BZh": "bz2", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zst"}
 MAX_MESSAGES_PER_KIND = 5  # per file: the first few in full, the rest only counted
-MAX_LINE_BYTES = 1 << 20  # longer lines are read in pieces
+MAX_LINE_BYTES = 64 << 20  # longer lines (a file with no line breaks...) are read in pieces
 MAX_DOC_CHARS = 4 << 20    # a "document" this long (a file without blank lines...) is cut, so memory stays bounded
 
 
@@ -394,7 +394,7 @@ def read_jsonl(lines, problems: Problems, decode: LineDecoder, text_field: str):
         yield RawDoc(title if isinstance(title, str) else None, value.split("\n"), n, "split")
 
 
-def read_table(path: Path, fmt: str, compression: str | None, problems: Problems, text_field: str, progress):
+def read_table(path: Path, fmt: str, compression: str | None, problems: Problems, text_field: str):
     """Parquet or Arrow (IPC file or stream) with a text column, read batch by batch."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -437,6 +437,5 @@ def read_table(path: Path, fmt: str, compression: str | None, problems: Problems
                     problems.add("missing_field", f"row {row}: {text_field!r} is null or not a string; skipped")
                     continue
                 yield RawDoc(title if isinstance(title, str) else None, text.split("\n"), row, "split")
-            progress(row)
     except (pa.ArrowInvalid, OSError) as e:
         raise InputError(f"stopped after row {row}: {e}. The file looks truncated or corrupt")

@@ -200,7 +200,7 @@ def process_file(index: int, path: str, source: str, options: dict, part: str) -
         fmt = config.format if config.format != "auto" else readers.detect_format(path, compression, head)
         stats["format"], stats["compression"] = fmt, compression
         if fmt in ("parquet", "arrow"):
-            docs = readers.read_table(path, fmt, compression, problems, config.text_field, lambda row: None)
+            docs = readers.read_table(path, fmt, compression, problems, config.text_field)
         else:
             readers.check_text(head)
             stream, raw_file = readers.open_binary(path, compression)
