@@ -33,6 +33,7 @@ class TokenizerConfig:
     limit_alphabet: int | None = None  # None keeps every character of the corpus (tokenizers' BERT default: 1000)
     vocab_file: str | None = None      # use this vocab.txt instead of training one
     stats_sentences: int = 100_000     # held-out sentences measured for the manifest's statistics
+    overwrite: bool = False            # replace a folder made from another corpus or with other settings
     progress: bool = True
 
     def check(self):
@@ -170,11 +171,11 @@ def _hf_files(config: TokenizerConfig) -> tuple[dict, dict]:
     lower = bool(config.lowercase)
     # HF's BertTokenizer rebuilds its normalizer from do_lower_case/strip_accents and has no "Latin accents only"
     # setting, so a bertkit-normalized tokenizer names the generic class, which uses tokenizer.json as written.
-    hf_equivalent = not lower or config.strip_accents == "all"
+    hf_equivalent = not lower or config.strip_accents in ("all", "none")
     cfg = {
         "tokenizer_class": "BertTokenizer" if hf_equivalent else "PreTrainedTokenizerFast",
         "do_lower_case": lower,
-        "strip_accents": None if hf_equivalent else False,
+        "strip_accents": False if lower and config.strip_accents != "all" else None,
         "bertkit_strip_accents": config.strip_accents if lower else "none",
         "tokenize_chinese_chars": True,
         "model_max_length": MODEL_MAX_LENGTH,
@@ -187,8 +188,8 @@ def _hf_files(config: TokenizerConfig) -> tuple[dict, dict]:
 
 def _settings(config: TokenizerConfig) -> dict:
     s = asdict(config)
-    s.pop("progress")
-    s.pop("stats_sentences")
+    for run_only in ("progress", "stats_sentences", "overwrite"):
+        s.pop(run_only)
     s.update(special_tokens=list(SPECIAL_TOKENS), continuing_subword_prefix=CONTINUATION,
              max_input_chars_per_word=MAX_CHARS_PER_WORD)
     return s
@@ -227,12 +228,17 @@ def train_tokenizer(corpus_dir, out, config: TokenizerConfig | None = None) -> d
 
     manifest_path = out / "manifest.json"
     if manifest_path.is_file():
-        old = json.loads(manifest_path.read_text(encoding="utf-8"))
+        try:
+            old = json.loads(manifest_path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError:
+            old = {}
         if old.get("complete") and old.get("settings") == settings and old.get("corpus") == corpus:
-            return old  # already done: resuming a finished stage is a no-op
-        raise TokenizerError(
-            f"{out}: already holds a tokenizer made from another corpus or with other settings "
-            f"(see {manifest_path}); choose a new --out folder or delete this one.")
+            return old  # already done: re-running a finished stage is a no-op
+        if not config.overwrite:
+            raise TokenizerError(
+                f"{out}: already holds a tokenizer made from another corpus or with other settings "
+                f"(see {manifest_path}); choose a new --out folder, or pass --overwrite to replace it.")
+        manifest_path.unlink()  # the folder is not a finished tokenizer until the new manifest is written
 
     if config.vocab_file is None:
         tokens = _train(corpus_dir, config)

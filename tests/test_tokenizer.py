@@ -244,8 +244,11 @@ def test_trained_folder_format_determinism_and_resume(mixed_tokenizer, tmp_path)
     assert train_tokenizer(corpus, tmp_path / "again", TokenizerConfig(vocab_size=400, min_frequency=1,
                                                                        progress=False)) == again
     assert (tmp_path / "again" / "manifest.json").stat().st_mtime_ns == mtime
-    with pytest.raises(TokenizerError, match="other settings"):
+    with pytest.raises(TokenizerError, match="other settings.*--overwrite"):
         train_tokenizer(corpus, tmp_path / "again", TokenizerConfig(vocab_size=300, progress=False))
+    m300 = train_tokenizer(corpus, tmp_path / "again", TokenizerConfig(vocab_size=300, overwrite=True,
+                                                                       progress=False))
+    assert m300["vocab_size"] == len(read_vocab(tmp_path / "again" / "vocab.txt")) == 300
 
 
 def test_trained_tokenizer_loads_in_transformers_with_identical_ids(mixed_tokenizer):
@@ -355,7 +358,7 @@ def test_cli(tmp_path):
     corpus = write_corpus(tmp_path / "corpus", [MIXED] * 2, [MIXED[:3]])
     run = CliRunner().invoke
     r = run(cli, ["train-tokenizer", str(corpus), "--out", str(tmp_path / "tok"), "--vocab-size", "300",
-                  "--cased", "--min-frequency", "1"])
+                  "--cased", "--min-frequency", "1", "--no-progress"])
     assert r.exit_code == 0, r.output
     m = json.loads((tmp_path / "tok" / "manifest.json").read_text())
     assert m["settings"]["lowercase"] is False and m["settings"]["vocab_size"] == 300

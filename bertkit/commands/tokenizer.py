@@ -24,8 +24,10 @@ import click
                    "optional and only used for the held-out statistics.")
 @click.option("--stats-sentences", default=100_000, show_default=True,
               help="Held-out sentences measured for the [UNK] rate and pieces per word.")
+@click.option("--overwrite", is_flag=True, help="Replace an OUT made from another corpus or with other settings.")
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
 def train_tokenizer(corpus_dir, out, vocab_size, lowercase, strip_accents, min_frequency, limit_alphabet,
-                    vocab_file, stats_sentences):
+                    vocab_file, stats_sentences, overwrite, no_progress):
     """Train a BERT WordPiece vocabulary on CORPUS_DIR (a prepare-corpus folder) and write a tokenizer folder.
 
     OUT gets vocab.txt, tokenizer.json, tokenizer_config.json, special_tokens_map.json and manifest.json;
@@ -42,7 +44,7 @@ def train_tokenizer(corpus_dir, out, vocab_size, lowercase, strip_accents, min_f
         lowercase = True
     config = TokenizerConfig(vocab_size=vocab_size, lowercase=lowercase, strip_accents=strip_accents,
                              min_frequency=min_frequency, limit_alphabet=limit_alphabet, vocab_file=vocab_file,
-                             stats_sentences=stats_sentences)
+                             stats_sentences=stats_sentences, overwrite=overwrite, progress=not no_progress)
     try:
         m = run(corpus_dir, out, config)
     except (TokenizerError, CorpusError) as e:
