@@ -214,12 +214,20 @@ def train_tokenizer(corpus_dir, out, config: TokenizerConfig | None = None) -> d
     out = Path(out)
     if corpus_dir is None and config.vocab_file is None:
         raise TokenizerError("train_tokenizer needs a corpus folder to train on, or a vocab_file to use")
+    warnings = []
     if config.vocab_file is not None:
         tokens = read_vocab(config.vocab_file)
         if config.lowercase is None:
             config.lowercase = guess_lowercase(tokens)
+        elif config.lowercase != guess_lowercase(tokens):
+            warnings.append(f"{config.vocab_file} looks {'uncased' if guess_lowercase(tokens) else 'cased'} "
+                            f"but {'--uncased' if config.lowercase else '--cased'} was asked for")
         if config.strip_accents == "auto":
             config.strip_accents = guess_strip_accents(tokens)
+        elif config.lowercase and config.strip_accents != guess_strip_accents(tokens) == "all":
+            warnings.append(f"{config.vocab_file} was built with original BERT's normalization (Hangul as jamo, kana "
+                            f"without voicing marks); --strip-accents {config.strip_accents} tokenizes such text "
+                            f"differently from how its model saw it")
     else:
         config.lowercase = True if config.lowercase is None else config.lowercase
         config.strip_accents = "latin" if config.strip_accents == "auto" else config.strip_accents
@@ -275,6 +283,7 @@ def train_tokenizer(corpus_dir, out, config: TokenizerConfig | None = None) -> d
         "files": {name: sha256_file(out / name) for name in
                   ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")},
         "stats": stats,
+        "warnings": warnings,
     }
     atomic_write_json(manifest_path, manifest)
     return manifest

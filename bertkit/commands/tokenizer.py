@@ -51,6 +51,8 @@ def train_tokenizer(corpus_dir, out, vocab_size, lowercase, strip_accents, min_f
         raise click.ClickException(str(e)) from None
     case = f"uncased, strip accents: {m['settings']['strip_accents']}" if m["settings"]["lowercase"] else "cased"
     click.echo(f"{out}: {m['vocab_size']} tokens ({m['source']}, {case}), vocab sha256 {m['vocab_sha256'][:12]}")
+    for w in m.get("warnings", []):
+        click.echo(f"warning: {w}", err=True)
     if m["stats"]:
         s = m["stats"]
         click.echo(f"  {s['split']}: {s['sentences']} sentences, [UNK] {100 * s['unk_word_rate']:.3f}% of words, "
