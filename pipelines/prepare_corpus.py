@@ -397,6 +397,20 @@ def prepare_corpus(inputs, out, config: CorpusConfig | None = None) -> dict:
     if done:
         _say(f"resuming: {len(done)} of {len(files)} input files already processed")
 
+    args = lambda i: (i, str(files[i].path), files[i].source, asdict(config), str(parts[i]))  # noqa: E731
+    executor, queue, futures = None, None, {}
+    if config.workers > 1 and len(todo) > 1:
+        # fork where there is one (Linux): workers start in milliseconds and a caller's script needs no
+        # `if __name__ == "__main__"` guard; started before the progress bar's thread exists
+        import multiprocessing
+
+        methods = multiprocessing.get_all_start_methods()
+        ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+        queue = ctx.Queue()
+        executor = ProcessPoolExecutor(min(config.workers, len(todo)), mp_context=ctx,
+                                       initializer=_init_worker, initargs=(queue,))
+        futures = {i: executor.submit(process_file, *args(i)) for i in todo}
+
     total_bytes = sum(f.path.stat().st_size for f in files)
     bar = tqdm(total=total_bytes, unit="B", unit_scale=True, unit_divisor=1024, desc="prepare-corpus",
                disable=not config.progress, file=sys.stderr, dynamic_ncols=True)
@@ -412,21 +426,9 @@ def prepare_corpus(inputs, out, config: CorpusConfig | None = None) -> dict:
 
     merger = Merger(out, config)
     results = {}
-    args = lambda i: (i, str(files[i].path), files[i].source, asdict(config), str(parts[i]))  # noqa: E731
     global _local_progress
-    executor = None
+    _local_progress = advance if executor is None else None
     try:
-        if config.workers > 1 and len(todo) > 1:
-            import multiprocessing
-
-            ctx = multiprocessing.get_context("spawn")
-            queue = ctx.Queue()
-            executor = ProcessPoolExecutor(min(config.workers, len(todo)), mp_context=ctx,
-                                           initializer=_init_worker, initargs=(queue,))
-            futures = {i: executor.submit(process_file, *args(i)) for i in todo}
-        else:
-            queue, futures = None, {}
-            _local_progress = advance
         for i in range(len(files)):
             if i in done:
                 stats = done[i]
