@@ -200,6 +200,7 @@ def test_korean_training_keeps_syllables_and_rare_characters(shared_data, tmp_pa
     assert stats["unk_word_rate"] < 0.006
     # tokenizers' BERT default of a 1000-character alphabet turns rare Hangul into [UNK] several times as often
     assert capped["stats"]["unk_word_rate"] > 2.5 * stats["unk_word_rate"]
+    assert capped["alphabet_size"] == 1000 < m["alphabet_size"]
 
     tok = load_tokenizer(tmp_path / "tok")
     vocab = read_vocab(tmp_path / "tok" / "vocab.txt")
@@ -233,6 +234,9 @@ def test_trained_folder_format_determinism_and_resume(mixed_tokenizer, tmp_path)
     chars = {c for s in MIXED for c in build_normalizer().normalize_str(s) if not c.isspace()}
     assert chars <= set(tokens)  # every character of the corpus is in the alphabet: nothing becomes [UNK]
     assert m["stats"]["unk_pieces"] == 0
+    # the bare vocab.txt is recognised as uncased with bertkit's accent rule: same ids as the full folder
+    bare, full = load_tokenizer(folder / "vocab.txt"), load_tokenizer(folder)
+    assert [e.ids for e in bare.encode_batch(MIXED)] == [e.ids for e in full.encode_batch(MIXED)]
 
     # the same corpus and settings: the same bytes; a re-run is a no-op; other settings are refused
     corpus = m["corpus"]["path"]
