@@ -14,8 +14,7 @@ from pathlib import Path
 
 from bertkit.fileio import atomic_write_bytes, atomic_write_json, read_arrow, sha256_file
 from bertkit.tokenization import (CONTINUATION, MAX_CHARS_PER_WORD, SPECIAL_TOKENS, STRIP_ACCENTS, UNK,
-                                  TokenizerError, build_tokenizer, guess_lowercase,
-                                  guess_strip_accents, read_vocab,
+                                  TokenizerError, build_tokenizer, guess_lowercase, guess_strip_accents, read_vocab,
                                   vocab_text)
 from pipelines.corpus_files import corpus_shards, read_corpus_manifest
 
@@ -240,7 +239,8 @@ def train_tokenizer(corpus_dir, out, config: TokenizerConfig | None = None) -> d
             old = json.loads(manifest_path.read_text(encoding="utf-8"))
         except json.JSONDecodeError:
             old = {}
-        if old.get("complete") and old.get("settings") == settings and old.get("corpus") == corpus:
+        same_corpus = (old.get("corpus") or {}).get("manifest_sha256") == (corpus or {}).get("manifest_sha256")
+        if old.get("complete") and old.get("settings") == settings and same_corpus:  # (the folder may have moved)
             return old  # already done: re-running a finished stage is a no-op
         if not config.overwrite:
             raise TokenizerError(

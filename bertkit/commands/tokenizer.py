@@ -33,6 +33,12 @@ def train_tokenizer(corpus_dir, out, vocab_size, lowercase, strip_accents, min_f
     OUT gets vocab.txt, tokenizer.json, tokenizer_config.json, special_tokens_map.json and manifest.json;
     it loads in bertkit, in HF tokenizers (Tokenizer.from_file) and in transformers (AutoTokenizer).
     Re-running with the same corpus and settings is a no-op.
+
+    \b
+    Examples:
+      bertkit train-tokenizer corpus/ --out tokenizer/
+      bertkit train-tokenizer corpus/ --out tokenizer/ --cased --vocab-size 32000
+      bertkit train-tokenizer corpus/ --out bbu/ --vocab bert-base-uncased/vocab.txt
     """
     from bertkit.tokenization import TokenizerError
     from pipelines.corpus_files import CorpusError
