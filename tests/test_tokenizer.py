@@ -233,6 +233,7 @@ def test_trained_folder_format_determinism_and_resume(mixed_tokenizer, tmp_path)
     assert all(m["files"][f] == sha256_file(folder / f) for f in m["files"])
     chars = {c for s in MIXED for c in build_normalizer().normalize_str(s) if not c.isspace()}
     assert chars <= set(tokens)  # every character of the corpus is in the alphabet: nothing becomes [UNK]
+    assert {"が", "ぱ", "한", "e"} <= set(tokens) and not {"é", "ᄒ", "\u3099"} & set(tokens)
     assert m["stats"]["unk_pieces"] == 0
     # the bare vocab.txt is recognised as uncased with bertkit's accent rule: same ids as the full folder
     bare, full = load_tokenizer(folder / "vocab.txt"), load_tokenizer(folder)
