@@ -143,6 +143,11 @@ def _rows(t, n):
     return t.reshape(-1, n)  # a view for every layout whose rows are evenly strided, else a copy
 
 
+def _out_dtype(x, residual):
+    """As PyTorch's add would: a bf16 branch added to an fp32 residual stream (autocast) stays fp32."""
+    return x.dtype if residual is None else torch.promote_types(x.dtype, residual.dtype)
+
+
 def add_ln_forward(x, residual, weight, bias, seed, eps, dropout_p, y=None, h=None):
     """Returns (y, h, mean, rstd); h is the pre-norm sum, or an empty tensor when it is x itself (no residual, no
     dropout). y/h may be given (tests pass NaN-filled buffers)."""
@@ -154,13 +159,14 @@ def add_ln_forward(x, residual, weight, bias, seed, eps, dropout_p, y=None, h=No
     if residual is not None and residual.shape != x.shape:
         raise ValueError(f"add_layer_norm: residual shape {residual.shape} != x shape {x.shape}")
     x2 = _rows(x, n)
-    r2 = _rows(residual.to(x.dtype), n) if residual is not None else x2
+    r2 = _rows(residual, n) if residual is not None else x2
     n_rows = x2.shape[0]
     dropout = dropout_p > 0.0
     store_h = residual is not None or dropout
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device) if y is None else y
+    dtype = _out_dtype(x, residual)
+    y = torch.empty(x.shape, dtype=dtype, device=x.device) if y is None else y
     if h is None:
-        h = torch.empty(x.shape if store_h else (0,), dtype=x.dtype, device=x.device)
+        h = torch.empty(x.shape if store_h else (0,), dtype=dtype, device=x.device)
     mean = torch.empty(n_rows, dtype=torch.float32, device=x.device)
     rstd = torch.empty(n_rows, dtype=torch.float32, device=x.device)
     if n_rows == 0:
@@ -227,8 +233,9 @@ def add_ln_fwd_op(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.
 def _(x, residual, weight, bias, seed, eps, dropout_p):
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     store_h = residual is not None or dropout_p > 0.0
-    return (torch.empty_like(x, memory_format=torch.contiguous_format),
-            x.new_empty(x.shape if store_h else (0,)),
+    dtype = _out_dtype(x, residual)
+    return (torch.empty_like(x, dtype=dtype, memory_format=torch.contiguous_format),
+            x.new_empty(x.shape if store_h else (0,), dtype=dtype),
             x.new_empty((rows,), dtype=torch.float32), x.new_empty((rows,), dtype=torch.float32))
 
 

@@ -92,6 +92,17 @@ def test_public_api_autograd_and_3d_input():
     for leaf, ref in zip(leaves, ref_grads):
         assert rel_err(leaf.grad, ref) <= 1e-5
 
+    # autocast-style mix: an fp16 branch onto an fp32 residual stream stays fp32, like PyTorch's add
+    x16 = x.view(3, 11, 192).half().requires_grad_()
+    r32 = r.view(3, 11, 192).clone().requires_grad_()
+    y = kernels.add_layer_norm(x16, r32, w.detach(), b.detach(), 1e-12, 0.0)
+    assert y.dtype == torch.float32
+    y.backward(dy)
+    ref_y, (ref_dx, ref_dr, _, _) = _reference(x16, r32, w, b, dy, 1e-12)
+    assert rel_err(y, ref_y) <= 1e-5
+    assert x16.grad.dtype == torch.float16 and rel_err(x16.grad, ref_dx) <= 2e-3
+    assert rel_err(r32.grad, ref_dr) <= 1e-5
+
 
 @interpreter_only
 def test_dropout_keep_rate_seeding_and_checkpoint_replay():
