@@ -3,11 +3,13 @@
   python benchmarks/prepare_corpus.py [SHARED_DATA] [--workers 1 2]
 
 Each configuration runs in a fresh child process (so imports, process start-up and memory are counted honestly);
+CPU seconds (main + workers, user + system) are reported too: on a shared machine they are the stable number.
 peak memory is the child's max RSS (main process) and the largest worker's max RSS. Running the same run on the
 first 5 and on all 20 files shows that memory does not grow with the input. Writes benchmarks/results/prepare_corpus.json.
 """
 import argparse
 import json
+import os
 import platform
 import resource
 import shutil
@@ -27,7 +29,8 @@ def child(files: list[str], out: str, workers: int):
     t = time.perf_counter()
     m = prepare_corpus(files, out, CorpusConfig(workers=workers, progress=False))
     seconds = time.perf_counter() - t
-    print(json.dumps({"seconds": seconds, "documents": m["totals"]["documents"],
+    usage = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    print(json.dumps({"seconds": seconds, "cpu_seconds": sum(u.ru_utime + u.ru_stime for u in usage), "documents": m["totals"]["documents"],
                       "documents_read": m["totals"]["documents_read"], "input_bytes": m["totals"]["input_bytes"],
                       "main_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                       "worker_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))
@@ -47,6 +50,8 @@ def run(files, workers, repeats):
     mb = best["input_bytes"] / 1e6
     return {"files": len(files), "workers": workers, "input_mb": round(mb, 2), "seconds": round(best["seconds"], 2),
             "mb_per_s": round(mb / best["seconds"], 2), "docs_per_s": round(best["documents_read"] / best["seconds"], 1),
+            "cpu_seconds": round(best["cpu_seconds"], 2), "mb_per_cpu_s": round(mb / best["cpu_seconds"], 2),
+            "load_average_1min": round(os.getloadavg()[0], 1),
             "documents_kept": best["documents"], "peak_rss_main_mb": round(best["main_rss_mb"], 1),
             "peak_rss_worker_mb": round(best["worker_rss_mb"], 1) if workers > 1 else None}
 
@@ -63,10 +68,12 @@ def main():
     if len(files) != 20:
         sys.exit(f"expected the 20-file English sample under {args.data}; found {len(files)} files")
     rows = [run(files[:5], 1, args.repeats)] + [run(files, w, args.repeats) for w in args.workers]
-    print(f"{'files':>5} {'workers':>7} {'MB':>6} {'s':>6} {'MB/s':>6} {'docs/s':>7} {'main MB':>8} {'worker MB':>9}")
+    print(f"{'files':>5} {'workers':>7} {'MB':>6} {'s':>6} {'MB/s':>6} {'docs/s':>7} {'CPU s':>6} {'MB/CPU-s':>8} "
+          f"{'main MB':>8} {'worker MB':>9} {'load':>5}")
     for r in rows:
         print(f"{r['files']:>5} {r['workers']:>7} {r['input_mb']:>6} {r['seconds']:>6} {r['mb_per_s']:>6} "
-              f"{r['docs_per_s']:>7} {r['peak_rss_main_mb']:>8} {str(r['peak_rss_worker_mb'] or '-'):>9}")
+              f"{r['docs_per_s']:>7} {r['cpu_seconds']:>6} {r['mb_per_cpu_s']:>8} {r['peak_rss_main_mb']:>8} "
+              f"{str(r['peak_rss_worker_mb'] or '-'):>9} {r['load_average_1min']:>5}")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=REPO).stdout.strip()
     result = {"benchmark": "prepare_corpus", "date": time.strftime("%Y-%m-%d"), "machine": "2-core CPU (shared)",
