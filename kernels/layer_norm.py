@@ -8,6 +8,8 @@ dh, or dh * mask / (1 - p) with dropout) and keep their dgamma/dbeta partial sum
 The row count is a runtime argument that Triton does not specialise on, so changing the token count never
 recompiles. Dropout draws its keep bits from Philox keyed by (seed, row, col), so backward regenerates them.
 """
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -129,11 +131,16 @@ def _tile(n):
     return block_m, block_n, warps
 
 
+@functools.lru_cache(maxsize=None)
+def _sm_count(index):
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
 def _num_programs(n_rows, block_m, device):
     if INTERPRET or device.type != "cuda":
         cap = 4  # a few slabs, so tests exercise the partial-sum reduction
     else:
-        cap = torch.cuda.get_device_properties(device).multi_processor_count * 4
+        cap = 4 * _sm_count(device.index if device.index is not None else torch.cuda.current_device())
     return max(1, min(cap, triton.cdiv(n_rows, block_m)))
 
 
