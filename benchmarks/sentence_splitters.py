@@ -12,7 +12,6 @@ Usage: python benchmarks/sentence_splitters.py [SHARED_DATA]   (writes benchmark
 """
 import glob
 import json
-import os
 import platform
 import re
 import subprocess

@@ -4,7 +4,6 @@ import gzip
 import hashlib
 import json
 import lzma
-import os
 import signal
 import subprocess
 import sys
@@ -146,7 +145,7 @@ def test_cleaning_nfc_controls_whitespace_and_korean(tmp_path):
 
 def test_every_format_and_compression_gives_the_same_documents(tmp_path):
     docs = synthetic_docs(12)
-    expected = [d for d in docs]
+    expected = docs
     inputs = {
         "para.txt": as_paragraphs(docs),
         "lines.txt": "\n\n".join("\n".join(d) for d in docs) + "\n",
