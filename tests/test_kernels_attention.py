@@ -32,7 +32,7 @@ def _lengths(batch, seq, gen):
 
 def _fused_qkv(lead, heads, head_dim, dtype, device="cpu", gen=None):
     """q, k, v as strided views of one fused (…, 3, heads, head_dim) projection output."""
-    qkv = torch.randn(*lead, 3, heads, head_dim, dtype=torch.float64, generator=gen).to(device=device, dtype=dtype)
+    qkv = torch.randn(*lead, 3, heads, head_dim, dtype=torch.float64, device=device, generator=gen).to(dtype)
     return qkv, qkv.unbind(-3)
 
 
@@ -50,7 +50,8 @@ def _varlen_reference(q, k, v, cu, dout, p=0.0, mask=None):
     for i in range(cu.numel() - 1):
         s, e = int(cu[i]), int(cu[i + 1])
         m = None if mask is None else mask[i][:, : e - s, : e - s][None]
-        outs.append(attention_reference(*(t[None, s:e] for t in leaves), torch.tensor([e - s]), p, None, m)[0])
+        length = torch.tensor([e - s], device=q.device)
+        outs.append(attention_reference(*(t[None, s:e] for t in leaves), length, p, None, m)[0])
     out = torch.cat(outs)
     out.backward(dout.double())
     return out.detach(), [t.grad for t in leaves]

@@ -21,12 +21,12 @@ def test_under_interpreter():
 
 
 def _inputs(rows, hidden, dtype, residual, gen, device="cpu", strided=False):
-    f64 = dict(dtype=torch.float64, generator=gen)
+    f64 = dict(dtype=torch.float64, device=device, generator=gen)
     x = torch.randn(rows, hidden + (24 if strided else 0), **f64)[:, :hidden]  # strided: row stride > hidden
     r = torch.randn(rows, hidden, **f64) if residual else None
     w = 1.0 + 0.5 * torch.randn(hidden, **f64)
     b = 0.5 * torch.randn(hidden, **f64)
-    return [t.to(device=device, dtype=dtype) if t is not None else None for t in (x, r, w, b)]
+    return [t.to(dtype) if t is not None else None for t in (x, r, w, b)]
 
 
 def _reference(x, r, w, b, dy, eps, p=0.0, mask=None):
