@@ -12,6 +12,7 @@
   tensorboard/             when tensorboard is installed
 """
 import copy
+import dataclasses
 import json
 import math
 import os
@@ -308,6 +309,30 @@ def _build_model(cfg: PretrainConfig, manifest: dict, run_config: dict | None):
     return model, bert_cfg, source
 
 
+class _AttrDict(dict):
+    __getattr__ = dict.__getitem__
+
+
+def prepare_for_zero3(model) -> None:
+    """ZeRO-3 gathers a module's parameters around its own forward, and again for its backward through hooks
+    on the tensors it returns. Two things in the model need telling: some parameters are read by another module
+    (LayerNorm weights fed to the fused kernels, the word embeddings as the MLM decoder), and the model returns
+    a dataclass, whose tensors DeepSpeed does not see; a forward hook (before DeepSpeed's) makes it a dict that
+    still reads as attributes."""
+    import torch.nn as nn
+    from deepspeed.runtime.zero.partition_parameters import register_external_parameter
+
+    for parent in model.modules():
+        for child in parent.children():
+            if isinstance(child, nn.LayerNorm):
+                for p in child.parameters():
+                    register_external_parameter(parent, p)
+    register_external_parameter(model, model.bert.embeddings.word_embeddings.weight)
+    for module in model.modules():
+        module.register_forward_hook(
+            lambda mod, args, out: _AttrDict(vars(out)) if dataclasses.is_dataclass(out) else None)
+
+
 # ---------------------------------------------------------------- checkpoints
 
 def _checkpoint_steps(ckpt: Path) -> list[int]:
@@ -528,8 +553,8 @@ def pretrain(cfg: PretrainConfig) -> dict:
 
     torch.manual_seed(cfg.seed)  # same initial weights on every rank
     model, bert_cfg, init_source = _build_model(cfg, manifest, run_config)
-    if res["zero_stage"] == 3:  # the MLM decoder reads the word embeddings outside their module
-        deepspeed.zero.register_external_parameter(model, model.bert.embeddings.word_embeddings.weight)
+    if res["zero_stage"] == 3:
+        prepare_for_zero3(model)
     warmup = int(cfg.warmup * cfg.max_steps) if cfg.warmup < 1 else int(cfg.warmup)
     optimizer = build_optimizer(res["optimizer"], param_groups(model, res["weight_decay"]), res["lr"],
                                 cfg.betas, cfg.eps, on_cuda)
@@ -560,7 +585,6 @@ def pretrain(cfg: PretrainConfig) -> dict:
         if path is None:
             raise TrainingError(f"{ckpt / tag}: DeepSpeed could not load this checkpoint")
         step = int(client["global_step"])
-        set_rng_state(torch.load(ckpt / tag / f"rng_rank{rank}.pt", weights_only=False))
     else:
         torch.manual_seed(cfg.seed + 1 + rank)  # dropout differs per rank
         np.random.seed((cfg.seed + 1 + rank) % 2**32)
@@ -575,7 +599,9 @@ def pretrain(cfg: PretrainConfig) -> dict:
                           f"{micro} on each of {world} rank(s); lower --micro-batch")
     consumed = step * gas  # micro batches this rank has already trained on: skip them at the sampler
     sampler.start_epoch, sampler.start = divmod(consumed, sampler.per_epoch)
-    loader = iter(batch_loader(train, sampler, cfg.num_workers))
+    loader = iter(batch_loader(train, sampler, cfg.num_workers))  # draws from torch's RNG: restore after it
+    if cfg.resume:
+        set_rng_state(torch.load(run_dir / "checkpoints" / tag / f"rng_rank{rank}.pt", weights_only=False))
 
     stop = _StopFlag()
     old_handlers = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}

@@ -1,0 +1,187 @@
+"""End to end under the real launcher: `deepspeed --num_gpus 2 cli.py pretrain` on two CPU ranks (gloo).
+
+One uninterrupted ZeRO-2 run is the reference for the kill -> resume run; ZeRO-3 trains and exports, and the
+export is checked in transformers against the held-out loss the trainer logged.
+"""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tests.test_data import make_instances_dir
+from tests.test_pretrain import TINY
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+DIST_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT")
+STEPS = 30
+
+
+def _env():
+    env = {k: v for k, v in os.environ.items() if k not in DIST_VARS}
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PATH=f"{BIN}:{env.get('PATH', '')}")
+    return env
+
+
+def _port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(args, ranks=2):
+    cmd = [str(BIN / "deepspeed"), "--num_gpus", str(ranks), "--master_port", str(_port()), "cli.py", "pretrain",
+           *map(str, args)]
+    return subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+
+def finish(proc, timeout=180):
+    out, _ = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, out[-4000:]
+    return out
+
+
+def metrics(run: Path) -> dict[int, dict]:
+    """Training records by step; a resumed run appends, so later lines win."""
+    by_step = {}
+    for line in (run / "metrics.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        if "loss" in r:
+            by_step[r["step"]] = r
+    return by_step
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dist")
+    inst = make_instances_dir(root / "inst", n=512, holdout=48, max_len=48)
+    (root / "model.json").write_text(json.dumps(TINY))
+    return root, inst
+
+
+def common(inst, root, out, **kw):
+    args = {"--instances": inst, "--out": out, "--model": root / "model.json", "--max-steps": STEPS,
+            "--micro-batch": 8, "--global-batch": 32, "--lr": 0.02, "--warmup": 3, "--log-every": 1,
+            "--save-every": 10, "--keep-last": 2, "--eval-every": 0, "--num-workers": 0, "--seed": 7,
+            "--zero-stage": 2}
+    args.update({f"--{k.replace('_', '-')}": v for k, v in kw.items()})
+    flat = [x for k, v in args.items() for x in (k, v)]
+    return [str(x) for x in flat] + ["--no-progress"]
+
+
+def test_zero2_trains_and_kill_resume_matches(setup):
+    root, inst = setup
+    ref, killed = root / "ref", root / "killed"
+    # the uninterrupted reference and the run to be killed start together (2 ranks each on 2 cores)
+    p_ref = launch(common(inst, root, ref))
+    p_kill = launch(common(inst, root, killed))
+    latest = killed / "checkpoints" / "latest"
+    deadline = time.time() + 150
+    while not latest.exists() and p_kill.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    os.killpg(p_kill.pid, signal.SIGKILL)  # the launcher and both ranks, no chance to save
+    p_kill.wait()
+    finish(p_ref)
+    assert latest.exists(), "the killed run never wrote a checkpoint"
+    resumed_from = int(latest.read_text().strip()[len("global_step"):])
+    assert resumed_from < STEPS
+
+    ref_m = metrics(ref)
+    assert sorted(ref_m) == list(range(1, STEPS + 1))
+    losses = np.array([ref_m[s]["loss"] for s in range(1, STEPS + 1)])
+    assert losses[-5:].mean() < losses[:5].mean() - 0.1, losses  # it learns
+    assert ref_m[STEPS]["lr"] == 0.0 and ref_m[5]["lr"] > ref_m[20]["lr"]  # warmup then linear decay to 0
+    assert all(np.isfinite(ref_m[s]["grad_norm"]) for s in ref_m)
+    # keep-last 2: only the two newest checkpoints remain, none half-written
+    ckpts = sorted(p.name for p in (ref / "checkpoints").glob("global_step*"))
+    assert ckpts == ["global_step20", "global_step30"]
+
+    out = finish(launch(common(inst, root, killed) + ["--resume"]))
+    got = metrics(killed)
+    for s in range(resumed_from + 1, STEPS + 1):
+        for key in ("loss", "mlm_loss", "nsp_loss", "mlm_acc", "nsp_acc", "lr"):
+            assert got[s][key] == pytest.approx(ref_m[s][key], rel=1e-6, abs=1e-9), (s, key, out[-2000:])
+
+    # export of a ZeRO-2 run equals the reference's final weights (fp32 everywhere)
+    from bertkit.trainer import export, load_run_state_dict
+
+    exported = export(killed, root / "export2")
+    a, _, _ = load_run_state_dict(ref)
+    b, _, _ = load_run_state_dict(killed)
+    assert all(torch.allclose(a[k], b[k], rtol=1e-5, atol=1e-7) for k in a)
+    assert (exported / "model.safetensors").is_file() and (exported / "vocab.txt").is_file()
+
+
+def test_zero3_trains_exports_and_loads_in_transformers(setup):
+    from transformers import BertForPreTraining
+
+    from bertkit.data import EpochBatches, InstanceDataset, collate
+
+    root, inst = setup
+    run = root / "z3"
+    steps = 6
+    finish(launch(common(inst, root, run, zero_stage=3, max_steps=steps, eval_every=steps, eval_batches=3,
+                         save_every=100)))
+    assert json.loads((run / "deepspeed_config.json").read_text())["zero_optimization"]["stage"] == 3
+    # stage 3 checkpoints hold only partitions; export gathers them
+    assert list((run / "checkpoints" / f"global_step{steps}").glob("*zero_pp_rank_1*"))
+    cli = subprocess.run([str(BIN / "bertkit"), "export", str(run), "--out", str(root / "hf")], env=_env(),
+                         capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 0, cli.stderr[-3000:]
+
+    model, info = BertForPreTraining.from_pretrained(root / "hf", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    model.eval()
+    # transformers reproduces the held-out MLM/NSP loss the trainer logged at the last step (same rows, same split
+    # of rows over the 2 ranks, mean of the per-micro-batch means)
+    logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    ev = [r for r in logged if "eval_mlm_loss" in r][-1]
+    holdout = InstanceDataset(inst, "holdout", seed=7)
+    mlm, nsp = [], []
+    with torch.no_grad():
+        for rank in range(2):
+            for i, keys in enumerate(EpochBatches(len(holdout), 8, 7, rank, 2, shuffle=False)):
+                if i == 3:
+                    break
+                b = collate([holdout[k] for k in keys])
+                out = model(input_ids=b["input_ids"], token_type_ids=b["token_type_ids"],
+                            attention_mask=b["attention_mask"])
+                logits = torch.gather(out.prediction_logits, 1,
+                                      b["mlm_positions"].unsqueeze(-1).expand(-1, -1, out.prediction_logits.shape[-1]))
+                mlm.append(torch.nn.functional.cross_entropy(logits.flatten(0, 1), b["mlm_labels"].flatten(),
+                                                             ignore_index=-100).item())
+                nsp.append(torch.nn.functional.cross_entropy(out.seq_relationship_logits,
+                                                             b["next_sentence_label"]).item())
+    assert np.mean(mlm) == pytest.approx(ev["eval_mlm_loss"], rel=1e-4)
+    assert np.mean(nsp) == pytest.approx(ev["eval_nsp_loss"], rel=1e-4)
+    assert ev["eval_mlm_loss"] < np.log(TINY["vocab_size"])  # trained past chance
+
+
+def test_one_process_sigterm_saves_then_exits(setup):
+    """`bertkit pretrain` without the launcher: SIGTERM mid-run saves a checkpoint at that step and exits 0."""
+    root, inst = setup
+    run = root / "single"
+    cmd = [str(BIN / "bertkit"), "pretrain"] + common(inst, root, run, micro_batch=16, global_batch=32,
+                                                        max_steps=1000, save_every=1000)
+    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = run / "metrics.jsonl"
+    deadline = time.time() + 90
+    while (not log.exists() or len(log.read_text().splitlines()) < 3) and time.time() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out[-3000:]
+    assert "stopped by signal" in out
+    last = max(metrics(run))
+    assert 3 <= last < 1000
+    assert (run / "checkpoints" / "latest").read_text() == f"global_step{last}"
+    assert not list((run / "checkpoints").glob("*.partial"))
