@@ -133,13 +133,21 @@ _progress_queue = None
 def _init_worker(queue):
     global _progress_queue
     _progress_queue = queue
+    try:  # Linux: die with the main process, so a killed run leaves no worker behind to race the resumed one
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 class _PartWriter:
     """Streams one file's documents to an Arrow IPC stream file; renamed into place only when complete."""
 
     def __init__(self, path: Path):
-        self.path, self.tmp = path, path.with_name(path.name + ".tmp")
+        # a per-process temp name: two processes on the same part (a straggler of a killed run) never mix bytes
+        self.path, self.tmp = path, path.with_name(f"{path.name}.{os.getpid()}.tmp")
         self.sink = pa.OSFile(str(self.tmp), "wb")
         self.writer = pa.ipc.new_stream(self.sink, PART_SCHEMA)
         self.rows = {name: [] for name in PART_SCHEMA.names}

@@ -4,6 +4,7 @@ import gzip
 import hashlib
 import json
 import lzma
+import os
 import signal
 import subprocess
 import sys
@@ -246,7 +247,7 @@ def test_resume_after_interrupt_in_merge_and_in_worker(tmp_path, monkeypatch):
     def die_in_third_file(index, *a):
         seen.append(index)
         if len(seen) == 3:
-            Path(a[-1]).with_name(Path(a[-1]).name + ".tmp").write_bytes(b"half a part")
+            Path(a[-1]).with_name(Path(a[-1]).name + ".12345.tmp").write_bytes(b"half a part")
             raise KeyboardInterrupt
         return real_process(index, *a)
 
@@ -291,13 +292,29 @@ def test_resume_after_sigkill(tmp_path):
               "def slow(*a):\n    s = real(*a); time.sleep(0.3); return s\n"
               "pc.process_file = slow\n"
               f"pc.prepare_corpus([{str(tmp_path / 'in')!r}], {str(out)!r}, "
-              "pc.CorpusConfig(progress=False, holdout=0.1, shard_size=2048, workers=1))\n")
+              "pc.CorpusConfig(progress=False, holdout=0.1, shard_size=2048, workers=2))\n")
     proc = subprocess.Popen([sys.executable, "-c", script])
     deadline = time.time() + 60
     while len(list((out / ".work").glob("part-*.json"))) < 3 and time.time() < deadline and proc.poll() is None:
         time.sleep(0.05)
+    children_file = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+    workers = [int(p) for p in children_file.read_text().split()] if children_file.exists() else []
     proc.send_signal(signal.SIGKILL)
     proc.wait()
+    # the workers die with the main process (no straggler keeps writing parts while the resumed run works)
+    alive = set(workers)
+    for _ in range(100):
+        for pid in list(alive):
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                alive.discard(pid)
+        if not alive:
+            break
+        time.sleep(0.05)
+    for pid in alive:  # clean up before failing
+        os.kill(pid, signal.SIGKILL)
+    assert not alive, "worker processes outlived the killed run"
     assert not (out / "manifest.json").exists() or not json.loads((out / "manifest.json").read_text())["complete"]
     done_before = len(list((out / ".work").glob("part-*.json")))
     assert 3 <= done_before < 8
