@@ -80,7 +80,13 @@ def parse_size(text) -> int:
 
 # ------------------------------------------------------------------------------------------ one document
 
-_MARKUP = re.compile(r'^(</?[a-zA-Z][^>]*>|[a-z-]+="[^"]*"( [a-z-]+="[^"]*")*;?)$')
+# WikiExtractor leftovers: unexpanded templates ('}}{{', '|{{#if:'), table rows ('!colspan=..', '|-'), HTML
+# attributes ('class="wikitable"', 'title="ctx_ver=..'), lone tags ('</dl>'). Whole lines of it are dropped;
+# inline tags such as '<br>' or '<poem>' are deleted and their text kept.
+_MARKUP = re.compile(r'^([|{}]|#(if|ifeq|switch|invoke|expr|tag)\b|</?[a-zA-Z][^>]*>$|[a-z-]+=")'
+                     r'|\{\{|\}\}|\w="[^"]*"\s*/?>?$')
+_INLINE_TAG = re.compile(r"</?(br|poem|onlyinclude|includeonly|noinclude|span|div|center|small|big|sup|sub|"
+                         r"blockquote|dl|dd|dt|ul|ol|li|p|nowiki|gallery|font|abbr|s|u|tt)\b[^<>]*/?>", re.I)
 _KO_SENTENCE_END = ("다.", "요.", "까.")
 
 
@@ -97,15 +103,19 @@ def build_sentences(raw: readers.RawDoc, config: CorpusConfig, removed: dict) ->
         if lines and raw.title is not None and lines[0] == clean_text(raw.title):
             lines.pop(0)
             removed["repeated_title"] = removed.get("repeated_title", 0) + 1
-        kept = []
-        for i, line in enumerate(lines):
-            if _MARKUP.match(line):
+        text = []
+        for line in lines:
+            if _MARKUP.search(line):
                 removed["markup"] = removed.get("markup", 0) + 1
-            elif _is_heading(line) and (i + 1 == len(lines) or _is_heading(lines[i + 1])):
-                removed["empty_section"] = removed.get("empty_section", 0) + 1  # a title with no text under it
+            elif line := " ".join(_INLINE_TAG.sub(" ", line).split()):
+                text.append(line)
+        # a section title followed by another title or the end of the document is an empty section
+        lines = []
+        for i, line in enumerate(text):
+            if _is_heading(line) and (i + 1 == len(text) or _is_heading(text[i + 1])):
+                removed["empty_section"] = removed.get("empty_section", 0) + 1
             else:
-                kept.append(line)
-        lines = kept
+                lines.append(line)
     if raw.kind == "lines":
         return lines
     if not lines:

@@ -39,8 +39,12 @@ References.
 <doc id="2" url="http://x/?curid=2" title="Beta">
 Beta
 
-Beta is the second letter of the Greek alphabet. In the system of Greek numerals it has a value of two.
+Beta is the second letter of the <br>Greek alphabet. In the system of Greek numerals it has a value of two.
 </dl>
+ }}{{
+ title="ctx_ver=Z39.88-2004&rft_val_fmt={{urlencode:info:ofi/fmt:kev:mtx:}}{{
+class="wikitable succession-box" style="margin:0.5em auto; font-size:95%;clear:both;"
+|{{
 </doc>
 <doc id="3" url="http://x/?curid=3" title="Alpha copy">
 Alpha copy
@@ -108,14 +112,15 @@ def test_wikiextractor_cleaning_counts_schema(tmp_path):
     src = write(tmp_path / "wiki" / "AA" / "wiki_00", WIKI)
     m = prepare_corpus([tmp_path / "wiki"], tmp_path / "out", cfg(min_chars=40))
     docs = rows(tmp_path / "out")
-    # the repeated title line, the empty sections (See also., References.) and markup (</dl>) are gone;
+    # the repeated title line, the empty sections (See also., References.), markup lines (</dl>, template and
+    # attribute leftovers) and inline tags (<br>) are gone;
     # the non-empty section title stays; doc 3 is an exact duplicate of doc 1; doc 4 is shorter than --min-chars
     assert [d["sentences"] for d in docs] == [ALPHA, BETA]
     assert [d["title"] for d in docs] == ["Alpha", "Beta"]
     assert {d["source"] for d in docs} == {"wiki/AA/wiki_00"}
     assert docs[0]["id"] == hashlib.sha1("\n".join(ALPHA).encode()).hexdigest()[:16]
     assert m["dropped"] == {"duplicate": 1, "too_short": 1}
-    assert m["removed_lines"] == {"empty_section": 2, "markup": 1, "repeated_title": 4}
+    assert m["removed_lines"] == {"empty_section": 2, "markup": 5, "repeated_title": 4}
     assert m["totals"]["documents_read"] == 4 and m["totals"]["documents"] == 2
     assert m["totals"]["sentences"] == len(ALPHA) + len(BETA)
     assert m["inputs"][0]["bytes"] == src.stat().st_size and m["inputs"][0]["format"] == "wikiextractor"
