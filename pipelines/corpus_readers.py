@@ -215,6 +215,9 @@ def detect_format(path: Path, compression: str | None, head: bytes) -> str:
     if name.endswith((".jsonl", ".ndjson")):
         return "jsonl"
     first = head.lstrip(b"\xef\xbb\xbf \t\r\n")[:64]
+    if first.startswith(b"[") and name.endswith(".json"):
+        raise InputError("is a JSON array; prepare-corpus reads JSON Lines (one object per line). "
+                         "Convert it: jq -c '.[]' FILE.json > FILE.jsonl")
     if first.startswith(b"<doc"):
         return "wikiextractor"
     if first.startswith(b"{"):

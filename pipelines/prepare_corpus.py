@@ -215,7 +215,7 @@ def process_file(index: int, path: str, source: str, options: dict, part: str) -
         stats["fingerprint"] = file_fingerprint(path)
         compression = readers.compression_of(path)
         head = readers.sniff(path, compression)
-        fmt = config.format if config.format != "auto" else readers.detect_format(path, compression, head)
+        fmt = readers.detect_format(path, compression, head) if config.format == "auto" else config.format
         stats["format"], stats["compression"] = fmt, compression
         if fmt in ("parquet", "arrow"):
             docs = readers.read_table(path, fmt, compression, problems, config.text_field)

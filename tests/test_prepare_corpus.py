@@ -363,6 +363,7 @@ def test_bad_inputs_are_reported_and_never_cost_other_files(tmp_path):
           'stray text outside of any block\n</doc>\n')
     write(tmp_path / "in" / "docs.jsonl", json.dumps({"text": " ".join(good[0]) + " Extra."}) + "\n"
           + json.dumps({"body": "no text field"}) + "\n{not json\n")
+    write(tmp_path / "in" / "array.json", json.dumps([{"text": "A JSON array is not JSON Lines at all."}]))
     (tmp_path / "empty").mkdir()
     runner = CliRunner()
     result = runner.invoke(cli, ["prepare-corpus", str(tmp_path / "in"), str(tmp_path / "missing.txt"),
@@ -372,7 +373,7 @@ def test_bad_inputs_are_reported_and_never_cost_other_files(tmp_path):
     log = result.output
     assert "missing.txt: no such file or folder" in log
     assert "empty: folder holds no (non-hidden) files" in log
-    assert "binary.bin: looks binary" in log
+    assert "binary.bin: looks binary" in log and "array.json: is a JSON array" in log
     assert "cut.txt.gz: reading stopped at line" in log and "truncated" in log
     assert "cut.txt.zst: reading stopped at line" in log and "cut.txt.xz: reading stopped at line" in log
     assert "broken.wiki:1: <doc> opened at line 1 has no </doc>" in log
@@ -390,7 +391,7 @@ def test_bad_inputs_are_reported_and_never_cost_other_files(tmp_path):
     assert by_source["in/plain.txt.gz"]["documents"] == 2 and by_source["in/plain.txt.gz"]["compression"] is None
     assert by_source["in/broken.wiki"]["documents"] == 2 and by_source["in/docs.jsonl"]["documents"] == 1
     assert m["dropped"]["missing_field"] == 1 and m["dropped"]["bad_json"] == 1
-    assert m["totals"]["files_with_errors"] == 4 and len(m["errors"]) == 6  # 4 files + missing path + empty folder
+    assert m["totals"]["files_with_errors"] == 5 and len(m["errors"]) == 7  # 5 files + missing path + empty folder
     kept = [d["sentences"] for d in rows(tmp_path / "out")]
     assert all(d in kept for d in good[1:])
     # the same inputs with --strict: output written, but the run reports failure
