@@ -88,6 +88,10 @@ def finetune():
               help="v2: answer \"\" when null score - best span score exceeds this.")
 @click.option("--train-articles", default=None, help="Article range of --train-file to use, e.g. 0:24.")
 @click.option("--predict-articles", default=None, help="Article range of --predict-file, e.g. 24:.")
+@click.option("--every-nth-train-question", default=1, show_default=True,
+              help="Train on every n-th question only (a quick deterministic subset).")
+@click.option("--every-nth-predict-question", default=1, show_default=True,
+              help="Predict and score every n-th question only.")
 @friendly_errors
 def squad(**kw):
     """SQuAD v1.1 / v2.0 span extraction; writes predictions.json, nbest_predictions.json (and null_odds.json)."""
@@ -100,7 +104,9 @@ def squad(**kw):
                              n_best_size=kw["n_best_size"], max_answer_length=kw["max_answer_length"],
                              null_score_diff_threshold=kw["null_score_diff_threshold"],
                              train_articles=parse_articles(kw["train_articles"]),
-                             predict_articles=parse_articles(kw["predict_articles"]))
+                             predict_articles=parse_articles(kw["predict_articles"]),
+                             every_nth_train_question=kw["every_nth_train_question"],
+                             every_nth_predict_question=kw["every_nth_predict_question"])
     _report(summary)
 
 

@@ -51,9 +51,11 @@ def _line_of(raw: str, qid: str) -> int:
     return raw.count("\n", 0, pos) + 1 if pos >= 0 else 0
 
 
-def read_squad(path, training: bool, version_2: bool = False, articles: slice | None = None):
+def read_squad(path, training: bool, version_2: bool = False, articles: slice | None = None,
+               every_nth_question: int = 1):
     """-> (examples, dataset) where dataset is the file's `data` list (for the official evaluation), cut to
-    `articles` when given."""
+    `articles` and to every n-th question when given (a quick, deterministic subset; the dataset keeps only
+    those questions so scores stay official)."""
     path = Path(path)
     raw = path.read_text(encoding="utf-8")
     if not raw.strip():
@@ -66,28 +68,35 @@ def read_squad(path, training: bool, version_2: bool = False, articles: slice | 
         raise SquadFormatError(f"{path}: no top-level 'data' list; expected the official SQuAD JSON") from None
     indices = list(range(len(dataset)))[articles] if articles is not None else range(len(dataset))
     dataset = [dataset[a] for a in indices]
+    if every_nth_question > 1:
+        counter = iter(range(10 ** 9))
+        dataset = [{**art, "paragraphs": [{**par, "qas": [qa for qa in par["qas"]
+                                                        if next(counter) % every_nth_question == 0]}
+                                         for par in art.get("paragraphs", [])]} for art in dataset]
     examples = []
     for a, article in zip(indices, dataset):
         for paragraph in article.get("paragraphs", []):
             context = paragraph["context"]
             for qa in paragraph["qas"]:
                 qid = qa.get("id", "?")
-                where = f"{path}:{_line_of(raw, qid)}: article {a} ({article.get('title', '')!r}), question id {qid}"
+
+                def where(qid=qid, a=a, title=article.get("title", "")):  # the line search is slow: errors only
+                    return f"{path}:{_line_of(raw, qid)}: article {a} ({title!r}), question id {qid}"
                 if "question" not in qa or "id" not in qa:
-                    raise SquadFormatError(f"{where}: a question needs 'id' and 'question'")
+                    raise SquadFormatError(f"{where()}: a question needs 'id' and 'question'")
                 impossible = bool(qa.get("is_impossible", False))
                 if impossible and not version_2:
-                    raise SquadFormatError(f"{where}: is_impossible=true in a v1.1 run; pass --version-2")
+                    raise SquadFormatError(f"{where()}: is_impossible=true in a v1.1 run; pass --version-2")
                 answers = []
                 for ans in qa.get("answers", []):
                     text, start = ans["text"], int(ans["answer_start"])
                     if context[start:start + len(text)] != text:
                         raise SquadFormatError(
-                            f"{where}: answer_start {start} does not point at the answer text {text!r} "
+                            f"{where()}: answer_start {start} does not point at the answer text {text!r} "
                             f"(the context there reads {context[start:start + len(text)]!r}); fix answer_start")
                     answers.append((text, start))
                 if training and not impossible and not answers:
-                    raise SquadFormatError(f"{where}: a training question has no answers "
+                    raise SquadFormatError(f"{where()}: a training question has no answers "
                                            "(mark it is_impossible=true with --version-2, or drop it)")
                 examples.append(SquadExample(qid, qa["question"], context, answers, impossible,
                                              article.get("title", "")))
@@ -273,7 +282,8 @@ def postprocess(examples, features, start_logits, end_logits, n_best_size: int =
 def finetune_squad(model_path, train_file, predict_file, cfg, *, version_2: bool = False,
                    max_seq_length: int = 384, window_step: int = 128, max_query_length: int = 64,
                    n_best_size: int = 20, max_answer_length: int = 30, null_score_diff_threshold: float = 0.0,
-                   train_articles: slice | None = None, predict_articles: slice | None = None) -> dict:
+                   train_articles: slice | None = None, predict_articles: slice | None = None,
+                   every_nth_train_question: int = 1, every_nth_predict_question: int = 1) -> dict:
     """`bertkit finetune squad`. Without train_file, only predicts and scores predict_file.
     train_articles/predict_articles select articles of each file (e.g. train on one half of dev, score the other)."""
     from bertkit.checkpoint import load_pretrained
@@ -286,10 +296,11 @@ def finetune_squad(model_path, train_file, predict_file, cfg, *, version_2: bool
     stats = {}
     train_rows = []
     if train_file:
-        examples, _ = read_squad(train_file, training=True, version_2=version_2, articles=train_articles)
+        examples, _ = read_squad(train_file, training=True, version_2=version_2, articles=train_articles,
+                                 every_nth_question=every_nth_train_question)
         train_rows = feature_dicts(make_features(examples, tokenizer, True, stats=stats, **window), True)
     dev_examples, dev_data = read_squad(predict_file, training=False, version_2=version_2,
-                                        articles=predict_articles)
+                                        articles=predict_articles, every_nth_question=every_nth_predict_question)
     dev_features = make_features(dev_examples, tokenizer, False, **window)
     dev_rows = feature_dicts(dev_features, False)
     model = load_pretrained(model_path, head="question_answering")
@@ -308,6 +319,8 @@ def finetune_squad(model_path, train_file, predict_file, cfg, *, version_2: bool
                 "version_2": version_2, **window, "n_best_size": n_best_size,
                 "max_answer_length": max_answer_length, "null_score_diff_threshold": null_score_diff_threshold,
                 "train_articles": _slice_text(train_articles), "predict_articles": _slice_text(predict_articles),
+                "every_nth_train_question": every_nth_train_question,
+                "every_nth_predict_question": every_nth_predict_question, "train_questions": len(examples) if train_file else 0,
                 "train_features": len(train_rows), "predict_questions": len(dev_examples),
                 "predict_features": len(dev_rows), **stats}
     return train(model, train_rows, evaluate, "f1", cfg, task="squad2" if version_2 else "squad", settings=settings,

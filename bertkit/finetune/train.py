@@ -97,7 +97,7 @@ def predict(model, rows: list, batch_size: int, outputs=("logits",), per_token: 
     # sort by length so padding stays small, then restore the order
     order = sorted(range(len(rows)), key=lambda i: len(rows[i]["input_ids"]))
     results = {name: [None] * len(rows) for name in outputs}
-    for start in tqdm(range(0, len(rows), batch_size), desc=desc, leave=False, disable=None):
+    for start in tqdm(range(0, len(rows), batch_size), desc=desc, leave=False, mininterval=2.0):
         idx = order[start:start + batch_size]
         batch = collate([{k: rows[i][k] for k in ("input_ids", "token_type_ids")} for i in idx])
         batch = {k: v.to(device) for k, v in batch.items()}
@@ -189,7 +189,7 @@ def train(model, train_rows: list, evaluate, best_metric: str, cfg: TrainConfig,
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: linear_schedule(s, total_steps, warmup))
     rng = np.random.default_rng(cfg.seed)
     step, epoch, t0 = 0, 0, time.time()
-    progress = tqdm(total=total_steps, desc=f"finetune {task}", disable=None if rank == 0 else True)
+    progress = tqdm(total=total_steps, desc=f"finetune {task}", disable=rank != 0, mininterval=2.0)
     while step < total_steps:
         epoch += 1
         net.train()

