@@ -474,6 +474,9 @@ def evaluate(engine, dataset, micro_batch: int, rank: int, world: int, max_batch
     """MLM/NSP loss and accuracy on the first max_batches micro batches (per rank) of the held-out instances."""
     import torch
 
+    micro_batch = min(micro_batch, len(dataset) // world)  # a small holdout still gets evaluated
+    if micro_batch < 1:
+        return None
     batches = EpochBatches(len(dataset), micro_batch, seed, rank, world, shuffle=False)
     if batches.per_epoch == 0:
         return None

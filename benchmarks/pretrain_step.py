@@ -1,0 +1,182 @@
+"""Training-step throughput and peak memory: bertkit's BertForPreTraining vs transformers' (attn_implementation="sdpa").
+
+Same config, batch, precision and data for both: batches of realistic make-instances lengths (90% near the maximum,
+10% short, as short_seq_prob=0.1 gives), padded by bertkit's loader (batch max rounded up to 8), 15% masked.
+bertkit gets the masked positions (its head projects only those); transformers gets labels over every position,
+which is how its BertForPreTraining computes MLM. One step = forward + backward + AdamW step.
+
+Each (implementation, config) runs in its own process so peak memory is its own: on CUDA
+torch.cuda.max_memory_allocated, on the CPU the growth of the process's peak RSS over its state before the model.
+
+    python benchmarks/pretrain_step.py                        # CPU: tiny and small at 128, batch 32
+    python benchmarks/pretrain_step.py --device cuda --configs base --seq 128 512 --batch 128 --precision bf16
+"""
+import argparse
+import json
+import platform
+import resource
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def make_batch(batch: int, seq: int, vocab: int, seed: int = 0):
+    import numpy as np
+
+    from bertkit.data import collate
+
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(batch):
+        n = int(rng.integers(seq - 8, seq + 1)) if rng.random() < 0.9 else int(rng.integers(8, seq + 1))
+        ids = rng.integers(5, vocab, size=n)
+        ids[0], ids[-1], b = 2, 3, n // 2
+        ids[b - 1] = 3
+        k = min(max(1, round(n * 0.15)), max(1, seq * 20 // 128))
+        pos = np.sort(rng.choice(np.arange(1, n - 1), size=k, replace=False))
+        labels = ids[pos].copy()
+        ids[pos] = 4
+        tt = np.zeros(n, dtype=np.int64)
+        tt[b:] = 1
+        rows.append({"input_ids": ids, "token_type_ids": tt, "mlm_positions": pos, "mlm_labels": labels,
+                     "next_sentence_label": int(rng.integers(0, 2))})
+    return collate(rows)
+
+
+def measure(impl: str, config: str, seq: int, batch: int, device: str, precision: str, steps: int, warmup: int):
+    import torch
+
+    from bertkit.config import BertConfig
+
+    torch.manual_seed(0)
+    cfg = BertConfig.preset(config, vocab_size=30522, max_position_embeddings=512)
+    data = {k: v.to(device) for k, v in make_batch(batch, seq, cfg.vocab_size).items()}
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    if impl == "bertkit":
+        from bertkit.model import BertForPreTraining
+
+        model = BertForPreTraining(cfg).to(device)
+
+        def loss_fn():
+            return model(**data).loss
+    else:
+        import transformers
+
+        hf_cfg = transformers.BertConfig(**{k: v for k, v in cfg.to_hf_dict().items() if k != "model_type"})
+        model = transformers.BertForPreTraining(hf_cfg, attn_implementation="sdpa").to(device)
+        labels = torch.full_like(data["input_ids"], -100)
+        # padded prediction slots are (position 0, label -100); position 0 is [CLS], never a real prediction
+        labels.scatter_(1, data["mlm_positions"], data["mlm_labels"])
+
+        def loss_fn():
+            return model(input_ids=data["input_ids"], token_type_ids=data["token_type_ids"],
+                         attention_mask=data["attention_mask"], labels=labels,
+                         next_sentence_label=data["next_sentence_label"]).loss
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda" or None)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+
+    def step():
+        with torch.autocast(device_type=device, dtype=dtype, enabled=dtype is not None):
+            loss = loss_fn()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for _ in range(warmup):
+        step()
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    t = time.perf_counter()
+    for _ in range(steps):
+        step()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    elapsed = time.perf_counter() - t
+    peak = (torch.cuda.max_memory_allocated() if device == "cuda"
+            else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss0)
+    return {"impl": impl, "config": config, "seq": seq, "batch": batch, "device": device, "precision": precision,
+            "steps": steps, "seq_per_s": batch * steps / elapsed, "ms_per_step": 1000 * elapsed / steps,
+            "peak_mem_mib": peak / 2**20, "tokens_per_step": int(data["attention_mask"].sum()),
+            "padded_len": int(data["input_ids"].shape[1])}
+
+
+def machine(device: str) -> dict:
+    import torch
+
+    info = {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
+            "cpus": __import__("os").cpu_count(), "processor": platform.processor()}
+    if device == "cuda":
+        info["gpu"] = torch.cuda.get_device_name()
+    try:
+        import transformers
+
+        info["transformers"] = transformers.__version__
+    except ImportError:
+        pass
+    return info
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--configs", nargs="+", default=["tiny", "small"])
+    ap.add_argument("--seq", nargs="+", type=int, default=[128])
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--precision", default=None, choices=["fp32", "bf16", "fp16"],
+                    help="default: fp32 on the CPU, bf16 on CUDA")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    ap.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
+    ap.add_argument("--one", nargs=3, metavar=("IMPL", "CONFIG", "SEQ"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    precision = args.precision or ("bf16" if args.device == "cuda" else "fp32")
+    if args.one:
+        import torch
+
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        impl, config, seq = args.one
+        print(json.dumps(measure(impl, config, int(seq), args.batch, args.device, precision, args.steps,
+                                 args.warmup)))
+        return
+
+    results = []
+    for config in args.configs:
+        for seq in args.seq:
+            for impl in ("bertkit", "transformers"):
+                cmd = [sys.executable, __file__, "--one", impl, config, str(seq), "--batch", str(args.batch),
+                       "--device", args.device, "--precision", precision, "--steps", str(args.steps),
+                       "--warmup", str(args.warmup)] + (["--threads", str(args.threads)] if args.threads else [])
+                out = subprocess.run(cmd, capture_output=True, text=True)
+                if out.returncode:
+                    print(out.stderr[-3000:], file=sys.stderr)
+                    raise SystemExit(f"{impl} {config} seq {seq} failed")
+                results.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    print(f"\n{'config':8} {'seq':>4} {'batch':>5} {'impl':13} {'seq/s':>9} {'ms/step':>9} {'peak MiB':>9} {'speed-up':>8}")
+    for r in results:
+        base = next(x for x in results if x["impl"] == "transformers" and x["config"] == r["config"]
+                    and x["seq"] == r["seq"])
+        print(f"{r['config']:8} {r['seq']:>4} {r['batch']:>5} {r['impl']:13} {r['seq_per_s']:9.1f} "
+              f"{r['ms_per_step']:9.1f} {r['peak_mem_mib']:9.0f} {r['seq_per_s'] / base['seq_per_s']:7.2f}x")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                            text=True).stdout.strip()
+    now = datetime.now(timezone.utc)
+    record = {"benchmark": "pretrain_step", "date": now.isoformat(timespec="seconds"), "commit": commit,
+              "machine": machine(args.device), "precision": precision, "results": results}
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"pretrain_step-{args.device}-{now:%Y%m%d-%H%M%S}.json"
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"\nwrote {path}")
+
+
+if __name__ == "__main__":
+    main()
