@@ -390,6 +390,9 @@ def prepare_corpus(inputs, out, config: CorpusConfig | None = None) -> dict:
     work = out / ".work"
     manifest_path = out / "manifest.json"
     previous = _read_json(manifest_path)
+    if previous is not None and previous.get("stage") != "prepare-corpus":
+        raise CorpusError(f"{out}: holds the output of another stage ({previous.get('stage')!r}); "
+                          f"choose another --out (not even --overwrite replaces it)")
     if previous and previous.get("stage") == "prepare-corpus" and previous.get("fingerprint") == fingerprint \
             and previous.get("complete") and not config.overwrite:
         shutil.rmtree(work, ignore_errors=True)

@@ -338,6 +338,11 @@ def test_rerun_is_a_no_op_and_other_options_need_overwrite(tmp_path):
         prepare_corpus([tmp_path / "a.txt"], tmp_path / "out", cfg(min_chars=10))
     m = prepare_corpus([tmp_path / "a.txt"], tmp_path / "out", cfg(min_chars=10, overwrite=True))
     assert m["options"]["min_chars"] == 10
+    (tmp_path / "tok").mkdir()
+    (tmp_path / "tok" / "manifest.json").write_text(json.dumps({"stage": "train-tokenizer"}))
+    with pytest.raises(CorpusError, match="another stage"):
+        prepare_corpus([tmp_path / "a.txt"], tmp_path / "tok", cfg(overwrite=True))
+    assert json.loads((tmp_path / "tok" / "manifest.json").read_text()) == {"stage": "train-tokenizer"}
 
 
 # ------------------------------------------------------------------------------------------ bad input
