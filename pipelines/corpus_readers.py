@@ -99,7 +99,7 @@ def expand_inputs(inputs, exclude: Path | None = None) -> tuple[list[InputFile],
                 problems.append(f"{arg}: pattern matches no file")
             # sources are named relative to the parent of the pattern's fixed leading folder: 'dumps/*/x.jsonl'
             # gives 'dumps/a/x.jsonl', so equal file names in different folders stay distinct
-            fixed = Path(*[p for p in _take_fixed(path.parts)]) if not glob.has_magic(path.parts[0]) else Path(".")
+            fixed = Path(*_fixed_prefix(path.parts))
             for m in matches:
                 m = Path(m)
                 for f in (_walk(m) if m.is_dir() else [m]):
@@ -109,11 +109,14 @@ def expand_inputs(inputs, exclude: Path | None = None) -> tuple[list[InputFile],
     return files, problems
 
 
-def _take_fixed(parts):
+def _fixed_prefix(parts) -> list[str]:
+    """The folders of a glob pattern before its first wildcard ('.' if it starts with one)."""
+    fixed = []
     for part in parts[:-1]:
         if glob.has_magic(part):
-            return
-        yield part
+            break
+        fixed.append(part)
+    return fixed or ["."]
 
 
 def _walk(root: Path) -> list[Path]:
@@ -130,7 +133,7 @@ class _ZstdReader(io.RawIOBase):
     """Streaming zstd (multi-frame) that raises EOFError on a truncated stream; zstandard's own reader is silent."""
 
     def __init__(self, raw):
-        self._zstd, self._raw, self._buf = zstandard, raw, b""
+        self._raw, self._buf, self._pos = raw, b"", 0
         self._dobj = zstandard.ZstdDecompressor().decompressobj()
         self._in_frame = False
 
@@ -138,23 +141,25 @@ class _ZstdReader(io.RawIOBase):
         return True
 
     def readinto(self, b):
-        while not self._buf:
+        while self._pos == len(self._buf):
             chunk = self._raw.read(1 << 16)
             if not chunk:
                 if self._in_frame:
                     raise EOFError("zstd stream ended before the end of its frame (truncated file)")
                 return 0
-            while chunk:
+            out = []
+            while chunk:  # one read may hold the end of a frame and the start of the next
                 self._in_frame = True
-                self._buf += self._dobj.decompress(chunk)
+                out.append(self._dobj.decompress(chunk))
                 chunk = b""
                 if self._dobj.eof:
                     self._in_frame = False
                     chunk = self._dobj.unused_data
-                    self._dobj = self._zstd.ZstdDecompressor().decompressobj()
-        n = min(len(b), len(self._buf))
-        b[:n] = self._buf[:n]
-        self._buf = self._buf[n:]
+                    self._dobj = zstandard.ZstdDecompressor().decompressobj()
+            self._buf, self._pos = b"".join(out), 0
+        n = min(len(b), len(self._buf) - self._pos)
+        b[:n] = self._buf[self._pos:self._pos + n]
+        self._pos += n
         return n
 
 
