@@ -231,9 +231,12 @@ def _mixed_inputs(tmp_path):
     return [tmp_path / "in"]
 
 
-def test_one_and_two_workers_write_identical_bytes(tmp_path, shared_data):
-    inputs = _mixed_inputs(tmp_path) + [shared_data / "wikipedia_ko_wikiextractor" / "text" / "AA" / "wiki_00"]
-    options = dict(holdout=0.05, shard_size=parse_size("64KB"))
+@pytest.mark.parametrize("real", [False, True], ids=["fixture", "fixture+ko-wiki"])
+def test_one_and_two_workers_write_identical_bytes(tmp_path, request, real):
+    inputs = _mixed_inputs(tmp_path)
+    if real:  # skips (with the fixture's reason) when ../shared/data is absent; the fixture case always runs
+        inputs.append(request.getfixturevalue("shared_data") / "wikipedia_ko_wikiextractor/text/AA/wiki_00")
+    options = dict(holdout=0.05, shard_size=parse_size("16KB"))
     m1 = prepare_corpus(inputs, tmp_path / "w1", cfg(workers=1, **options))
     m2 = prepare_corpus(inputs, tmp_path / "w2", cfg(workers=2, **options))
     assert len(m1["shards"]) > 2 and m1["dropped"]["duplicate"] == 6 * 3 + 1
