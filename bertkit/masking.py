@@ -81,26 +81,6 @@ def num_to_predict(lengths, spec: MaskingSpec) -> np.ndarray:
     return np.minimum(spec.max_predictions, np.maximum(1, np.rint(lengths * spec.masked_lm_prob))).astype(np.int64)
 
 
-def _smallest_k(keys: np.ndarray, k_row: np.ndarray) -> np.ndarray:
-    """Boolean (R, L) mask of the k_row[r] smallest keys of each row (2.0 marks padding, never chosen).
-
-    Sorting short rows of a 2-D array is far faster than sorting one long ragged array. Keys are float64 draws,
-    so a tie at the threshold is a 1e-12 event per row; such rows are still resolved exactly by position order.
-    """
-    n_rows = len(k_row)
-    if keys.shape[1] == 0:
-        return np.zeros(keys.shape, dtype=bool)
-    k_col = np.clip(k_row - 1, 0, keys.shape[1] - 1)
-    threshold = np.sort(keys, axis=1)[np.arange(n_rows), k_col]
-    chosen = (keys <= threshold[:, None]) & (keys < 2.0) & (k_row[:, None] > 0)
-    over = np.flatnonzero(chosen.sum(axis=1) > k_row)
-    for r in over:  # ties: keep the first k by stable order
-        order = np.argsort(keys[r], kind="stable")[: k_row[r]]
-        chosen[r] = False
-        chosen[r, order] = keys[r, order] < 2.0
-    return chosen
-
-
 def _choose_words(group_key: np.ndarray, group_size: np.ndarray, k_row: np.ndarray) -> np.ndarray:
     """Greedy of the reference over whole words, all rows at once on (R, G) arrays.
 
@@ -110,9 +90,10 @@ def _choose_words(group_key: np.ndarray, group_size: np.ndarray, k_row: np.ndarr
     pointer that still fits" finish the greedy exactly. Returns a boolean (R, G) mask of chosen words.
     """
     n_rows, n_cols = group_key.shape
-    order = np.argsort(group_key, axis=1, kind="stable")
+    order = np.argsort(group_key, axis=1)                                 # keys are distinct; padding last
     rows = np.arange(n_rows)[:, None]
-    size = np.where(group_key[rows, order] < 2.0, group_size[rows, order], np.iinfo(np.int64).max // 4)
+    never_fits = int(k_row.max(initial=0)) + 1                            # padding: small enough to sum safely
+    size = np.where(group_key[rows, order] < 2.0, group_size[rows, order], never_fits)
     taken = np.cumsum(size, axis=1) <= k_row[:, None]
     capacity = k_row - np.where(taken, size, 0).sum(axis=1)
     pointer = taken.sum(axis=1)            # first visited word not taken
@@ -132,6 +113,51 @@ def _choose_words(group_key: np.ndarray, group_size: np.ndarray, k_row: np.ndarr
     return chosen
 
 
+def _choose_positions(ids, offsets, lengths, cand, k_row, rng):
+    """Without whole words: k_row[r] candidates of each row, uniformly; returns (row, column) of each, row-major.
+
+    Random keys live in a padded (rows, width) grid, so numpy sorts many short rows (fast) instead of one long
+    ragged array; the k-th smallest key of a row is its threshold. The float64 keys tie at a threshold once in
+    ~1e12 rows; such a row is still resolved exactly, by stable order.
+    """
+    n_rows, width = len(lengths), int(lengths.max())
+    keys = rng.random((n_rows, width))
+    keys[np.arange(width)[None, :] >= lengths[:, None]] = 2.0             # padding
+    special = np.flatnonzero(~cand)
+    special_row = np.searchsorted(offsets, special, side="right") - 1
+    keys[special_row, special - offsets[special_row]] = 2.0               # [CLS], [SEP]
+    threshold = np.sort(keys, axis=1)[np.arange(n_rows), np.clip(k_row - 1, 0, width - 1)]
+    chosen = (keys <= threshold[:, None]) & (keys < 2.0)
+    for r in np.flatnonzero(chosen.sum(axis=1) > k_row):
+        first = np.argsort(keys[r], kind="stable")[: k_row[r]]
+        chosen[r] = False
+        chosen[r, first] = keys[r, first] < 2.0
+    return np.nonzero(chosen)
+
+
+def _choose_whole_words(ids, offsets, lengths, cand, k_row, rng, spec):
+    """Whole words: returns (row, column) of the chosen pieces, row-major, and each chosen piece's word number."""
+    n_rows = len(lengths)
+    cand_idx = np.flatnonzero(cand)
+    cand_row = np.repeat(np.arange(n_rows), lengths)[cand_idx]
+    prev_is_cand = np.zeros(len(cand_idx), dtype=bool)
+    prev_is_cand[1:] = (cand_idx[1:] - cand_idx[:-1] == 1) & (cand_row[1:] == cand_row[:-1])
+    starts = ~(spec.is_continuation[ids[cand_idx]] & prev_is_cand)   # a '##' piece right after a word joins it
+    group_id = np.cumsum(starts) - 1                                   # word of each candidate, over the batch
+    group_row = cand_row[starts]
+    group_size = np.bincount(group_id, minlength=len(group_row)).astype(np.int64)
+    group_col = np.arange(len(group_row)) - np.searchsorted(group_row, np.arange(n_rows))[group_row]
+    g_width = int(group_col.max()) + 1 if len(group_row) else 0
+    keys = np.full((n_rows, g_width), 2.0)
+    keys[group_row, group_col] = rng.random(len(group_row))
+    sizes = np.zeros((n_rows, g_width), dtype=np.int64)
+    sizes[group_row, group_col] = group_size
+    chosen = _choose_words(keys, sizes, k_row)[group_row, group_col][group_id]
+    picked = cand_idx[chosen]
+    row = cand_row[chosen]
+    return row, picked - offsets[row], group_id[chosen]
+
+
 def mask_batch(ids: np.ndarray, offsets: np.ndarray, rng: np.random.Generator, spec: MaskingSpec):
     """Mask every row of a ragged batch: row r is ids[offsets[r]:offsets[r+1]] (unpadded, with [CLS]/[SEP]).
 
@@ -141,46 +167,21 @@ def mask_batch(ids: np.ndarray, offsets: np.ndarray, rng: np.random.Generator, s
     """
     ids = np.asarray(ids)
     offsets = np.asarray(offsets, dtype=np.int64)
-    n, n_rows = len(ids), len(offsets) - 1
+    n_rows = len(offsets) - 1
     lengths = np.diff(offsets)
-    row = np.repeat(np.arange(n_rows), lengths)
-    col = np.arange(n) - offsets[:-1][row]
     k_row = num_to_predict(lengths, spec)
     cand = (ids != spec.cls_id) & (ids != spec.sep_id)
-    width = int(lengths.max()) if n_rows else 0
-
-    if not spec.whole_word_mask:
-        keys = np.full((n_rows, width), 2.0)
-        keys[row[cand], col[cand]] = rng.random(int(cand.sum()))
-        selected = _smallest_k(keys, k_row)[row, col]
-        group_of = None
+    if n_rows == 0:
+        row = col = np.zeros(0, np.int64)
+    elif not spec.whole_word_mask:
+        row, col = _choose_positions(ids, offsets, lengths, cand, k_row, rng)
     else:
-        cand_idx = np.flatnonzero(cand)
-        prev_is_cand = np.zeros(len(cand_idx), dtype=bool)
-        prev_is_cand[1:] = (cand_idx[1:] - cand_idx[:-1] == 1) & (row[cand_idx[1:]] == row[cand_idx[:-1]])
-        starts = ~(spec.is_continuation[ids[cand_idx]] & prev_is_cand)
-        group_id = np.cumsum(starts) - 1                       # word of each candidate, numbered over the batch
-        group_row = row[cand_idx[starts]]
-        group_size = np.bincount(group_id, minlength=len(group_row)).astype(np.int64)
-        first_group = np.searchsorted(group_row, np.arange(n_rows))
-        group_col = np.arange(len(group_row)) - first_group[group_row]
-        g_width = int(group_col.max()) + 1 if len(group_row) else 0
-        keys = np.full((n_rows, g_width), 2.0)
-        keys[group_row, group_col] = rng.random(len(group_row))
-        sizes = np.zeros((n_rows, g_width), dtype=np.int64)
-        sizes[group_row, group_col] = group_size
-        chosen = _choose_words(keys, sizes, k_row)[group_row, group_col]
-        selected = np.zeros(n, dtype=bool)
-        selected[cand_idx[chosen[group_id]]] = True
-        group_of = np.full(n, -1, dtype=np.int64)
-        group_of[cand_idx] = group_id
-
-    positions = np.flatnonzero(selected)
+        row, col, word = _choose_whole_words(ids, offsets, lengths, cand, k_row, rng, spec)
+    positions = offsets[row] + col
     labels = ids[positions]
     if spec.whole_word_mask and not spec.decide_per_piece:
-        g = group_of[positions]
-        new_word = np.r_[True, g[1:] != g[:-1]]
-        u = np.repeat(rng.random(int(new_word.sum())), np.diff(np.r_[np.flatnonzero(new_word), len(g)]))
+        new_word = np.r_[True, word[1:] != word[:-1]]                    # one 80/10/10 draw per word
+        u = np.repeat(rng.random(int(new_word.sum())), np.diff(np.r_[np.flatnonzero(new_word), len(word)]))
     else:
         u = rng.random(len(positions))
     kinds = np.where(u < 0.8, KIND_MASK, np.where(u < 0.9, KIND_KEPT, KIND_RANDOM)).astype(np.int8)
@@ -188,7 +189,7 @@ def mask_batch(ids: np.ndarray, offsets: np.ndarray, rng: np.random.Generator, s
     masked[positions[kinds == KIND_MASK]] = spec.mask_id
     rand_pos = positions[kinds == KIND_RANDOM]
     masked[rand_pos] = spec.random_ids[rng.integers(0, len(spec.random_ids), size=len(rand_pos))]
-    pred_offsets = np.concatenate([[0], np.cumsum(np.bincount(row[positions], minlength=n_rows))]).astype(np.int64)
+    pred_offsets = np.concatenate([[0], np.cumsum(np.bincount(row, minlength=n_rows))]).astype(np.int64)
     return masked, positions, labels, pred_offsets, kinds
 
 

@@ -130,13 +130,14 @@ def google_instances(documents: list, vocab: dict, config, seed: int, passes: in
     return instances, per_pass
 
 
-def read_documents(shards, tokenizer) -> list:
+def read_documents(shards, tokenizer_dir) -> list:
     """Documents of the corpus shards, in order, as lists of non-empty segments (lists of ids)."""
-    from pipelines.make_instances import tokenize_documents
+    from pipelines.make_instances import tokenize_documents, word_encoder
 
     documents = []
     for path in shards:
-        tokens, seg_start, doc_seg = tokenize_documents(tokenizer, read_arrow(path).column("sentences"))
+        tokens, seg_start, doc_seg = tokenize_documents(word_encoder(tokenizer_dir),
+                                                        read_arrow(path).column("sentences"))
         tokens, seg_start = tokens.tolist(), seg_start.tolist()
         for d in range(len(doc_seg) - 1):
             documents.append([tokens[seg_start[s]:seg_start[s + 1]] for s in range(doc_seg[d], doc_seg[d + 1])])
@@ -150,7 +151,7 @@ def make_instances_google(train, holdout, tokenizer_dir, out: Path, config, prog
     previous = os.environ.get("TOKENIZERS_PARALLELISM")
     os.environ["TOKENIZERS_PARALLELISM"] = "false"   # single process, single core, like the reference
     try:
-        tokenizer, vocab_tokens = load_stage_tokenizer(tokenizer_dir)
+        _, vocab_tokens = load_stage_tokenizer(tokenizer_dir)
         spec = masking_spec(vocab_tokens, config, reference=True)
         vocab = {"size": len(vocab_tokens), "cls": spec.cls_id, "sep": spec.sep_id, "mask": spec.mask_id,
                  "is_continuation": spec.is_continuation.tolist()}
@@ -158,7 +159,7 @@ def make_instances_google(train, holdout, tokenizer_dir, out: Path, config, prog
         for split, shards, passes in (("train", train, config.passes), ("holdout", holdout, config.holdout_dupe)):
             if not shards:
                 continue
-            documents = read_documents(shards, tokenizer)
+            documents = read_documents(shards, tokenizer_dir)
             instances, per_pass = google_instances(documents, vocab, config, config.seed, passes, progress)
             del documents
             prefix = "instances" if split == "train" else "holdout"

@@ -79,6 +79,42 @@ def files_bytes(folder: Path):
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# tokenization: the word-cached encoder equals the tokenizer
+
+
+HARD_TEXTS = ["", " ", "Hello,  world!", "a\tb\nc", "lead space", "trail space ", "[SEP] is text, [MASK]ed too",
+              "x[CLS]y [PAD] [UNK] [unused3]", "caf\u00e9 na\u0131ve \u00c5ngstr\u00f6m", "e \u0301acute after a space",
+              "\ud55c\uad6d\uc5b4 \ud14d\uc2a4\ud2b8\uc785\ub2c8\ub2e4.", "\u304c\u304e\u3050 \u6f22\u5b57\u6587",
+              "w" * 150 + " short", "emoji \U0001f600 and \u00a0nbsp", "ctrl\x1cchar \x00nul", "zero\u200bwidth",
+              "##hash ##", "UPPER lower MiXeD", "don't stop-believing (1999) [ref]"]
+
+
+@pytest.mark.parametrize("join", [3, 2000])
+def test_word_encoder_equals_the_tokenizer(vocab, join):
+    from pipelines.make_instances import WordEncoder, load_stage_tokenizer
+
+    tok, words = load_stage_tokenizer(vocab)
+    encoder = WordEncoder(tok, words.index("[SEP]"), join=join)
+    expected = [tok.encode(t, add_special_tokens=False).ids for t in HARD_TEXTS]
+    for _ in range(2):                                                # cold, then from the cache
+        ids, lengths = encoder.encode(pa.array(HARD_TEXTS * 3))
+        assert lengths.tolist() == [len(e) for e in expected] * 3
+        assert ids.tolist() == [t for e in expected for t in e] * 3
+    assert 102 not in ids.tolist() and 103 not in ids.tolist()       # "[SEP]"/"[MASK]" in text are not specials
+
+
+def test_word_encoder_on_wikipedia(vocab, shared_data):
+    from pipelines.make_instances import WordEncoder, load_stage_tokenizer
+
+    tok, words = load_stage_tokenizer(vocab)
+    text = (shared_data / "wikipedia_en_wikiextractor" / "text" / "AA" / "wiki_00").read_text(encoding="utf-8")
+    lines = [line for line in text.split("\n") if line and not line.startswith("<")][:1500]
+    ids, lengths = WordEncoder(tok, words.index("[SEP]"), max_cached=5000).encode(pa.array(lines))
+    expected = [e.ids for e in tok.encode_batch(lines, add_special_tokens=False)]
+    assert lengths.tolist() == [len(e) for e in expected] and ids.tolist() == [t for e in expected for t in e]
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # rules 1-3 in the default mode, on token ranges
 
 

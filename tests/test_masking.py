@@ -107,10 +107,11 @@ def test_whole_word_skips_words_that_overflow_and_never_leaves_a_fitting_word():
     words = [["a", "##b", "##c"], ["e", "##f"], ["g"], ["h"], ["a", "##b"], ["i"], ["e", "##f", "##c"]]
     rng = np.random.default_rng(5)
     rows = []
-    for _ in range(500):
-        order = rng.permutation(len(words))
-        rows.append(row("[CLS]", *[t for w in order[:4] for t in words[w]], "[SEP]",
-                        *[t for w in order[4:] for t in words[w]], "[SEP]"))
+    for _ in range(500):   # rows of different lengths and word counts
+        order = rng.permutation(len(words))[: rng.integers(2, len(words) + 1)]
+        cut = rng.integers(1, len(order))
+        rows.append(row("[CLS]", *[t for w in order[:cut] for t in words[w]], "[SEP]",
+                        *[t for w in order[cut:] for t in words[w]], "[SEP]"))
     ids, offsets = ragged(rows)
     _, pos, _, pred_off, _ = mask_batch(ids, offsets, rng, spec)
     k = num_to_predict(np.diff(offsets), spec)
