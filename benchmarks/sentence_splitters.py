@@ -19,8 +19,12 @@ import sys
 import time
 from pathlib import Path
 
-import blingfire
 from sentencex import segment
+
+try:  # only this comparison needs it: pip install blingfire
+    import blingfire
+except ImportError:
+    blingfire = None
 
 DATA = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).resolve().parents[2] / "shared" / "data")
 
@@ -96,10 +100,13 @@ def evaluate(lang, name, split, paras):
 
 
 def main():
+    if blingfire is None:
+        print("blingfire is not installed (pip install blingfire): measuring sentencex alone")
     rows = []
     for lang in ("en", "ko"):
         paras = paragraphs(lang)
-        for name, make in (("sentencex", split_sentencex), ("blingfire", split_blingfire)):
+        splitters = [("sentencex", split_sentencex)] + ([("blingfire", split_blingfire)] if blingfire else [])
+        for name, make in splitters:
             rows.append(evaluate(lang, name, make(lang), paras))
             r = rows[-1]
             print(f"{lang} {name:10s} {r['mb_per_s']:7.2f} MB/s  sentences {r['sentences']:7d}  "
