@@ -45,7 +45,7 @@ def _book_passages(shared_data, tmp_path, n_train, n_dev):
     for name, label in (("pg11_alice_in_wonderland.txt", "alice"), ("pg1342_pride_and_prejudice.txt", "pride")):
         text = (shared_data / "gutenberg" / name).read_text(encoding="utf-8")
         paragraphs = [" ".join(p.split()) for p in text.split("\n\n")]
-        paragraphs = [" ".join(p.split()[:24]) for p in paragraphs if len(p.split()) >= 12]
+        paragraphs = [" ".join(p.split()[:16]) for p in paragraphs if len(p.split()) >= 12]
         picked = rng.choice(len(paragraphs), n_train + n_dev, replace=False)
         splits["train"] += [f"{paragraphs[i]}\t{label}" for i in picked[:n_train]]
         splits["dev"] += [f"{paragraphs[i]}\t{label}" for i in picked[n_train:]]
@@ -57,16 +57,17 @@ def _book_passages(shared_data, tmp_path, n_train, n_dev):
 
 @pytest.mark.slow
 def test_real_minilm_finetune_learns(shared_data, minilm, tmp_path):
-    """all-MiniLM-L6-v2 learns which of two books a passage is from: 160 passages, 3 short epochs on the CPU."""
+    """all-MiniLM-L6-v2 learns which of two books a passage is from: 128 passages, 2 short epochs on the CPU."""
     from bertkit.finetune.classify import finetune_classify
 
-    train_file, dev_file = _book_passages(shared_data, tmp_path, 80, 50)
-    cfg = TrainConfig(out_dir=str(tmp_path / "out"), epochs=3, batch_size=16, learning_rate=1e-4, seed=0)
+    train_file, dev_file = _book_passages(shared_data, tmp_path, 64, 40)
+    cfg = TrainConfig(out_dir=str(tmp_path / "out"), epochs=2, batch_size=16, learning_rate=1e-4, seed=0)
     summary = finetune_classify(minilm, train_file, dev_file, cfg, text_a="text", label="label",
-                                max_seq_length=48)
+                                max_seq_length=32)
     best = summary["best"]["accuracy"]
-    assert best >= 0.8, summary["epochs"]  # chance is 0.5 (50 passages of each book)
-    assert [e["epoch"] for e in summary["epochs"]] == [1, 2, 3]
+    # chance is 0.5 (40 passages of each book); 60 of 80 right by chance has p < 1e-5. Seed 0 gives 0.825.
+    assert best >= 0.75, summary["epochs"]
+    assert [e["epoch"] for e in summary["epochs"]] == [1, 2]
     assert summary["epochs"][-1]["train_loss"] < summary["epochs"][0]["train_loss"]
     written = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert written["best"]["accuracy"] == best and written["settings"]["labels"] == ["alice", "pride"]
