@@ -1,7 +1,8 @@
 """The shared fine-tuning loop: schedule, padding, a real CPU fine-tune of all-MiniLM-L6-v2 that learns, the saved
-model reloading in transformers, and data-parallel training under torchrun (gloo on the CPU)."""
+model reloading in transformers, and data-parallel training under the DeepSpeed launcher (gloo on the CPU)."""
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -88,9 +89,16 @@ def test_real_minilm_finetune_learns(shared_data, minilm, tmp_path):
     assert [hf.config.id2label[p] for p in preds] == saved
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 @pytest.mark.slow
-def test_data_parallel_under_torchrun(tmp_path):
-    """WORLD_SIZE=2 on the CPU (gloo): both ranks train in step; rank 0 writes metrics and the model."""
+def test_data_parallel_under_deepspeed_launcher(tmp_path):
+    """`deepspeed --num_gpus 2 cli.py finetune ...` on the CPU (gloo): both ranks train in step through
+    torch.distributed; rank 0 evaluates and writes metrics and the model."""
     from bertkit.checkpoint import save_pretrained
     from bertkit.config import BertConfig
     from bertkit.model import BertForSequenceClassification
@@ -102,13 +110,14 @@ def test_data_parallel_under_torchrun(tmp_path):
     save_pretrained(model, tmp_path / "model", tokenizer_dir=tmp_path)
     rows = ["text\tlabel"] + [f"w{i} w{i + 1} w{(i * 7) % 27}\t{i % 2}" for i in range(26)]
     (tmp_path / "train.tsv").write_text("\n".join(rows) + "\n")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [str(Path(sys.executable).with_name("torchrun")), "--nproc_per_node=2", "--master_port=29517",
-           str(REPO / "cli.py"), "finetune", "classify", "--model", str(tmp_path / "model"),
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+    env.update(OMP_NUM_THREADS="1", PATH=f"{Path(sys.executable).parent}:{env.get('PATH', '')}")
+    cmd = [str(Path(sys.executable).with_name("deepspeed")), "--num_gpus", "2", "--master_port", str(_free_port()),
+           "cli.py", "finetune", "classify", "--model", str(tmp_path / "model"),
            "--out", str(tmp_path / "out"), "--train-file", str(tmp_path / "train.tsv"),
            "--dev-file", str(tmp_path / "train.tsv"), "--text-a", "text", "--epochs", "2", "--batch-size", "8",
            "--device", "cpu"]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    done = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert summary["settings"]["world_size"] == 2 and summary["settings"]["total_steps"] == 8
