@@ -20,8 +20,9 @@ import random
 import shutil
 import signal
 import socket
+import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +31,10 @@ from bertkit.data import EpochBatches, InstanceDataset, batch_loader, read_insta
 from bertkit.fileio import atomic_write_bytes, atomic_write_json, sha256_file
 
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
-DEFAULTS = dict(micro_batch=32, zero_stage=2, grad_clip=1.0, optimizer="lamb", lr=1e-3, weight_decay=0.01)
+DEFAULTS = dict(micro_batch=32, grad_clip=1.0, optimizer="lamb", lr=1e-3, weight_decay=0.01)
+# ZeRO 1-3 hand the optimizer flat partitions, so LAMB would take one trust ratio per partition instead of one
+# per tensor: LAMB defaults to stage 0 (plain data parallel, per-tensor LAMB, NVIDIA's setting), AdamW to 2.
+DEFAULT_ZERO_STAGE = {"lamb": 0, "adamw": 2}
 
 
 class TrainingError(RuntimeError):
@@ -72,7 +76,6 @@ class PretrainConfig:
     num_workers: int = 1
     dropout: float | None = None          # overrides the model's hidden and attention dropout
     progress: bool = True
-    extra: dict = field(default_factory=dict)  # reserved for Python callers; recorded in config.json
 
 
 # ---------------------------------------------------------------- DeepSpeed config: flags + a user's file
@@ -122,6 +125,8 @@ def resolve_deepspeed_config(cfg: PretrainConfig, world_size: int, user: dict | 
             raise ConfigError(f"{flag_name[name]} {flag} contradicts {source}'s {'.'.join(path)} = {theirs}; "
                               "remove one of them")
         resolved[name] = flag if flag is not None else theirs if theirs is not None else DEFAULTS.get(name)
+    if resolved["zero_stage"] is None:
+        resolved["zero_stage"] = DEFAULT_ZERO_STAGE[resolved["optimizer"]]
     theirs_precision = _precision_of(user)
     if cfg.precision not in (None, "auto") and theirs_precision and cfg.precision != theirs_precision:
         raise ConfigError(f"--precision {cfg.precision} contradicts {source}'s precision ({theirs_precision}: "
@@ -554,6 +559,10 @@ def pretrain(cfg: PretrainConfig) -> dict:
     ds_config, res = resolve_deepspeed_config(cfg, world, user, on_cuda, on_cuda and torch.cuda.is_bf16_supported(),
                                               source=str(cfg.deepspeed_config))
 
+    if res["optimizer"] == "lamb" and res["zero_stage"] >= 1 and rank == 0:
+        print(f"warning: LAMB under ZeRO stage {res['zero_stage']} sees flat partitions, so its trust ratio is "
+              "per partition, not per layer; use --zero-stage 0 for layer-wise LAMB, or --optimizer adamw",
+              file=sys.stderr, flush=True)
     torch.manual_seed(cfg.seed)  # same initial weights on every rank
     model, bert_cfg, init_source = _build_model(cfg, manifest, run_config)
     if res["zero_stage"] == 3:
@@ -625,7 +634,7 @@ def pretrain(cfg: PretrainConfig) -> dict:
                     out = engine(**batch)
                     engine.backward(out.loss)
                     engine.step()
-                except torch.OutOfMemoryError as e:
+                except (torch.OutOfMemoryError, MemoryError) as e:
                     b, s = batch["input_ids"].shape
                     raise TrainingError(
                         f"out of memory at step {step + 1}, micro batch {k + 1} of {gas} on rank {rank}: "
@@ -655,7 +664,8 @@ def pretrain(cfg: PretrainConfig) -> dict:
                           "seq_per_s": m["sequences"] / elapsed, "tokens_per_s": m["tokens"] / elapsed,
                           "epoch": (step * gas) // sampler.per_epoch}
                 if res["precision"] == "fp16":
-                    record["loss_scale"] = _float(getattr(engine.optimizer, "cur_scale", None))
+                    record["loss_scale"] = _float(getattr(engine.optimizer, "cur_scale", None)
+                                                  or getattr(engine.optimizer, "loss_scale", None))
                     record["skipped_steps"] = int(engine.skipped_steps)
                 if peak:
                     flops = 6 * n_params * m["tokens"] + 12 * bert_cfg.num_layers * bert_cfg.hidden_size * \

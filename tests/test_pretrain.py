@@ -86,7 +86,8 @@ def _cfg(**kw):
 def test_deepspeed_config_from_flags_and_merging():
     ds, res = resolve_deepspeed_config(_cfg(micro_batch=8, global_batch=64), 2, None, False, False)
     assert ds["train_micro_batch_size_per_gpu"] == 8 and ds["gradient_accumulation_steps"] == 4
-    assert ds["train_batch_size"] == 64 and ds["zero_optimization"]["stage"] == 2 and ds["gradient_clipping"] == 1.0
+    assert ds["train_batch_size"] == 64 and ds["zero_optimization"]["stage"] == 0 and ds["gradient_clipping"] == 1.0
+    assert resolve_deepspeed_config(_cfg(optimizer="adamw"), 1, None, False, False)[1]["zero_stage"] == 2
     assert res["precision"] == "fp32" and "fp16" not in ds and "bf16" not in ds and "optimizer" not in ds
     # GPU: bf16 where supported, else fp16 with dynamic loss scaling
     ds, res = resolve_deepspeed_config(_cfg(), 1, None, True, True)

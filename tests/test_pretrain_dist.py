@@ -70,7 +70,7 @@ def setup(tmp_path_factory):
 
 def common(inst, root, out, **kw):
     args = {"--instances": inst, "--out": out, "--model": root / "model.json", "--max-steps": STEPS,
-            "--micro-batch": 8, "--global-batch": 32, "--lr": 0.02, "--warmup": 3, "--log-every": 1,
+            "--micro-batch": 8, "--global-batch": 32, "--optimizer": "adamw", "--lr": 3e-3, "--warmup": 3, "--log-every": 1,
             "--save-every": 10, "--keep-last": 2, "--eval-every": 0, "--num-workers": 0, "--seed": 7,
             "--zero-stage": 2}
     args.update({f"--{k.replace('_', '-')}": v for k, v in kw.items()})
@@ -171,7 +171,8 @@ def test_one_process_sigterm_saves_then_exits(setup):
     root, inst = setup
     run = root / "single"
     cmd = [str(BIN / "bertkit"), "pretrain"] + common(inst, root, run, micro_batch=16, global_batch=32,
-                                                        max_steps=1000, save_every=1000)
+                                                        max_steps=1000, save_every=1000, optimizer="lamb",
+                                                        lr=0.02, zero_stage=0)
     proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     log = run / "metrics.jsonl"
     deadline = time.time() + 90

@@ -11,7 +11,8 @@ import click
 @click.option("--micro-batch", type=int, help="Sequences per rank per forward  [default: 32].")
 @click.option("--global-batch", type=int, help="Sequences per optimizer step (sets gradient accumulation) "
                                                "[default: micro batch x ranks].")
-@click.option("--zero-stage", type=click.IntRange(0, 3), help="DeepSpeed ZeRO stage  [default: 2].")
+@click.option("--zero-stage", type=click.IntRange(0, 3),
+              help="DeepSpeed ZeRO stage  [default: 0 with LAMB (per-layer trust ratios), 2 with AdamW].")
 @click.option("--precision", type=click.Choice(["auto", "fp32", "bf16", "fp16"]),
               help="auto = bf16 on GPUs that have it, else fp16 (dynamic loss scaling); fp32 on the CPU.")
 @click.option("--optimizer", type=click.Choice(["lamb", "adamw"]), help="[default: lamb]")
