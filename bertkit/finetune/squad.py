@@ -11,7 +11,7 @@ a slice of the original context (original case, accents and spacing).
 """
 import collections
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -40,7 +40,6 @@ class SquadFeature:
     max_context: list    # per input position: True where this window is the best one for that context token
     start_position: int = 0
     end_position: int = 0
-    extra: dict = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------- reading
