@@ -18,6 +18,7 @@ import os
 import shutil
 from array import array
 from bisect import bisect_left
+from itertools import repeat
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -113,7 +114,19 @@ def load_stage_tokenizer(tokenizer_dir):
     return _TOKENIZERS[key]
 
 
+_SPECS = {}
+
+
 def masking_spec(vocab: list[str], config: InstancesConfig, reference: bool = False) -> MaskingSpec:
+    """The MaskingSpec of these options (cached per process: building it walks the vocabulary)."""
+    key = (id(vocab), config.masked_lm_prob, config.max_predictions, config.whole_word_mask,
+           reference or config.random_from_whole_vocab, reference or config.wwm_decide_per_piece)
+    if key not in _SPECS:
+        _SPECS[key] = _masking_spec(vocab, config, reference)
+    return _SPECS[key]
+
+
+def _masking_spec(vocab: list[str], config: InstancesConfig, reference: bool = False) -> MaskingSpec:
     return MaskingSpec.from_vocab(vocab, masked_lm_prob=config.masked_lm_prob, max_predictions=config.max_predictions,
                                   whole_word_mask=config.whole_word_mask,
                                   random_from_whole_vocab=reference or config.random_from_whole_vocab,
@@ -136,9 +149,9 @@ class WordEncoder:
         self._reset()
 
     def _reset(self):
-        self.slot: dict[str, int] = {}
-        self.ids = np.zeros(0, np.int32)           # ids of every cached chunk, back to back
-        self.start = np.zeros(0, np.int64)         # where chunk slot s starts in self.ids
+        self.slot: dict[str, int] = {}             # cached chunk -> slot
+        self.ids = np.zeros(0, np.int32)           # the slots' ids, back to back
+        self.start = np.zeros(0, np.int64)         # where slot s starts in self.ids
         self.length = np.zeros(0, np.int64)
 
     def _encode_new(self, words: list[str]):
@@ -175,17 +188,19 @@ class WordEncoder:
         encoded = pa.compute.dictionary_encode(chunks.flatten())
         index = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
         words = encoded.dictionary.to_pylist()
-        missing = [w for w in words if w not in self.slot]
-        if missing:
-            if len(self.slot) + len(missing) > self.max_cached:
-                self._reset()                          # bounded memory; the ids do not depend on the cache
-            done, ids, lengths = self._encode_new(missing)
-            base = len(self.start)
-            self.slot.update(zip(done, range(base, base + len(done))))
+        slots = np.fromiter(map(self.slot.get, words, repeat(-1)), dtype=np.int64, count=len(words))
+        new = np.flatnonzero(slots < 0)
+        if len(new):
+            if len(self.slot) + len(new) > self.max_cached:
+                self._reset()                          # bounded memory; the ids never depend on the cache
+                new = np.arange(len(words))
+            done, ids, lengths = self._encode_new([words[i] for i in new])
+            self.slot.update(zip(done, range(len(self.start), len(self.start) + len(done))))
             self.start = np.concatenate([self.start, len(self.ids) + np.cumsum(lengths) - lengths])
             self.length = np.concatenate([self.length, lengths])
             self.ids = np.concatenate([self.ids, ids])
-        slots = np.fromiter(map(self.slot.__getitem__, words), dtype=np.int64, count=len(words))[index]
+            slots[new] = np.fromiter(map(self.slot.__getitem__, (words[i] for i in new)), np.int64, len(new))
+        slots = slots[index]
         occurrence_len = self.length[slots]
         tokens = self.ids[ragged_arange(self.start[slots], occurrence_len)]
         cum = np.concatenate([[0], np.cumsum(occurrence_len)])
@@ -250,42 +265,43 @@ def build_pairs(seg_start: np.ndarray, doc_seg: np.ndarray, rng: np.random.Gener
             target = 2 + int(u[k + 1] * (max_num - 1))
         k += 2
         s_end = dseg[d + 1]
-        i = chunk = dseg[d]
-        while i < s_end:
-            if starts[i + 1] - starts[chunk] >= target or i == s_end - 1:    # rule 2: the chunk is complete
-                if k > block - 16:
-                    u, k = rng.random(block).tolist(), 0
-                n_chunk = i - chunk + 1
-                a_end = chunk + (1 if n_chunk == 1 else 1 + int(u[k] * (n_chunk - 1)))
-                a_lo, a_hi = starts[chunk], starts[a_end]
-                if single_doc:
-                    # nothing to draw a random B from: B is A's true continuation (IsNext)
-                    if n_chunk > 1:
-                        a_lo_(a_lo), a_hi_(a_hi), b_lo_(a_hi), b_hi_(starts[i + 1]), nn_(0)
-                    elif a_hi - a_lo >= 2:                  # one segment: cut it inside
-                        cut = a_lo + 1 + int(u[k + 1] * (a_hi - a_lo - 1))
-                        a_lo_(a_lo), a_hi_(cut), b_lo_(cut), b_hi_(a_hi), nn_(0)
-                    else:
-                        skipped += 1
-                elif n_chunk == 1 or u[k + 1] < 0.5:       # rule 3: NotNext
-                    if reference_tries:                    # the reference: 10 tries to avoid this document
-                        for t in range(10):
-                            r = int(u[k + 2 + t] * n_docs)
-                            if r != d:
-                                break
-                    else:                                  # uniform over the other documents
-                        r = int(u[k + 2] * (n_docs - 1))
-                        r += r >= d
-                    r0, r1 = dseg[r], dseg[r + 1]
-                    rs = r0 + int(u[k + 12] * (r1 - r0))
-                    b_end = bisect_left(starts, starts[rs] + target - (a_hi - a_lo), rs + 1, r1)
-                    a_lo_(a_lo), a_hi_(a_hi), b_lo_(starts[rs]), b_hi_(starts[b_end]), nn_(1)
-                    i = a_end - 1                          # the chunk's segments after A start the next chunk
-                else:                                      # IsNext: B is the rest of the chunk
+        chunk = dseg[d]
+        while chunk < s_end:
+            # rule 2: the chunk's last segment i is the first where it reaches the target, or the document's last
+            i = bisect_left(starts, starts[chunk] + target, chunk + 1, s_end) - 1
+            if k > block - 16:
+                u, k = rng.random(block).tolist(), 0
+            n_chunk = i - chunk + 1
+            a_end = chunk + (1 if n_chunk == 1 else 1 + int(u[k] * (n_chunk - 1)))
+            a_lo, a_hi = starts[chunk], starts[a_end]
+            next_chunk = i + 1
+            if single_doc:
+                # nothing to draw a random B from: B is A's true continuation (IsNext)
+                if n_chunk > 1:
                     a_lo_(a_lo), a_hi_(a_hi), b_lo_(a_hi), b_hi_(starts[i + 1]), nn_(0)
-                k += 13
-                chunk = i + 1
-            i += 1
+                elif a_hi - a_lo >= 2:                  # one segment: cut it inside
+                    cut = a_lo + 1 + int(u[k + 1] * (a_hi - a_lo - 1))
+                    a_lo_(a_lo), a_hi_(cut), b_lo_(cut), b_hi_(a_hi), nn_(0)
+                else:
+                    skipped += 1
+            elif n_chunk == 1 or u[k + 1] < 0.5:       # rule 3: NotNext
+                if reference_tries:                    # the reference: 10 tries to avoid this document
+                    for t in range(10):
+                        r = int(u[k + 2 + t] * n_docs)
+                        if r != d:
+                            break
+                else:                                  # uniform over the other documents
+                    r = int(u[k + 2] * (n_docs - 1))
+                    r += r >= d
+                r0, r1 = dseg[r], dseg[r + 1]
+                rs = r0 + int(u[k + 12] * (r1 - r0))
+                b_end = bisect_left(starts, starts[rs] + target - (a_hi - a_lo), rs + 1, r1)
+                a_lo_(a_lo), a_hi_(a_hi), b_lo_(starts[rs]), b_hi_(starts[b_end]), nn_(1)
+                next_chunk = a_end                     # the chunk's segments after A start the next chunk
+            else:                                      # IsNext: B is the rest of the chunk
+                a_lo_(a_lo), a_hi_(a_hi), b_lo_(a_hi), b_hi_(starts[i + 1]), nn_(0)
+            k += 13
+            chunk = next_chunk
     arrays = {k: np.frombuffer(v, dtype=np.int64) if len(v) else np.zeros(0, np.int64) for k, v in out.items()}
     arrays["not_next"] = arrays["not_next"].astype(bool)
     return arrays, skipped
