@@ -67,8 +67,10 @@ def measure(impl: str, config: str, seq: int, batch: int, device: str, precision
     else:
         import transformers
 
-        hf_cfg = transformers.BertConfig(**{k: v for k, v in cfg.to_hf_dict().items() if k != "model_type"})
-        model = transformers.BertForPreTraining(hf_cfg, attn_implementation="sdpa").to(device)
+        hf_cfg = transformers.BertConfig(**{k: v for k, v in cfg.to_hf_dict().items() if k != "model_type"},
+                                         attn_implementation="sdpa")
+        model = transformers.BertForPreTraining(hf_cfg).to(device)
+        assert model.config._attn_implementation == "sdpa", model.config._attn_implementation
         labels = torch.full_like(data["input_ids"], -100)
         # padded prediction slots are (position 0, label -100); position 0 is [CLS], never a real prediction
         labels.scatter_(1, data["mlm_positions"], data["mlm_labels"])
