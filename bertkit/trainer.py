@@ -563,6 +563,14 @@ def pretrain(cfg: PretrainConfig) -> dict:
         print(f"warning: LAMB under ZeRO stage {res['zero_stage']} sees flat partitions, so its trust ratio is "
               "per partition, not per layer; use --zero-stage 0 for layer-wise LAMB, or --optimizer adamw",
               file=sys.stderr, flush=True)
+    if run_config is not None:  # the data order depends on these: a resume must not change them
+        before = {"seed": run_config["pretrain"]["seed"], "micro_batch": run_config["resolved"]["micro_batch"],
+                  "global_batch": run_config["resolved"]["global_batch"]}
+        now = {"seed": cfg.seed, "micro_batch": res["micro_batch"], "global_batch": res["global_batch"]}
+        changed = [f"{k} {before[k]} -> {now[k]}" for k in before if before[k] != now[k]]
+        if changed:
+            raise ConfigError(f"--resume: {', '.join(changed)}; the run's data order depends on these, so resume "
+                              "with the values it started with (see its config.json)")
     torch.manual_seed(cfg.seed)  # same initial weights on every rank
     model, bert_cfg, init_source = _build_model(cfg, manifest, run_config)
     if res["zero_stage"] == 3:

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from tests.test_data import make_instances_dir
-from tests.test_pretrain import TINY
+from tests.test_pretrain import TINY, clean_dist_env  # noqa: F401 (fixture)
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -166,7 +166,7 @@ def test_zero3_trains_exports_and_loads_in_transformers(setup):
     assert ev["eval_mlm_loss"] < np.log(TINY["vocab_size"])  # trained past chance
 
 
-def test_one_process_sigterm_saves_then_exits(setup):
+def test_one_process_sigterm_saves_then_exits(setup, clean_dist_env):
     """`bertkit pretrain` without the launcher: SIGTERM mid-run saves a checkpoint at that step and exits 0."""
     root, inst = setup
     run = root / "single"
@@ -186,3 +186,20 @@ def test_one_process_sigterm_saves_then_exits(setup):
     assert 3 <= last < 1000
     assert (run / "checkpoints" / "latest").read_text() == f"global_step{last}"
     assert not list((run / "checkpoints").glob("*.partial"))
+
+    # a resume that would change the data order is refused
+    from bertkit.trainer import ConfigError, PretrainConfig, pretrain
+
+    with pytest.raises(ConfigError, match=r"--resume: seed 7 -> 8; the run's data order depends on these"):
+        pretrain(PretrainConfig(instances=str(inst), out=str(run), model=str(root / "model.json"), resume=True,
+                                seed=8, micro_batch=16, global_batch=32, optimizer="lamb", zero_stage=0,
+                                progress=False, num_workers=0))
+
+    # phase 2 starts from that run's latest weights (a run folder is accepted as well as an export)
+    from bertkit.trainer import _build_model, load_run_state_dict
+
+    state, _, _ = load_run_state_dict(run)
+    model, _, source = _build_model(PretrainConfig(instances=str(inst), out=str(root / "phase2"), init_from=str(run)),
+                                    json.loads((inst / "manifest.json").read_text()), None)
+    assert source.endswith(f"global_step{last})")
+    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
