@@ -214,10 +214,20 @@ class _Rows:
         return collate([self.dataset[k] for k in keys], self.pad_multiple)
 
 
+def _ignore_stop_signals(worker_id: int) -> None:
+    # Ctrl-C / SIGTERM to the process group reach the workers too: leave them to the trainer, which saves a
+    # checkpoint at the next step (it needs its workers until then). Workers still exit with their parent.
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 def batch_loader(dataset: InstanceDataset, batches, num_workers: int = 0, pad_multiple: int = 8):
     """Iterate collated micro batches in `batches` order; workers prefetch, the order never changes."""
     import torch
 
     return torch.utils.data.DataLoader(_Rows(dataset, pad_multiple), sampler=batches, batch_size=None,
                                        num_workers=num_workers, persistent_workers=False,
-                                       prefetch_factor=4 if num_workers else None)
+                                       prefetch_factor=4 if num_workers else None,
+                                       worker_init_fn=_ignore_stop_signals if num_workers else None)

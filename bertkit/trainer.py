@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bertkit.data import EpochBatches, InstanceDataset, batch_loader, read_instances_manifest
+from bertkit.data import EpochBatches, InstanceDataset, batch_loader, collate, read_instances_manifest
 from bertkit.fileio import atomic_write_bytes, atomic_write_json, sha256_file
 
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -364,7 +364,10 @@ def save_checkpoint(engine, run_dir: Path, step: int, rank: int, local_rank: int
     if local_rank == 0:
         if (ckpt / tag).exists():
             shutil.rmtree(ckpt / tag)
-        os.replace(ckpt / tmp, ckpt / tag)
+        try:
+            os.replace(ckpt / tmp, ckpt / tag)
+        except FileNotFoundError:  # another node's local rank 0 renamed it on a shared file system
+            pass
         atomic_write_bytes(ckpt / "latest", tag.encode())
         for old in _checkpoint_steps(ckpt)[:-keep_last] if keep_last > 0 else []:
             shutil.rmtree(ckpt / f"global_step{old}", ignore_errors=True)
@@ -492,8 +495,6 @@ def evaluate(engine, dataset, micro_batch: int, rank: int, world: int, max_batch
         for i, keys in enumerate(batches):
             if i >= min(max_batches, batches.per_epoch):
                 break
-            from bertkit.data import collate
-
             batch = {k: v.to(device) for k, v in collate([dataset[k] for k in keys]).items()}
             meter.add(engine(**batch), batch)
     engine.module.train(was_training)

@@ -167,18 +167,20 @@ def test_zero3_trains_exports_and_loads_in_transformers(setup):
 
 
 def test_one_process_sigterm_saves_then_exits(setup, clean_dist_env):
-    """`bertkit pretrain` without the launcher: SIGTERM mid-run saves a checkpoint at that step and exits 0."""
+    """`bertkit pretrain` without the launcher: SIGTERM to its process group (loader worker included) mid-run
+    saves a checkpoint at that step and exits 0."""
     root, inst = setup
     run = root / "single"
     cmd = [str(BIN / "bertkit"), "pretrain"] + common(inst, root, run, micro_batch=16, global_batch=32,
                                                         max_steps=1000, save_every=1000, optimizer="lamb",
-                                                        lr=0.02, zero_stage=0)
-    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                                                        lr=0.02, zero_stage=0, num_workers=1)
+    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
     log = run / "metrics.jsonl"
     deadline = time.time() + 90
     while (not log.exists() or len(log.read_text().splitlines()) < 3) and time.time() < deadline:
         time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
+    os.killpg(proc.pid, signal.SIGTERM)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, out[-3000:]
     assert "stopped by signal" in out
