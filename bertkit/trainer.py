@@ -535,13 +535,13 @@ def _prepare_run_dir(cfg: PretrainConfig, run_dir: Path, manifest: dict) -> dict
 
 def pretrain(cfg: PretrainConfig) -> dict:
     """Train; returns the last logged metrics (plus "step" and "checkpoint")."""
+    manifest = read_instances_manifest(cfg.instances)  # errors before DeepSpeed is even imported
     import deepspeed
     import torch
     import torch.distributed as dist
 
     from bertkit.optim import build_optimizer, build_scheduler, param_groups
 
-    manifest = read_instances_manifest(cfg.instances)  # errors before any process group is made
     run_dir = Path(cfg.out)
     rank, world, local_rank, acc = init_distributed()
     on_cuda = acc.device_name() == "cuda"

@@ -205,3 +205,7 @@ def test_one_process_sigterm_saves_then_exits(setup, clean_dist_env):
                                     json.loads((inst / "manifest.json").read_text()), None)
     assert source.endswith(f"global_step{last})")
     assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
+    # ...but not onto instances made with another vocabulary
+    other = json.loads((inst / "manifest.json").read_text()) | {"vocab_sha256": "0" * 64}
+    with pytest.raises(ConfigError, match="was trained with another vocabulary"):
+        _build_model(PretrainConfig(instances=str(inst), out=str(root / "p2"), init_from=str(run)), other, None)
