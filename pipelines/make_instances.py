@@ -13,6 +13,7 @@ bytes whatever --workers is, and a killed run resumes by redoing only the files 
 Memory is one shard's tokens plus one pass of its instances, never corpus x dupe.
 `--compat google` (pipelines/google_compat.py) instead replays the reference's random calls exactly.
 """
+import hashlib
 import json
 import os
 import shutil
@@ -26,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute  # noqa: F401  (pa.compute)
 
-from bertkit.fileio import atomic_write_arrow, atomic_write_bytes, atomic_write_json, read_arrow, sha256_file
+from bertkit.fileio import atomic_write_bytes, atomic_write_json, read_arrow
 from bertkit.masking import KIND_KEPT, KIND_MASK, KIND_RANDOM, MaskingSpec, mask_batch, num_to_predict
 from pipelines.corpus_files import CorpusError, corpus_shards, read_corpus_manifest
 from pipelines.schemas import id_type, instance_schema
@@ -144,7 +145,7 @@ class WordEncoder:
     flat array; tests check the result equals the tokenizer's on hard cases and on Wikipedia.
     """
 
-    def __init__(self, tokenizer, sep_id: int, max_cached: int = 2_000_000, join: int = 2000):
+    def __init__(self, tokenizer, sep_id: int, max_cached: int = 1_000_000, join: int = 2000):
         self.tokenizer, self.sep_id, self.max_cached, self.join = tokenizer, sep_id, max_cached, join
         self._reset()
 
@@ -398,6 +399,30 @@ def pass_stats(offsets, b_start, not_next, max_seq_length, spec=None, masked=Non
     return s
 
 
+def arrow_file_bytes(table: pa.Table) -> bytes:
+    """The Arrow IPC file of a table, in memory (hashed and written without reading it back)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def write_record(path: Path, entry: dict) -> None:
+    """A resume record: renamed into place, not fsynced. The file it describes was fsynced first; a record lost or
+    emptied by a crash only means that file is made again (read_record treats it as absent)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    tmp.write_text(json.dumps(entry))
+    os.replace(tmp, path)
+
+
+def read_record(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def file_name(split: str, unit_index: int, pass_index: int, n_units: int) -> str:
     # pass-major numbering: reading files in order sees every document once before seeing it again
     prefix = "instances" if split == "train" else "holdout"
@@ -436,12 +461,10 @@ def process_unit(task: dict) -> list[dict]:
     passes = config.passes if task["split"] == "train" else config.holdout_dupe
     names = [file_name(task["split"], task["unit_index"], p, task["n_units"]) for p in range(passes)]
     done = {}
-    for n in names:   # a file counts as finished only with its record, and the record's size matches
-        record = parts / f"{n}.json"
-        if record.is_file() and (out_dir / n).is_file():
-            entry = json.loads(record.read_text())
-            if entry["bytes"] == (out_dir / n).stat().st_size:
-                done[n] = entry
+    for n in names:   # a file counts as finished only with a readable record whose size matches
+        entry = read_record(parts / f"{n}.json")
+        if entry and (out_dir / n).is_file() and entry["bytes"] == (out_dir / n).stat().st_size:
+            done[n] = entry
     if len(done) == len(names):
         return [done[n] for n in names]
 
@@ -476,10 +499,11 @@ def process_unit(task: dict) -> list[dict]:
             tbl = instances_table(ids, offsets, b_start, pairs["not_next"], len(vocab))
             stats = pass_stats(offsets, b_start, pairs["not_next"], config.max_seq_length, skipped=skipped)
         stats["documents"], stats["segments"] = len(doc_seg) - 1, len(seg_start) - 1
-        atomic_write_arrow(out_dir / name, tbl)
-        entry = {"file": name, "split": task["split"], "rows": tbl.num_rows, "bytes": (out_dir / name).stat().st_size,
-                 "sha256": sha256_file(out_dir / name), "pass": p, "stats": stats}
-        atomic_write_json(parts / f"{name}.json", entry)   # written last: its presence marks the file finished
+        data = arrow_file_bytes(tbl)
+        atomic_write_bytes(out_dir / name, data)           # fsynced before it gets its name
+        entry = {"file": name, "split": task["split"], "rows": tbl.num_rows, "bytes": len(data),
+                 "sha256": hashlib.sha256(data).hexdigest(), "pass": p, "stats": stats}
+        write_record(parts / f"{name}.json", entry)        # written last: its presence marks the file finished
         results.append(entry)
     return results
 
