@@ -1,16 +1,16 @@
 """`bertkit make-instances`: MLM + NSP training instances from a prepare-corpus folder.
 
 The rules are google-research/bert's create_pretraining_data.py (README "make-instances" numbers them 1-6);
-this module runs them per corpus shard, in parallel, with numpy doing the per-token work:
+this module runs them per work unit (a run of documents of one shard), in parallel, numpy doing the per-token work:
 
-  tokenize a shard once (tokenizers' Rust batch encoder)  ->  for each dupe pass:
-  pairs (Python loop over segments: rules 1-3)  ->  shuffle  ->  truncate (rule 4, closed form)  ->
+  tokenize the unit once (WordEncoder: distinct words through the Rust tokenizer)  ->  for each dupe pass:
+  pairs (Python loop over chunks: rules 1-3)  ->  shuffle  ->  truncate (rule 4, closed form)  ->
   assemble [CLS] A [SEP] B [SEP] (rule 5, index arithmetic)  ->  mask (rule 6, bertkit.masking.mask_batch)  ->
-  one Arrow file per (shard, pass), written atomically.
+  one Arrow file per (unit, pass), written atomically.
 
-Each (split, shard, pass) has its own generator seeded by (seed, split, shard, pass), so the output is the same
-bytes whatever --workers is, and a killed run resumes by redoing only the files that are missing.
-Memory is one shard's tokens plus one pass of its instances, never corpus x dupe.
+Each (split, unit, pass) has its own generator seeded by (seed, split, unit, pass) and units depend only on the
+corpus, so the output is the same bytes whatever --workers is, and a killed run resumes by redoing only the files
+that are missing. Memory is one unit's tokens plus one pass of its instances, never corpus x dupe.
 `--compat google` (pipelines/google_compat.py) instead replays the reference's random calls exactly.
 """
 import hashlib
@@ -19,8 +19,8 @@ import os
 import shutil
 from array import array
 from bisect import bisect_left
+from dataclasses import asdict, dataclass
 from itertools import repeat
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +29,7 @@ import pyarrow.compute  # noqa: F401  (pa.compute)
 
 from bertkit.fileio import atomic_write_bytes, atomic_write_json, read_arrow
 from bertkit.masking import KIND_KEPT, KIND_MASK, KIND_RANDOM, MaskingSpec, mask_batch, num_to_predict
-from pipelines.corpus_files import CorpusError, corpus_shards, read_corpus_manifest
+from pipelines.corpus_files import corpus_shards, read_corpus_manifest
 from pipelines.schemas import id_type, instance_schema
 
 MAX_POSITIONS = 512          # BERT's position embeddings
@@ -147,6 +147,7 @@ class WordEncoder:
 
     def __init__(self, tokenizer, sep_id: int, max_cached: int = 1_000_000, join: int = 2000):
         self.tokenizer, self.sep_id, self.max_cached, self.join = tokenizer, sep_id, max_cached, join
+        self.by_words = splits_on_spaces(tokenizer)  # else (a non-BERT pipeline): whole sentences, the slow way
         self._reset()
 
     def _reset(self):
@@ -183,6 +184,10 @@ class WordEncoder:
 
     def encode(self, texts: pa.Array):
         """Ids of every text, concatenated, and each text's length."""
+        if not self.by_words:
+            ids = [e.ids for e in self.tokenizer.encode_batch_fast(texts.to_pylist(), add_special_tokens=False)]
+            lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+            return np.fromiter((t for x in ids for t in x), np.int32, int(lengths.sum())), lengths
         chunks = pa.compute.split_pattern(texts, " ")
         chunk_off = chunks.offsets.to_numpy().astype(np.int64)
         chunk_off -= chunk_off[0]
@@ -206,6 +211,31 @@ class WordEncoder:
         tokens = self.ids[ragged_arange(self.start[slots], occurrence_len)]
         cum = np.concatenate([[0], np.cumsum(occurrence_len)])
         return tokens, cum[chunk_off[1:]] - cum[chunk_off[:-1]]
+
+
+def splits_on_spaces(tokenizer) -> bool:
+    """True when the pipeline cannot look across an ASCII space: per-character normalizers, BERT's (or a
+    whitespace) pre-tokenizer, no added token containing a space. Every bertkit and HF BERT tokenizer qualifies."""
+    spec = json.loads(tokenizer.to_str())
+
+    def normalizer_ok(n):
+        if n is None:
+            return True
+        if n["type"] == "Sequence":
+            return all(normalizer_ok(x) for x in n["normalizers"])
+        if n["type"] == "Replace":
+            pattern = json.dumps(n.get("pattern"))
+            return " " not in pattern and "\\s" not in pattern and " " not in str(n.get("content"))
+        return n["type"] in ("BertNormalizer", "NFC", "NFD", "NFKC", "NFKD", "Lowercase", "StripAccents", "Strip")
+
+    def pre_tokenizer_ok(p):
+        if p is None or p["type"] == "Sequence":
+            return p is not None and all(pre_tokenizer_ok(x) for x in p["pretokenizers"])
+        return p["type"] in ("BertPreTokenizer", "Whitespace", "WhitespaceSplit", "Punctuation", "Digits")
+
+    return (normalizer_ok(spec.get("normalizer")) and pre_tokenizer_ok(spec.get("pre_tokenizer"))
+            and spec.get("model", {}).get("type") == "WordPiece"
+            and not any(" " in t["content"] for t in spec.get("added_tokens", [])))
 
 
 _ENCODERS = {}
@@ -580,7 +610,7 @@ def _corpus_identity(corpus_dir: Path, manifest: dict) -> list:
 
 
 def make_instances(corpus_dir, tokenizer_dir, out, config: InstancesConfig | None = None, progress: bool = True) -> dict:
-    """Write instances for every corpus shard into `out`; returns the manifest. Resumes an interrupted run."""
+    """Write the instances of a prepare-corpus folder into `out`; returns the manifest. Resumes a killed run."""
     config = config or InstancesConfig()
     config.check()
     corpus_dir, out = Path(corpus_dir), Path(out)
@@ -611,7 +641,7 @@ def make_instances(corpus_dir, tokenizer_dir, out, config: InstancesConfig | Non
 
         entries = make_instances_google(train, holdout, tokenizer_dir, out, config, progress)
     else:
-        entries = _run_shards(train, holdout, tokenizer_dir, out, config, progress)
+        entries = _run_units(train, holdout, tokenizer_dir, out, config, progress)
 
     stats = summarize(entries, config)
     if stats["instances"].get("train", 0) == 0:
@@ -640,7 +670,7 @@ def _one_core():
     os.environ["TOKENIZERS_PARALLELISM"] = "false"   # each worker is one core; --workers sets the parallelism
 
 
-def _run_shards(train, holdout, tokenizer_dir, out: Path, config: InstancesConfig, progress: bool) -> list[dict]:
+def _run_units(train, holdout, tokenizer_dir, out: Path, config: InstancesConfig, progress: bool) -> list[dict]:
     from tqdm import tqdm
 
     if config.unit_mb is not None:

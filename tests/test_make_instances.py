@@ -103,6 +103,22 @@ def test_word_encoder_equals_the_tokenizer(vocab, join):
     assert 102 not in ids.tolist() and 103 not in ids.tolist()       # "[SEP]"/"[MASK]" in text are not specials
 
 
+def test_word_encoder_falls_back_for_pipelines_that_see_across_spaces(vocab):
+    from tokenizers import pre_tokenizers
+
+    from bertkit.tokenization import load_tokenizer
+    from pipelines.make_instances import WordEncoder, splits_on_spaces
+
+    tok = load_tokenizer(vocab)
+    tok.encode_special_tokens = True
+    assert splits_on_spaces(tok)
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()        # "▁" marks word starts: not per-chunk any more
+    assert not splits_on_spaces(tok)
+    ids, lengths = WordEncoder(tok, 102).encode(pa.array(HARD_TEXTS))
+    expected = [tok.encode(t, add_special_tokens=False).ids for t in HARD_TEXTS]
+    assert lengths.tolist() == [len(e) for e in expected] and ids.tolist() == [t for e in expected for t in e]
+
+
 def test_word_encoder_on_wikipedia(vocab, shared_data):
     from pipelines.make_instances import WordEncoder, load_stage_tokenizer
 
