@@ -196,5 +196,15 @@ def mask_batch(ids: np.ndarray, offsets: np.ndarray, rng: np.random.Generator, s
 def mask_instance(input_ids: np.ndarray, rng: np.random.Generator, spec: MaskingSpec):
     """Mask one unpadded row. Returns (masked_ids, positions, labels): positions ascending, labels the original ids."""
     input_ids = np.asarray(input_ids)
+    if not spec.whole_word_mask:   # one row: a uniform k-subset of the candidates directly (~3x faster)
+        cand = np.flatnonzero((input_ids != spec.cls_id) & (input_ids != spec.sep_id))
+        k = min(int(num_to_predict([len(input_ids)], spec)[0]), len(cand))
+        positions = np.sort(cand[rng.choice(len(cand), size=k, replace=False)])
+        u = rng.random(k)
+        masked = input_ids.copy()
+        masked[positions[u < 0.8]] = spec.mask_id
+        rand_pos = positions[u >= 0.9]
+        masked[rand_pos] = spec.random_ids[rng.integers(0, len(spec.random_ids), size=len(rand_pos))]
+        return masked, positions, input_ids[positions]
     masked, positions, labels, _, _ = mask_batch(input_ids, np.array([0, len(input_ids)]), rng, spec)
     return masked, positions, labels

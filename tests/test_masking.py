@@ -73,6 +73,26 @@ def test_80_10_10_split_uniform_positions_and_random_tokens_avoid_specials():
     assert replaced.min() >= ID["a"] and len(np.unique(replaced)) > 10
 
 
+def test_mask_instance_one_row_path_has_the_same_rule_and_split():
+    spec = MaskingSpec.from_vocab(VOCAB, masked_lm_prob=0.15, max_predictions=20)
+    r = row("[CLS]", *"ghijklmnop", "[SEP]", *"ghijklmnop", "[SEP]")      # len 23 -> 3 of 20 candidates
+    rng = np.random.default_rng(12)
+    counts, kinds = np.zeros(len(r), int), np.zeros(3, int)
+    for _ in range(4000):
+        masked, pos, labels = mask_instance(r, rng, spec)
+        assert len(pos) == 3 and np.all(np.diff(pos) > 0) and np.array_equal(labels, r[pos])
+        counts[pos] += 1
+        kinds[KIND_MASK] += int((masked[pos] == MASK).sum())
+        kinds[KIND_KEPT] += int((masked[pos] == r[pos]).sum())
+        other = masked[pos][(masked[pos] != MASK) & (masked[pos] != r[pos])]
+        kinds[KIND_RANDOM] += len(other)
+        assert np.all(other >= ID["a"])                                     # never a special or [unused]
+    assert counts[[0, 11, 22]].sum() == 0
+    assert np.all(np.abs(counts[np.r_[1:11, 12:22]] / 4000 - 3 / 20) < 0.025)
+    share = kinds / kinds.sum()       # a random draw equal to the original counts as kept: 1/16 of 10 %
+    assert abs(share[KIND_MASK] - 0.8) < 0.015 and abs(share[KIND_KEPT] - (0.1 + 0.1 / 16)) < 0.012
+
+
 def test_random_from_whole_vocab_restores_reference_draws():
     spec = MaskingSpec.from_vocab(VOCAB, random_from_whole_vocab=True)
     assert spec.random_ids.tolist() == list(range(len(VOCAB)))
