@@ -459,6 +459,17 @@ def _contains(seq, sub):
     return any(seq[i:i + n] == sub for i in range(len(seq) - n + 1))
 
 
+def test_one_document_corpus_end_to_end(tmp_path, vocab):
+    # NVIDIA/DeepLearningExamples#421: with one document the reference labels pairs from it NotNext
+    corpus = write_corpus(tmp_path / "c", [synthetic_docs(1, 5, max_sentences=40)])
+    fixed = make_instances(corpus, vocab, tmp_path / "fixed", InstancesConfig(dupe=3, max_seq_length=32),
+                           progress=False)
+    ref = make_instances(corpus, vocab, tmp_path / "ref", InstancesConfig(dupe=3, max_seq_length=32,
+                                                                          same_doc_notnext=True), progress=False)
+    assert fixed["stats"]["train_counts"]["not_next"] == 0 and fixed["stats"]["instances"]["train"] > 10
+    assert ref["stats"]["not_next_share"] > 0.3
+
+
 def test_dynamic_mode_is_static_before_masking(tmp_path, small_corpus, vocab):
     cfg = dict(dupe=1, max_seq_length=48, workers=1)
     make_instances(small_corpus, vocab, tmp_path / "s", InstancesConfig(**cfg), progress=False)
@@ -543,6 +554,16 @@ def test_cli(tmp_path, small_corpus, vocab):
     assert r.exit_code == 0, r.output
     m = json.loads((tmp_path / "o" / "manifest.json").read_text())
     assert m["whole_word_mask"] and m["max_seq_length"] == 32 and "NotNext" in r.output
+    assert m["reference_behaviour"] == {"random_from_whole_vocab": False, "wwm_decide_per_piece": False,
+                                        "same_doc_notnext": False}
+    r = CliRunner().invoke(main, ["make-instances", str(small_corpus), "--tokenizer", vocab, "--out",
+                                  str(tmp_path / "ref"), "--dupe", "1", "--workers", "1", "--max-seq-length", "32",
+                                  "--random-from-whole-vocab", "--wwm-decide-per-piece", "--same-doc-notnext",
+                                  "--mode", "dynamic", "--seed", "3", "--no-progress"])
+    assert r.exit_code == 0, r.output
+    m = json.loads((tmp_path / "ref" / "manifest.json").read_text())
+    assert m["reference_behaviour"] == {"random_from_whole_vocab": True, "wwm_decide_per_piece": True,
+                                        "same_doc_notnext": True} and m["mode"] == "dynamic" and m["seed"] == 3
     r = CliRunner().invoke(main, ["make-instances", str(tmp_path / "missing"), "--tokenizer", vocab,
                                   "--out", str(tmp_path / "o2")])
     assert r.exit_code != 0 and "prepare-corpus" in r.output
