@@ -105,9 +105,12 @@ class InstanceDataset:
                 raise InstancesError(f"{vocab_file}: missing; dynamic masking needs the vocabulary. "
                                      "Re-run make-instances (it copies vocab.txt into the folder).")
             m = self.manifest
+            reference = m.get("reference_behaviour", {})  # flags that restored google's masking at make-instances
             self.spec = MaskingSpec.from_vocab(read_vocab(vocab_file), masked_lm_prob=m.get("masked_lm_prob", 0.15),
                                                max_predictions=m.get("max_predictions", 20),
-                                               whole_word_mask=m.get("whole_word_mask", False))
+                                               whole_word_mask=m.get("whole_word_mask", False),
+                                               random_from_whole_vocab=reference.get("random_from_whole_vocab", False),
+                                               decide_per_piece=reference.get("wwm_decide_per_piece", False))
 
     def __len__(self) -> int:
         return int(self.starts[-1])

@@ -191,3 +191,14 @@ def test_bad_instances_folders(tmp_path):
         read_instances_manifest(d)
     with pytest.raises(InstancesError, match="cannot fill one micro batch"):
         next(iter(EpochBatches(5, 4, seed=0, world_size=2)))
+
+
+def test_dynamic_loader_keeps_the_reference_flags_of_make_instances(tmp_path):
+    """A dynamic folder made with --random-from-whole-vocab / --wwm-decide-per-piece is masked the same way."""
+    d = make_instances_dir(tmp_path / "inst", n=8, holdout=2)
+    assert not np.isin(InstanceDataset(d, "train").spec.random_ids, [0, 1, 2, 3, 4]).any()
+    manifest = json.loads((d / "manifest.json").read_text())
+    manifest["reference_behaviour"] = {"random_from_whole_vocab": True, "wwm_decide_per_piece": True}
+    atomic_write_json(d / "manifest.json", manifest)
+    spec = InstanceDataset(d, "train").spec
+    assert spec.random_ids.tolist() == list(range(len(toy_vocab()))) and spec.decide_per_piece
