@@ -25,3 +25,7 @@ def main():
 
 for command in (prepare_corpus, train_tokenizer, make_instances, fill_mask, pretrain, export, finetune):
     main.add_command(command)
+
+
+if __name__ == "__main__":
+    main()

@@ -10,7 +10,8 @@ def _default_workers() -> int:
 
 @click.command("prepare-corpus")
 @click.argument("inputs", nargs=-1, required=True, metavar="INPUT...")
-@click.option("--out", "-o", required=True, type=click.Path(file_okay=False), help="Output folder.")
+@click.option("--out", "-o", default="corpus", show_default=True, type=click.Path(file_okay=False),
+              help="Output folder (the default is where train-tokenizer and make-instances look).")
 @click.option("--format", "fmt", default="auto", show_default=True,
               type=click.Choice(["auto", "wikiextractor", "lines", "paragraphs", "jsonl", "parquet", "arrow"]),
               help="Input format for every file; auto detects per file (plain text counts as paragraphs).")

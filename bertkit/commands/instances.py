@@ -9,10 +9,11 @@ def _default_workers() -> int:
 
 
 @click.command("make-instances")
-@click.argument("corpus_dir", type=click.Path(file_okay=False))
-@click.option("--tokenizer", "tokenizer_dir", required=True, type=click.Path(),
+@click.argument("corpus_dir", default="corpus", required=False, type=click.Path(file_okay=False))
+@click.option("--tokenizer", "tokenizer_dir", default="tokenizer", show_default=True, type=click.Path(),
               help="train-tokenizer output folder, HF model folder, or a vocab.txt.")
-@click.option("--out", "-o", required=True, type=click.Path(file_okay=False), help="Output folder.")
+@click.option("--out", "-o", default="instances", show_default=True, type=click.Path(file_okay=False),
+              help="Output folder (the default is where pretrain looks).")
 @click.option("--max-seq-length", default=128, show_default=True, type=int, help="Tokens per instance, 8..512.")
 @click.option("--max-predictions", default=20, show_default=True, type=int, help="Most masked positions per instance.")
 @click.option("--masked-lm-prob", default=0.15, show_default=True, type=float, help="Share of tokens to predict.")

@@ -3,8 +3,10 @@ import click
 
 
 @click.command("pretrain")
-@click.option("--instances", required=True, type=click.Path(file_okay=False), help="make-instances output folder.")
-@click.option("--out", required=True, type=click.Path(file_okay=False), help="Run folder (checkpoints, metrics).")
+@click.option("--instances", default="instances", show_default=True, type=click.Path(file_okay=False),
+              help="make-instances output folder.")
+@click.option("--out", default="runs/pretrain", show_default=True, type=click.Path(file_okay=False),
+              help="Run folder (checkpoints, metrics).")
 @click.option("--model", default="base", show_default=True,
               help="Preset (tiny mini small medium base large) or an HF config.json / model folder.")
 @click.option("--max-steps", default=10000, show_default=True, type=int, help="Optimizer steps.")

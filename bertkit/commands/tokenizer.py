@@ -1,10 +1,13 @@
 """`bertkit train-tokenizer`: flags -> pipelines.train_tokenizer.TokenizerConfig."""
+import os
+
 import click
 
 
 @click.command("train-tokenizer")
 @click.argument("corpus_dir", required=False, type=click.Path(file_okay=False))
-@click.option("--out", required=True, type=click.Path(file_okay=False), help="Tokenizer folder to write.")
+@click.option("--out", default="tokenizer", show_default=True, type=click.Path(file_okay=False),
+              help="Tokenizer folder to write (the default is where make-instances looks).")
 @click.option("--vocab-size", default=30522, show_default=True, help="Target vocabulary size, special tokens included.")
 @click.option("--uncased/--cased", "lowercase", default=None,
               help="Lower-case and strip Latin accents (default), or keep case and accents. "
@@ -28,7 +31,7 @@ import click
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 def train_tokenizer(corpus_dir, out, vocab_size, lowercase, strip_accents, min_frequency, limit_alphabet,
                     vocab_file, stats_sentences, overwrite, no_progress):
-    """Train a BERT WordPiece vocabulary on CORPUS_DIR (a prepare-corpus folder) and write a tokenizer folder.
+    """Train a BERT WordPiece vocabulary on CORPUS_DIR (a prepare-corpus folder; default ./corpus) and write a tokenizer folder.
 
     OUT gets vocab.txt, tokenizer.json, tokenizer_config.json, special_tokens_map.json and manifest.json;
     it loads in bertkit, in HF tokenizers (Tokenizer.from_file) and in transformers (AutoTokenizer).
@@ -45,7 +48,10 @@ def train_tokenizer(corpus_dir, out, vocab_size, lowercase, strip_accents, min_f
     from pipelines.train_tokenizer import TokenizerConfig, train_tokenizer as run
 
     if corpus_dir is None and vocab_file is None:
-        raise click.UsageError("give CORPUS_DIR to train on, or --vocab FILE to use an existing vocabulary")
+        corpus_dir = "corpus"  # prepare-corpus's default output
+        if not os.path.isdir(corpus_dir):
+            raise click.UsageError("give CORPUS_DIR to train on (./corpus, prepare-corpus's default, does not exist), "
+                                   "or --vocab FILE to use an existing vocabulary")
     if lowercase is None and vocab_file is None:
         lowercase = True
     config = TokenizerConfig(vocab_size=vocab_size, lowercase=lowercase, strip_accents=strip_accents,

@@ -1,0 +1,68 @@
+"""The card's usage, literally: each stage's default output is where the next stage looks.
+
+    bertkit prepare-corpus wiki/ ; bertkit train-tokenizer ; bertkit make-instances --dupe 10 ; bertkit pretrain
+"""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+ENGLISH = [
+    "The river rises in the northern hills. It flows south through three towns before reaching the sea.",
+    "Farmers along its banks grow wheat and barley. In spring the water often floods the lower fields.",
+    "A stone bridge was built in the twelfth century. It still carries traffic across the narrowest point.",
+    "The town library holds old maps of the valley. Visitors can read them in a quiet room upstairs.",
+]
+KOREAN = [
+    "강은 북쪽 언덕에서 시작된다. 남쪽으로 흘러 세 마을을 지나 바다에 이른다.",
+    "강가의 농부들은 밀과 보리를 기른다. 봄에는 물이 낮은 들판을 자주 덮는다.",
+]
+
+
+def write_wiki_tree(root: Path) -> None:
+    docs = ENGLISH + KOREAN
+    for f in range(2):
+        lines = []
+        for i, text in enumerate(docs):
+            doc_id = f * 100 + i
+            title = f"Article {doc_id}"
+            body = " ".join([text] * 3)  # a few sentences each, long enough to pass --min-chars
+            lines += [f'<doc id="{doc_id}" url="https://example.org/?curid={doc_id}" title="{title}">', title, "",
+                      body.replace(". ", f". (v{f}) "), "</doc>"]
+        path = root / "text" / "AA" / f"wiki_{f:02d}"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def bertkit(*args, cwd):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([sys.executable, "-m", "bertkit.cli", *args], cwd=cwd, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, f"bertkit {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}"
+    return result
+
+
+@pytest.mark.slow
+def test_stages_chain_through_default_folders(tmp_path):
+    write_wiki_tree(tmp_path / "wiki")
+    bertkit("prepare-corpus", "wiki/", "--holdout", "0", cwd=tmp_path)
+    corpus = json.loads((tmp_path / "corpus" / "manifest.json").read_text())
+    assert corpus["complete"] and sum(s["rows"] for s in corpus["shards"]) == 12
+
+    bertkit("train-tokenizer", "--vocab-size", "300", cwd=tmp_path)
+    vocab = (tmp_path / "tokenizer" / "vocab.txt").read_text(encoding="utf-8").split("\n")
+    assert "강" in vocab  # Hangul kept as syllables, not jamo
+
+    bertkit("make-instances", "--dupe", "10", "--max-seq-length", "32", cwd=tmp_path)
+    instances = json.loads((tmp_path / "instances" / "manifest.json").read_text())
+    assert instances["complete"] and instances["dupe"] == 10
+    assert instances["vocab_size"] == len([t for t in vocab if t])
+
+    bertkit("pretrain", "--model", "tiny", "--max-steps", "2", "--micro-batch", "4", "--eval-every", "0",
+            "--save-every", "2", "--no-progress", cwd=tmp_path)
+    assert (tmp_path / "runs" / "pretrain" / "checkpoints" / "latest").is_file()
