@@ -55,10 +55,6 @@ def read_instances_manifest(instances_dir) -> dict:
     return data
 
 
-def read_vocab(path) -> list[str]:
-    return Path(path).read_text(encoding="utf-8").rstrip("\n").split("\n")
-
-
 class _ListColumn:
     """A list<int> Arrow column over several files as numpy views (values, offsets) into the memory map."""
 
@@ -99,6 +95,7 @@ class InstanceDataset:
         self.spec = None
         if self.dynamic:
             from bertkit.masking import MaskingSpec
+            from bertkit.tokenization import read_vocab
 
             vocab_file = self.dir / "vocab.txt"
             if not vocab_file.is_file():
@@ -106,7 +103,11 @@ class InstanceDataset:
                                      "Re-run make-instances (it copies vocab.txt into the folder).")
             m = self.manifest
             reference = m.get("reference_behaviour", {})  # flags that restored google's masking at make-instances
-            self.spec = MaskingSpec.from_vocab(read_vocab(vocab_file), masked_lm_prob=m.get("masked_lm_prob", 0.15),
+            try:
+                vocab = read_vocab(vocab_file)
+            except ValueError as e:  # TokenizerError: names the file and line
+                raise InstancesError(f"{e}. Re-run make-instances to copy a good vocab.txt.") from None
+            self.spec = MaskingSpec.from_vocab(vocab, masked_lm_prob=m.get("masked_lm_prob", 0.15),
                                                max_predictions=m.get("max_predictions", 20),
                                                whole_word_mask=m.get("whole_word_mask", False),
                                                random_from_whole_vocab=reference.get("random_from_whole_vocab", False),

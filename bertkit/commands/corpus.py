@@ -1,11 +1,7 @@
 """`bertkit prepare-corpus`: maps flags onto pipelines.prepare_corpus.CorpusConfig and runs the stage."""
-import os
-
 import click
 
-
-def _default_workers() -> int:
-    return max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+from bertkit.commands import default_workers
 
 
 @click.command("prepare-corpus")
@@ -24,7 +20,7 @@ def _default_workers() -> int:
 @click.option("--holdout", default=0.01, show_default=True, type=click.FloatRange(0, 1, max_open=True),
               help="Fraction of documents held out (chosen by a hash of the text: stable across runs).")
 @click.option("--shard-size", default="64MB", show_default=True, help="Text bytes per shard, e.g. 64MB, 512KB.")
-@click.option("--workers", "-j", default=_default_workers(), show_default="CPUs, at most 8", type=click.IntRange(min=1),
+@click.option("--workers", "-j", default=default_workers(), show_default="CPUs, at most 8", type=click.IntRange(min=1),
               help="Processes; the output is byte-identical for any number.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing output or an unfinished run made with other options.")
 @click.option("--strict", is_flag=True, help="Exit non-zero if any input had a problem (the output is still written).")

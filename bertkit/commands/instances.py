@@ -1,11 +1,7 @@
 """`bertkit make-instances`: maps flags onto pipelines.make_instances.InstancesConfig and runs the stage."""
-import os
-
 import click
 
-
-def _default_workers() -> int:
-    return max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+from bertkit.commands import default_workers
 
 
 @click.command("make-instances")
@@ -25,7 +21,7 @@ def _default_workers() -> int:
 @click.option("--whole-word-mask", is_flag=True, help="Mask whole words (a ## piece joins the word before it).")
 @click.option("--mode", type=click.Choice(["static", "dynamic"]), default="static", show_default=True,
               help="static: masked here; dynamic: unmasked pairs, masked by the pretraining loader each epoch.")
-@click.option("--workers", "-j", default=_default_workers(), show_default="CPUs, at most 8",
+@click.option("--workers", "-j", default=default_workers(), show_default="CPUs, at most 8",
               type=click.IntRange(min=1), help="Processes; the output is byte-identical for any number.")
 @click.option("--compat", type=click.Choice(["google"]), default=None,
               help="Replay google-research/bert's create_pretraining_data.py exactly (single process, in memory).")
