@@ -200,7 +200,9 @@ def load_tokenizer(path, *, lowercase: bool | None = None, strip_accents: str | 
         raise TokenizerError(f"{path}: no tokenizer.json or vocab.txt here; pass a `bertkit train-tokenizer` "
                              f"output folder, an HF model folder or a vocab.txt file")
     if not path.exists():
-        raise TokenizerError(f"{path}: no such tokenizer folder or vocab file")
+        raise TokenizerError(f"{path}: no such tokenizer folder or vocab file; train one with "
+                             f"`bertkit train-tokenizer CORPUS_DIR --out {path}`, or point to an existing "
+                             f"tokenizer folder, HF model folder or vocab.txt")
     if path.name.endswith(".json"):
         return _from_tokenizer_json(path)
     return tokenizer_from_vocab(path, lowercase, strip_accents or "auto")
