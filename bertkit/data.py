@@ -6,7 +6,8 @@
   (seed, epoch, index), so the masking of a row never depends on the worker, the rank or a resume.
 * `EpochBatches` is the sampler: one permutation per epoch (seeded from (seed, epoch)), rank r takes every
   world_size-th row, cut into micro batches; a resume starts at micro batch k without reading the k before it.
-* `collate` pads to the batch's longest row rounded up to a multiple of 8 (tensor-core friendly, few shapes).
+* `collate` pads to the batch's longest row rounded up to a multiple of 8 (tensor-core friendly, few shapes);
+  `collate_packed` lays the rows end to end instead (no padding at all) for the varlen attention kernel.
 """
 import json
 from dataclasses import dataclass
@@ -170,6 +171,29 @@ def collate(rows: list[dict], pad_multiple: int = 8, pad_id: int = 0) -> dict:
                                                    ("mlm_labels", labels), ("next_sentence_label", nsp))}
 
 
+def collate_packed(rows: list[dict], pad_multiple: int = 8) -> dict:
+    """The rows end to end, unpadded: input_ids / token_type_ids / position_ids (T,), cu_seqlens (B+1,) int32,
+    max_seqlen (the longest row rounded up to pad_multiple: a host-side bucket, so the GPU is never asked),
+    mlm_positions / mlm_labels (P,) at flat token positions, next_sentence_label (B,)."""
+    import torch
+
+    lengths = np.array([len(r["input_ids"]) for r in rows], dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    batch = {
+        "input_ids": np.concatenate([r["input_ids"] for r in rows]).astype(np.int64),
+        "token_type_ids": np.concatenate([r["token_type_ids"] for r in rows]).astype(np.int64),
+        "position_ids": np.concatenate([np.arange(n) for n in lengths]).astype(np.int64),
+        "cu_seqlens": starts.astype(np.int32),
+        "mlm_positions": np.concatenate([np.asarray(r["mlm_positions"], np.int64) + s
+                                         for r, s in zip(rows, starts)]).astype(np.int64),
+        "mlm_labels": np.concatenate([np.asarray(r["mlm_labels"], np.int64) for r in rows]).astype(np.int64),
+        "next_sentence_label": np.array([r["next_sentence_label"] for r in rows], dtype=np.int64),
+    }
+    batch = {k: torch.from_numpy(v) for k, v in batch.items()}
+    batch["max_seqlen"] = round_up(int(lengths.max()), pad_multiple)
+    return batch
+
+
 @dataclass
 class EpochBatches:
     """Micro batches of one rank: [(epoch, index), ...] lists, from micro batch `start` of epoch `start_epoch` on.
@@ -211,11 +235,12 @@ class EpochBatches:
 class _Rows:
     """Map-style view for torch's DataLoader: a sampler-produced list of keys -> one collated batch."""
 
-    def __init__(self, dataset: InstanceDataset, pad_multiple: int):
+    def __init__(self, dataset: InstanceDataset, pad_multiple: int, unpadded: bool = False):
         self.dataset, self.pad_multiple = dataset, pad_multiple
+        self.collate = collate_packed if unpadded else collate
 
     def __getitem__(self, keys):
-        return collate([self.dataset[k] for k in keys], self.pad_multiple)
+        return self.collate([self.dataset[k] for k in keys], self.pad_multiple)
 
 
 def _ignore_stop_signals(worker_id: int) -> None:
@@ -227,11 +252,13 @@ def _ignore_stop_signals(worker_id: int) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
-def batch_loader(dataset: InstanceDataset, batches, num_workers: int = 0, pad_multiple: int = 8):
-    """Iterate collated micro batches in `batches` order; workers prefetch, the order never changes."""
+def batch_loader(dataset: InstanceDataset, batches, num_workers: int = 0, pad_multiple: int = 8,
+                 unpadded: bool = False):
+    """Iterate collated micro batches in `batches` order; workers prefetch, the order never changes.
+    unpadded: packed batches (collate_packed) instead of padded ones."""
     import torch
 
-    return torch.utils.data.DataLoader(_Rows(dataset, pad_multiple), sampler=batches, batch_size=None,
+    return torch.utils.data.DataLoader(_Rows(dataset, pad_multiple, unpadded), sampler=batches, batch_size=None,
                                        num_workers=num_workers, persistent_workers=False,
                                        prefetch_factor=4 if num_workers else None,
                                        worker_init_fn=_ignore_stop_signals if num_workers else None)

@@ -4,6 +4,10 @@ Attention and the (dropout + residual + LayerNorm) sub-layer exits go through `k
 Triton on CUDA and to a PyTorch reference elsewhere. Inputs are right-padded batches: attention_mask is
 1 for tokens and 0 for padding, and the kernels use only its per-row length. Hidden states at padded
 positions are not meaningful (the attention kernel zeroes padded query rows); nothing reads them.
+
+BertModel and BertForPreTraining also take a packed (unpadded, "varlen") batch: the sequences laid end to end,
+input_ids / token_type_ids / position_ids of shape (T,), cu_seqlens (B+1,) int32 offsets and max_seqlen, a Python
+int bound on every length (the bucket; never read back from the device). No compute is spent on padding.
 """
 from dataclasses import dataclass
 
@@ -20,7 +24,7 @@ IGNORE_INDEX = -100
 
 @dataclass
 class EncoderOutput:
-    last_hidden_state: torch.Tensor  # (B, S, H)
+    last_hidden_state: torch.Tensor  # (B, S, H); packed input: (T, H)
     pooler_output: torch.Tensor | None  # (B, H), tanh(dense(h[CLS]))
 
 
@@ -29,7 +33,8 @@ class PreTrainingOutput:
     loss: torch.Tensor | None  # mlm_loss + nsp_loss (whichever were asked for)
     mlm_loss: torch.Tensor | None
     nsp_loss: torch.Tensor | None
-    mlm_logits: torch.Tensor  # (B, P, vocab_size) at mlm_positions, or (B, S, vocab_size) without them
+    mlm_logits: torch.Tensor  # (B, P, vocab_size) at mlm_positions, or (B, S, vocab_size) without them;
+    #                           packed input: (P, vocab_size) at flat mlm_positions, or (T, vocab_size)
     nsp_logits: torch.Tensor  # (B, 2); index 1 = NotNext
 
 
@@ -56,8 +61,9 @@ class Embeddings(nn.Module):
         self.token_type_embeddings = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
         self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
 
-    def forward(self, input_ids, token_type_ids):
-        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+    def forward(self, input_ids, token_type_ids, position_ids=None):
+        positions = position_ids if position_ids is not None else torch.arange(input_ids.shape[-1],
+                                                                               device=input_ids.device)
         x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
         x = x + self.position_embeddings(positions)
         x = kernels.add_layer_norm(x, None, self.norm.weight, self.norm.bias, self.cfg.layer_norm_eps, 0.0)
@@ -78,14 +84,18 @@ class Layer(nn.Module):
         self.ffn_out = nn.Linear(cfg.intermediate_size, h)
         self.ffn_norm = nn.LayerNorm(h, eps=cfg.layer_norm_eps)
 
-    def forward(self, x, lengths):
+    def forward(self, x, lengths, cu_seqlens=None, max_seqlen=None):
+        """x (B, S, H) with lengths (B,), or packed: x (T, H) with cu_seqlens (B+1,) and max_seqlen."""
         cfg = self.cfg
-        batch, seq, hidden = x.shape
         attn_p = cfg.attention_dropout if self.training else 0.0
         hidden_p = cfg.hidden_dropout if self.training else 0.0
         # q, k, v stay strided views of one matmul's output; the kernel reads them in place
-        q, k, v = self.qkv(x).view(batch, seq, 3, cfg.num_heads, cfg.head_dim).unbind(2)
-        a = kernels.attention(q, k, v, lengths, attn_p, None).reshape(batch, seq, hidden)
+        q, k, v = self.qkv(x).view(*x.shape[:-1], 3, cfg.num_heads, cfg.head_dim).unbind(-3)
+        if cu_seqlens is None:
+            a = kernels.attention(q, k, v, lengths, attn_p, None)
+        else:
+            a = kernels.attention_varlen(q, k, v, cu_seqlens, max_seqlen, attn_p, None)
+        a = a.reshape(x.shape)
         x = kernels.add_layer_norm(self.attn_out(a), x, self.attn_norm.weight, self.attn_norm.bias,
                                    cfg.layer_norm_eps, hidden_p)
         f = self.ffn_out(F.gelu(self.ffn_in(x)))  # GELU with erf, as in BERT
@@ -115,6 +125,13 @@ def sequence_lengths(input_ids, attention_mask):
     return attention_mask.sum(1, dtype=torch.int32)
 
 
+def packed_position_ids(cu_seqlens, total_tokens):
+    """(T,) position of each packed token within its own sequence; computed on the device (no host sync)."""
+    cu = cu_seqlens.long()
+    t = torch.arange(total_tokens, device=cu.device)
+    return t - cu[torch.searchsorted(cu[1:], t, right=True)]
+
+
 class BertModel(nn.Module):
     def __init__(self, cfg: BertConfig, add_pooling_layer: bool = True):
         super().__init__()
@@ -125,20 +142,30 @@ class BertModel(nn.Module):
         self.gradient_checkpointing = False  # recompute each layer in backward: less memory, ~30% more compute
         init_weights(self, cfg)
 
-    def forward(self, input_ids, token_type_ids=None, attention_mask=None) -> EncoderOutput:
-        if input_ids.shape[1] > self.cfg.max_position_embeddings:
-            raise ValueError(f"sequence of {input_ids.shape[1]} tokens; the model has "
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None,
+                position_ids=None, cu_seqlens=None, max_seqlen=None) -> EncoderOutput:
+        """Padded: input_ids (B, S) + attention_mask. Packed: input_ids (T,) + cu_seqlens (B+1,) + max_seqlen;
+        then last_hidden_state is (T, H) and the pooler reads each sequence's first ([CLS]) token."""
+        packed = cu_seqlens is not None
+        longest = max_seqlen if packed else input_ids.shape[1]
+        if packed and (max_seqlen is None or input_ids.dim() != 1 or attention_mask is not None):
+            raise ValueError("a packed batch is input_ids (T,) with cu_seqlens and max_seqlen, no attention_mask")
+        if longest > self.cfg.max_position_embeddings:
+            raise ValueError(f"sequence of {longest} tokens; the model has "
                              f"{self.cfg.max_position_embeddings} positions (max_position_embeddings)")
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
-        lengths = sequence_lengths(input_ids, attention_mask)
-        x = self.embeddings(input_ids, token_type_ids)
+        if packed and position_ids is None:
+            position_ids = packed_position_ids(cu_seqlens, input_ids.shape[0])
+        lengths = None if packed else sequence_lengths(input_ids, attention_mask)
+        x = self.embeddings(input_ids, token_type_ids, position_ids)
         for layer in self.layers:
             if self.gradient_checkpointing and self.training:
-                x = checkpoint(layer, x, lengths, use_reentrant=False)
+                x = checkpoint(layer, x, lengths, cu_seqlens, max_seqlen, use_reentrant=False)
             else:
-                x = layer(x, lengths)
-        pooled = torch.tanh(self.pooler(x[:, 0])) if self.pooler is not None else None
+                x = layer(x, lengths, cu_seqlens, max_seqlen)
+        cls = x[cu_seqlens[:-1]] if packed else x[:, 0]
+        pooled = torch.tanh(self.pooler(cls)) if self.pooler is not None else None
         return EncoderOutput(x, pooled)
 
 
@@ -164,11 +191,15 @@ class BertForPreTraining(nn.Module):
         return logits[..., : self.cfg.vocab_size]  # padded rows are never predicted
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None,
-                mlm_positions=None, mlm_labels=None, next_sentence_label=None) -> PreTrainingOutput:
-        out = self.bert(input_ids, token_type_ids, attention_mask)
+                mlm_positions=None, mlm_labels=None, next_sentence_label=None,
+                position_ids=None, cu_seqlens=None, max_seqlen=None) -> PreTrainingOutput:
+        """Packed input (see BertModel): mlm_positions / mlm_labels are (P,), positions into the T tokens."""
+        out = self.bert(input_ids, token_type_ids, attention_mask, position_ids, cu_seqlens, max_seqlen)
         h = out.last_hidden_state
-        if mlm_positions is not None:
-            # gather first: the vocabulary projection is the costliest part of the head
+        # gather first: the vocabulary projection is the costliest part of the head
+        if mlm_positions is not None and cu_seqlens is not None:
+            h = h.index_select(0, mlm_positions.long())
+        elif mlm_positions is not None:
             index = mlm_positions.long().unsqueeze(-1).expand(-1, -1, h.shape[-1])
             h = torch.gather(h, 1, index)
         mlm_logits = self.mlm_head(h)

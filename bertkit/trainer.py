@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bertkit.data import EpochBatches, InstanceDataset, batch_loader, collate, read_instances_manifest
+from bertkit.data import EpochBatches, InstanceDataset, batch_loader, collate, collate_packed, read_instances_manifest
 from bertkit.fileio import atomic_write_bytes, atomic_write_json, sha256_file
 
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -75,6 +75,7 @@ class PretrainConfig:
     seed: int = 42
     num_workers: int = 1
     dropout: float | None = None          # overrides the model's hidden and attention dropout
+    unpadded: bool = False                # packed batches (varlen attention): no compute on padding
     progress: bool = True
 
 
@@ -457,12 +458,15 @@ class Meter:
             has = labels != -100
             mlm_correct = ((out.mlm_logits.argmax(-1) == labels) & has).sum()
             nsp_correct = (out.nsp_logits.argmax(-1) == batch["next_sentence_label"]).sum()
-            n = float(batch["input_ids"].shape[0])
+            n = float(batch["next_sentence_label"].shape[0])
             scalars = torch.tensor([n, 1.0, n], dtype=torch.float64, device=self.sums.device)  # nsp_count micro seqs
+            # non-padding tokens: a packed batch has no padding
+            tokens = batch["attention_mask"].sum() if "attention_mask" in batch else batch["input_ids"].new_tensor(
+                batch["input_ids"].numel())
             values = torch.cat([torch.stack([out.loss.detach().double(), out.mlm_loss.detach().double(),
                                              out.nsp_loss.detach().double(), mlm_correct.double(),
                                              has.sum().double(), nsp_correct.double()]),
-                                scalars, batch["attention_mask"].sum().double().view(1)])
+                                scalars, tokens.double().view(1)])
             self.sums += values
 
     def reduce(self) -> dict:
@@ -478,7 +482,13 @@ class Meter:
                 "sequences": s["sequences"], "tokens": s["tokens"]}
 
 
-def evaluate(engine, dataset, micro_batch: int, rank: int, world: int, max_batches: int, device, seed: int):
+def to_device(batch: dict, device) -> dict:
+    """Tensors to the device; plain values (a packed batch's max_seqlen) stay on the host."""
+    return {k: v.to(device, non_blocking=True) if hasattr(v, "to") else v for k, v in batch.items()}
+
+
+def evaluate(engine, dataset, micro_batch: int, rank: int, world: int, max_batches: int, device, seed: int,
+             unpadded: bool = False):
     """MLM/NSP loss and accuracy on the first max_batches micro batches (per rank) of the held-out instances."""
     import torch
 
@@ -495,7 +505,7 @@ def evaluate(engine, dataset, micro_batch: int, rank: int, world: int, max_batch
         for i, keys in enumerate(batches):
             if i >= min(max_batches, batches.per_epoch):
                 break
-            batch = {k: v.to(device) for k, v in collate([dataset[k] for k in keys]).items()}
+            batch = to_device((collate_packed if unpadded else collate)([dataset[k] for k in keys]), device)
             meter.add(engine(**batch), batch)
     engine.module.train(was_training)
     r = meter.reduce()
@@ -620,7 +630,8 @@ def pretrain(cfg: PretrainConfig) -> dict:
                           f"{micro} on each of {world} rank(s); lower --micro-batch")
     consumed = step * gas  # micro batches this rank has already trained on: skip them at the sampler
     sampler.start_epoch, sampler.start = divmod(consumed, sampler.per_epoch)
-    loader = iter(batch_loader(train, sampler, cfg.num_workers))  # draws from torch's RNG: restore after it
+    # draws from torch's RNG: restore after it
+    loader = iter(batch_loader(train, sampler, cfg.num_workers, unpadded=cfg.unpadded))
     if cfg.resume:
         set_rng_state(torch.load(run_dir / "checkpoints" / tag / f"rng_rank{rank}.pt", weights_only=False))
 
@@ -638,16 +649,18 @@ def pretrain(cfg: PretrainConfig) -> dict:
         while step < cfg.max_steps:
             step_loss = torch.zeros(2, dtype=torch.float64, device=device)  # [loss sum, stop requested]
             for k in range(gas):
-                batch = {name: t.to(device, non_blocking=True) for name, t in next(loader).items()}
+                batch = to_device(next(loader), device)
                 try:
                     out = engine(**batch)
                     engine.backward(out.loss)
                     engine.step()
                 except (torch.OutOfMemoryError, MemoryError) as e:
-                    b, s = batch["input_ids"].shape
+                    b, ids = batch["next_sentence_label"].shape[0], batch["input_ids"]
+                    shape = (f"{b} packed sequences, {ids.numel()} tokens" if cfg.unpadded
+                             else f"{b} sequences x {ids.shape[1]} tokens")
                     raise TrainingError(
                         f"out of memory at step {step + 1}, micro batch {k + 1} of {gas} on rank {rank}: "
-                        f"{b} sequences x {s} tokens. Try --micro-batch {max(1, micro // 2)} with the same "
+                        f"{shape}. Try --micro-batch {max(1, micro // 2)} with the same "
                         f"--global-batch {res['global_batch']} (more gradient accumulation), or ZeRO stage 3"
                     ) from e
                 meter.add(out, batch)
@@ -677,15 +690,17 @@ def pretrain(cfg: PretrainConfig) -> dict:
                                                   or getattr(engine.optimizer, "loss_scale", None))
                     record["skipped_steps"] = int(engine.skipped_steps)
                 if peak:
+                    seq = batch["max_seqlen"] if cfg.unpadded else batch["input_ids"].shape[1]
                     flops = 6 * n_params * m["tokens"] + 12 * bert_cfg.num_layers * bert_cfg.hidden_size * \
-                        batch["input_ids"].shape[1] * m["tokens"]
+                        seq * m["tokens"]
                     record["mfu"] = flops / elapsed / (peak * world)
                 log.write(record)
                 log.advance(steps_in_interval, {"loss": f"{record['loss']:.3f}", "seq/s": f"{record['seq_per_s']:.0f}"})
                 t0, steps_in_interval = time.perf_counter(), 0
 
             if holdout and len(holdout) and cfg.eval_every and step % cfg.eval_every == 0:
-                ev = evaluate(engine, holdout, micro, rank, world, cfg.eval_batches, device, cfg.seed)
+                ev = evaluate(engine, holdout, micro, rank, world, cfg.eval_batches, device, cfg.seed,
+                              cfg.unpadded)
                 if ev:
                     log.write({"step": step, **ev})
                 t0 = time.perf_counter()

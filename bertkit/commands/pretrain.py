@@ -38,6 +38,8 @@ import click
 @click.option("--seed", default=42, show_default=True, type=int)
 @click.option("--num-workers", default=1, show_default=True, type=int, help="Loader processes per rank.")
 @click.option("--dropout", type=float, help="Override the model's hidden and attention dropout.")
+@click.option("--unpadded", is_flag=True,
+              help="Pack each micro batch end to end (varlen attention): no compute spent on padding.")
 @click.option("--progress/--no-progress", default=True, show_default=True)
 def pretrain(**flags):
     """Pretrain BERT (MLM + NSP) on an instances folder with DeepSpeed.

@@ -1,0 +1,151 @@
+"""The unpadded (packed, varlen) path: the same rows packed end to end give what the padded batch gives (the padded
+path itself is checked against HF transformers in test_model.py), and `bertkit pretrain --unpadded` trains alike."""
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from bertkit import model as bm
+from bertkit.config import BertConfig
+from bertkit.data import InstanceDataset, collate, collate_packed
+from tests.test_data import make_instances_dir
+from tests.test_pretrain import TINY
+
+TOL = 1e-5
+
+
+def rows_of(lengths, vocab_size, seed=0):
+    """Instance rows (the loader's dict) of the given lengths, with a sentence pair and a few masked slots each."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for n in lengths:
+        ids = rng.integers(5, vocab_size, size=n)
+        token_type = np.zeros(n, dtype=np.int64)
+        token_type[n // 2:] = 1
+        positions = np.sort(rng.choice(np.arange(1, n), size=min(3, n - 1), replace=False))
+        rows.append({"input_ids": ids, "token_type_ids": token_type, "mlm_positions": positions,
+                     "mlm_labels": rng.integers(5, vocab_size, size=len(positions)),
+                     "next_sentence_label": int(rng.integers(0, 2))})
+    return rows
+
+
+def test_collate_packed_lays_rows_end_to_end():
+    rows = rows_of([9, 2, 13], 50)
+    padded, packed = collate(rows), collate_packed(rows)
+    assert packed["cu_seqlens"].tolist() == [0, 9, 11, 24] and packed["cu_seqlens"].dtype == torch.int32
+    assert packed["max_seqlen"] == 16 and isinstance(packed["max_seqlen"], int)  # the bucket, rounded up to 8
+    assert packed["input_ids"].shape == (24,)
+    assert packed["position_ids"].tolist() == list(range(9)) + [0, 1] + list(range(13))
+    assert torch.equal(bm.packed_position_ids(packed["cu_seqlens"], 24), packed["position_ids"])
+    real = padded["attention_mask"].bool()
+    assert torch.equal(packed["input_ids"], padded["input_ids"][real])
+    assert torch.equal(packed["token_type_ids"], padded["token_type_ids"][real])
+    # flat MLM positions point at the same tokens as the padded (row, position) slots, labels in the same order
+    has = padded["mlm_labels"] != -100
+    rows_idx = torch.arange(3)[:, None].expand_as(has)
+    assert torch.equal(packed["input_ids"][packed["mlm_positions"]],
+                       padded["input_ids"][rows_idx[has], padded["mlm_positions"][has]])
+    assert torch.equal(packed["mlm_labels"], padded["mlm_labels"][has])
+    assert torch.equal(packed["next_sentence_label"], padded["next_sentence_label"])
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_packed_forward_and_backward_match_padded(checkpointing):
+    cfg = BertConfig(vocab_size=101, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
+                     max_position_embeddings=32, hidden_dropout=0.0, attention_dropout=0.0)
+    torch.manual_seed(0)
+    padded_model = bm.BertForPreTraining(cfg)
+    with torch.no_grad():  # random biases and LayerNorm affine too, so a wrongly indexed tensor shows
+        for p in padded_model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    packed_model = bm.BertForPreTraining(cfg)
+    packed_model.load_state_dict(padded_model.state_dict())
+    for m in (padded_model, packed_model):
+        m.bert.gradient_checkpointing = checkpointing
+    rows = rows_of([11, 4, 17, 1], cfg.vocab_size, seed=3)  # a 1-token row: [CLS] alone, no MLM slot
+    padded, packed = collate(rows), collate_packed(rows)
+
+    a = padded_model(**padded)
+    b = packed_model(**packed)
+    hp = padded_model.bert(padded["input_ids"], padded["token_type_ids"], padded["attention_mask"])
+    hq = packed_model.bert(packed["input_ids"], packed["token_type_ids"], cu_seqlens=packed["cu_seqlens"],
+                           max_seqlen=packed["max_seqlen"])  # position_ids derived from cu_seqlens
+    real = padded["attention_mask"].bool()
+    assert hq.last_hidden_state.shape == (sum(len(r["input_ids"]) for r in rows), cfg.hidden_size)
+    torch.testing.assert_close(hq.last_hidden_state, hp.last_hidden_state[real], atol=TOL, rtol=0)
+    torch.testing.assert_close(hq.pooler_output, hp.pooler_output, atol=TOL, rtol=0)
+    has = padded["mlm_labels"] != -100
+    torch.testing.assert_close(b.mlm_logits, a.mlm_logits[has], atol=TOL, rtol=0)
+    torch.testing.assert_close(b.nsp_logits, a.nsp_logits, atol=TOL, rtol=0)
+    for name in ("mlm_loss", "nsp_loss", "loss"):
+        torch.testing.assert_close(getattr(b, name), getattr(a, name), atol=TOL, rtol=0, msg=name)
+
+    a.loss.backward()
+    b.loss.backward()
+    grads_b = dict(packed_model.named_parameters())
+    for name, p in padded_model.named_parameters():
+        assert p.grad is not None and grads_b[name].grad is not None, name
+        torch.testing.assert_close(grads_b[name].grad, p.grad, atol=TOL, rtol=0, msg=f"grad {name}")
+
+
+def test_packed_input_errors():
+    cfg = BertConfig(vocab_size=101, hidden_size=32, num_layers=1, num_heads=4, intermediate_size=64,
+                     max_position_embeddings=16)
+    model = bm.BertModel(cfg)
+    packed = collate_packed(rows_of([5, 7], cfg.vocab_size))
+    with pytest.raises(ValueError, match="16 positions"):
+        model(packed["input_ids"], cu_seqlens=packed["cu_seqlens"], max_seqlen=24)
+    with pytest.raises(ValueError, match="packed batch"):
+        model(packed["input_ids"], cu_seqlens=packed["cu_seqlens"])
+
+
+@pytest.fixture
+def clean_dist_env():
+    saved = dict(os.environ)
+    yield
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        if k in saved:
+            os.environ[k] = saved[k]
+        else:
+            os.environ.pop(k, None)
+
+
+def read_metrics(run):
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in lines if "loss" in r], [r for r in lines if "eval_loss" in r]
+
+
+@pytest.mark.parametrize("zero_stage", [2, 3])  # ZeRO-3 gathers parameters around each module's forward
+def test_pretrain_unpadded_logs_the_same_losses(tmp_path, clean_dist_env, zero_stage):
+    from bertkit.cli import main
+
+    inst = make_instances_dir(tmp_path / "inst", n=48, holdout=16, max_len=40)
+    (tmp_path / "model.json").write_text(json.dumps(TINY))
+    common = ["--instances", str(inst), "--model", str(tmp_path / "model.json"), "--max-steps", "6",
+              "--micro-batch", "4", "--global-batch", "8", "--optimizer", "adamw", "--zero-stage", str(zero_stage),
+              "--lr", "3e-3", "--warmup", "0", "--dropout", "0", "--log-every", "1", "--eval-every", "3", "--eval-batches", "2", "--save-every", "100",
+              "--num-workers", "0", "--no-progress"]
+    runner = CliRunner()
+    for name, extra in (("padded", []), ("unpadded", ["--unpadded"])):
+        result = runner.invoke(main, ["pretrain", *common, "--out", str(tmp_path / name), *extra])
+        assert result.exit_code == 0, result.output + repr(result.exception)
+    padded, padded_eval = read_metrics(tmp_path / "padded")
+    packed, packed_eval = read_metrics(tmp_path / "unpadded")
+    assert json.loads((tmp_path / "unpadded" / "config.json").read_text())["pretrain"]["unpadded"] is True
+    assert [r["step"] for r in packed] == list(range(1, 7)) and len(padded_eval) == len(packed_eval) == 2
+    for p, q in zip(padded, packed):
+        for key in ("loss", "mlm_loss", "nsp_loss", "mlm_acc", "nsp_acc", "lr"):
+            assert q[key] == pytest.approx(p[key], rel=1e-4, abs=1e-6), (p["step"], key)
+    for p, q in zip(padded_eval, packed_eval):
+        assert q["eval_loss"] == pytest.approx(p["eval_loss"], rel=1e-4)
+    # tokens/s counts only real tokens in both: tokens per sequence (rate / rate) is the data's mean length
+    train = InstanceDataset(inst, "train")
+    mean_len = np.mean([len(train[(0, i)]["input_ids"]) for i in range(len(train))])
+    per_seq = [r["tokens_per_s"] / r["seq_per_s"] for r in packed + padded]
+    assert all(8 < x < 40 for x in per_seq)
+    assert np.mean([r["tokens_per_s"] / r["seq_per_s"] for r in packed]) == pytest.approx(mean_len, rel=1e-6)
+    assert [r["tokens_per_s"] / r["seq_per_s"] for r in packed] == pytest.approx(
+        [r["tokens_per_s"] / r["seq_per_s"] for r in padded], rel=1e-9)
