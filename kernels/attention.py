@@ -41,6 +41,21 @@ def _dropout_keep(seed, bh, q_idx, k_idx, MAX_SEQLEN, dropout_p):
 
 
 @triton.jit
+def _sequence_bounds(SEQ, b, MAX_SEQLEN, VARLEN: tl.constexpr):
+    """(first row, length, rows this program may write) of sequence b. Varlen: rows past the sequence belong to
+    the next one, so never write them; padded: the padded rows are ours, so write zeros there."""
+    if VARLEN:
+        row0 = tl.load(SEQ + b)
+        seqlen = tl.load(SEQ + b + 1) - row0
+        rows_out = seqlen
+    else:
+        row0 = 0
+        seqlen = tl.load(SEQ + b)
+        rows_out = MAX_SEQLEN
+    return row0, seqlen, rows_out
+
+
+@triton.jit
 def _attn_fwd(
     Q, K, V, O, LSE, SEQ, SEED,
     sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sob, sos, soh,
@@ -52,14 +67,7 @@ def _attn_fwd(
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
-    if VARLEN:
-        row0 = tl.load(SEQ + b)
-        seqlen = tl.load(SEQ + b + 1) - row0
-        rows_out = seqlen  # rows past the sequence belong to the next one: never write them
-    else:
-        row0 = 0
-        seqlen = tl.load(SEQ + b)
-        rows_out = MAX_SEQLEN  # padded rows are ours: write zeros there
+    row0, seqlen, rows_out = _sequence_bounds(SEQ, b, MAX_SEQLEN, VARLEN)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -121,12 +129,7 @@ def _attn_bwd_delta(
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
-    if VARLEN:
-        row0 = tl.load(SEQ + b)
-        seqlen = tl.load(SEQ + b + 1) - row0
-    else:
-        row0 = 0
-        seqlen = tl.load(SEQ + b)
+    row0, seqlen, rows_out = _sequence_bounds(SEQ, b, MAX_SEQLEN, VARLEN)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     mask = (offs_m < seqlen)[:, None] & (offs_d < HEAD_DIM)[None, :]
@@ -151,14 +154,7 @@ def _attn_bwd_dkdv(
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
-    if VARLEN:
-        row0 = tl.load(SEQ + b)
-        seqlen = tl.load(SEQ + b + 1) - row0
-        rows_out = seqlen
-    else:
-        row0 = 0
-        seqlen = tl.load(SEQ + b)
-        rows_out = MAX_SEQLEN
+    row0, seqlen, rows_out = _sequence_bounds(SEQ, b, MAX_SEQLEN, VARLEN)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
@@ -225,14 +221,7 @@ def _attn_bwd_dq(
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
-    if VARLEN:
-        row0 = tl.load(SEQ + b)
-        seqlen = tl.load(SEQ + b + 1) - row0
-        rows_out = seqlen
-    else:
-        row0 = 0
-        seqlen = tl.load(SEQ + b)
-        rows_out = MAX_SEQLEN
+    row0, seqlen, rows_out = _sequence_bounds(SEQ, b, MAX_SEQLEN, VARLEN)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
