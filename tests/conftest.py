@@ -13,3 +13,15 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"real data not found at {SHARED_DATA} (set BERTKIT_SHARED_DATA to the shared/data folder)")
     return SHARED_DATA
+
+
+@pytest.fixture
+def clean_dist_env():
+    """pretrain() in this process makes a process group of one; keep its env vars from leaking into other tests."""
+    saved = dict(os.environ)
+    yield
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        if k in saved:
+            os.environ[k] = saved[k]
+        else:
+            os.environ.pop(k, None)

@@ -1,7 +1,6 @@
 """Optimizers, schedules, DeepSpeed-config merging and the trainer's bad-input errors (one process, no launcher)."""
 import json
 import math
-import os
 
 import numpy as np
 import pytest
@@ -124,18 +123,6 @@ def instances(tmp_path_factory):
     make_instances_dir(d, n=96, holdout=16, max_len=32)
     (d.parent / "model.json").write_text(json.dumps(TINY))
     return d
-
-
-@pytest.fixture
-def clean_dist_env():
-    """pretrain() in this process makes a group of one; keep its env vars from leaking into other tests."""
-    saved = dict(os.environ)
-    yield
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        if k in saved:
-            os.environ[k] = saved[k]
-        else:
-            os.environ.pop(k, None)
 
 
 def test_bad_inputs_give_clear_errors(instances, tmp_path, clean_dist_env):

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from tests.test_data import make_instances_dir
-from tests.test_pretrain import TINY, clean_dist_env  # noqa: F401 (fixture)
+from tests.test_pretrain import TINY
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

@@ -1,7 +1,6 @@
 """The unpadded (packed, varlen) path: the same rows packed end to end give what the padded batch gives (the padded
 path itself is checked against HF transformers in test_model.py), and `bertkit pretrain --unpadded` trains alike."""
 import json
-import os
 
 import numpy as np
 import pytest
@@ -100,17 +99,6 @@ def test_packed_input_errors():
         model(packed["input_ids"], cu_seqlens=packed["cu_seqlens"], max_seqlen=24)
     with pytest.raises(ValueError, match="packed batch"):
         model(packed["input_ids"], cu_seqlens=packed["cu_seqlens"])
-
-
-@pytest.fixture
-def clean_dist_env():
-    saved = dict(os.environ)
-    yield
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        if k in saved:
-            os.environ[k] = saved[k]
-        else:
-            os.environ.pop(k, None)
 
 
 def read_metrics(run):
