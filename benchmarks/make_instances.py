@@ -13,8 +13,6 @@ Writes benchmarks/results/make_instances.json.
 """
 import argparse
 import json
-import os
-import platform
 import resource
 import shutil
 import subprocess
@@ -22,6 +20,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from record import run_info, write_result  # benchmarks/record.py: the script's folder is on sys.path
 
 REPO = Path(__file__).resolve().parents[1]
 GOOGLE_REFERENCE = {"instances_per_s": 4300, "peak_rss_mb": 1500, "note": "google-research/bert "
@@ -101,23 +101,11 @@ def main():
         print(f"{r['mode']:>14} {r['workers']:>7} {r['instances']:>9} {r['seconds']:>7} {r['instances_per_s']:>7} "
               f"{r['input_mb_per_s']:>5} {r['cpu_seconds']:>6} {r['instances_per_cpu_s']:>10} "
               f"{r['x_google_per_core']:>13} {r['peak_rss_main_mb']:>8} {str(r['peak_rss_worker_mb'] or '-'):>9}")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=REPO).stdout.strip()
-    try:
-        load = os.getloadavg()
-    except OSError:
-        load = None
-    result = {"benchmark": "make_instances", "date": time.strftime("%Y-%m-%d"),
-              "machine": f"{os.cpu_count()}-core CPU, shared with other jobs (load average {load})",
-              "cpu": platform.processor() or platform.machine(), "python": platform.python_version(),
-              "commit": commit, "input": "wikipedia_en_wikiextractor text/AA/wiki_00..19 via prepare-corpus",
-              "settings": {"dupe": 10, "max_seq_length": 128, "max_predictions": 20, "masked_lm_prob": 0.15,
-                           "tokenizer": "bert-base-uncased vocab.txt"},
-              "google_reference": GOOGLE_REFERENCE, "results": rows}
-    out = REPO / "benchmarks" / "results" / "make_instances.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_result("make_instances", {
+        **run_info("make_instances"), "input": "wikipedia_en_wikiextractor text/AA/wiki_00..19 via prepare-corpus",
+        "settings": {"dupe": 10, "max_seq_length": 128, "max_predictions": 20, "masked_lm_prob": 0.15,
+                     "tokenizer": "bert-base-uncased vocab.txt"},
+        "google_reference": GOOGLE_REFERENCE, "results": rows})
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ first 5 and on all 20 files shows that memory does not grow with the input. Writ
 import argparse
 import json
 import os
-import platform
 import resource
 import shutil
 import subprocess
@@ -18,6 +17,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from record import run_info, write_result  # benchmarks/record.py: the script's folder is on sys.path
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -74,15 +75,8 @@ def main():
         print(f"{r['files']:>5} {r['workers']:>7} {r['input_mb']:>6} {r['seconds']:>6} {r['mb_per_s']:>6} "
               f"{r['docs_per_s']:>7} {r['cpu_seconds']:>6} {r['mb_per_cpu_s']:>8} {r['peak_rss_main_mb']:>8} "
               f"{str(r['peak_rss_worker_mb'] or '-'):>9} {r['load_average_1min']:>5}")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=REPO).stdout.strip()
-    result = {"benchmark": "prepare_corpus", "date": time.strftime("%Y-%m-%d"), "machine": "2-core CPU (shared)",
-              "cpu": platform.processor() or platform.machine(), "python": platform.python_version(),
-              "commit": commit, "input": "wikipedia_en_wikiextractor text/AA/wiki_00..19", "results": rows}
-    out = REPO / "benchmarks" / "results" / "prepare_corpus.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_result("prepare_corpus", {**run_info("prepare_corpus"),
+                                    "input": "wikipedia_en_wikiextractor text/AA/wiki_00..19", "results": rows})
 
 
 if __name__ == "__main__":

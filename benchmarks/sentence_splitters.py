@@ -11,13 +11,12 @@ plus a small hand-written gold set with exact boundaries (accuracy = passages se
 Usage: python benchmarks/sentence_splitters.py [SHARED_DATA]   (writes benchmarks/results/sentence_splitters.json)
 """
 import glob
-import json
-import platform
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from record import run_info, write_result  # benchmarks/record.py: the script's folder is on sys.path
 
 from sentencex import segment
 
@@ -111,12 +110,7 @@ def main():
             r = rows[-1]
             print(f"{lang} {name:10s} {r['mb_per_s']:7.2f} MB/s  sentences {r['sentences']:7d}  "
                   f"missed/1k {r['missed_per_1k']:6.2f} (unquoted {r['missed_unquoted_per_1k']:6.2f})  false/1k {r['false_per_1k']:6.2f}  gold {r['gold_exact']}")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    out = Path(__file__).parent / "results" / "sentence_splitters.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "machine": "2-core CPU (shared)",
-                               "python": platform.python_version(), "commit": commit, "results": rows}, indent=2))
-    print(f"wrote {out}")
+    write_result("sentence_splitters", {**run_info("sentence_splitters"), "results": rows})
 
 
 if __name__ == "__main__":

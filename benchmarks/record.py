@@ -1,0 +1,31 @@
+"""What every CPU benchmark records beside its numbers (date, machine, load, commit), and where it writes them."""
+import json
+import os
+import platform
+import subprocess
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def run_info(benchmark: str) -> dict:
+    """The header of a result: the load average is measured, not assumed, since the machine may be shared."""
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=RESULTS.parent).stdout.strip()
+    try:
+        load = [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        load = None
+    return {"benchmark": benchmark, "date": time.strftime("%Y-%m-%d"),
+            "machine": f"{os.cpu_count()}-core CPU", "load_average_1_5_15min": load,
+            "cpu": platform.processor() or platform.machine(), "python": platform.python_version(),
+            "commit": commit}
+
+
+def write_result(name: str, result: dict) -> Path:
+    out = RESULTS / f"{name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
+    print(f"wrote {out}")
+    return out
