@@ -63,11 +63,13 @@ class Problems:
 
 # ---------------------------------------------------------------------------------------------------- discovery
 
-def expand_inputs(inputs, exclude: Path | None = None) -> tuple[list[InputFile], list[str]]:
+def expand_inputs(inputs, exclude: Path | None = None, skipped: list[Path] | None = None
+                  ) -> tuple[list[InputFile], list[str]]:
     """INPUT arguments -> files in a stable order (argument order; sorted walk inside folders and globs).
 
     Returns (files, problems): a missing path, an empty folder or a glob matching nothing is a problem message,
-    not an exception, so the other inputs still run.
+    not an exception, so the other inputs still run. Documentation files a folder walk passes over are appended
+    to `skipped`.
     """
     files, problems, seen = [], [], set()
     exclude = exclude.resolve() if exclude else None
@@ -86,9 +88,9 @@ def expand_inputs(inputs, exclude: Path | None = None) -> tuple[list[InputFile],
         arg = str(arg)
         path = Path(arg)
         if path.is_dir():
-            found = _walk(path)
+            found = _walk(path, skipped)
             if not found:
-                problems.append(f"{arg}: folder holds no (non-hidden) files")
+                problems.append(f"{arg}: folder holds no (non-hidden, non-documentation) files")
             for f in found:
                 add(f, (Path(path.resolve().name) / f.relative_to(path)).as_posix())
         elif path.is_file():
@@ -102,7 +104,7 @@ def expand_inputs(inputs, exclude: Path | None = None) -> tuple[list[InputFile],
             fixed = Path(*_fixed_prefix(path.parts))
             for m in matches:
                 m = Path(m)
-                for f in (_walk(m) if m.is_dir() else [m]):
+                for f in (_walk(m, skipped) if m.is_dir() else [m]):
                     add(f, (Path(fixed.resolve().name) / f.relative_to(fixed)).as_posix())
         else:
             problems.append(f"{arg}: no such file or folder")
@@ -119,11 +121,29 @@ def _fixed_prefix(parts) -> list[str]:
     return fixed or ["."]
 
 
-def _walk(root: Path) -> list[Path]:
+# files that sit beside data rather than being data (a dataset's README.md, SOURCE.md, LICENSE...): a folder walk
+# skips them, naming each in the log and the manifest; a file given by name or glob is always read
+DOC_STEMS = {"readme", "source", "sources", "license", "licence", "copying", "notice", "authors", "changelog",
+             "citation", "checksums", "sha256sums", "md5sums", "manifest"}
+DOC_SUFFIXES = {"", ".md", ".rst", ".txt", ".json", ".cff", ".html"}
+
+
+def is_documentation(path: Path) -> bool:
+    return path.stem.lower() in DOC_STEMS and path.suffix.lower() in DOC_SUFFIXES
+
+
+def _walk(root: Path, skipped: list[Path] | None = None) -> list[Path]:
     out = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        out += [Path(dirpath) / f for f in sorted(filenames) if not f.startswith(".")]
+        for name in sorted(filenames):
+            if name.startswith("."):
+                continue
+            if is_documentation(Path(name)):
+                if skipped is not None:
+                    skipped.append(Path(dirpath) / name)
+                continue
+            out.append(Path(dirpath) / name)
     return sorted(out, key=lambda p: p.relative_to(root).parts)
 
 

@@ -378,9 +378,12 @@ def prepare_corpus(inputs, out, config: CorpusConfig | None = None) -> dict:
     if out.exists() and not out.is_dir():
         raise CorpusError(f"{out}: exists and is not a folder; --out must be a folder")
     started = time.time()
-    files, input_problems = readers.expand_inputs(inputs, exclude=out)
+    skipped = []
+    files, input_problems = readers.expand_inputs(inputs, exclude=out, skipped=skipped)
     for message in input_problems:
         _say(f"warning: {message}")
+    for path in skipped:
+        _say(f"skipped {path}: a documentation file, not corpus text (give it by name to read it)")
     if not files:
         raise CorpusError("no input files to read: " + "; ".join(input_problems or ["no INPUT given"]))
 
@@ -494,7 +497,8 @@ def prepare_corpus(inputs, out, config: CorpusConfig | None = None) -> dict:
     if executor is not None:
         executor.shutdown()
 
-    manifest = _manifest(files, results, merger, entries, config, fingerprint, input_problems, started)
+    manifest = _manifest(files, results, merger, entries, config, fingerprint, input_problems, skipped,
+                         started)
     written = manifest["totals"]["documents"]
     if written == 0:  # nothing of value to resume: leave no unfinished run behind to block a corrected retry
         shutil.rmtree(work, ignore_errors=True)
@@ -534,7 +538,7 @@ def _read_json(path: Path):
         return None
 
 
-def _manifest(files, results, merger, entries, config, fingerprint, input_problems, started) -> dict:
+def _manifest(files, results, merger, entries, config, fingerprint, input_problems, skipped, started) -> dict:
     dropped, removed, inputs = {}, {}, []
     errors = list(input_problems)
     for i in range(len(files)):
@@ -571,6 +575,7 @@ def _manifest(files, results, merger, entries, config, fingerprint, input_proble
         "dropped": dict(sorted(dropped.items())),
         "removed_lines": dict(sorted(removed.items())),
         "errors": errors,
+        "skipped_files": [str(p) for p in skipped],  # documentation files a folder walk passed over
         "shards": entries,
         "elapsed_seconds": round(time.time() - started, 2),
         "fingerprint": fingerprint,

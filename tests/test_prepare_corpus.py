@@ -487,6 +487,22 @@ def test_inputs_expand_in_a_stable_order_with_distinct_sources(tmp_path):
     assert any("given more than once" in e for e in m["errors"])
 
 
+def test_folder_walk_skips_documentation_files(tmp_path, capsys):
+    """A dataset folder's README.md / SOURCE.md / LICENSE are not corpus text; named explicitly they are read."""
+    docs = synthetic_docs(3)
+    write(tmp_path / "data" / "wiki_00", as_paragraphs(docs[:1]))
+    write(tmp_path / "data" / "part" / "b.txt", as_paragraphs(docs[1:2]))
+    for name in ("SOURCE.md", "README", "part/LICENSE.txt"):
+        write(tmp_path / "data" / name, as_paragraphs(docs[2:3]))
+    m = prepare_corpus([tmp_path / "data"], tmp_path / "out", cfg(min_chars=0))
+    assert [d["source"] for d in rows(tmp_path / "out")] == ["data/part/b.txt", "data/wiki_00"]
+    assert sorted(Path(p).name for p in m["skipped_files"]) == ["LICENSE.txt", "README", "SOURCE.md"]
+    assert not m["errors"]
+    assert "SOURCE.md: a documentation file" in capsys.readouterr().err
+    m = prepare_corpus([tmp_path / "data" / "SOURCE.md"], tmp_path / "out2", cfg(min_chars=0))
+    assert m["totals"]["documents"] == 1 and not m["skipped_files"]
+
+
 def test_huge_lines_and_blocks_are_cut_so_memory_stays_bounded(tmp_path, monkeypatch):
     from pipelines import corpus_readers
 
