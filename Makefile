@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: demo test bench install
+.PHONY: demo test bench install check-triton36
 
 install: $(VENV)/.installed
 
@@ -29,3 +29,9 @@ test: install
 
 bench: install
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH bash benchmarks/run_all.sh
+
+# The GPU image runs triton 3.6; this runs the kernel tests (interpreter and sm_90 compiles) against it. Its
+# interpreter needs numpy < 2.3 (it converts 1-element arrays to Python ints), so both sit in a side folder.
+check-triton36: install
+	$(PIP) install -q --no-deps --target .triton36 triton==3.6.0 numpy==2.2.6
+	PYTHONPATH=$(CURDIR)/.triton36 $(PY) -m pytest -q tests/test_kernels_attention.py tests/test_kernels_layer_norm.py

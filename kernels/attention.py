@@ -10,10 +10,14 @@ Backward: a small pass computes delta = rowsum(dO * O), one kernel accumulates d
 queries) and another dQ per query block (looping over keys), so every gradient element is written by exactly one
 program: no atomics, bit-for-bit deterministic.
 
-Dropout: a keep bit for score (q, k) of head bh is a pure function of (seed, bh, q, k) through Philox, so the
-backward regenerates the forward's mask; the seed is drawn from torch's generator on the tensor's device, so
+Dropout: a keep bit for score (q, k) of head bh is a pure function of (seed, bh, q, k) (kernels/dropout.py), so
+the backward regenerates the forward's mask; the seed is drawn from torch's generator on the tensor's device, so
 activation checkpointing (which restores that generator) replays the same mask. dropout_p == 0 compiles the
 dropout code away (a constexpr).
+
+Registers: rows are addressed by 32-bit offsets from a 64-bit pointer to the sequence's first row, and each loop runs
+its whole blocks without masks and the last, partial block separately; `benchmarks/kernel_resources.py` checks that
+no configuration spills on sm_90.
 """
 import math
 import os
@@ -22,22 +26,14 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.dropout import keep_tile, threshold_and_scale
+
 try:  # triton >= 3.4 decides interpreter vs compiled when @triton.jit runs, i.e. at import of this module
     INTERPRET = bool(triton.knobs.runtime.interpret)
 except AttributeError:  # pragma: no cover - older triton
     INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 LOG2E = 1.4426950408889634
-
-
-@triton.jit
-def _dropout_keep(seed, bh, q_idx, k_idx, MAX_SEQLEN, dropout_p):
-    """Keep bit for scores (q_idx, k_idx) of batch*head bh; q_idx, k_idx broadcast to the tile's shape."""
-    c0 = (q_idx * MAX_SEQLEN + k_idx).to(tl.uint32)
-    c1 = c0 * 0 + bh.to(tl.uint32)
-    r, _, _, _ = tl.philox(seed, c0, c1, c0 * 0, c0 * 0)
-    u = (r >> 8).to(tl.int32).to(tl.float32) * (1.0 / 16777216.0)  # 24 random bits -> [0, 1)
-    return u >= dropout_p
 
 
 @triton.jit
@@ -56,10 +52,45 @@ def _sequence_bounds(SEQ, b, MAX_SEQLEN, VARLEN: tl.constexpr):
 
 
 @triton.jit
+def _loop_bounds(seqlen, block_start, BLOCK: tl.constexpr):
+    """(end of the whole blocks, end of the loop) over a sequence: a program whose own block is all padding loops
+    over nothing. The last, partial block runs separately with masks, so the main loop carries none."""
+    loop_end = seqlen
+    if block_start >= seqlen:  # an if rather than tl.where: triton 3.6's interpreter needs a scalar range bound
+        loop_end = 0
+    return loop_end // BLOCK * BLOCK, loop_end
+
+
+@triton.jit
+def _fwd_tile(acc, l_i, m_i, q, k_seq, v_seq, sks, svs, start_n, seqlen, offs_m, offs_n, offs_d, d_mask,
+              qk_scale, seed, bh, threshold, BLOCK_N: tl.constexpr,
+              MASK_N: tl.constexpr, DROPOUT: tl.constexpr, DOT_PREC: tl.constexpr):
+    """One key block of the online softmax."""
+    cols = start_n + offs_n
+    n_mask = cols < seqlen
+    kt = tl.load(k_seq + cols[None, :] * sks + offs_d[:, None],
+                 mask=(d_mask[:, None] & n_mask[None, :]) if MASK_N else d_mask[:, None], other=0.0)
+    s = tl.dot(q, kt, input_precision=DOT_PREC) * qk_scale  # log2 domain
+    if MASK_N:
+        s = tl.where(n_mask[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    if DROPOUT:
+        p = tl.where(keep_tile(seed, bh, offs_m, start_n, threshold, BLOCK_N), p, 0.0)
+    v = tl.load(v_seq + cols[:, None] * svs + offs_d[None, :],
+                mask=(n_mask[:, None] & d_mask[None, :]) if MASK_N else d_mask[None, :], other=0.0)
+    acc += tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
+    return acc, l_i, m_new
+
+
+@triton.jit
 def _attn_fwd(
     Q, K, V, O, LSE, SEQ, SEED,
     sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sob, sos, soh,
-    H, MAX_SEQLEN, qk_scale, dropout_p,
+    H, MAX_SEQLEN, qk_scale, threshold, dropout_scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     VARLEN: tl.constexpr, DROPOUT: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
@@ -73,47 +104,32 @@ def _attn_fwd(
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < HEAD_DIM
     m_mask = offs_m < seqlen
-    rows = (row0 + offs_m).to(tl.int64)
-
-    q_ptrs = Q + b.to(tl.int64) * sqb + h * sqh + rows[:, None] * sqs + offs_d[None, :]
-    q = tl.load(q_ptrs, mask=m_mask[:, None] & d_mask[None, :], other=0.0)
-    k_base = K + b.to(tl.int64) * skb + h * skh
-    v_base = V + b.to(tl.int64) * svb + h * svh
-    if DROPOUT:
-        seed = tl.load(SEED)
+    # 64-bit pointers to each sequence's first row; 32-bit offsets inside it (the launcher checks they fit)
+    b64 = b.to(tl.int64)
+    row64 = row0.to(tl.int64)
+    q = tl.load(Q + b64 * sqb + h * sqh + row64 * sqs + offs_m[:, None] * sqs + offs_d[None, :],
+                mask=m_mask[:, None] & d_mask[None, :], other=0.0)
+    k_seq = K + b64 * skb + h * skh + row64 * sks
+    v_seq = V + b64 * svb + h * svh + row64 * svs
+    seed = tl.load(SEED) if DROPOUT else 0
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    # a block made only of padded queries skips the key loop (no early return: triton 3.6 compatible)
-    n_end = tl.where(pid_m * BLOCK_M < seqlen, seqlen, 0)
-    for start_n in range(0, n_end, BLOCK_N):
-        cols = start_n + offs_n
-        n_mask = cols < seqlen
-        kv_rows = (row0 + cols).to(tl.int64)
-        kt = tl.load(k_base + kv_rows[None, :] * sks + offs_d[:, None],
-                     mask=n_mask[None, :] & d_mask[:, None], other=0.0)
-        s = tl.dot(q, kt, input_precision=DOT_PREC) * qk_scale  # log2 domain
-        s = tl.where(n_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
-        if DROPOUT:
-            keep = _dropout_keep(seed, bh, offs_m[:, None], cols[None, :], MAX_SEQLEN, dropout_p)
-            p = tl.where(keep, p, 0.0)
-        v = tl.load(v_base + kv_rows[:, None] * svs + offs_d[None, :],
-                    mask=n_mask[:, None] & d_mask[None, :], other=0.0)
-        acc += tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
-        m_i = m_new
+    n_full, n_end = _loop_bounds(seqlen, pid_m * BLOCK_M, BLOCK_N)
+    for start_n in range(0, n_full, BLOCK_N):
+        acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, k_seq, v_seq, sks, svs, start_n, seqlen, offs_m, offs_n, offs_d,
+                                  d_mask, qk_scale, seed, bh, threshold, BLOCK_N, False, DROPOUT, DOT_PREC)
+    if n_full < n_end:
+        acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, k_seq, v_seq, sks, svs, n_full, seqlen, offs_m, offs_n, offs_d,
+                                  d_mask, qk_scale, seed, bh, threshold, BLOCK_N, True, DROPOUT, DOT_PREC)
 
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     out = acc / l_safe[:, None]
     if DROPOUT:
-        out = out * (1.0 / (1.0 - dropout_p))
+        out = out * dropout_scale
     out = tl.where(m_mask[:, None], out, 0.0)
-    o_ptrs = O + b.to(tl.int64) * sob + h * soh + rows[:, None] * sos + offs_d[None, :]
+    o_ptrs = O + b64 * sob + h * soh + row64 * sos + offs_m[:, None] * sos + offs_d[None, :]
     tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=(offs_m < rows_out)[:, None] & d_mask[None, :])
     lse = tl.where(m_mask, m_i + tl.log2(l_safe), 0.0)
     tl.store(LSE + bh.to(tl.int64) * MAX_SEQLEN + offs_m, lse, mask=offs_m < MAX_SEQLEN)
@@ -133,11 +149,47 @@ def _attn_bwd_delta(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     mask = (offs_m < seqlen)[:, None] & (offs_d < HEAD_DIM)[None, :]
-    rows = (row0 + offs_m).to(tl.int64)
-    o = tl.load(O + b.to(tl.int64) * sob + h * soh + rows[:, None] * sos + offs_d[None, :], mask=mask, other=0.0)
-    do = tl.load(DO + b.to(tl.int64) * sdb + h * sdh + rows[:, None] * sds + offs_d[None, :], mask=mask, other=0.0)
+    b64 = b.to(tl.int64)
+    row64 = row0.to(tl.int64)
+    o = tl.load(O + b64 * sob + h * soh + row64 * sos + offs_m[:, None] * sos + offs_d[None, :], mask=mask, other=0.0)
+    do = tl.load(DO + b64 * sdb + h * sdh + row64 * sds + offs_m[:, None] * sds + offs_d[None, :], mask=mask,
+                 other=0.0)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     tl.store(DELTA + bh.to(tl.int64) * MAX_SEQLEN + offs_m, delta, mask=offs_m < MAX_SEQLEN)
+
+
+@triton.jit
+def _dkdv_tile(dk, dv, k, v, q_seq, do_seq, lse_bh, delta_bh, sqs, sds, start_m, key0, seqlen, offs_m, offs_d,
+               d_mask, qk_scale, seed, bh, threshold, dropout_scale, BLOCK_N: tl.constexpr,
+               MASK_M: tl.constexpr, DROPOUT: tl.constexpr, DOT_PREC: tl.constexpr):
+    """One query block's contribution to a key block's dK and dV, on transposed (key x query) tiles. Padded
+    queries load as zeros (dO = 0, delta = 0), so they add nothing."""
+    qi = start_m + offs_m
+    m_mask = qi < seqlen
+    qt = tl.load(q_seq + qi[None, :] * sqs + offs_d[:, None],
+                 mask=(d_mask[:, None] & m_mask[None, :]) if MASK_M else d_mask[:, None], other=0.0)
+    do = tl.load(do_seq + qi[:, None] * sds + offs_d[None, :],
+                 mask=(m_mask[:, None] & d_mask[None, :]) if MASK_M else d_mask[None, :], other=0.0)
+    if MASK_M:
+        lse = tl.load(lse_bh + qi, mask=m_mask, other=0.0)
+        delta = tl.load(delta_bh + qi, mask=m_mask, other=0.0)
+    else:
+        lse = tl.load(lse_bh + qi)
+        delta = tl.load(delta_bh + qi)
+    pt = tl.exp2(tl.dot(k, qt, input_precision=DOT_PREC) * qk_scale - lse[None, :])
+    if MASK_M:
+        pt = tl.where(m_mask[None, :], pt, 0.0)
+    dpt = tl.dot(v, tl.trans(do), input_precision=DOT_PREC)
+    if DROPOUT:
+        keep = tl.trans(keep_tile(seed, bh, qi, key0, threshold, BLOCK_N))
+        pt_drop = tl.where(keep, pt * dropout_scale, 0.0)
+        dpt = tl.where(keep, dpt * dropout_scale, 0.0)
+    else:
+        pt_drop = pt
+    dv += tl.dot(pt_drop.to(do.dtype), do, input_precision=DOT_PREC)
+    dst = pt * (dpt - delta[None, :])
+    dk += tl.dot(dst.to(qt.dtype), tl.trans(qt), input_precision=DOT_PREC)
+    return dk, dv
 
 
 @triton.jit
@@ -145,78 +197,87 @@ def _attn_bwd_dkdv(
     Q, K, V, DO, LSE, DELTA, DK, DV, SEQ, SEED,
     sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sdb, sds, sdh,
     sgkb, sgks, sgkh, sgvb, sgvs, sgvh,
-    H, MAX_SEQLEN, qk_scale, sm_scale, dropout_p,
+    H, MAX_SEQLEN, qk_scale, sm_scale, threshold, dropout_scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     VARLEN: tl.constexpr, DROPOUT: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
-    """One program owns a block of keys and loops over all queries; works on transposed (key x query) tiles."""
+    """One program owns a block of keys and loops over all queries."""
     pid_n = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
     row0, seqlen, rows_out = _sequence_bounds(SEQ, b, MAX_SEQLEN, VARLEN)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    key0 = pid_n * BLOCK_N
+    offs_n = key0 + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < HEAD_DIM
     n_mask = offs_n < seqlen
-    kv_rows = (row0 + offs_n).to(tl.int64)
-    k = tl.load(K + b.to(tl.int64) * skb + h * skh + kv_rows[:, None] * sks + offs_d[None, :],
-                mask=n_mask[:, None] & d_mask[None, :], other=0.0)
-    v = tl.load(V + b.to(tl.int64) * svb + h * svh + kv_rows[:, None] * svs + offs_d[None, :],
-                mask=n_mask[:, None] & d_mask[None, :], other=0.0)
-    q_base = Q + b.to(tl.int64) * sqb + h * sqh
-    do_base = DO + b.to(tl.int64) * sdb + h * sdh
-    stat_base = bh.to(tl.int64) * MAX_SEQLEN
-    if DROPOUT:
-        seed = tl.load(SEED)
+    b64 = b.to(tl.int64)
+    row64 = row0.to(tl.int64)
+    kv_mask = n_mask[:, None] & d_mask[None, :]
+    k = tl.load(K + b64 * skb + h * skh + row64 * sks + offs_n[:, None] * sks + offs_d[None, :], mask=kv_mask,
+                other=0.0)
+    v = tl.load(V + b64 * svb + h * svh + row64 * svs + offs_n[:, None] * svs + offs_d[None, :], mask=kv_mask,
+                other=0.0)
+    q_seq = Q + b64 * sqb + h * sqh + row64 * sqs
+    do_seq = DO + b64 * sdb + h * sdh + row64 * sds
+    lse_bh = LSE + bh.to(tl.int64) * MAX_SEQLEN
+    delta_bh = DELTA + bh.to(tl.int64) * MAX_SEQLEN
+    seed = tl.load(SEED) if DROPOUT else 0
 
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-    m_end = tl.where(pid_n * BLOCK_N < seqlen, seqlen, 0)
-    for start_m in range(0, m_end, BLOCK_M):
-        qi = start_m + offs_m
-        m_mask = qi < seqlen
-        q_rows = (row0 + qi).to(tl.int64)
-        qt = tl.load(q_base + q_rows[None, :] * sqs + offs_d[:, None],
-                     mask=m_mask[None, :] & d_mask[:, None], other=0.0)
-        do = tl.load(do_base + q_rows[:, None] * sds + offs_d[None, :],
-                     mask=m_mask[:, None] & d_mask[None, :], other=0.0)
-        lse = tl.load(LSE + stat_base + qi, mask=m_mask, other=0.0)
-        delta = tl.load(DELTA + stat_base + qi, mask=m_mask, other=0.0)
-        st = tl.dot(k, qt, input_precision=DOT_PREC) * qk_scale
-        pt = tl.exp2(st - lse[None, :])
-        pt = tl.where(n_mask[:, None] & m_mask[None, :], pt, 0.0)
-        dpt = tl.dot(v, tl.trans(do), input_precision=DOT_PREC)
-        if DROPOUT:
-            keep = _dropout_keep(seed, bh, qi[None, :], offs_n[:, None], MAX_SEQLEN, dropout_p)
-            inv_keep = 1.0 / (1.0 - dropout_p)
-            pt_drop = tl.where(keep, pt * inv_keep, 0.0)
-            dpt = tl.where(keep, dpt * inv_keep, 0.0)
-        else:
-            pt_drop = pt
-        dv += tl.dot(pt_drop.to(do.dtype), do, input_precision=DOT_PREC)
-        dst = pt * (dpt - delta[None, :])
-        dk += tl.dot(dst.to(qt.dtype), tl.trans(qt), input_precision=DOT_PREC)
+    m_full, m_end = _loop_bounds(seqlen, key0, BLOCK_M)
+    for start_m in range(0, m_full, BLOCK_M):
+        dk, dv = _dkdv_tile(dk, dv, k, v, q_seq, do_seq, lse_bh, delta_bh, sqs, sds, start_m, key0, seqlen, offs_m,
+                            offs_d, d_mask, qk_scale, seed, bh, threshold, dropout_scale, BLOCK_N, False, DROPOUT,
+                            DOT_PREC)
+    if m_full < m_end:
+        dk, dv = _dkdv_tile(dk, dv, k, v, q_seq, do_seq, lse_bh, delta_bh, sqs, sds, m_full, key0, seqlen, offs_m,
+                            offs_d, d_mask, qk_scale, seed, bh, threshold, dropout_scale, BLOCK_N, True, DROPOUT,
+                            DOT_PREC)
 
     out_mask = (offs_n < rows_out)[:, None] & d_mask[None, :]
     dk = tl.where(n_mask[:, None], dk * sm_scale, 0.0)
     dv = tl.where(n_mask[:, None], dv, 0.0)
-    tl.store(DK + b.to(tl.int64) * sgkb + h * sgkh + kv_rows[:, None] * sgks + offs_d[None, :],
+    tl.store(DK + b64 * sgkb + h * sgkh + row64 * sgks + offs_n[:, None] * sgks + offs_d[None, :],
              dk.to(DK.dtype.element_ty), mask=out_mask)
-    tl.store(DV + b.to(tl.int64) * sgvb + h * sgvh + kv_rows[:, None] * sgvs + offs_d[None, :],
+    tl.store(DV + b64 * sgvb + h * sgvh + row64 * sgvs + offs_n[:, None] * sgvs + offs_d[None, :],
              dv.to(DV.dtype.element_ty), mask=out_mask)
+
+
+@triton.jit
+def _dq_tile(dq, q, do, lse, delta, k_seq, v_seq, sks, svs, start_n, seqlen, offs_m, offs_n, offs_d, d_mask,
+             qk_scale, seed, bh, threshold, dropout_scale, BLOCK_N: tl.constexpr,
+             MASK_N: tl.constexpr, DROPOUT: tl.constexpr, DOT_PREC: tl.constexpr):
+    """One key block's contribution to a query block's dQ."""
+    cols = start_n + offs_n
+    n_mask = cols < seqlen
+    kt_mask = (d_mask[:, None] & n_mask[None, :]) if MASK_N else d_mask[:, None]
+    kt = tl.load(k_seq + cols[None, :] * sks + offs_d[:, None], mask=kt_mask, other=0.0)
+    vt = tl.load(v_seq + cols[None, :] * svs + offs_d[:, None], mask=kt_mask, other=0.0)
+    p = tl.exp2(tl.dot(q, kt, input_precision=DOT_PREC) * qk_scale - lse[:, None])
+    if MASK_N:
+        p = tl.where(n_mask[None, :], p, 0.0)
+    dp = tl.dot(do, vt, input_precision=DOT_PREC)
+    if DROPOUT:
+        dp = tl.where(keep_tile(seed, bh, offs_m, start_n, threshold, BLOCK_N), dp * dropout_scale, 0.0)
+    ds = p * (dp - delta[:, None])
+    dq += tl.dot(ds.to(kt.dtype), tl.trans(kt), input_precision=DOT_PREC)
+    return dq
 
 
 @triton.jit
 def _attn_bwd_dq(
     Q, K, V, DO, LSE, DELTA, DQ, SEQ, SEED,
     sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sdb, sds, sdh, sgqb, sgqs, sgqh,
-    H, MAX_SEQLEN, qk_scale, sm_scale, dropout_p,
+    H, MAX_SEQLEN, qk_scale, sm_scale, threshold, dropout_scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     VARLEN: tl.constexpr, DROPOUT: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
-    """One program owns a block of queries and loops over all keys."""
+    """One program owns a block of queries and loops over all keys. Padded queries load as zeros (dO = 0,
+    delta = 0), so their rows of dS are zero."""
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -227,46 +288,36 @@ def _attn_bwd_dq(
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < HEAD_DIM
     m_mask = offs_m < seqlen
-    q_rows = (row0 + offs_m).to(tl.int64)
-    q = tl.load(Q + b.to(tl.int64) * sqb + h * sqh + q_rows[:, None] * sqs + offs_d[None, :],
-                mask=m_mask[:, None] & d_mask[None, :], other=0.0)
-    do = tl.load(DO + b.to(tl.int64) * sdb + h * sdh + q_rows[:, None] * sds + offs_d[None, :],
-                 mask=m_mask[:, None] & d_mask[None, :], other=0.0)
+    b64 = b.to(tl.int64)
+    row64 = row0.to(tl.int64)
+    q_mask = m_mask[:, None] & d_mask[None, :]
+    q = tl.load(Q + b64 * sqb + h * sqh + row64 * sqs + offs_m[:, None] * sqs + offs_d[None, :], mask=q_mask,
+                other=0.0)
+    do = tl.load(DO + b64 * sdb + h * sdh + row64 * sds + offs_m[:, None] * sds + offs_d[None, :], mask=q_mask,
+                 other=0.0)
     stat_base = bh.to(tl.int64) * MAX_SEQLEN
     lse = tl.load(LSE + stat_base + offs_m, mask=m_mask, other=0.0)
     delta = tl.load(DELTA + stat_base + offs_m, mask=m_mask, other=0.0)
-    k_base = K + b.to(tl.int64) * skb + h * skh
-    v_base = V + b.to(tl.int64) * svb + h * svh
-    if DROPOUT:
-        seed = tl.load(SEED)
+    k_seq = K + b64 * skb + h * skh + row64 * sks
+    v_seq = V + b64 * svb + h * svh + row64 * svs
+    seed = tl.load(SEED) if DROPOUT else 0
 
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    n_end = tl.where(pid_m * BLOCK_M < seqlen, seqlen, 0)
-    for start_n in range(0, n_end, BLOCK_N):
-        cols = start_n + offs_n
-        n_mask = cols < seqlen
-        kv_rows = (row0 + cols).to(tl.int64)
-        kt = tl.load(k_base + kv_rows[None, :] * sks + offs_d[:, None],
-                     mask=n_mask[None, :] & d_mask[:, None], other=0.0)
-        vt = tl.load(v_base + kv_rows[None, :] * svs + offs_d[:, None],
-                     mask=n_mask[None, :] & d_mask[:, None], other=0.0)
-        s = tl.dot(q, kt, input_precision=DOT_PREC) * qk_scale
-        p = tl.exp2(s - lse[:, None])
-        p = tl.where(m_mask[:, None] & n_mask[None, :], p, 0.0)
-        dp = tl.dot(do, vt, input_precision=DOT_PREC)
-        if DROPOUT:
-            keep = _dropout_keep(seed, bh, offs_m[:, None], cols[None, :], MAX_SEQLEN, dropout_p)
-            dp = tl.where(keep, dp * (1.0 / (1.0 - dropout_p)), 0.0)
-        ds = p * (dp - delta[:, None])
-        dq += tl.dot(ds.to(kt.dtype), tl.trans(kt), input_precision=DOT_PREC)
+    n_full, n_end = _loop_bounds(seqlen, pid_m * BLOCK_M, BLOCK_N)
+    for start_n in range(0, n_full, BLOCK_N):
+        dq = _dq_tile(dq, q, do, lse, delta, k_seq, v_seq, sks, svs, start_n, seqlen, offs_m, offs_n, offs_d, d_mask,
+                      qk_scale, seed, bh, threshold, dropout_scale, BLOCK_N, False, DROPOUT, DOT_PREC)
+    if n_full < n_end:
+        dq = _dq_tile(dq, q, do, lse, delta, k_seq, v_seq, sks, svs, n_full, seqlen, offs_m, offs_n, offs_d, d_mask,
+                      qk_scale, seed, bh, threshold, dropout_scale, BLOCK_N, True, DROPOUT, DOT_PREC)
 
     dq = tl.where(m_mask[:, None], dq * sm_scale, 0.0)
-    tl.store(DQ + b.to(tl.int64) * sgqb + h * sgqh + q_rows[:, None] * sgqs + offs_d[None, :],
+    tl.store(DQ + b64 * sgqb + h * sgqh + row64 * sgqs + offs_m[:, None] * sgqs + offs_d[None, :],
              dq.to(DQ.dtype.element_ty), mask=(offs_m < rows_out)[:, None] & d_mask[None, :])
 
 
 @triton.jit
-def _dropout_mask_kernel(MASK, SEED, H, MAX_SEQLEN, dropout_p, BLOCK: tl.constexpr):
+def _dropout_mask_kernel(MASK, SEED, MAX_SEQLEN, threshold, BLOCK: tl.constexpr):
     """Materialises the attention dropout mask (batch*heads, S, S) exactly as the kernels draw it; for tests."""
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -275,7 +326,7 @@ def _dropout_mask_kernel(MASK, SEED, H, MAX_SEQLEN, dropout_p, BLOCK: tl.constex
     seed = tl.load(SEED)
     for start_n in range(0, MAX_SEQLEN, BLOCK):
         cols = start_n + offs_n
-        keep = _dropout_keep(seed, bh, offs_m[:, None], cols[None, :], MAX_SEQLEN, dropout_p)
+        keep = keep_tile(seed, bh, offs_m, start_n, threshold, BLOCK)
         mask = (offs_m < MAX_SEQLEN)[:, None] & (cols < MAX_SEQLEN)[None, :]
         ptrs = MASK + bh.to(tl.int64) * MAX_SEQLEN * MAX_SEQLEN + offs_m[:, None] * MAX_SEQLEN + cols[None, :]
         tl.store(ptrs, keep.to(tl.int8), mask=mask)
@@ -285,32 +336,60 @@ def _dropout_mask_kernel(MASK, SEED, H, MAX_SEQLEN, dropout_p, BLOCK: tl.constex
 # launchers
 
 
-# (BLOCK_M, BLOCK_N, num_warps, num_stages); the first of each list is the default when autotuning is off.
-# BLOCK_M tiles queries, BLOCK_N keys: the forward and dQ kernels own a query block, the dK/dV kernel a key block.
-FWD_CONFIGS = [(128, 64, 4, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 32, 4, 4)]
-DKDV_CONFIGS = [(32, 128, 4, 3), (64, 64, 4, 2), (64, 128, 8, 2), (32, 64, 4, 3)]
-DQ_CONFIGS = [(128, 32, 4, 3), (64, 64, 4, 2), (128, 64, 8, 2), (64, 32, 4, 3)]
+# (BLOCK_M, BLOCK_N, num_warps, num_stages) per padded head dim (BLOCK_D: 16-64, 128, 256); the first of each list is
+# the default when autotuning is off. BLOCK_M tiles queries, BLOCK_N keys: the forward and dQ kernels own a query
+# block, the dK/dV kernel a key block. Every entry compiles for sm_90 to wgmma without register spills, with and
+# without dropout, padded and varlen, and fits the 227 KiB of shared memory a block may use (benchmarks/kernel_resources.py;
+# results/kernel_resources*.json). Head dim 256 (beyond BERT's sizes) is the exception: the forward spills up to 32
+# bytes with varlen + dropout, and dK/dV spills 140-450 bytes in every tile tried (its two fp32 accumulators alone
+# are 2 x 256 columns). Speed still has to be measured on a GPU.
+FWD_CONFIGS = {
+    64: [(128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 32, 4, 3)],
+    128: [(128, 64, 8, 3), (64, 128, 8, 3), (128, 32, 8, 3), (64, 32, 4, 3)],
+    256: [(64, 32, 4, 2), (64, 64, 8, 2), (128, 32, 8, 2)],
+}
+DKDV_CONFIGS = {
+    64: [(32, 128, 8, 3), (64, 64, 8, 3), (64, 128, 8, 2), (32, 64, 4, 3), (64, 64, 4, 2)],
+    128: [(32, 64, 8, 3), (16, 128, 8, 3)],
+    256: [(32, 64, 8, 2), (32, 64, 8, 1)],
+}
+DQ_CONFIGS = {
+    64: [(128, 64, 8, 3), (64, 64, 4, 3), (128, 32, 4, 3), (64, 128, 8, 3), (64, 32, 4, 3)],
+    128: [(128, 64, 8, 3), (64, 64, 4, 3), (64, 32, 4, 3), (128, 32, 8, 3)],
+    256: [(128, 32, 8, 2), (64, 16, 4, 2), (128, 16, 8, 2)],
+}
 INTERPRETER_CONFIG = (16, 16, 1, 1)  # small blocks so tiny test shapes still run the multi-block loops
 # Autotuning picks per (head_dim, bucket, dtype, dropout, layout) on first use; BERTKIT_AUTOTUNE=0 takes the defaults.
 AUTOTUNE = not INTERPRET and os.environ.get("BERTKIT_AUTOTUNE", "1") != "0"
 TUNE_KEY = ["HEAD_DIM", "MAX_SEQLEN", "VARLEN", "DROPOUT", "DOT_PREC"]
 
 
+def _block_d(head_dim):
+    return max(16, triton.next_power_of_2(head_dim))
+
+
+def _dim_class(block_d):
+    return 64 if block_d <= 64 else block_d
+
+
 class _Launcher:
-    """kernel[grid](...) with BLOCK_M/BLOCK_N/num_warps/num_stages from the interpreter config, the default config,
-    or triton.autotune; `grid(block_m, block_n)` gives the launch grid."""
+    """kernel[grid](...) with BLOCK_M/BLOCK_N/num_warps/num_stages from the interpreter config, the default config of
+    the head dim's list, or triton.autotune over that list; `grid(block_m, block_n)` gives the launch grid."""
 
-    def __init__(self, kernel, configs):
-        self.kernel, self.configs = kernel, configs
-        self.tuned = triton.autotune(
+    def __init__(self, kernel, configs_by_dim):
+        self.kernel, self.configs = kernel, configs_by_dim
+        self.tuned = {dim: triton.autotune(
             [triton.Config(dict(BLOCK_M=m, BLOCK_N=n), num_warps=w, num_stages=st) for m, n, w, st in configs],
-            key=TUNE_KEY)(kernel) if AUTOTUNE else None
+            key=TUNE_KEY)(kernel) for dim, configs in configs_by_dim.items()} if AUTOTUNE else None
 
-    def __call__(self, grid, *args, **kwargs):
+    def __call__(self, grid, *args, BLOCK_D, **kwargs):
+        dim = _dim_class(BLOCK_D)
         if self.tuned is not None:
-            return self.tuned[lambda meta: grid(meta["BLOCK_M"], meta["BLOCK_N"])](*args, **kwargs)
-        m, n, w, st = INTERPRETER_CONFIG if INTERPRET else self.configs[0]
-        return self.kernel[grid(m, n)](*args, **kwargs, BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=st)
+            return self.tuned[dim][lambda meta: grid(meta["BLOCK_M"], meta["BLOCK_N"])](*args, BLOCK_D=BLOCK_D,
+                                                                                        **kwargs)
+        m, n, w, st = INTERPRETER_CONFIG if INTERPRET else self.configs[dim][0]
+        return self.kernel[grid(m, n)](*args, BLOCK_D=BLOCK_D, **kwargs, BLOCK_M=m, BLOCK_N=n, num_warps=w,
+                                       num_stages=st)
 
 
 _fwd_launch = _Launcher(_attn_fwd, FWD_CONFIGS)
@@ -341,6 +420,14 @@ def _check(q, k, v, seqinfo, varlen):
         raise ValueError("attention: lengths / cu_seqlens must be int32")
 
 
+def _check_offsets(max_seqlen, *tensors):
+    """The kernels address rows inside a sequence with 32-bit offsets (fewer registers than 64-bit ones)."""
+    for t in tensors:
+        if (max_seqlen + 128) * t.stride(-3 if t.dim() == 3 else 1) >= 2**31:
+            raise ValueError(f"attention: max_seqlen {max_seqlen} x row stride {t.stride(-3 if t.dim() == 3 else 1)} "
+                             "does not fit 32-bit offsets; make the tensors contiguous or split the batch")
+
+
 def _batch_heads(q, seqinfo, varlen):
     return (seqinfo.shape[0] - 1 if varlen else q.shape[0]), q.shape[-2]
 
@@ -359,13 +446,15 @@ def flash_attn_forward(q, k, v, seqinfo, seed, max_seqlen, varlen, dropout_p, so
     if batch == 0 or max_seqlen == 0 or q.numel() == 0:
         out.zero_()
         return out, lse
+    _check_offsets(max_seqlen, q, k, v, out)
     dropout = dropout_p > 0.0
+    threshold, dropout_scale = threshold_and_scale(dropout_p)
     _fwd_launch(
         lambda block_m, block_n: (triton.cdiv(max_seqlen, block_m), batch * heads),
         q, k, v, out, lse, seqinfo, seed if dropout else seqinfo,
         *_strides(q, varlen), *_strides(k, varlen), *_strides(v, varlen), *_strides(out, varlen),
-        heads, max_seqlen, softmax_scale * LOG2E, dropout_p,
-        HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+        heads, max_seqlen, softmax_scale * LOG2E, threshold, dropout_scale,
+        HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim),
         VARLEN=varlen, DROPOUT=dropout, DOT_PREC=_dot_precision(q.dtype),
     )
     return out, lse
@@ -384,8 +473,10 @@ def flash_attn_backward(dout, q, k, v, out, lse, seqinfo, seed, max_seqlen, varl
     if dout.stride(-1) != 1:
         dout = dout.contiguous()
     block_m = INTERPRETER_CONFIG[0] if INTERPRET else 64
-    block_d = max(16, triton.next_power_of_2(head_dim))
+    block_d = _block_d(head_dim)
+    _check_offsets(max_seqlen, q, k, v, out, dout, dq, dk, dv)
     dropout = dropout_p > 0.0
+    threshold, dropout_scale = threshold_and_scale(dropout_p)
     seed_arg = seed if dropout else seqinfo
     delta = torch.empty((batch, heads, max_seqlen), dtype=torch.float32, device=q.device)
     _attn_bwd_delta[(triton.cdiv(max_seqlen, block_m), batch * heads)](
@@ -395,7 +486,7 @@ def flash_attn_backward(dout, q, k, v, out, lse, seqinfo, seed, max_seqlen, varl
     common = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, VARLEN=varlen, DROPOUT=dropout,
                   DOT_PREC=_dot_precision(q.dtype))
     qkv_strides = (*_strides(q, varlen), *_strides(k, varlen), *_strides(v, varlen), *_strides(dout, varlen))
-    scales = (heads, max_seqlen, softmax_scale * LOG2E, softmax_scale, dropout_p)
+    scales = (heads, max_seqlen, softmax_scale * LOG2E, softmax_scale, threshold, dropout_scale)
     _dkdv_launch(
         lambda block_m, block_n: (triton.cdiv(max_seqlen, block_n), batch * heads),
         q, k, v, dout, lse, delta, dk, dv, seqinfo, seed_arg,
@@ -409,12 +500,12 @@ def flash_attn_backward(dout, q, k, v, out, lse, seqinfo, seed, max_seqlen, varl
     return dq, dk, dv
 
 
-def dropout_mask(seed, batch_heads, max_seqlen, dropout_p):
-    """The keep mask (batch*heads, max_seqlen, max_seqlen) bool that the kernels apply for this seed (for tests)."""
+def dropout_mask(seed, batch_heads, max_seqlen, dropout_p, block=16):
+    """The keep mask (batch*heads, max_seqlen, max_seqlen) bool that the kernels apply for this seed, drawn in
+    block x block tiles (any multiple of 8 gives the same mask; for tests)."""
     mask = torch.empty((batch_heads, max_seqlen, max_seqlen), dtype=torch.int8, device=seed.device)
-    block = 16
     _dropout_mask_kernel[(triton.cdiv(max_seqlen, block), batch_heads)](
-        mask, seed, 1, max_seqlen, dropout_p, BLOCK=block)
+        mask, seed, max_seqlen, threshold_and_scale(dropout_p)[0], BLOCK=block)
     return mask.bool()
 
 

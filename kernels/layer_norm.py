@@ -6,7 +6,8 @@ Backward: a fixed number of programs each walk a contiguous slab of rows, write 
 dh, or dh * mask / (1 - p) with dropout) and keep their dgamma/dbeta partial sums in fp32 registers; the partials
 (programs x hidden) are then summed in a fixed order: no atomics, no locks, deterministic.
 The row count is a runtime argument that Triton does not specialise on, so changing the token count never
-recompiles. Dropout draws its keep bits from Philox keyed by (seed, row, col), so backward regenerates them.
+recompiles. Dropout's keep bits are a pure function of (seed, row, col) (kernels/dropout.py), so backward
+regenerates them.
 """
 import functools
 
@@ -15,23 +16,15 @@ import triton
 import triton.language as tl
 
 from kernels.attention import INTERPRET, draw_seed
+from kernels.dropout import GROUP, keep_tile, threshold_and_scale
 
 MAX_HIDDEN = 8192
-
-
-@triton.jit
-def _ln_dropout_keep(seed, rows, cols, dropout_p):
-    c0 = (cols + rows * 0).to(tl.uint32)
-    c1 = (rows + cols * 0).to(tl.uint32)
-    r, _, _, _ = tl.philox(seed, c0, c1, c0 * 0, c0 * 0)
-    u = (r >> 8).to(tl.int32).to(tl.float32) * (1.0 / 16777216.0)
-    return u >= dropout_p
 
 
 @triton.jit(do_not_specialize=["n_rows"])
 def _add_ln_fwd(
     X, R, W, B, Y, H, MEAN, RSTD, SEED,
-    n_rows, N, stride_x, stride_r, stride_y, stride_h, eps, dropout_p,
+    n_rows, N, stride_x, stride_r, stride_y, stride_h, eps, threshold, dropout_scale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr, DROPOUT: tl.constexpr, STORE_H: tl.constexpr,
 ):
@@ -45,8 +38,7 @@ def _add_ln_fwd(
     x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     if DROPOUT:
         seed = tl.load(SEED)
-        keep = _ln_dropout_keep(seed, rows[:, None], cols[None, :], dropout_p)
-        x = tl.where(keep, x * (1.0 / (1.0 - dropout_p)), 0.0)
+        x = tl.where(keep_tile(seed, 0, rows, 0, threshold, BLOCK_N), x * dropout_scale, 0.0)
     if HAS_RESIDUAL:
         x += tl.load(R + rows64[:, None] * stride_r + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     if STORE_H:
@@ -68,7 +60,7 @@ def _add_ln_fwd(
 @triton.jit(do_not_specialize=["n_rows", "rows_per_program"])
 def _add_ln_bwd(
     DY, H, W, MEAN, RSTD, DH, DX, DW_PART, DB_PART, SEED,
-    n_rows, N, rows_per_program, stride_dy, stride_h, stride_dh, stride_dx, dropout_p,
+    n_rows, N, rows_per_program, stride_dy, stride_h, stride_dh, stride_dx, threshold, dropout_scale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DROPOUT: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -99,20 +91,19 @@ def _add_ln_bwd(
         db_acc += tl.sum(dy, 0)
         tl.store(DH + rows64[:, None] * stride_dh + cols[None, :], dh.to(DH.dtype.element_ty), mask=mask)
         if DROPOUT:
-            keep = _ln_dropout_keep(seed, rows[:, None], cols[None, :], dropout_p)
-            dx = tl.where(keep, dh * (1.0 / (1.0 - dropout_p)), 0.0)
+            dx = tl.where(keep_tile(seed, 0, rows, 0, threshold, BLOCK_N), dh * dropout_scale, 0.0)
             tl.store(DX + rows64[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
     tl.store(DW_PART + pid.to(tl.int64) * N + cols, dw_acc, mask=col_mask)
     tl.store(DB_PART + pid.to(tl.int64) * N + cols, db_acc, mask=col_mask)
 
 
 @triton.jit(do_not_specialize=["n_rows"])
-def _ln_dropout_mask_kernel(MASK, SEED, n_rows, N, dropout_p, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _ln_dropout_mask_kernel(MASK, SEED, n_rows, N, threshold, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Materialises the dropout keep mask (rows, N) exactly as the kernels draw it; for tests."""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
     seed = tl.load(SEED)
-    keep = _ln_dropout_keep(seed, rows[:, None], cols[None, :], dropout_p)
+    keep = keep_tile(seed, 0, rows, 0, threshold, BLOCK_N)
     mask = (rows < n_rows)[:, None] & (cols < N)[None, :]
     tl.store(MASK + rows.to(tl.int64)[:, None] * N + cols[None, :], keep.to(tl.int8), mask=mask)
 
@@ -123,7 +114,7 @@ def _ln_dropout_mask_kernel(MASK, SEED, n_rows, N, dropout_p, BLOCK_M: tl.conste
 
 def _tile(n):
     """(BLOCK_M, BLOCK_N, num_warps): about 4k elements per tile; fewer warps under the interpreter is irrelevant."""
-    block_n = triton.next_power_of_2(n)
+    block_n = max(GROUP, triton.next_power_of_2(n))
     block_m = max(1, min(16, 4096 // block_n))
     warps = 4 if block_n * block_m <= 4096 else 8
     if block_n >= 4096:
@@ -183,7 +174,7 @@ def add_ln_forward(x, residual, weight, bias, seed, eps, dropout_p, y=None, h=No
     block_m, block_n, warps = _tile(n)
     _add_ln_fwd[(triton.cdiv(n_rows, block_m),)](
         x2, r2, weight, bias, y2, h2, mean, rstd, seed if dropout else mean,
-        n_rows, n, x2.stride(0), r2.stride(0), y2.stride(0), h2.stride(0), eps, dropout_p,
+        n_rows, n, x2.stride(0), r2.stride(0), y2.stride(0), h2.stride(0), eps, *threshold_and_scale(dropout_p),
         BLOCK_M=block_m, BLOCK_N=block_n, HAS_RESIDUAL=residual is not None, DROPOUT=dropout, STORE_H=store_h,
         num_warps=warps,
     )
@@ -210,7 +201,8 @@ def add_ln_backward(dy, h, weight, mean, rstd, seed, dropout_p, dh=None, dx=None
     dx2 = dx.view(-1, n) if dropout else dh2
     _add_ln_bwd[(programs,)](
         dy2, h2, weight, mean, rstd, dh2, dx2, dw_part, db_part, seed if dropout else mean,
-        n_rows, n, rows_per_program, dy2.stride(0), h2.stride(0), dh2.stride(0), dx2.stride(0), dropout_p,
+        n_rows, n, rows_per_program, dy2.stride(0), h2.stride(0), dh2.stride(0), dx2.stride(0),
+        *threshold_and_scale(dropout_p),
         BLOCK_M=block_m, BLOCK_N=block_n, DROPOUT=dropout, num_warps=warps,
     )
     return dh, dx, dw_part.sum(0).to(weight.dtype), db_part.sum(0).to(weight.dtype)
@@ -220,7 +212,8 @@ def ln_dropout_mask(seed, n_rows, n, dropout_p):
     """The keep mask (n_rows, n) bool that the kernels apply for this seed (for tests)."""
     mask = torch.empty((n_rows, n), dtype=torch.int8, device=seed.device)
     block_m, block_n, _ = _tile(n)
-    _ln_dropout_mask_kernel[(triton.cdiv(n_rows, block_m),)](mask, seed, n_rows, n, dropout_p,
+    threshold = threshold_and_scale(dropout_p)[0]
+    _ln_dropout_mask_kernel[(triton.cdiv(n_rows, block_m),)](mask, seed, n_rows, n, threshold,
                                                              BLOCK_M=block_m, BLOCK_N=block_n)
     return mask.bool()
 

@@ -5,6 +5,14 @@ import torch
 import torch.nn.functional as F
 
 
+def threshold_and_scale(dropout_p):
+    """How the Triton kernels draw dropout (kernels/dropout.py): (16-bit threshold, scale of the kept values).
+    p is rounded to a multiple of 1/65536 and kept values are scaled by the inverse of that keep rate, so the
+    expectation stays exact; a reference given the kernels' mask applies the same scale."""
+    threshold = min(65535, round(dropout_p * 65536))
+    return threshold, 65536.0 / (65536 - threshold)
+
+
 def attention_reference(q, k, v, lengths, dropout_p=0.0, softmax_scale=None, dropout_mask=None):
     """q, k, v: (batch, seq, heads, head_dim), right-padded; lengths: (batch,) int valid tokens per sequence.
 
@@ -20,7 +28,7 @@ def attention_reference(q, k, v, lengths, dropout_p=0.0, softmax_scale=None, dro
     scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
     probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # a zero-length sequence has no keys
     if dropout_mask is not None:
-        probs = probs * dropout_mask / (1.0 - dropout_p)
+        probs = probs * dropout_mask * threshold_and_scale(dropout_p)[1]
     elif dropout_p > 0.0:
         probs = F.dropout(probs, p=dropout_p)
     out = torch.einsum("bhqk,bkhd->bqhd", probs, v.to(compute))
@@ -45,7 +53,7 @@ def add_layer_norm_reference(x, residual, weight, bias, eps=1e-12, dropout_p=0.0
 
     dropout_mask (x's shape, bool), when given, replaces the random draw (tests pass the kernels' own mask)."""
     if dropout_mask is not None:
-        x = x * dropout_mask / (1.0 - dropout_p)
+        x = x * dropout_mask * threshold_and_scale(dropout_p)[1]
     elif dropout_p > 0.0:
         x = F.dropout(x, p=dropout_p)
     if residual is not None:

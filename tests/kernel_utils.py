@@ -58,9 +58,21 @@ def binomial_ok(keep, p, sigmas=5.0):
     return abs(rate - (1 - p)) <= sigmas * sd, rate
 
 
-def compile_for_gpu(kernel, pointers, floats, constexprs, num_warps=4, num_stages=3, arch=90):
+# integer arguments that are multiples of 16 at BERT shapes (strides of the fused QKV output and of (B, S, H, D)
+# tensors, the length bucket, hidden sizes); Triton's launcher specialises on that, so offline compiles assume it
+ATTENTION_DIVISIBLE = ("sqb", "sqs", "sqh", "skb", "sks", "skh", "svb", "svs", "svh", "sob", "sos", "soh",
+                       "sdb", "sds", "sdh", "sgkb", "sgks", "sgkh", "sgvb", "sgvs", "sgvh", "sgqb", "sgqs", "sgqh",
+                       "MAX_SEQLEN")
+LAYER_NORM_DIVISIBLE = ("N", "stride_x", "stride_r", "stride_y", "stride_h", "stride_dy", "stride_dh", "stride_dx")
+
+
+def compile_for_gpu(kernel, pointers, floats, constexprs, num_warps=4, num_stages=3, arch=90, divisible=()):
     """Compiles a @triton.jit kernel to a CUDA binary for sm_`arch` without a GPU (Triton ships ptxas): catches
-    typing and lowering errors that the interpreter never sees. Arguments not named are i32 scalars."""
+    typing and lowering errors that the interpreter never sees. Arguments not named are i32 scalars.
+
+    As Triton's launcher would on a GPU, pointers are taken as 16-byte aligned, and so are the integers named in
+    `divisible` (multiples of 16 at real shapes, e.g. BERT's strides): that is what lets loads vectorise and
+    pipeline, so resource figures match a real launch."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -73,8 +85,33 @@ def compile_for_gpu(kernel, pointers, floats, constexprs, num_warps=4, num_stage
             signature[name] = "constexpr"
         else:
             signature[name] = pointers.get(name) or ("fp32" if name in floats else "i32")
-    source = ASTSource(kernel, signature, constexprs)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
+             if signature[name].startswith("*") or name in divisible}
+    source = ASTSource(kernel, signature, constexprs, attrs)
     compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32),
                               options=dict(num_warps=num_warps, num_stages=num_stages))
     assert compiled.asm.get("cubin"), "no CUDA binary produced"
     return compiled
+
+
+def ptxas_usage(compiled) -> tuple[int, int]:
+    """(registers per thread, spill store bytes) of a compile_for_gpu result: its PTX run again through the ptxas
+    and the flags this Triton build compiles sm_90 with, with -v."""
+    import re
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    from triton.backends.nvidia import compiler as nvidia
+
+    flags = ["--regAllocOptLevel=2"] if "regAllocOptLevel" in Path(nvidia.__file__).read_text() else []
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "kernel.ptx"
+        src.write_text(compiled.asm["ptx"])
+        log = subprocess.run([nvidia.get_ptxas(90).path, "-v", *flags, "--gpu-name=sm_90a", str(src), "-o",
+                              str(Path(tmp) / "kernel.cubin")], capture_output=True, text=True).stderr
+    regs = re.search(r"Used (\d+) registers", log)
+    spill = re.search(r"(\d+) bytes spill stores", log)
+    if not regs or not spill:
+        raise RuntimeError(f"unexpected ptxas output:\n{log}")
+    return int(regs.group(1)), int(spill.group(1))

@@ -163,6 +163,14 @@ def test_dropout_keep_rate_and_seeding():
     assert not torch.equal(mask, other)
     # heads and rows get different streams, not copies
     assert not torch.equal(mask[0], mask[1]) and not torch.equal(mask[0, 0], mask[0, 1])
+    # one Philox call serves 8 consecutive keys: each of the 8 slots keeps at the right rate, none copies another
+    for slot in range(8):
+        ok, rate = binomial_ok(mask[..., slot::8], p)
+        assert ok, f"slot {slot}: keep rate {rate} vs {1 - p}"
+    assert len({mask[..., slot::8].numpy().tobytes() for slot in range(8)}) == 8
+    # the mask depends on (seed, head, query, key) only, never on the tiles the kernels happen to use
+    assert torch.equal(dropout_mask(seed, 2, 100, p, block=16), dropout_mask(seed, 2, 100, p, block=32))
+    assert torch.equal(dropout_mask(seed, 2, 100, p, block=16), dropout_mask(seed, 2, 100, p, block=64))
 
 
 @interpreter_only
@@ -348,19 +356,38 @@ if INTERPRETED:
 
 @parent_only
 @pytest.mark.parametrize("kind", ["fwd", "dkdv", "dq"])
-def test_kernels_compile_for_hopper(kind):
+def test_kernels_compile_for_hopper_without_spills(kind):
     """The compiled path (not the interpreter): each kernel in its default config lowers to an sm_90 binary, with
-    dropout, the varlen layout and bf16 (the training configuration)."""
+    dropout, the varlen layout and bf16 (the training configuration), using wgmma and spilling no registers (a
+    spill puts local-memory round trips in the inner loop)."""
     import importlib
 
-    from tests.kernel_utils import compile_for_gpu
+    from tests.kernel_utils import ATTENTION_DIVISIBLE, compile_for_gpu, ptxas_usage
 
     attn = importlib.import_module("kernels.attention")
     kernel, configs = {"fwd": (attn._attn_fwd, attn.FWD_CONFIGS), "dkdv": (attn._attn_bwd_dkdv, attn.DKDV_CONFIGS),
                        "dq": (attn._attn_bwd_dq, attn.DQ_CONFIGS)}[kind]
-    block_m, block_n, warps, stages = configs[0]
+    block_m, block_n, warps, stages = configs[64][0]
     pointers = {name: "*bf16" for name in ["Q", "K", "V", "O", "DO", "DK", "DV", "DQ"]}
     pointers.update(LSE="*fp32", DELTA="*fp32", SEQ="*i32", SEED="*i64")
-    constexprs = dict(HEAD_DIM=64, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=64, VARLEN=True, DROPOUT=True,
-                      DOT_PREC="tf32")
-    compile_for_gpu(kernel, pointers, ("qk_scale", "sm_scale", "dropout_p"), constexprs, warps, stages)
+    for dropout in (True, False):
+        constexprs = dict(HEAD_DIM=64, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=64, VARLEN=True, DROPOUT=dropout,
+                          DOT_PREC="tf32")
+        compiled = compile_for_gpu(kernel, pointers, ("qk_scale", "sm_scale", "dropout_scale"), constexprs, warps,
+                                   stages, divisible=ATTENTION_DIVISIBLE)
+        assert "wgmma" in compiled.asm["ptx"], "the matmuls did not lower to Hopper's wgmma"
+        registers, spill = ptxas_usage(compiled)
+        assert spill == 0, f"{kind} {configs[64][0]} dropout={dropout}: {spill} bytes of register spills"
+
+
+@parent_only
+def test_rows_too_far_apart_for_32_bit_offsets_are_refused():
+    """The kernels address rows with 32-bit offsets inside a sequence; a layout that would overflow them is an
+    error naming the fix, not a silent wrap-around."""
+    from kernels.attention import _check_offsets
+
+    fine = torch.empty_strided((2, 512, 12, 64), (512 * 2304, 2304, 64, 1), device="meta")  # fused QKV, BERT-base
+    _check_offsets(512, fine)
+    huge = torch.empty_strided((1, 2**16, 1, 64), (2**32, 2**16, 64, 1), device="meta")
+    with pytest.raises(ValueError, match="32-bit offsets"):
+        _check_offsets(2**16, huge)

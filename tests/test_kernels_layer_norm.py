@@ -219,17 +219,22 @@ if INTERPRETED:
 
 
 @parent_only
-def test_kernels_compile_for_hopper():
-    """The compiled path (not the interpreter): forward and backward lower to sm_90 binaries (bf16, dropout)."""
+@pytest.mark.parametrize("hidden", [768, 4096])
+def test_kernels_compile_for_hopper_without_spills(hidden):
+    """The compiled path (not the interpreter): forward and backward lower to sm_90 binaries (bf16, dropout) that
+    spill no registers."""
     import importlib
 
-    from tests.kernel_utils import compile_for_gpu
+    from tests.kernel_utils import LAYER_NORM_DIVISIBLE, compile_for_gpu, ptxas_usage
 
     ln = importlib.import_module("kernels.layer_norm")
-    block_m, block_n, warps = ln._tile(768)
+    block_m, block_n, warps = ln._tile(hidden)
     pointers = {name: "*bf16" for name in ["X", "R", "W", "B", "Y", "H", "DY", "DH", "DX"]}
     pointers.update(MEAN="*fp32", RSTD="*fp32", SEED="*i64", DW_PART="*fp32", DB_PART="*fp32")
-    floats = ("eps", "dropout_p")
-    compile_for_gpu(ln._add_ln_fwd, pointers, floats, dict(BLOCK_M=block_m, BLOCK_N=block_n, HAS_RESIDUAL=True,
-                                                           DROPOUT=True, STORE_H=True), warps)
-    compile_for_gpu(ln._add_ln_bwd, pointers, floats, dict(BLOCK_M=block_m, BLOCK_N=block_n, DROPOUT=True), warps)
+    floats = ("eps", "dropout_scale")
+    for kernel, constexprs in [(ln._add_ln_fwd, dict(HAS_RESIDUAL=True, DROPOUT=True, STORE_H=True)),
+                               (ln._add_ln_bwd, dict(DROPOUT=True))]:
+        compiled = compile_for_gpu(kernel, pointers, floats, dict(BLOCK_M=block_m, BLOCK_N=block_n, **constexprs),
+                                   warps, divisible=LAYER_NORM_DIVISIBLE)
+        registers, spill = ptxas_usage(compiled)
+        assert spill == 0, f"{kernel.__name__} at hidden {hidden}: {spill} bytes of register spills"
