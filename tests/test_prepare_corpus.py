@@ -382,7 +382,7 @@ def test_bad_inputs_are_reported_and_never_cost_other_files(tmp_path):
     assert result.exit_code == 0, result.output
     log = result.output
     assert "missing.txt: no such file or folder" in log
-    assert "empty: folder holds no (non-hidden) files" in log
+    assert "empty: folder holds no (non-hidden, non-documentation) files" in log
     assert "binary.bin: looks binary" in log and "array.json: is a JSON array" in log
     assert "cut.txt.gz: reading stopped at line" in log and "truncated" in log
     assert "cut.txt.zst: reading stopped at line" in log and "cut.txt.xz: reading stopped at line" in log
