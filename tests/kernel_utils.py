@@ -115,3 +115,39 @@ def ptxas_usage(compiled) -> tuple[int, int]:
     if not regs or not spill:
         raise RuntimeError(f"unexpected ptxas output:\n{log}")
     return int(regs.group(1)), int(spill.group(1))
+
+
+def philox4x32_10(counter, key):
+    """Philox4x32-10 (Salmon et al., SC'11; Random123) in numpy, written from the paper's definition: counter
+    (4, ...) uint32, key (2,) uint32 -> (4, ...) uint32. The independent reference for the kernels' dropout bits."""
+    import numpy as np
+
+    def mulhilo(a, b):
+        product = np.uint64(a) * b.astype(np.uint64)
+        return (product >> np.uint64(32)).astype(np.uint32), (product & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+
+    c0, c1, c2, c3 = (np.asarray(c, dtype=np.uint32) for c in counter)
+    k0, k1 = np.uint32(key[0]), np.uint32(key[1])
+    for _ in range(10):
+        hi0, lo0 = mulhilo(0xD2511F53, c0)
+        hi1, lo1 = mulhilo(0xCD9E8D57, c2)
+        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+        k0 = np.uint32((int(k0) + 0x9E3779B9) & 0xFFFFFFFF)
+        k1 = np.uint32((int(k1) + 0xBB67AE85) & 0xFFFFFFFF)
+    return np.stack([c0, c1, c2, c3])
+
+
+def reference_keep(seed, salt, rows, cols, dropout_p):
+    """The keep mask (len(rows), len(cols)) that kernels/dropout.py documents, from philox4x32_10."""
+    import numpy as np
+
+    from kernels.reference import threshold_and_scale
+
+    seed = int(seed) & (2**64 - 1)
+    r, c = np.meshgrid(np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64), indexing="ij")
+    counter = [(c // 8).astype(np.uint32), r.astype(np.uint32), np.full(r.shape, salt, np.uint32),
+               np.zeros(r.shape, np.uint32)]
+    words = philox4x32_10(counter, (seed & 0xFFFFFFFF, seed >> 32))
+    word = np.take_along_axis(words, ((c % 8) // 2)[None], axis=0)[0]
+    draws = np.where(c % 2 == 0, word & 0xFFFF, word >> 16)
+    return torch.from_numpy(draws >= threshold_and_scale(dropout_p)[0])

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from tests.kernel_utils import (
-    INTERPRETED, TOLERANCE, binomial_ok, cuda_only, interpreter_only, parent_only, poisoned, rel_err,
-    run_file_under_interpreter,
+    INTERPRETED, TOLERANCE, binomial_ok, cuda_only, interpreter_only, parent_only, poisoned, reference_keep,
+    rel_err, run_file_under_interpreter,
 )
 from kernels.reference import attention_reference
 
@@ -168,6 +168,9 @@ def test_dropout_keep_rate_and_seeding():
         ok, rate = binomial_ok(mask[..., slot::8], p)
         assert ok, f"slot {slot}: keep rate {rate} vs {1 - p}"
     assert len({mask[..., slot::8].numpy().tobytes() for slot in range(8)}) == 8
+    # bit for bit the documented Philox4x32-10 stream, from an independent numpy implementation
+    for bh in (0, 3):
+        assert torch.equal(mask[bh], reference_keep(seed.item(), bh, range(128), range(128), p))
     # the mask depends on (seed, head, query, key) only, never on the tiles the kernels happen to use
     assert torch.equal(dropout_mask(seed, 2, 100, p, block=16), dropout_mask(seed, 2, 100, p, block=32))
     assert torch.equal(dropout_mask(seed, 2, 100, p, block=16), dropout_mask(seed, 2, 100, p, block=64))
@@ -391,3 +394,22 @@ def test_rows_too_far_apart_for_32_bit_offsets_are_refused():
     huge = torch.empty_strided((1, 2**16, 1, 64), (2**32, 2**16, 64, 1), device="meta")
     with pytest.raises(ValueError, match="32-bit offsets"):
         _check_offsets(2**16, huge)
+
+
+@parent_only
+def test_numpy_philox_reference_matches_random123_known_answers():
+    """The reference the dropout tests trust is itself checked: Random123's known-answer vectors for
+    Philox4x32-10 (kat_vectors: zeros, all ones, digits of pi)."""
+    import numpy as np
+
+    from tests.kernel_utils import philox4x32_10
+
+    cases = [
+        ([0, 0, 0, 0], [0, 0], [0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8]),
+        ([0xFFFFFFFF] * 4, [0xFFFFFFFF] * 2, [0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD]),
+        ([0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344], [0xA4093822, 0x299F31D0],
+         [0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1]),
+    ]
+    for counter, key, expected in cases:
+        got = philox4x32_10([np.array([c], dtype=np.uint32) for c in counter], key)
+        assert [int(w[0]) for w in got] == expected

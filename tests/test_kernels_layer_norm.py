@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from tests.kernel_utils import (
-    INTERPRETED, TOLERANCE, binomial_ok, cuda_only, interpreter_only, parent_only, poisoned, rel_err,
-    run_file_under_interpreter,
+    INTERPRETED, TOLERANCE, binomial_ok, cuda_only, interpreter_only, parent_only, poisoned, reference_keep,
+    rel_err, run_file_under_interpreter,
 )
 from kernels.reference import add_layer_norm_reference
 
@@ -118,6 +118,7 @@ def test_dropout_keep_rate_seeding_and_checkpoint_replay():
     ok, rate = binomial_ok(mask, p)
     assert ok, f"keep rate {rate} vs {1 - p}"
     assert not torch.equal(mask[0], mask[1])  # rows get their own streams
+    assert torch.equal(mask, reference_keep(seed.item(), 0, range(64), range(1024), p))  # independent Philox
     assert not torch.equal(mask, ln_dropout_mask(draw_seed("cpu"), 64, 1024, p))
 
     gen = torch.Generator().manual_seed(2)
