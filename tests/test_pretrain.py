@@ -144,3 +144,52 @@ def test_bad_inputs_give_clear_errors(instances, tmp_path, clean_dist_env):
     assert not (run / "checkpoints" / "latest").exists()
     with pytest.raises(ConfigError, match="no complete checkpoint"):
         pretrain(PretrainConfig(instances=str(instances), out=str(run), model=model, resume=True, progress=False))
+
+
+def test_out_of_memory_names_the_step_and_the_fix(instances, tmp_path, clean_dist_env, monkeypatch):
+    """A micro batch that does not fit stops with where it happened and the flags that fix it."""
+    from bertkit.model import BertForPreTraining
+
+    real_forward, calls = BertForPreTraining.forward, []
+
+    def forward(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 4:  # step 2, second micro batch
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real_forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(BertForPreTraining, "forward", forward)
+    with pytest.raises(TrainingError, match=r"out of memory at step 2, micro batch 2 of 2 on rank 0: 8 sequences x "
+                                            r"32 tokens\. Try --micro-batch 4 with the same --global-batch 16"):
+        pretrain(PretrainConfig(instances=str(instances), out=str(tmp_path / "oom"),
+                                model=str(instances.parent / "model.json"), micro_batch=8, global_batch=16,
+                                max_steps=4, progress=False, num_workers=0, log_every=1))
+
+
+def test_tensorboard_gets_every_logged_scalar(instances, tmp_path, clean_dist_env, monkeypatch):
+    """With tensorboard installed, each numeric metric of metrics.jsonl is also a scalar at its step. tensorboard
+    is not a dependency, so a stand-in SummaryWriter with its API records the calls."""
+    import sys
+    import types
+
+    written, closed = [], []
+
+    class SummaryWriter:
+        def __init__(self, log_dir):
+            self.log_dir = log_dir
+
+        def add_scalar(self, tag, value, step):
+            written.append((tag, value, step))
+
+        def close(self):
+            closed.append(self.log_dir)
+
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", types.SimpleNamespace(SummaryWriter=SummaryWriter))
+    run = tmp_path / "tb"
+    pretrain(PretrainConfig(instances=str(instances), out=str(run), model=str(instances.parent / "model.json"),
+                            micro_batch=8, max_steps=3, progress=False, num_workers=0, log_every=1))
+    assert closed == [str(run / "tensorboard")]
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    expected = [(k, v, r["step"]) for r in records for k, v in r.items()
+                if k != "step" and isinstance(v, (int, float))]
+    assert written == expected and any(tag == "loss" for tag, _, _ in written)
