@@ -122,3 +122,33 @@ def test_data_parallel_under_deepspeed_launcher(tmp_path):
     summary = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert summary["settings"]["world_size"] == 2 and summary["settings"]["total_steps"] == 8
     assert len(summary["epochs"]) == 2 and (tmp_path / "out" / "best" / "model.safetensors").is_file()
+
+
+def test_finetune_is_deterministic_given_the_seed(tmp_path):
+    """Same seed, same everything, including the new head's initial weights (torch's own generator starts from a
+    random seed in every process); another seed gives another run."""
+    from bertkit.checkpoint import save_pretrained
+    from bertkit.config import BertConfig
+    from bertkit.finetune.classify import finetune_classify
+    from bertkit.model import BertForPreTraining
+
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(27)]
+    (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    torch.manual_seed(0)
+    save_pretrained(BertForPreTraining(BertConfig.preset("tiny", vocab_size=len(vocab))), tmp_path / "model",
+                    tokenizer_dir=tmp_path)  # no classification head: finetune creates one
+    rows = ["text\tlabel"] + [f"w{i} w{(i * 5) % 27} w{(i * 7) % 27}\t{i % 2}" for i in range(40)]
+    (tmp_path / "train.tsv").write_text("\n".join(rows) + "\n")
+
+    def run(seed, name):
+        torch.manual_seed(1000 + len(name))  # whatever state the process happens to be in
+        cfg = TrainConfig(out_dir=str(tmp_path / name), epochs=2, batch_size=8, learning_rate=1e-3, seed=seed,
+                          save_model=False)
+        summary = finetune_classify(tmp_path / "model", tmp_path / "train.tsv", tmp_path / "train.tsv", cfg,
+                                    text_a="text", label="label", max_seq_length=16)
+        return [(e["train_loss"], e["accuracy"]) for e in summary["epochs"]], \
+            (tmp_path / name / "dev_predictions.json").read_text()
+
+    first = run(3, "a")
+    assert run(3, "again") == first
+    assert run(4, "b")[0] != first[0]

@@ -157,7 +157,7 @@ def run_classification(model_path, train_examples, dev_examples, labels, cfg, *,
     import numpy as np
 
     from bertkit.checkpoint import load_pretrained
-    from bertkit.finetune.train import predict, train
+    from bertkit.finetune.train import predict, set_seed, train
     from bertkit.tokenization import load_tokenizer
 
     tokenizer = load_tokenizer(model_path)
@@ -166,6 +166,7 @@ def run_classification(model_path, train_examples, dev_examples, labels, cfg, *,
     dev_targets = label_ids(dev_examples, labels, dev_file)
     dev_rows = encode(dev_examples, tokenizer, max_seq_length)
     num_labels = 1 if labels is None else len(labels)
+    set_seed(cfg.seed)  # the new head's initial weights come from the seed too
     model = load_pretrained(model_path, head="sequence_classification", num_labels=num_labels)
 
     def evaluate(m):

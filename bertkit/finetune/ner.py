@@ -104,7 +104,7 @@ def decode(logits: list, first_piece: list, tags: list) -> tuple:
 def finetune_ner(model_path, train_file, dev_file, cfg, max_seq_length: int = 128) -> dict:
     """`bertkit finetune ner`."""
     from bertkit.checkpoint import load_pretrained
-    from bertkit.finetune.train import predict, train
+    from bertkit.finetune.train import predict, set_seed, train
     from bertkit.tokenization import load_tokenizer
 
     train_sentences = read_conll(train_file) if train_file else []
@@ -116,6 +116,7 @@ def finetune_ner(model_path, train_file, dev_file, cfg, max_seq_length: int = 12
     tokenizer = load_tokenizer(model_path)
     train_rows, _ = encode(train_sentences, tokenizer, max_seq_length, tags)
     dev_rows, dev_firsts = encode(dev_sentences, tokenizer, max_seq_length)
+    set_seed(cfg.seed)  # the new head's initial weights come from the seed too
     model = load_pretrained(model_path, head="token_classification", num_labels=len(tags))
     gold = [s.tags for s in dev_sentences]
 

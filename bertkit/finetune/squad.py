@@ -287,7 +287,7 @@ def finetune_squad(model_path, train_file, predict_file, cfg, *, version_2: bool
     train_articles/predict_articles select articles of each file (e.g. train on one half of dev, score the other)."""
     from bertkit.checkpoint import load_pretrained
     from bertkit.finetune.metrics import squad_evaluate
-    from bertkit.finetune.train import predict, train
+    from bertkit.finetune.train import predict, set_seed, train
     from bertkit.tokenization import load_tokenizer
 
     tokenizer = load_tokenizer(model_path)
@@ -302,6 +302,7 @@ def finetune_squad(model_path, train_file, predict_file, cfg, *, version_2: bool
                                         articles=predict_articles, every_nth_question=every_nth_predict_question)
     dev_features = make_features(dev_examples, tokenizer, False, **window)
     dev_rows = feature_dicts(dev_features, False)
+    set_seed(cfg.seed)  # the new head's initial weights come from the seed too
     model = load_pretrained(model_path, head="question_answering")
 
     def evaluate(m):
