@@ -8,7 +8,8 @@ loop, so configurations that spill are dropped from the autotuning lists; timing
     python benchmarks/kernel_resources.py --grid          # every tile shape, padded layout (slow: ~1 s each)
     python benchmarks/kernel_resources.py --head-dims 64 --kernels fwd dq
 
-Prints a table and writes benchmarks/results/kernel_resources[_grid].json.
+Prints a table and writes benchmarks/results/kernel_resources.json, kernel_resources_grid.json, or for a subset of
+kernels, head dims or hidden sizes kernel_resources_partial.json (so the full record is kept).
 """
 import argparse
 import itertools
@@ -23,51 +24,35 @@ from record import run_info, write_result  # noqa: E402
 ATTENTION_KERNELS = ("fwd", "dkdv", "dq")
 MAX_SHARED = 232448  # bytes of shared memory one block may use on sm_90 (227 KiB)
 GRID = [(m, n, w, s) for m, n, w, s in itertools.product((32, 64, 128), (32, 64, 128), (4, 8), (2, 3))
-        if m * n <= 128 * 128 and not (w == 8 and m * n < 64 * 64)]
+        if not (w == 8 and m * n < 64 * 64)]
+
+
+def _usage(compiled) -> dict:
+    from tests.kernel_utils import ptxas_usage
+
+    regs, spill = ptxas_usage(compiled)
+    shared = compiled.metadata.shared
+    return dict(registers=regs, spill_bytes=spill, shared_bytes=shared, fits=spill == 0 and shared <= MAX_SHARED)
 
 
 def attention_row(kind, config, head_dim, dropout, varlen=False):
-    import importlib
+    from tests.kernel_utils import compile_attention_kernel
 
-    from tests.kernel_utils import ATTENTION_DIVISIBLE, compile_for_gpu, ptxas_usage
-
-    attn = importlib.import_module("kernels.attention")
-    kernel = {"fwd": attn._attn_fwd, "dkdv": attn._attn_bwd_dkdv, "dq": attn._attn_bwd_dq}[kind]
+    compiled = compile_attention_kernel(kind, config, head_dim, dropout, varlen)
     block_m, block_n, warps, stages = config
-    pointers = {name: "*bf16" for name in ["Q", "K", "V", "O", "DO", "DK", "DV", "DQ"]}
-    pointers.update(LSE="*fp32", DELTA="*fp32", SEQ="*i32", SEED="*i64")
-    constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=head_dim, VARLEN=varlen,
-                      DROPOUT=dropout, DOT_PREC="tf32")
-    compiled = compile_for_gpu(kernel, pointers, ("qk_scale", "sm_scale", "dropout_scale"), constexprs, warps, stages,
-                               divisible=ATTENTION_DIVISIBLE)
-    regs, spill = ptxas_usage(compiled)
     return dict(kernel=kind, block_m=block_m, block_n=block_n, warps=warps, stages=stages, head_dim=head_dim,
-                varlen=varlen, dropout=dropout, registers=regs, spill_bytes=spill, shared_bytes=compiled.metadata.shared,
-                wgmma="wgmma" in compiled.asm["ptx"], fits=spill == 0 and compiled.metadata.shared <= MAX_SHARED)
+                varlen=varlen, dropout=dropout, **_usage(compiled), wgmma="wgmma" in compiled.asm["ptx"])
 
 
 def layer_norm_rows(hidden, dropout):
     import importlib
 
-    from tests.kernel_utils import LAYER_NORM_DIVISIBLE, compile_for_gpu, ptxas_usage
+    from tests.kernel_utils import compile_layer_norm_kernels
 
-    ln = importlib.import_module("kernels.layer_norm")
-    block_m, block_n, warps = ln._tile(hidden)
-    pointers = {name: "*bf16" for name in ["X", "R", "W", "B", "Y", "H", "DY", "DH", "DX"]}
-    pointers.update(MEAN="*fp32", RSTD="*fp32", SEED="*i64", DW_PART="*fp32", DB_PART="*fp32")
-    rows = []
-    for kind, kernel, constexprs in [
-            ("ln_fwd", ln._add_ln_fwd, dict(HAS_RESIDUAL=True, DROPOUT=dropout, STORE_H=True)),
-            ("ln_bwd", ln._add_ln_bwd, dict(DROPOUT=dropout))]:
-        compiled = compile_for_gpu(kernel, pointers, ("eps", "dropout_scale"),
-                                   dict(BLOCK_M=block_m, BLOCK_N=block_n, **constexprs), warps,
-                                   divisible=LAYER_NORM_DIVISIBLE)
-        regs, spill = ptxas_usage(compiled)
-        rows.append(dict(kernel=kind, block_m=block_m, block_n=block_n, warps=warps, stages=None, head_dim=None,
-                         hidden=hidden, dropout=dropout, registers=regs, spill_bytes=spill,
-                         shared_bytes=compiled.metadata.shared, wgmma=None,
-                         fits=spill == 0 and compiled.metadata.shared <= MAX_SHARED))
-    return rows
+    block_m, block_n, warps = importlib.import_module("kernels.layer_norm")._tile(hidden)
+    return [dict(kernel=name, block_m=block_m, block_n=block_n, warps=warps, stages=None, head_dim=None,
+                 hidden=hidden, dropout=dropout, **_usage(compiled), wgmma=None)
+            for name, compiled in compile_layer_norm_kernels(hidden, dropout).items()]
 
 
 def main():
@@ -98,14 +83,18 @@ def main():
                    for varlen in ((False,) if args.grid else (False, True)) for p in (False, True)]
         for r in new:
             dim = r["head_dim"] if r["head_dim"] is not None else r["hidden"]
+            layout = {None: "-", False: "pad", True: "var"}[r.get("varlen")]
             print(f"{r['kernel']:7} {r['block_m']:>4}x{r['block_n']:<4} {r['warps']:>5} {r['stages'] or '-':>6} "
-                  f"{dim:>5} {('var' if r.get('varlen') else 'pad'):>3} {int(r['dropout']):>4} {r['registers']:>4} {r['spill_bytes']:>7} "
+                  f"{dim:>5} {layout:>3} {int(r['dropout']):>4} {r['registers']:>4} {r['spill_bytes']:>7} "
                   f"{r['shared_bytes'] / 1024:>8.1f} {'' if r['wgmma'] is None else r['wgmma']!s:>5} "
                   f"{'yes' if r['fits'] else 'NO':>4}", flush=True)
         rows += new
     info = run_info("kernel_resources")
     info.update(target="sm_90a (compiled on the CPU, no GPU involved)", triton=triton.__version__)
-    write_result("kernel_resources_grid" if args.grid else "kernel_resources", {**info, "rows": rows})
+    complete = sorted(args.kernels) == sorted(ap.get_default("kernels")) and args.head_dims == ap.get_default(
+        "head_dims") and args.hidden == ap.get_default("hidden")
+    name = "kernel_resources_grid" if args.grid else "kernel_resources" + ("" if complete else "_partial")
+    write_result(name, {**info, "rows": rows})
 
 
 if __name__ == "__main__":

@@ -339,8 +339,8 @@ def _dropout_mask_kernel(MASK, SEED, MAX_SEQLEN, threshold, BLOCK: tl.constexpr)
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) per padded head dim (BLOCK_D: 16-64, 128, 256); the first of each list is
 # the default when autotuning is off. BLOCK_M tiles queries, BLOCK_N keys: the forward and dQ kernels own a query
 # block, the dK/dV kernel a key block. Every entry compiles for sm_90 to wgmma without register spills, with and
-# without dropout, padded and varlen, and fits the 227 KiB of shared memory a block may use (benchmarks/kernel_resources.py;
-# results/kernel_resources*.json). Head dim 256 (beyond BERT's sizes) is the exception: the forward spills up to 32
+# without dropout, padded and varlen, and fits the 227 KiB of shared memory a block may use
+# (benchmarks/kernel_resources.py; results/kernel_resources*.json). Head dim 256 (beyond BERT's sizes) is the exception: the forward spills up to 32
 # bytes with varlen + dropout, and dK/dV spills 140-450 bytes in every tile tried (its two fp32 accumulators alone
 # are 2 x 256 columns). Speed still has to be measured on a GPU.
 FWD_CONFIGS = {

@@ -151,3 +151,36 @@ def reference_keep(seed, salt, rows, cols, dropout_p):
     word = np.take_along_axis(words, ((c % 8) // 2)[None], axis=0)[0]
     draws = np.where(c % 2 == 0, word & 0xFFFF, word >> 16)
     return torch.from_numpy(draws >= threshold_and_scale(dropout_p)[0])
+
+
+def compile_attention_kernel(kind, config, head_dim=64, dropout=True, varlen=True):
+    """One attention kernel ("fwd", "dkdv" or "dq") in `config` (BLOCK_M, BLOCK_N, warps, stages), bf16,
+    compiled for sm_90 as a launch at BERT's strides would be."""
+    import importlib
+
+    attn = importlib.import_module("kernels.attention")
+    kernel = {"fwd": attn._attn_fwd, "dkdv": attn._attn_bwd_dkdv, "dq": attn._attn_bwd_dq}[kind]
+    block_m, block_n, warps, stages = config
+    pointers = {name: "*bf16" for name in ["Q", "K", "V", "O", "DO", "DK", "DV", "DQ"]}
+    pointers.update(LSE="*fp32", DELTA="*fp32", SEQ="*i32", SEED="*i64")
+    constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=attn._block_d(head_dim),
+                      VARLEN=varlen, DROPOUT=dropout, DOT_PREC="tf32")
+    return compile_for_gpu(kernel, pointers, ("qk_scale", "sm_scale", "dropout_scale"), constexprs, warps, stages,
+                           divisible=ATTENTION_DIVISIBLE)
+
+
+def compile_layer_norm_kernels(hidden, dropout=True):
+    """{"ln_fwd": ..., "ln_bwd": ...}: the residual-add LayerNorm kernels in their tile for `hidden`, bf16,
+    compiled for sm_90."""
+    import importlib
+
+    ln = importlib.import_module("kernels.layer_norm")
+    block_m, block_n, warps = ln._tile(hidden)
+    pointers = {name: "*bf16" for name in ["X", "R", "W", "B", "Y", "H", "DY", "DH", "DX"]}
+    pointers.update(MEAN="*fp32", RSTD="*fp32", SEED="*i64", DW_PART="*fp32", DB_PART="*fp32")
+    tile = dict(BLOCK_M=block_m, BLOCK_N=block_n)
+    return {name: compile_for_gpu(kernel, pointers, ("eps", "dropout_scale"), {**tile, **constexprs}, warps,
+                                  divisible=LAYER_NORM_DIVISIBLE)
+            for name, kernel, constexprs in [
+                ("ln_fwd", ln._add_ln_fwd, dict(HAS_RESIDUAL=True, DROPOUT=dropout, STORE_H=True)),
+                ("ln_bwd", ln._add_ln_bwd, dict(DROPOUT=dropout))]}

@@ -365,22 +365,15 @@ def test_kernels_compile_for_hopper_without_spills(kind):
     spill puts local-memory round trips in the inner loop)."""
     import importlib
 
-    from tests.kernel_utils import ATTENTION_DIVISIBLE, compile_for_gpu, ptxas_usage
+    from tests.kernel_utils import compile_attention_kernel, ptxas_usage
 
     attn = importlib.import_module("kernels.attention")
-    kernel, configs = {"fwd": (attn._attn_fwd, attn.FWD_CONFIGS), "dkdv": (attn._attn_bwd_dkdv, attn.DKDV_CONFIGS),
-                       "dq": (attn._attn_bwd_dq, attn.DQ_CONFIGS)}[kind]
-    block_m, block_n, warps, stages = configs[64][0]
-    pointers = {name: "*bf16" for name in ["Q", "K", "V", "O", "DO", "DK", "DV", "DQ"]}
-    pointers.update(LSE="*fp32", DELTA="*fp32", SEQ="*i32", SEED="*i64")
+    default = {"fwd": attn.FWD_CONFIGS, "dkdv": attn.DKDV_CONFIGS, "dq": attn.DQ_CONFIGS}[kind][64][0]
     for dropout in (True, False):
-        constexprs = dict(HEAD_DIM=64, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=64, VARLEN=True, DROPOUT=dropout,
-                          DOT_PREC="tf32")
-        compiled = compile_for_gpu(kernel, pointers, ("qk_scale", "sm_scale", "dropout_scale"), constexprs, warps,
-                                   stages, divisible=ATTENTION_DIVISIBLE)
+        compiled = compile_attention_kernel(kind, default, head_dim=64, dropout=dropout, varlen=True)
         assert "wgmma" in compiled.asm["ptx"], "the matmuls did not lower to Hopper's wgmma"
         registers, spill = ptxas_usage(compiled)
-        assert spill == 0, f"{kind} {configs[64][0]} dropout={dropout}: {spill} bytes of register spills"
+        assert spill == 0, f"{kind} {default} dropout={dropout}: {spill} bytes of register spills"
 
 
 @parent_only

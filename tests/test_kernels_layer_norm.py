@@ -224,18 +224,8 @@ if INTERPRETED:
 def test_kernels_compile_for_hopper_without_spills(hidden):
     """The compiled path (not the interpreter): forward and backward lower to sm_90 binaries (bf16, dropout) that
     spill no registers."""
-    import importlib
+    from tests.kernel_utils import compile_layer_norm_kernels, ptxas_usage
 
-    from tests.kernel_utils import LAYER_NORM_DIVISIBLE, compile_for_gpu, ptxas_usage
-
-    ln = importlib.import_module("kernels.layer_norm")
-    block_m, block_n, warps = ln._tile(hidden)
-    pointers = {name: "*bf16" for name in ["X", "R", "W", "B", "Y", "H", "DY", "DH", "DX"]}
-    pointers.update(MEAN="*fp32", RSTD="*fp32", SEED="*i64", DW_PART="*fp32", DB_PART="*fp32")
-    floats = ("eps", "dropout_scale")
-    for kernel, constexprs in [(ln._add_ln_fwd, dict(HAS_RESIDUAL=True, DROPOUT=True, STORE_H=True)),
-                               (ln._add_ln_bwd, dict(DROPOUT=True))]:
-        compiled = compile_for_gpu(kernel, pointers, floats, dict(BLOCK_M=block_m, BLOCK_N=block_n, **constexprs),
-                                   warps, divisible=LAYER_NORM_DIVISIBLE)
+    for name, compiled in compile_layer_norm_kernels(hidden, dropout=True).items():
         registers, spill = ptxas_usage(compiled)
-        assert spill == 0, f"{kernel.__name__} at hidden {hidden}: {spill} bytes of register spills"
+        assert spill == 0, f"{name} at hidden {hidden}: {spill} bytes of register spills"
