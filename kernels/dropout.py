@@ -31,4 +31,4 @@ def keep_tile(seed, salt, rows, col0, threshold, BLOCK_COLS: tl.constexpr):
     r = tl.join(tl.join(r0, r2), tl.join(r1, r3))  # (rows, groups, 2, 2)
     halves = tl.join(r & 0xFFFF, r >> 16)  # (rows, groups, 2, 2, 2): 8 draws per group
     draws = tl.reshape(halves, (rows.shape[0], BLOCK_COLS))
-    return draws >= threshold.to(tl.uint32)
+    return draws.to(tl.int32) >= threshold  # threshold may arrive as a constant (Triton specialises 1)

@@ -3,7 +3,7 @@
 Forward: each program normalises a tile of BLOCK_M rows x the whole hidden dim in fp32, and saves the per-row mean
 and 1/std plus the pre-norm sum h (in the input dtype; it is what PyTorch's add + layer_norm would save too).
 Backward: a fixed number of programs each walk a contiguous slab of rows, write dh (the residual's gradient; x's is
-dh, or dh * mask / (1 - p) with dropout) and keep their dgamma/dbeta partial sums in fp32 registers; the partials
+dh, or dh * mask * scale with dropout) and keep their dgamma/dbeta partial sums in fp32 registers; the partials
 (programs x hidden) are then summed in a fixed order: no atomics, no locks, deterministic.
 The row count is a runtime argument that Triton does not specialise on, so changing the token count never
 recompiles. Dropout's keep bits are a pure function of (seed, row, col) (kernels/dropout.py), so backward

@@ -406,3 +406,17 @@ def test_numpy_philox_reference_matches_random123_known_answers():
     for counter, key, expected in cases:
         got = philox4x32_10([np.array([c], dtype=np.uint32) for c in counter], key)
         assert [int(w[0]) for w in got] == expected
+
+
+@parent_only
+def test_dropout_threshold_of_one_compiles():
+    """Triton's launcher turns an int argument equal to 1 into a constant; a drop probability near 1/65536 gives
+    threshold 1, and the compiled kernels must take it as well as any other value."""
+    import importlib
+
+    from tests.kernel_utils import compile_for_gpu
+
+    attn = importlib.import_module("kernels.attention")
+    assert attn.threshold_and_scale(1e-5)[0] == 1
+    compile_for_gpu(attn._dropout_mask_kernel, {"MASK": "*i8", "SEED": "*i64"}, (),
+                    dict(threshold=1, BLOCK=16))
