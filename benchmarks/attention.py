@@ -10,38 +10,33 @@ of the packed tensors (forward q, k, v, o; backward q, k, v, o, dO, dQ, dK, dV).
 measured copy bandwidth and bf16 matmul throughput. Prints a table, writes JSON to benchmarks/results/.
 """
 import argparse
-import datetime
 import json
 import platform
-import subprocess
 import sys
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-RESULTS = Path(__file__).resolve().parent / "results"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from record import RESULTS, run_info  # noqa: E402
+
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def environment():
+def environment(benchmark):
+    """run_info (date, commit, load) plus the GPU and the library versions."""
     import triton
 
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).parent).stdout.strip()
-    except OSError:
-        commit = ""
     try:
         import flash_attn
 
         fa = flash_attn.__version__
     except ImportError:
         fa = None
-    return dict(device=torch.cuda.get_device_name(), capability=list(torch.cuda.get_device_capability()),
-                torch=torch.__version__, triton=triton.__version__, cuda=torch.version.cuda, flash_attn=fa,
-                python=platform.python_version(), host=platform.node(), commit=commit,
-                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+    return dict(run_info(benchmark), device=torch.cuda.get_device_name(),
+                capability=list(torch.cuda.get_device_capability()), torch=torch.__version__,
+                triton=triton.__version__, cuda=torch.version.cuda, flash_attn=fa, host=platform.node())
 
 
 def bench(fn):
@@ -164,7 +159,7 @@ def main(argv=None):
         return 0
 
     dtype = DTYPES[args.dtype]
-    env = environment()
+    env = environment("attention")
     env["copy_GBps"] = copy_bandwidth()
     env["matmul_TFLOPs"] = matmul_peak(dtype)
     print(f"{env['device']}: copy {env['copy_GBps']:.0f} GB/s, {args.dtype} matmul {env['matmul_TFLOPs']:.0f} TFLOP/s")

@@ -65,7 +65,7 @@ def main(argv=None):
         return 0
 
     dtype = DTYPES[args.dtype]
-    env = environment()
+    env = environment("layer_norm")
     env["copy_GBps"] = copy_bandwidth()
     print(f"{env['device']}: copy {env['copy_GBps']:.0f} GB/s")
     print(f"{'rows':>6} {'hidden':>6} {'provider':<30} {'fwd ms':>8} {'bwd ms':>8} {'fwd GB/s':>9} {'bwd GB/s':>9} "

@@ -23,6 +23,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+from record import run_info  # noqa: E402
 
 
 def make_batch(batch: int, seq: int, vocab: int, seed: int = 0):
@@ -168,11 +170,9 @@ def main():
                     and x["seq"] == r["seq"])
         print(f"{r['config']:8} {r['seq']:>4} {r['batch']:>5} {r['impl']:13} {r['seq_per_s']:9.1f} "
               f"{r['ms_per_step']:9.1f} {r['peak_mem_mib']:9.0f} {r['seq_per_s'] / base['seq_per_s']:7.2f}x")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                            text=True).stdout.strip()
     now = datetime.now(timezone.utc)
-    record = {"benchmark": "pretrain_step", "date": now.isoformat(timespec="seconds"), "commit": commit,
-              "machine": machine(args.device), "precision": precision, "results": results}
+    record = {**run_info("pretrain_step"), "machine": machine(args.device), "precision": precision,
+              "results": results}
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"pretrain_step-{args.device}-{now:%Y%m%d-%H%M%S}.json"

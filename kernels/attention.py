@@ -423,9 +423,10 @@ def _check(q, k, v, seqinfo, varlen):
 def _check_offsets(max_seqlen, *tensors):
     """The kernels address rows inside a sequence with 32-bit offsets (fewer registers than 64-bit ones)."""
     for t in tensors:
-        if (max_seqlen + 128) * t.stride(-3 if t.dim() == 3 else 1) >= 2**31:
-            raise ValueError(f"attention: max_seqlen {max_seqlen} x row stride {t.stride(-3 if t.dim() == 3 else 1)} "
-                             "does not fit 32-bit offsets; make the tensors contiguous or split the batch")
+        row_stride = t.stride(-3)  # the seq axis in both layouts: (B, S, H, D) and (tokens, H, D)
+        if (max_seqlen + 128) * row_stride >= 2**31:
+            raise ValueError(f"attention: max_seqlen {max_seqlen} x row stride {row_stride} does not fit 32-bit "
+                             "offsets; make the tensors contiguous or split the batch")
 
 
 def _batch_heads(q, seqinfo, varlen):
