@@ -69,7 +69,7 @@ def make_inputs(batch, seq, heads, head_dim, dtype, gen):
 
 def providers(qkv, lengths, dropout_p):
     """name -> (forward fn returning (output, leaves)); each closure builds its own layout outside the timing."""
-    import kernels
+    from bertkit import kernels
 
     batch, seq, _, heads, head_dim = qkv.shape
     valid = torch.arange(seq, device="cuda")[None, :] < lengths[:, None]

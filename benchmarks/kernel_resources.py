@@ -49,7 +49,7 @@ def layer_norm_rows(hidden, dropout):
 
     from tests.kernel_utils import compile_layer_norm_kernels
 
-    block_m, block_n, warps = importlib.import_module("kernels.layer_norm")._tile(hidden)
+    block_m, block_n, warps = importlib.import_module("bertkit.kernels.layer_norm")._tile(hidden)
     return [dict(kernel=name, block_m=block_m, block_n=block_n, warps=warps, stages=None, head_dim=None,
                  hidden=hidden, dropout=dropout, **_usage(compiled), wgmma=None)
             for name, compiled in compile_layer_norm_kernels(hidden, dropout).items()]
@@ -67,7 +67,7 @@ def main():
 
     import importlib
 
-    attn = importlib.import_module("kernels.attention")
+    attn = importlib.import_module("bertkit.kernels.attention")
     shipped = {"fwd": attn.FWD_CONFIGS, "dkdv": attn.DKDV_CONFIGS, "dq": attn.DQ_CONFIGS}
     rows = []
     header = f"{'kernel':7} {'tile':>9} {'warps':>5} {'stages':>6} {'dim':>5} {'lay':>3} {'drop':>4} {'regs':>4} " \

@@ -20,7 +20,7 @@ from attention import DTYPES, RESULTS, bench, copy_bandwidth, environment  # noq
 
 
 def providers(x, r, w, b, dropout_p):
-    import kernels
+    from bertkit import kernels
 
     def fused():
         return kernels.add_layer_norm(x, r, w, b, 1e-12, dropout_p)

@@ -30,7 +30,7 @@ GOOGLE_REFERENCE = {"instances_per_s": 4300, "peak_rss_mb": 1500, "note": "googl
 
 def child(corpus: str, tokenizer: str, out: str, workers: int, compat: str):
     sys.path.insert(0, str(REPO))
-    from pipelines.make_instances import InstancesConfig, make_instances
+    from bertkit.pipelines.make_instances import InstancesConfig, make_instances
 
     t = time.perf_counter()
     m = make_instances(corpus, tokenizer, out, InstancesConfig(workers=workers, compat=compat or None, dupe=10,
@@ -80,7 +80,7 @@ def main():
     ap.add_argument("--repeats", type=int, default=1, help="best of N (the machine is shared)")
     args = ap.parse_args()
     sys.path.insert(0, str(REPO))
-    from pipelines.prepare_corpus import CorpusConfig, prepare_corpus
+    from bertkit.pipelines.prepare_corpus import CorpusConfig, prepare_corpus
 
     data = Path(args.data)
     files = sorted((data / "wikipedia_en_wikiextractor" / "text" / "AA").glob("wiki_*"))

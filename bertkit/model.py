@@ -16,7 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-import kernels
+from bertkit import kernels
 from bertkit.config import BertConfig
 
 IGNORE_INDEX = -100

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.dropout import keep_tile, threshold_and_scale
+from bertkit.kernels.dropout import keep_tile, threshold_and_scale
 
 try:  # triton >= 3.4 decides interpreter vs compiled when @triton.jit runs, i.e. at import of this module
     INTERPRET = bool(triton.knobs.runtime.interpret)

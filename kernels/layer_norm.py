@@ -15,8 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.attention import INTERPRET, draw_seed
-from kernels.dropout import GROUP, keep_tile, threshold_and_scale
+from bertkit.kernels.attention import INTERPRET, draw_seed
+from bertkit.kernels.dropout import GROUP, keep_tile, threshold_and_scale
 
 MAX_HIDDEN = 8192
 

@@ -132,7 +132,7 @@ def google_instances(documents: list, vocab: dict, config, seed: int, passes: in
 
 def read_documents(shards, tokenizer_dir) -> list:
     """Documents of the corpus shards, in order, as lists of non-empty segments (lists of ids)."""
-    from pipelines.make_instances import tokenize_documents, word_encoder
+    from bertkit.pipelines.make_instances import tokenize_documents, word_encoder
 
     documents = []
     for path in shards:
@@ -146,7 +146,7 @@ def read_documents(shards, tokenizer_dir) -> list:
 
 def make_instances_google(train, holdout, tokenizer_dir, out: Path, config, progress: bool) -> list[dict]:
     """The compat stage: one Random(seed) for the train split (the reference's run), another for holdout."""
-    from pipelines.make_instances import instances_table, load_stage_tokenizer, masking_spec, pass_stats
+    from bertkit.pipelines.make_instances import instances_table, load_stage_tokenizer, masking_spec, pass_stats
 
     previous = os.environ.get("TOKENIZERS_PARALLELISM")
     os.environ["TOKENIZERS_PARALLELISM"] = "false"   # single process, single core, like the reference

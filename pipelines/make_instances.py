@@ -29,8 +29,8 @@ import pyarrow.compute  # noqa: F401  (pa.compute)
 
 from bertkit.fileio import atomic_write_bytes, atomic_write_json, read_arrow
 from bertkit.masking import KIND_KEPT, KIND_MASK, KIND_RANDOM, MaskingSpec, mask_batch, num_to_predict
-from pipelines.corpus_files import corpus_shards, read_corpus_manifest
-from pipelines.schemas import id_type, instance_schema
+from bertkit.pipelines.corpus_files import corpus_shards, read_corpus_manifest
+from bertkit.pipelines.schemas import id_type, instance_schema
 
 MAX_POSITIONS = 512          # BERT's position embeddings
 SPLIT_CODE = {"train": 0, "holdout": 1}
@@ -637,7 +637,7 @@ def make_instances(corpus_dir, tokenizer_dir, out, config: InstancesConfig | Non
         stale.unlink()   # half-written files of a killed run (atomic writes never expose them)
 
     if config.compat == "google":
-        from pipelines.google_compat import make_instances_google
+        from bertkit.pipelines.google_compat import make_instances_google
 
         entries = make_instances_google(train, holdout, tokenizer_dir, out, config, progress)
     else:

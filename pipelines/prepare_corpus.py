@@ -28,10 +28,10 @@ import pyarrow.compute as pc
 
 from bertkit import __version__
 from bertkit.fileio import atomic_write_arrow, atomic_write_json, sha256_file
-from pipelines import corpus_readers as readers
-from pipelines.corpus_files import CorpusError
-from pipelines.schemas import CORPUS_SCHEMA
-from pipelines.sentences import clean_text, detect_language, split_sentences
+from bertkit.pipelines import corpus_readers as readers
+from bertkit.pipelines.corpus_files import CorpusError
+from bertkit.pipelines.schemas import CORPUS_SCHEMA
+from bertkit.pipelines.sentences import clean_text, detect_language, split_sentences
 
 PART_SCHEMA = CORPUS_SCHEMA.append(pa.field("nbytes", pa.int64(), nullable=False))  # text bytes, for shard cuts
 PART_BATCH_ROWS = 1000

@@ -16,7 +16,7 @@ from bertkit.fileio import atomic_write_bytes, atomic_write_json, read_arrow, sh
 from bertkit.tokenization import (CONTINUATION, MAX_CHARS_PER_WORD, SPECIAL_TOKENS, STRIP_ACCENTS, UNK,
                                   TokenizerError, build_tokenizer, guess_lowercase, guess_strip_accents, read_vocab,
                                   vocab_text)
-from pipelines.corpus_files import corpus_shards, read_corpus_manifest
+from bertkit.pipelines.corpus_files import corpus_shards, read_corpus_manifest
 
 STAGE = "train-tokenizer"
 MODEL_MAX_LENGTH = 512

@@ -141,7 +141,7 @@ def reference_keep(seed, salt, rows, cols, dropout_p):
     """The keep mask (len(rows), len(cols)) that kernels/dropout.py documents, from philox4x32_10."""
     import numpy as np
 
-    from kernels.reference import threshold_and_scale
+    from bertkit.kernels.reference import threshold_and_scale
 
     seed = int(seed) & (2**64 - 1)
     r, c = np.meshgrid(np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64), indexing="ij")
@@ -158,7 +158,7 @@ def compile_attention_kernel(kind, config, head_dim=64, dropout=True, varlen=Tru
     compiled for sm_90 as a launch at BERT's strides would be."""
     import importlib
 
-    attn = importlib.import_module("kernels.attention")
+    attn = importlib.import_module("bertkit.kernels.attention")
     kernel = {"fwd": attn._attn_fwd, "dkdv": attn._attn_bwd_dkdv, "dq": attn._attn_bwd_dq}[kind]
     block_m, block_n, warps, stages = config
     pointers = {name: "*bf16" for name in ["Q", "K", "V", "O", "DO", "DK", "DV", "DQ"]}
@@ -174,7 +174,7 @@ def compile_layer_norm_kernels(hidden, dropout=True):
     compiled for sm_90."""
     import importlib
 
-    ln = importlib.import_module("kernels.layer_norm")
+    ln = importlib.import_module("bertkit.kernels.layer_norm")
     block_m, block_n, warps = ln._tile(hidden)
     pointers = {name: "*bf16" for name in ["X", "R", "W", "B", "Y", "H", "DY", "DH", "DX"]}
     pointers.update(MEAN="*fp32", RSTD="*fp32", SEED="*i64", DW_PART="*fp32", DB_PART="*fp32")

@@ -8,7 +8,7 @@ import pytest
 from bertkit.data import EpochBatches, InstanceDataset, InstancesError, collate, read_instances_manifest
 from bertkit.fileio import atomic_write_arrow, atomic_write_json, sha256_file
 from bertkit.masking import MaskingSpec, mask_instance
-from pipelines.schemas import instance_schema
+from bertkit.pipelines.schemas import instance_schema
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 N_WORDS = 120

@@ -10,7 +10,7 @@ from tests.kernel_utils import (
     INTERPRETED, TOLERANCE, binomial_ok, cuda_only, interpreter_only, parent_only, poisoned, reference_keep,
     rel_err, run_file_under_interpreter,
 )
-from kernels.reference import attention_reference
+from bertkit.kernels.reference import attention_reference
 
 INTERPRETER_CASES = 15
 
@@ -69,7 +69,7 @@ def _check_padded_rows_zero(tensors, lengths):
     (torch.float16, 32, 0.2),
 ])
 def test_padded_matches_reference(dtype, head_dim, p):
-    from kernels.attention import draw_seed, dropout_mask, flash_attn_backward, flash_attn_forward
+    from bertkit.kernels.attention import draw_seed, dropout_mask, flash_attn_backward, flash_attn_forward
 
     gen = torch.Generator().manual_seed(zlib.crc32(f"padded{dtype}{head_dim}{p}".encode()))
     batch, seq, heads = 4, 37, 2
@@ -99,7 +99,7 @@ def test_padded_matches_reference(dtype, head_dim, p):
     (torch.float32, 64, 0.0), (torch.float16, 128, 0.0), (torch.float16, 32, 0.0), (torch.float32, 64, 0.25),
 ])
 def test_varlen_matches_reference(dtype, head_dim, p):
-    from kernels.attention import draw_seed, dropout_mask, flash_attn_backward, flash_attn_forward
+    from bertkit.kernels.attention import draw_seed, dropout_mask, flash_attn_backward, flash_attn_forward
 
     gen = torch.Generator().manual_seed(zlib.crc32(f"varlen{dtype}{head_dim}{p}".encode()))
     max_seqlen, heads = 40, 2
@@ -125,8 +125,8 @@ def test_varlen_matches_reference(dtype, head_dim, p):
 
 @interpreter_only
 def test_public_api_autograd_through_fused_qkv():
-    """kernels.attention dispatches to the Triton op under the interpreter, and autograd reaches the fused QKV."""
-    import kernels
+    """bertkit.kernels.attention dispatches to the Triton op under the interpreter, and autograd reaches the fused QKV."""
+    from bertkit import kernels
 
     gen = torch.Generator().manual_seed(7)
     batch, seq, heads, head_dim = 3, 33, 2, 32
@@ -150,7 +150,7 @@ def test_public_api_autograd_through_fused_qkv():
 
 @interpreter_only
 def test_dropout_keep_rate_and_seeding():
-    from kernels.attention import draw_seed, dropout_mask
+    from bertkit.kernels.attention import draw_seed, dropout_mask
 
     torch.manual_seed(0)
     seed = draw_seed("cpu")
@@ -179,7 +179,7 @@ def test_dropout_keep_rate_and_seeding():
 @interpreter_only
 def test_dropout_deterministic_and_replayed_by_checkpointing():
     """Same torch seed -> same output and bitwise-identical gradients; checkpoint recompute replays the mask."""
-    import kernels
+    from bertkit import kernels
     from torch.utils.checkpoint import checkpoint
 
     gen = torch.Generator().manual_seed(3)
@@ -207,7 +207,7 @@ def test_dropout_deterministic_and_replayed_by_checkpointing():
 
 @interpreter_only
 def test_opcheck_torch_library_registration():
-    from kernels.attention import flash_attn_fwd_op
+    from bertkit.kernels.attention import flash_attn_fwd_op
 
     gen = torch.Generator().manual_seed(5)
     _, (q, k, v) = _fused_qkv((2, 16), 2, 16, torch.float32, gen=gen)
@@ -216,7 +216,7 @@ def test_opcheck_torch_library_registration():
     torch.library.opcheck(flash_attn_fwd_op, args)  # schema, fake tensor, autograd registration, AOT dispatch
 
     # torch.compile traces the public entry into one graph (fake impls + registered autograd), same numbers
-    import kernels
+    from bertkit import kernels
 
     qkv = torch.randn(2, 16, 3, 2, 16, generator=gen, requires_grad=True)
     f = lambda t: kernels.attention(*t.unbind(2), lengths, 0.0)  # noqa: E731
@@ -232,7 +232,7 @@ def test_tiny_bert_through_triton_matches_reference_path():
     """End to end: BertForPreTraining with every attention and LayerNorm on the Triton kernels gives the loss and
     parameter gradients of the same model on the PyTorch references; with dropout, gradient checkpointing replays
     the kernels' masks exactly."""
-    import kernels
+    from bertkit import kernels
     from bertkit.config import BertConfig
     from bertkit.model import BertForPreTraining
 
@@ -295,7 +295,7 @@ def _low_precision_reference(q, k, v, lengths):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("seq", [128, 512])
 def test_cuda_bert_shapes_flash_rule(dtype, seq):
-    import kernels
+    from bertkit import kernels
 
     gen = torch.Generator(device="cuda").manual_seed(seq)
     batch, heads, head_dim = 8, 12, 64
@@ -324,7 +324,7 @@ def test_cuda_bert_shapes_flash_rule(dtype, seq):
 @cuda_only
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_cuda_varlen_and_dropout(dtype):
-    from kernels.attention import draw_seed, dropout_mask, flash_attn_backward, flash_attn_forward
+    from bertkit.kernels.attention import draw_seed, dropout_mask, flash_attn_backward, flash_attn_forward
 
     gen = torch.Generator(device="cuda").manual_seed(1)
     heads, head_dim, max_seqlen = 12, 64, 128
@@ -352,7 +352,7 @@ def test_cuda_varlen_and_dropout(dtype):
 if INTERPRETED:
     # the child process must not pick up the CUDA cases' device, only prove the interpreter path is active
     def test_dispatch_is_triton_under_interpreter():
-        import kernels
+        from bertkit import kernels
 
         assert kernels.INTERPRET and kernels._triton_for(torch.zeros(1))
 
@@ -367,7 +367,7 @@ def test_kernels_compile_for_hopper_without_spills(kind):
 
     from tests.kernel_utils import compile_attention_kernel, ptxas_usage
 
-    attn = importlib.import_module("kernels.attention")
+    attn = importlib.import_module("bertkit.kernels.attention")
     default = {"fwd": attn.FWD_CONFIGS, "dkdv": attn.DKDV_CONFIGS, "dq": attn.DQ_CONFIGS}[kind][64][0]
     for dropout in (True, False):
         compiled = compile_attention_kernel(kind, default, head_dim=64, dropout=dropout, varlen=True)
@@ -380,7 +380,7 @@ def test_kernels_compile_for_hopper_without_spills(kind):
 def test_rows_too_far_apart_for_32_bit_offsets_are_refused():
     """The kernels address rows with 32-bit offsets inside a sequence; a layout that would overflow them is an
     error naming the fix, not a silent wrap-around."""
-    from kernels.attention import _check_offsets
+    from bertkit.kernels.attention import _check_offsets
 
     fine = torch.empty_strided((2, 512, 12, 64), (512 * 2304, 2304, 64, 1), device="meta")  # fused QKV, BERT-base
     _check_offsets(512, fine)
@@ -416,7 +416,7 @@ def test_dropout_threshold_of_one_compiles():
 
     from tests.kernel_utils import compile_for_gpu
 
-    attn = importlib.import_module("kernels.attention")
+    attn = importlib.import_module("bertkit.kernels.attention")
     assert attn.threshold_and_scale(1e-5)[0] == 1
     compile_for_gpu(attn._dropout_mask_kernel, {"MASK": "*i8", "SEED": "*i64"}, (),
                     dict(threshold=1, BLOCK=16))

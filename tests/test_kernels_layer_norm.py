@@ -10,7 +10,7 @@ from tests.kernel_utils import (
     INTERPRETED, TOLERANCE, binomial_ok, cuda_only, interpreter_only, parent_only, poisoned, reference_keep,
     rel_err, run_file_under_interpreter,
 )
-from kernels.reference import add_layer_norm_reference
+from bertkit.kernels.reference import add_layer_norm_reference
 
 INTERPRETER_CASES = 10
 
@@ -46,8 +46,8 @@ def _reference(x, r, w, b, dy, eps, p=0.0, mask=None):
     (torch.float16, 21, 384, False, 0.1),
 ])
 def test_matches_reference(dtype, rows, hidden, residual, p):
-    from kernels.attention import draw_seed
-    from kernels.layer_norm import add_ln_backward, add_ln_forward, ln_dropout_mask
+    from bertkit.kernels.attention import draw_seed
+    from bertkit.kernels.layer_norm import add_ln_backward, add_ln_forward, ln_dropout_mask
 
     gen = torch.Generator().manual_seed(zlib.crc32(f"{dtype}{rows}{hidden}{residual}{p}".encode()))
     x, r, w, b = _inputs(rows, hidden, dtype, residual, gen, strided=(hidden == 1000))
@@ -77,8 +77,8 @@ def test_matches_reference(dtype, rows, hidden, residual, p):
 
 @interpreter_only
 def test_public_api_autograd_and_3d_input():
-    """kernels.add_layer_norm goes through the torch.library op under the interpreter, on (batch, seq, hidden)."""
-    import kernels
+    """bertkit.kernels.add_layer_norm goes through the torch.library op under the interpreter, on (batch, seq, hidden)."""
+    from bertkit import kernels
 
     gen = torch.Generator().manual_seed(1)
     x, r, w, b = _inputs(3 * 11, 192, torch.float32, True, gen)
@@ -106,9 +106,9 @@ def test_public_api_autograd_and_3d_input():
 
 @interpreter_only
 def test_dropout_keep_rate_seeding_and_checkpoint_replay():
-    import kernels
-    from kernels.attention import draw_seed
-    from kernels.layer_norm import ln_dropout_mask
+    from bertkit import kernels
+    from bertkit.kernels.attention import draw_seed
+    from bertkit.kernels.layer_norm import ln_dropout_mask
     from torch.utils.checkpoint import checkpoint
 
     torch.manual_seed(0)
@@ -142,7 +142,7 @@ def test_dropout_keep_rate_seeding_and_checkpoint_replay():
 
 @interpreter_only
 def test_opcheck_torch_library_registration():
-    from kernels.layer_norm import add_ln_fwd_op
+    from bertkit.kernels.layer_norm import add_ln_fwd_op
 
     gen = torch.Generator().manual_seed(3)
     x, r, w, b = _inputs(8, 128, torch.float32, True, gen)
@@ -151,7 +151,7 @@ def test_opcheck_torch_library_registration():
         torch.library.opcheck(add_ln_fwd_op, args)  # schema, fake tensor, autograd registration, AOT dispatch
 
     # torch.compile traces the public entry into one graph, dropout included; without dropout, same numbers
-    import kernels
+    from bertkit import kernels
 
     for p in (0.0, 0.2):
         f = lambda a, c: kernels.add_layer_norm(a, c, w, b, 1e-5, p)  # noqa: E731
@@ -172,7 +172,7 @@ def test_opcheck_torch_library_registration():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("rows,hidden", [(4096, 768), (2048, 1024), (512, 4096)])
 def test_cuda_flash_rule(dtype, rows, hidden):
-    import kernels
+    from bertkit import kernels
 
     gen = torch.Generator(device="cuda").manual_seed(rows + hidden)
     x, r, w, b = _inputs(rows, hidden, dtype, True, gen, device="cuda")
@@ -197,8 +197,8 @@ def test_cuda_flash_rule(dtype, rows, hidden):
 @cuda_only
 def test_cuda_rows_do_not_recompile():
     """The row count is a runtime argument: new token counts reuse the compiled kernel."""
-    import kernels
-    from kernels.layer_norm import _add_ln_fwd
+    from bertkit import kernels
+    from bertkit.kernels.layer_norm import _add_ln_fwd
 
     w = torch.ones(768, device="cuda")
     b = torch.zeros(768, device="cuda")
@@ -214,7 +214,7 @@ def test_cuda_rows_do_not_recompile():
 
 if INTERPRETED:
     def test_dispatch_is_triton_under_interpreter():
-        import kernels
+        from bertkit import kernels
 
         assert kernels.INTERPRET and kernels._triton_for(torch.zeros(1))
 

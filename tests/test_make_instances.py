@@ -11,10 +11,10 @@ import pytest
 from click.testing import CliRunner
 
 from bertkit.fileio import atomic_write_arrow, atomic_write_json, read_arrow, sha256_file
-from pipelines import google_compat
-from pipelines.make_instances import (InstancesConfig, InstancesError, assemble, build_pairs, make_instances,
+from bertkit.pipelines import google_compat
+from bertkit.pipelines.make_instances import (InstancesConfig, InstancesError, assemble, build_pairs, make_instances,
                                       truncation_amounts)
-from pipelines.schemas import CORPUS_SCHEMA, instance_schema
+from bertkit.pipelines.schemas import CORPUS_SCHEMA, instance_schema
 
 VOCAB_FILE = "vocab/bert-base-uncased/vocab.txt"
 
@@ -91,7 +91,7 @@ HARD_TEXTS = ["", " ", "Hello,  world!", "a\tb\nc", "lead space", "trail space "
 
 @pytest.mark.parametrize("join", [3, 2000])
 def test_word_encoder_equals_the_tokenizer(vocab, join):
-    from pipelines.make_instances import WordEncoder, load_stage_tokenizer
+    from bertkit.pipelines.make_instances import WordEncoder, load_stage_tokenizer
 
     tok, words = load_stage_tokenizer(vocab)
     encoder = WordEncoder(tok, words.index("[SEP]"), join=join)
@@ -107,7 +107,7 @@ def test_word_encoder_falls_back_for_pipelines_that_see_across_spaces(vocab):
     from tokenizers import pre_tokenizers
 
     from bertkit.tokenization import load_tokenizer
-    from pipelines.make_instances import WordEncoder, splits_on_spaces
+    from bertkit.pipelines.make_instances import WordEncoder, splits_on_spaces
 
     tok = load_tokenizer(vocab)
     tok.encode_special_tokens = True
@@ -120,7 +120,7 @@ def test_word_encoder_falls_back_for_pipelines_that_see_across_spaces(vocab):
 
 
 def test_word_encoder_on_wikipedia(vocab, shared_data):
-    from pipelines.make_instances import WordEncoder, load_stage_tokenizer
+    from bertkit.pipelines.make_instances import WordEncoder, load_stage_tokenizer
 
     tok, words = load_stage_tokenizer(vocab)
     text = (shared_data / "wikipedia_en_wikiextractor" / "text" / "AA" / "wiki_00").read_text(encoding="utf-8")
@@ -523,7 +523,7 @@ def test_resume_redoes_only_unfinished_files(tmp_path, small_corpus, vocab):
 
 
 def test_bad_inputs_are_clear_errors(tmp_path, small_corpus, vocab, shared_data):
-    from pipelines.corpus_files import CorpusError
+    from bertkit.pipelines.corpus_files import CorpusError
 
     (tmp_path / "nomanifest").mkdir()
     with pytest.raises(CorpusError, match="no manifest.json"):
@@ -575,7 +575,7 @@ def test_cli(tmp_path, small_corpus, vocab):
 
 @pytest.fixture(scope="module")
 def english_instances(shared_data, tmp_path_factory, vocab):
-    from pipelines.prepare_corpus import CorpusConfig, prepare_corpus
+    from bertkit.pipelines.prepare_corpus import CorpusConfig, prepare_corpus
 
     root = tmp_path_factory.mktemp("en")
     files = sorted((shared_data / "wikipedia_en_wikiextractor" / "text" / "AA").glob("wiki_*"))[:3]

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-import kernels
+from bertkit import kernels
 from bertkit import model as bm
 from bertkit.checkpoint import _canonical_state, to_hf_state_dict
 from bertkit.config import PRESETS, BertConfig

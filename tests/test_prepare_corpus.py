@@ -20,9 +20,9 @@ from click.testing import CliRunner
 
 from bertkit.cli import main as cli
 from bertkit.fileio import read_arrow, sha256_file
-from pipelines.corpus_files import CorpusError, corpus_shards, read_corpus_manifest
-from pipelines.prepare_corpus import CorpusConfig, parse_size, prepare_corpus
-from pipelines.schemas import CORPUS_SCHEMA
+from bertkit.pipelines.corpus_files import CorpusError, corpus_shards, read_corpus_manifest
+from bertkit.pipelines.prepare_corpus import CorpusConfig, parse_size, prepare_corpus
+from bertkit.pipelines.schemas import CORPUS_SCHEMA
 
 REPO = Path(__file__).resolve().parents[1]
 JAMO = range(0x1100, 0x1200)
@@ -245,7 +245,7 @@ def test_one_and_two_workers_write_identical_bytes(tmp_path, request, real):
 
 
 def test_resume_after_interrupt_in_merge_and_in_worker(tmp_path, monkeypatch):
-    import pipelines.prepare_corpus as pc
+    import bertkit.pipelines.prepare_corpus as pc
 
     inputs = _mixed_inputs(tmp_path)
     options = dict(holdout=0.05, shard_size=parse_size("8KB"))
@@ -297,7 +297,7 @@ def test_resume_after_sigkill(tmp_path):
         write(tmp_path / "in" / f"f{i}.txt", as_paragraphs(docs[i * 50:(i + 1) * 50] + docs[:2]))
     out = tmp_path / "out"
     # a real process, slowed down per file so the kill lands mid-run, then SIGKILLed: no cleanup code runs
-    script = (f"import sys, time; sys.path.insert(0, {str(REPO)!r}); import pipelines.prepare_corpus as pc\n"
+    script = (f"import sys, time; sys.path.insert(0, {str(REPO)!r}); import bertkit.pipelines.prepare_corpus as pc\n"
               "real = pc.process_file\n"
               "def slow(*a):\n    s = real(*a); time.sleep(0.3); return s\n"
               "pc.process_file = slow\n"
@@ -504,7 +504,7 @@ def test_folder_walk_skips_documentation_files(tmp_path, capsys):
 
 
 def test_huge_lines_and_blocks_are_cut_so_memory_stays_bounded(tmp_path, monkeypatch):
-    from pipelines import corpus_readers
+    from bertkit.pipelines import corpus_readers
 
     monkeypatch.setattr(corpus_readers, "MAX_LINE_BYTES", 64)
     monkeypatch.setattr(corpus_readers, "MAX_DOC_CHARS", 400)

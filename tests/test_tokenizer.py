@@ -14,9 +14,9 @@ from bertkit.cli import main as cli
 from bertkit.fileio import atomic_write_arrow, atomic_write_json, sha256_file
 from bertkit.tokenization import (LATIN_TYPE_MARKS, SPECIAL_TOKENS, TokenizerError, build_normalizer,
                                   build_tokenizer, load_tokenizer, read_vocab, vocab_sha256)
-from pipelines.corpus_files import CorpusError
-from pipelines.schemas import CORPUS_SCHEMA
-from pipelines.train_tokenizer import TokenizerConfig, train_tokenizer
+from bertkit.pipelines.corpus_files import CorpusError
+from bertkit.pipelines.schemas import CORPUS_SCHEMA
+from bertkit.pipelines.train_tokenizer import TokenizerConfig, train_tokenizer
 
 transformers = pytest.importorskip("transformers")
 from transformers.models.bert.tokenization_bert_legacy import BertTokenizerLegacy  # noqa: E402

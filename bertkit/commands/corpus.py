@@ -39,8 +39,8 @@ def prepare_corpus(inputs, out, fmt, text_field, language, min_chars, min_senten
       bertkit prepare-corpus 'dumps/*.jsonl.zst' --text-field content --out corpus/ --workers 8
       bertkit prepare-corpus books.txt --format lines --holdout 0.05 --out corpus/
     """
-    from pipelines.corpus_files import CorpusError
-    from pipelines.prepare_corpus import CorpusConfig, parse_size, prepare_corpus as run
+    from bertkit.pipelines.corpus_files import CorpusError
+    from bertkit.pipelines.prepare_corpus import CorpusConfig, parse_size, prepare_corpus as run
 
     try:
         config = CorpusConfig(format=fmt, text_field=text_field, language=language, min_chars=min_chars,

@@ -46,8 +46,8 @@ def make_instances(corpus_dir, tokenizer_dir, out, max_seq_length, max_predictio
       bertkit make-instances corpus/ --tokenizer tok/ --out inst-dyn/ --mode dynamic
       bertkit make-instances corpus/ --tokenizer vocab.txt --out inst-google/ --compat google
     """
-    from pipelines.corpus_files import CorpusError
-    from pipelines.make_instances import InstancesConfig, InstancesError, make_instances as run
+    from bertkit.pipelines.corpus_files import CorpusError
+    from bertkit.pipelines.make_instances import InstancesConfig, InstancesError, make_instances as run
 
     config = InstancesConfig(max_seq_length=max_seq_length, max_predictions=max_predictions,
                              masked_lm_prob=masked_lm_prob, short_seq_prob=short_seq_prob, dupe=dupe, seed=seed,

@@ -44,8 +44,8 @@ def train_tokenizer(corpus_dir, out, vocab_size, lowercase, strip_accents, min_f
       bertkit train-tokenizer corpus/ --out bbu/ --vocab bert-base-uncased/vocab.txt
     """
     from bertkit.tokenization import TokenizerError
-    from pipelines.corpus_files import CorpusError
-    from pipelines.train_tokenizer import TokenizerConfig, train_tokenizer as run
+    from bertkit.pipelines.corpus_files import CorpusError
+    from bertkit.pipelines.train_tokenizer import TokenizerConfig, train_tokenizer as run
 
     if corpus_dir is None and vocab_file is None:
         corpus_dir = "corpus"  # prepare-corpus's default output
