@@ -63,9 +63,9 @@ def main():
     ap.add_argument("--grid", action="store_true", help="every tile shape in GRID, not only the shipped lists")
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
-    import triton
-
     import importlib
+
+    import triton
 
     attn = importlib.import_module("bertkit.kernels.attention")
     shipped = {"fwd": attn.FWD_CONFIGS, "dkdv": attn.DKDV_CONFIGS, "dq": attn.DQ_CONFIGS}

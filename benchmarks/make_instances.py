@@ -37,11 +37,11 @@ def child(corpus: str, tokenizer: str, out: str, workers: int, compat: str):
                                                                max_seq_length=128), progress=False)
     seconds = time.perf_counter() - t
     self_ru, kids_ru = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    print(json.dumps({"seconds": seconds, "instances": m["stats"]["instances"]["train"],
+    print(json.dumps({"seconds": seconds, "instances": m.stats["instances"]["train"],
                       "cpu_seconds": self_ru.ru_utime + self_ru.ru_stime + kids_ru.ru_utime + kids_ru.ru_stime,
                       "main_rss_mb": self_ru.ru_maxrss / 1024, "worker_rss_mb": kids_ru.ru_maxrss / 1024,
-                      "not_next_share": m["stats"]["not_next_share"],
-                      "selected_fraction": m["stats"]["selected_fraction"], "files": len(m["shards"])}))
+                      "not_next_share": m.stats["not_next_share"],
+                      "selected_fraction": m.stats["selected_fraction"], "files": len(m.shards)}))
 
 
 def run(corpus, tokenizer, text_mb, workers, compat, repeats):
@@ -90,7 +90,7 @@ def main():
     work = Path(tempfile.mkdtemp(prefix="bench_instances_corpus_"))
     try:
         m = prepare_corpus([str(f) for f in files], work / "corpus", CorpusConfig(progress=False))
-        text_mb = m["totals"]["input_bytes"] / 1e6
+        text_mb = m.totals["input_bytes"] / 1e6
         rows = [] if args.no_compat else [run(work / "corpus", tokenizer, text_mb, 1, "google", args.repeats)]
         rows += [run(work / "corpus", tokenizer, text_mb, w, "", args.repeats) for w in args.workers]
     finally:

@@ -5,7 +5,8 @@
 Each configuration runs in a fresh child process (so imports, process start-up and memory are counted honestly);
 CPU seconds (main + workers, user + system) are reported too: on a shared machine they are the stable number.
 peak memory is the child's max RSS (main process) and the largest worker's max RSS. Running the same run on the
-first 5 and on all 20 files shows that memory does not grow with the input. Writes benchmarks/results/prepare_corpus.json.
+first 5 and on all 20 files shows that memory does not grow with the input.
+Writes benchmarks/results/prepare_corpus.json.
 """
 import argparse
 import json
@@ -31,8 +32,9 @@ def child(files: list[str], out: str, workers: int):
     m = prepare_corpus(files, out, CorpusConfig(workers=workers, progress=False))
     seconds = time.perf_counter() - t
     usage = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
-    print(json.dumps({"seconds": seconds, "cpu_seconds": sum(u.ru_utime + u.ru_stime for u in usage), "documents": m["totals"]["documents"],
-                      "documents_read": m["totals"]["documents_read"], "input_bytes": m["totals"]["input_bytes"],
+    print(json.dumps({"seconds": seconds, "cpu_seconds": sum(u.ru_utime + u.ru_stime for u in usage),
+                      "documents": m.totals["documents"],
+                      "documents_read": m.totals["documents_read"], "input_bytes": m.totals["input_bytes"],
                       "main_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                       "worker_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))
 
@@ -50,7 +52,8 @@ def run(files, workers, repeats):
         best = r if best is None or r["seconds"] < best["seconds"] else best
     mb = best["input_bytes"] / 1e6
     return {"files": len(files), "workers": workers, "input_mb": round(mb, 2), "seconds": round(best["seconds"], 2),
-            "mb_per_s": round(mb / best["seconds"], 2), "docs_per_s": round(best["documents_read"] / best["seconds"], 1),
+            "mb_per_s": round(mb / best["seconds"], 2),
+            "docs_per_s": round(best["documents_read"] / best["seconds"], 1),
             "cpu_seconds": round(best["cpu_seconds"], 2), "mb_per_cpu_s": round(mb / best["cpu_seconds"], 2),
             "load_average_1min": round(os.getloadavg()[0], 1),
             "documents_kept": best["documents"], "peak_rss_main_mb": round(best["main_rss_mb"], 1),

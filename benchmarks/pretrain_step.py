@@ -164,7 +164,8 @@ def main():
                     print(out.stderr[-3000:], file=sys.stderr)
                     raise SystemExit(f"{impl} {config} seq {seq} failed")
                 results.append(json.loads(out.stdout.strip().splitlines()[-1]))
-    print(f"\n{'config':8} {'seq':>4} {'batch':>5} {'impl':13} {'seq/s':>9} {'ms/step':>9} {'peak MiB':>9} {'speed-up':>8}")
+    print(f"\n{'config':8} {'seq':>4} {'batch':>5} {'impl':13} {'seq/s':>9} {'ms/step':>9} {'peak MiB':>9} "
+          f"{'speed-up':>8}")
     for r in results:
         base = next(x for x in results if x["impl"] == "transformers" and x["config"] == r["config"]
                     and x["seq"] == r["seq"])

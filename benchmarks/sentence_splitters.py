@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 from record import run_info, write_result  # benchmarks/record.py: the script's folder is on sys.path
-
 from sentencex import segment
 
 try:  # only this comparison needs it: pip install blingfire
@@ -29,7 +28,8 @@ DATA = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).resolve().paren
 
 MISSED = {"en": re.compile(r"[a-z0-9)\"]{2}[.!?] [A-Z][a-z]"), "ko": re.compile(r"(다|요)[.!?] \S")}
 QUOTES = re.compile("[\"“”‘’「」『』]")
-ABBREV = re.compile(r"(\b(Dr|Mr|Mrs|Ms|St|Jr|Sr|Prof|Gen|Col|Lt|Mt|vs|etc|e\.g|i\.e|U\.S|U\.K|No|Vol|pp|ca|c)\.|\b[A-Z]\.)$")
+ABBREV = re.compile(r"(\b(Dr|Mr|Mrs|Ms|St|Jr|Sr|Prof|Gen|Col|Lt|Mt|vs|etc|e\.g|i\.e|U\.S|U\.K|No|Vol|pp|ca|c)\."
+                    r"|\b[A-Z]\.)$")
 
 GOLD = {
     "en": [
@@ -94,7 +94,8 @@ def evaluate(lang, name, split, paras):
             "seconds": round(seconds, 2), "mb_per_s": round(mb / seconds, 2), "sentences": len(sents),
             "missed_splits": missed, "false_splits": false,
             "missed_per_1k": round(1000 * missed / len(sents), 2),
-            "missed_unquoted_per_1k": round(1000 * unquoted / len(sents), 2), "false_per_1k": round(1000 * false / len(sents), 2),
+            "missed_unquoted_per_1k": round(1000 * unquoted / len(sents), 2),
+            "false_per_1k": round(1000 * false / len(sents), 2),
             "gold_exact": f"{gold_ok}/{len(GOLD[lang])}"}
 
 
@@ -109,7 +110,8 @@ def main():
             rows.append(evaluate(lang, name, make(lang), paras))
             r = rows[-1]
             print(f"{lang} {name:10s} {r['mb_per_s']:7.2f} MB/s  sentences {r['sentences']:7d}  "
-                  f"missed/1k {r['missed_per_1k']:6.2f} (unquoted {r['missed_unquoted_per_1k']:6.2f})  false/1k {r['false_per_1k']:6.2f}  gold {r['gold_exact']}")
+                  f"missed/1k {r['missed_per_1k']:6.2f} (unquoted {r['missed_unquoted_per_1k']:6.2f})  "
+                  f"false/1k {r['false_per_1k']:6.2f}  gold {r['gold_exact']}")
     write_result("sentence_splitters", {**run_info("sentence_splitters"), "results": rows})
 
 

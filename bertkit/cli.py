@@ -7,11 +7,11 @@ import click
 
 from bertkit import __version__
 from bertkit.commands.corpus import prepare_corpus
-from bertkit.commands.tokenizer import train_tokenizer
+from bertkit.commands.finetune import finetune
 from bertkit.commands.instances import make_instances
 from bertkit.commands.model import fill_mask
-from bertkit.commands.pretrain import pretrain, export
-from bertkit.commands.finetune import finetune
+from bertkit.commands.pretrain import export, pretrain
+from bertkit.commands.tokenizer import train_tokenizer
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})

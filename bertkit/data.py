@@ -1,6 +1,7 @@
 """Pretraining data: an instances folder (make-instances) read memory-mapped, batched per rank, deterministically.
 
-* `read_instances_manifest` checks the folder and tells what to run when it is missing, unfinished or empty.
+* `bertkit.formats.read_instances_manifest` checks the folder and tells what to run when it is missing, unfinished
+  or empty; the columns and manifest fields read here are defined there.
 * `InstanceDataset` reads rows straight out of the memory-mapped Arrow files (never loaded whole). Static folders
   carry their masking; dynamic ones are masked here with `bertkit.masking.mask_instance` and a generator seeded from
   (seed, epoch, index), so the masking of a row never depends on the worker, the rank or a resume.
@@ -9,51 +10,14 @@
 * `collate` pads to the batch's longest row rounded up to a multiple of 8 (tensor-core friendly, few shapes);
   `collate_packed` lays the rows end to end instead (no padding at all) for the varlen attention kernel.
 """
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from bertkit.fileio import read_arrow
-
-IGNORE_INDEX = -100
-
-
-class InstancesError(ValueError):
-    pass
-
-
-def read_instances_manifest(instances_dir) -> dict:
-    instances_dir = Path(instances_dir)
-    fix = f"Run `bertkit make-instances CORPUS --tokenizer TOK --out {instances_dir}` first."
-    if not instances_dir.is_dir():
-        raise InstancesError(f"{instances_dir}: no such instances folder. {fix}")
-    manifest = instances_dir / "manifest.json"
-    if not manifest.is_file():
-        raise InstancesError(f"{instances_dir}: no manifest.json, so not a finished make-instances output. {fix}")
-    try:
-        data = json.loads(manifest.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise InstancesError(f"{manifest}: not valid JSON ({e}). Re-run make-instances into a fresh folder.") from e
-    if data.get("stage") != "make-instances":
-        raise InstancesError(f"{manifest}: stage is {data.get('stage')!r}, not 'make-instances'. "
-                             f"--instances must name a make-instances output folder.")
-    if not data.get("complete", False):
-        raise InstancesError(f"{instances_dir}: make-instances did not finish; re-run the same command to resume it.")
-    for key in ("mode", "vocab_size", "shards"):
-        if key not in data:
-            raise InstancesError(f"{manifest}: lacks {key!r}; re-run make-instances with this bertkit version.")
-    if data["mode"] not in ("static", "dynamic"):
-        raise InstancesError(f"{manifest}: mode is {data['mode']!r}, expected 'static' or 'dynamic'.")
-    for shard in data["shards"]:
-        if not (instances_dir / shard["file"]).is_file():
-            raise InstancesError(f"{instances_dir / shard['file']}: listed in {manifest} but missing; "
-                                 "re-run make-instances.")
-    if not any(s["split"] == "train" and s["rows"] > 0 for s in data["shards"]):
-        raise InstancesError(f"{instances_dir}: no training instances (the corpus was empty or too short?). "
-                             "Check the corpus, then re-run make-instances.")
-    return data
+from bertkit.formats import IGNORE_INDEX, InstancesError, InstancesManifest, read_instances_manifest
+from bertkit.formats import InstanceColumns as C
 
 
 class _ListColumn:
@@ -74,12 +38,12 @@ class _ListColumn:
 class InstanceDataset:
     """Rows of one split. `dataset[(epoch, index)]` -> dict of numpy arrays (epoch only matters when dynamic)."""
 
-    def __init__(self, instances_dir, split: str = "train", seed: int = 0, manifest: dict | None = None):
+    def __init__(self, instances_dir, split: str = "train", seed: int = 0, manifest: InstancesManifest | None = None):
         self.dir = Path(instances_dir)
         self.manifest = manifest or read_instances_manifest(self.dir)
         self.split, self.seed = split, int(seed)
-        self.dynamic = self.manifest["mode"] == "dynamic"
-        files = [self.dir / s["file"] for s in self.manifest["shards"] if s["split"] == split]
+        self.dynamic = self.manifest.mode == "dynamic"
+        files = [self.dir / name for name in self.manifest.files(split)]
         tables = [read_arrow(p) for p in files]
         tables = [t for t in tables if t.num_rows]
         # one record batch per chunk: a row is found by (chunk, row in chunk)
@@ -87,12 +51,12 @@ class InstanceDataset:
         chunks = [b for b in chunks if b.num_rows]
         sizes = np.array([b.num_rows for b in chunks], dtype=np.int64)
         self.starts = np.concatenate([[0], np.cumsum(sizes)])
-        self.input_ids = _ListColumn([b.column("input_ids") for b in chunks])
-        self.b_start = [b.column("b_start").to_numpy() for b in chunks]
-        self.nsp = [b.column("next_sentence_label").to_numpy() for b in chunks]
+        self.input_ids = _ListColumn([b.column(C.INPUT_IDS) for b in chunks])
+        self.b_start = [b.column(C.B_START).to_numpy() for b in chunks]
+        self.nsp = [b.column(C.NSP_LABEL).to_numpy() for b in chunks]
         if not self.dynamic:
-            self.masked_positions = _ListColumn([b.column("masked_positions") for b in chunks])
-            self.masked_ids = _ListColumn([b.column("masked_ids") for b in chunks])
+            self.masked_positions = _ListColumn([b.column(C.MASKED_POSITIONS) for b in chunks])
+            self.masked_ids = _ListColumn([b.column(C.MASKED_IDS) for b in chunks])
         self.spec = None
         if self.dynamic:
             from bertkit.masking import MaskingSpec
@@ -103,16 +67,16 @@ class InstanceDataset:
                 raise InstancesError(f"{vocab_file}: missing; dynamic masking needs the vocabulary. "
                                      "Re-run make-instances (it copies vocab.txt into the folder).")
             m = self.manifest
-            reference = m.get("reference_behaviour", {})  # flags that restored google's masking at make-instances
             try:
                 vocab = read_vocab(vocab_file)
             except ValueError as e:  # TokenizerError: names the file and line
                 raise InstancesError(f"{e}. Re-run make-instances to copy a good vocab.txt.") from None
-            self.spec = MaskingSpec.from_vocab(vocab, masked_lm_prob=m.get("masked_lm_prob", 0.15),
-                                               max_predictions=m.get("max_predictions", 20),
-                                               whole_word_mask=m.get("whole_word_mask", False),
-                                               random_from_whole_vocab=reference.get("random_from_whole_vocab", False),
-                                               decide_per_piece=reference.get("wwm_decide_per_piece", False))
+            # masked as make-instances would have, its reference-behaviour switches included
+            self.spec = MaskingSpec.from_vocab(vocab, masked_lm_prob=m.masked_lm_prob,
+                                               max_predictions=m.max_predictions,
+                                               whole_word_mask=m.whole_word_mask,
+                                               random_from_whole_vocab=m.reference_behaviour.random_from_whole_vocab,
+                                               decide_per_piece=m.reference_behaviour.wwm_decide_per_piece)
 
     def __len__(self) -> int:
         return int(self.starts[-1])

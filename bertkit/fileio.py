@@ -22,22 +22,34 @@ def _temp_beside(path: Path):
     return fd, Path(tmp)
 
 
-def atomic_write_bytes(path, data: bytes) -> None:
+def atomic_write_bytes(path, data: bytes, fsync: bool = True) -> None:
+    """Write to a temp file beside `path`, then rename it into place. fsync=False for records whose loss in a
+    crash only costs redoing work (the rename still means a reader sees all of the file or none of it)."""
     path = Path(path)
     fd, tmp = _temp_beside(path)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
 
 
-def atomic_write_json(path, obj) -> None:
-    atomic_write_bytes(path, (json.dumps(obj, indent=2, ensure_ascii=False, sort_keys=False) + "\n").encode("utf-8"))
+def atomic_write_json(path, obj, fsync: bool = True) -> None:
+    data = json.dumps(obj, indent=2, ensure_ascii=False, sort_keys=False) + "\n"
+    atomic_write_bytes(path, data.encode("utf-8"), fsync)
+
+
+def read_json_or_none(path):
+    """The JSON in `path`, or None when it is missing or unreadable (a resume record lost in a crash)."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
 
 
 def atomic_write_arrow(path, table) -> None:

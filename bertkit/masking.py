@@ -1,4 +1,5 @@
-"""Masked-LM masking (rule 6 of make-instances), shared by `make-instances` (static) and the pretraining loader (dynamic).
+"""Masked-LM masking (rule 6 of make-instances), shared by `make-instances` (static) and the pretraining loader
+(dynamic).
 
 The rule is google-research/bert's `create_masked_lm_predictions`:
   * candidates are all positions except [CLS] and [SEP]; with whole-word masking a `##` piece joins the word before it;
@@ -21,7 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+from bertkit.tokenization import CLS, MASK, SEP
+
 _BRACKETED = re.compile(r"^\[[^\[\]\s]+\]$")  # [PAD] [UNK] [CLS] [SEP] [MASK] [unused17] ...
 
 # how a chosen position was changed (returned by mask_batch for statistics)
@@ -43,18 +45,13 @@ class MaskingSpec:
 
     @classmethod
     def from_vocab(cls, vocab_tokens, masked_lm_prob: float = 0.15, max_predictions: int = 20,
-                   whole_word_mask: bool = False, seed_free: bool = True,
-                   random_from_whole_vocab: bool = False, decide_per_piece: bool = False) -> "MaskingSpec":
-        """Build the spec from the vocabulary in id order (vocab.txt lines).
-
-        seed_free: the spec holds no random state; all randomness comes from the rng given to mask_instance/mask_batch
-        (kept as an explicit, always-true argument of the shared contract).
-        """
-        if not seed_free:
-            raise ValueError("MaskingSpec never holds random state: pass the generator to mask_instance instead")
+                   whole_word_mask: bool = False, random_from_whole_vocab: bool = False,
+                   decide_per_piece: bool = False) -> "MaskingSpec":
+        """Build the spec from the vocabulary in id order (vocab.txt lines). The spec holds no random state: all
+        randomness comes from the generator given to mask_instance / mask_batch."""
         tokens = list(vocab_tokens)
         index = {t: i for i, t in enumerate(tokens)}
-        missing = [t for t in ("[CLS]", "[SEP]", "[MASK]") if t not in index]
+        missing = [t for t in (CLS, SEP, MASK) if t not in index]
         if missing:
             raise ValueError(f"vocabulary lacks the special token(s) {', '.join(missing)}; "
                              "use a BERT vocabulary (train one with `bertkit train-tokenizer`)")
@@ -68,7 +65,7 @@ class MaskingSpec:
             random_ids = np.array([i for i, t in enumerate(tokens) if not _BRACKETED.match(t)], dtype=np.int64)
             if len(random_ids) == 0:
                 raise ValueError("vocabulary has no ordinary token to use as a random replacement")
-        return cls(vocab_size=len(tokens), mask_id=index["[MASK]"], cls_id=index["[CLS]"], sep_id=index["[SEP]"],
+        return cls(vocab_size=len(tokens), mask_id=index[MASK], cls_id=index[CLS], sep_id=index[SEP],
                    random_ids=random_ids,
                    is_continuation=np.array([t.startswith("##") for t in tokens], dtype=bool),
                    masked_lm_prob=float(masked_lm_prob), max_predictions=int(max_predictions),

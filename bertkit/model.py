@@ -9,7 +9,7 @@ BertModel and BertForPreTraining also take a packed (unpadded, "varlen") batch: 
 input_ids / token_type_ids / position_ids of shape (T,), cu_seqlens (B+1,) int32 offsets and max_seqlen, a Python
 int bound on every length (the bucket; never read back from the device). No compute is spent on padding.
 """
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn as nn
@@ -18,18 +18,16 @@ from torch.utils.checkpoint import checkpoint
 
 from bertkit import kernels
 from bertkit.config import BertConfig
+from bertkit.formats import IGNORE_INDEX
 
-IGNORE_INDEX = -100
 
-
-@dataclass
-class EncoderOutput:
+# Outputs are NamedTuples: DeepSpeed ZeRO-3 sees their tensors (it hooks the backward through them), no wrapper needed.
+class EncoderOutput(NamedTuple):
     last_hidden_state: torch.Tensor  # (B, S, H); packed input: (T, H)
     pooler_output: torch.Tensor | None  # (B, H), tanh(dense(h[CLS]))
 
 
-@dataclass
-class PreTrainingOutput:
+class PreTrainingOutput(NamedTuple):
     loss: torch.Tensor | None  # mlm_loss + nsp_loss (whichever were asked for)
     mlm_loss: torch.Tensor | None
     nsp_loss: torch.Tensor | None
@@ -38,14 +36,12 @@ class PreTrainingOutput:
     nsp_logits: torch.Tensor  # (B, 2); index 1 = NotNext
 
 
-@dataclass
-class ClassifierOutput:
+class ClassifierOutput(NamedTuple):
     loss: torch.Tensor | None
     logits: torch.Tensor  # (B, num_labels) or (B, S, num_labels)
 
 
-@dataclass
-class QuestionAnsweringOutput:
+class QuestionAnsweringOutput(NamedTuple):
     loss: torch.Tensor | None
     start_logits: torch.Tensor  # (B, S); padded positions hold a large negative number
     end_logits: torch.Tensor

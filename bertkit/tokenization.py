@@ -29,7 +29,8 @@ MAX_CHARS_PER_WORD = 100
 LATIN_TYPE_MARKS = "[\u0300-\u036f\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\ufe20-\ufe2f]"
 
 STRIP_ACCENTS = ("latin", "all", "none")  # uncased only; "all" is google-research/bert's (and HF's) behaviour
-VOICED_KANA = set("がぎぐげござじずぜぞだぢづでどばびぶべぼぱぴぷぺぽガギグゲゴザジズゼゾダヂヅデドバビブベボパピプペポ")
+VOICED_KANA = set("がぎぐげござじずぜぞだぢづでどばびぶべぼぱぴぷぺぽ"
+                  "ガギグゲゴザジズゼゾダヂヅデドバビブベボパピプペポ")
 
 
 class TokenizerError(ValueError):

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from bertkit.fileio import read_arrow
-from bertkit.pipelines.corpus_files import corpus_shards
+from bertkit.formats import corpus_shards
 
 
 def main(corpus_dir: str, out_dir: str, seed: int = 7, dev_fraction: float = 0.2) -> None:

@@ -14,15 +14,16 @@ bertkit::flash_attn_fwd/bwd and bertkit::add_layer_norm_fwd/bwd) on CUDA tensors
 (kernels/reference.py) on the CPU, except when TRITON_INTERPRET=1 was set before `kernels` was imported, where the
 CPU runs the Triton code itself in Triton's interpreter (that is how the tests check the kernels without a GPU).
 """
-from bertkit.kernels.reference import add_layer_norm_reference, attention_reference, attention_varlen_reference
+from .common import INTERPRET
+from .reference import add_layer_norm_reference, attention_reference, attention_varlen_reference
 
 try:
-    from bertkit.kernels.attention import INTERPRET, attention_triton, attention_varlen_triton
-    from bertkit.kernels.layer_norm import add_layer_norm_triton
+    from .attention import attention_triton, attention_varlen_triton
+    from .layer_norm import add_layer_norm_triton
 
     HAVE_TRITON = True
 except ImportError:  # no triton on this platform: the references serve every device
-    HAVE_TRITON, INTERPRET = False, False
+    HAVE_TRITON = False
 
 
 def _triton_for(t):

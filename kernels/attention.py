@@ -26,12 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
-from bertkit.kernels.dropout import keep_tile, threshold_and_scale
-
-try:  # triton >= 3.4 decides interpreter vs compiled when @triton.jit runs, i.e. at import of this module
-    INTERPRET = bool(triton.knobs.runtime.interpret)
-except AttributeError:  # pragma: no cover - older triton
-    INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+from .common import INTERPRET, draw_seed, threshold_and_scale
+from .dropout import keep_tile
 
 LOG2E = 1.4426950408889634
 
@@ -88,8 +84,11 @@ def _fwd_tile(acc, l_i, m_i, q, k_seq, v_seq, sks, svs, start_n, seqlen, offs_m,
 
 @triton.jit
 def _attn_fwd(
-    Q, K, V, O, LSE, SEQ, SEED,
-    sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sob, sos, soh,
+    Q, K, V, O,     # (B, S, H, D) padded or (T, H, D) varlen; D contiguous, Q/K/V may be views of one QKV output
+    LSE,            # (B * H, MAX_SEQLEN) fp32: log2-sum-exp of each query row, for the backward
+    SEQ,            # (B,) int32 lengths (padded) or (B + 1,) int32 cu_seqlens (varlen)
+    SEED,           # (1,) int64 Philox seed (read only with DROPOUT)
+    sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sob, sos, soh,  # (batch, seq, head) strides; batch 0 when varlen
     H, MAX_SEQLEN, qk_scale, threshold, dropout_scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     VARLEN: tl.constexpr, DROPOUT: tl.constexpr, DOT_PREC: tl.constexpr,
@@ -137,7 +136,11 @@ def _attn_fwd(
 
 @triton.jit
 def _attn_bwd_delta(
-    O, DO, DELTA, SEQ, sob, sos, soh, sdb, sds, sdh, H, MAX_SEQLEN,
+    O, DO,          # like Q in _attn_fwd
+    DELTA,          # (B * H, MAX_SEQLEN) fp32 out
+    SEQ,            # lengths or cu_seqlens, as in _attn_fwd
+    sob, sos, soh, sdb, sds, sdh,  # (batch, seq, head) strides of O and DO
+    H, MAX_SEQLEN,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, VARLEN: tl.constexpr,
 ):
     """delta[b, h, i] = sum_d dO[i, d] * O[i, d] in fp32; zero on padded rows."""
@@ -194,9 +197,12 @@ def _dkdv_tile(dk, dv, k, v, q_seq, do_seq, lse_bh, delta_bh, sqs, sds, start_m,
 
 @triton.jit
 def _attn_bwd_dkdv(
-    Q, K, V, DO, LSE, DELTA, DK, DV, SEQ, SEED,
-    sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sdb, sds, sdh,
-    sgkb, sgks, sgkh, sgvb, sgvs, sgvh,
+    Q, K, V, DO,    # (B, S, H, D) padded or (T, H, D) varlen
+    LSE, DELTA,     # (B * H, MAX_SEQLEN) fp32, from the forward and _attn_bwd_delta
+    DK, DV,         # like K and V: out
+    SEQ, SEED,      # as in _attn_fwd
+    sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sdb, sds, sdh,  # (batch, seq, head) strides of Q, K, V, DO
+    sgkb, sgks, sgkh, sgvb, sgvs, sgvh,                          # ... and of DK, DV
     H, MAX_SEQLEN, qk_scale, sm_scale, threshold, dropout_scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     VARLEN: tl.constexpr, DROPOUT: tl.constexpr, DOT_PREC: tl.constexpr,
@@ -270,8 +276,12 @@ def _dq_tile(dq, q, do, lse, delta, k_seq, v_seq, sks, svs, start_n, seqlen, off
 
 @triton.jit
 def _attn_bwd_dq(
-    Q, K, V, DO, LSE, DELTA, DQ, SEQ, SEED,
-    sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sdb, sds, sdh, sgqb, sgqs, sgqh,
+    Q, K, V, DO,    # (B, S, H, D) padded or (T, H, D) varlen
+    LSE, DELTA,     # (B * H, MAX_SEQLEN) fp32
+    DQ,             # like Q: out
+    SEQ, SEED,      # as in _attn_fwd
+    sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sdb, sds, sdh,  # (batch, seq, head) strides of Q, K, V, DO
+    sgqb, sgqs, sgqh,                                            # ... and of DQ
     H, MAX_SEQLEN, qk_scale, sm_scale, threshold, dropout_scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     VARLEN: tl.constexpr, DROPOUT: tl.constexpr, DOT_PREC: tl.constexpr,
@@ -317,7 +327,7 @@ def _attn_bwd_dq(
 
 
 @triton.jit
-def _dropout_mask_kernel(MASK, SEED, MAX_SEQLEN, threshold, BLOCK: tl.constexpr):
+def _dropout_mask_kernel(MASK, SEED, MAX_SEQLEN, threshold, BLOCK: tl.constexpr):  # MASK: (B * H, S, S) int8
     """Materialises the attention dropout mask (batch*heads, S, S) exactly as the kernels draw it; for tests."""
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -340,9 +350,9 @@ def _dropout_mask_kernel(MASK, SEED, MAX_SEQLEN, threshold, BLOCK: tl.constexpr)
 # the default when autotuning is off. BLOCK_M tiles queries, BLOCK_N keys: the forward and dQ kernels own a query
 # block, the dK/dV kernel a key block. Every entry compiles for sm_90 to wgmma without register spills, with and
 # without dropout, padded and varlen, and fits the 227 KiB of shared memory a block may use
-# (benchmarks/kernel_resources.py; results/kernel_resources*.json). Head dim 256 (beyond BERT's sizes) is the exception: the forward spills up to 32
-# bytes with varlen + dropout, and dK/dV spills 140-450 bytes in every tile tried (its two fp32 accumulators alone
-# are 2 x 256 columns). Speed still has to be measured on a GPU.
+# (benchmarks/kernel_resources.py; results/kernel_resources*.json). Head dim 256 (beyond BERT's sizes) is the
+# exception: the forward spills up to 32 bytes with varlen + dropout, and dK/dV spills 140-450 bytes in every tile
+# tried (its two fp32 accumulators alone are 2 x 256 columns). Speed still has to be measured on a GPU.
 FWD_CONFIGS = {
     64: [(128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 32, 4, 3)],
     128: [(128, 64, 8, 3), (64, 128, 8, 3), (128, 32, 8, 3), (64, 32, 4, 3)],
@@ -561,11 +571,6 @@ torch.library.register_autograd("bertkit::flash_attn_fwd", _backward, setup_cont
 
 # ---------------------------------------------------------------------------------------------------------------
 # functional entries (the Triton path of kernels.attention / kernels.attention_varlen)
-
-
-def draw_seed(device):
-    """A 62-bit Philox seed from torch's generator for `device` (CUDA RNG on GPU: checkpointing replays it)."""
-    return torch.randint(0, 2**62, (1,), dtype=torch.int64, device=device)
 
 
 def _run(q, k, v, seqinfo, max_seqlen, varlen, dropout_p, softmax_scale):

@@ -12,7 +12,7 @@ of the keep rate actually drawn, so the expectation stays exact.
 import triton
 import triton.language as tl
 
-from bertkit.kernels.reference import threshold_and_scale  # noqa: F401  (the host side of the same rule)
+from .common import threshold_and_scale  # noqa: F401  (the host side of the same rule)
 
 GROUP = 8  # columns per Philox call; tiles' column starts and widths are multiples of this
 

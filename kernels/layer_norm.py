@@ -15,16 +15,21 @@ import torch
 import triton
 import triton.language as tl
 
-from bertkit.kernels.attention import INTERPRET, draw_seed
-from bertkit.kernels.dropout import GROUP, keep_tile, threshold_and_scale
+from .common import INTERPRET, draw_seed, threshold_and_scale
+from .dropout import GROUP, keep_tile
 
 MAX_HIDDEN = 8192
 
 
 @triton.jit(do_not_specialize=["n_rows"])
 def _add_ln_fwd(
-    X, R, W, B, Y, H, MEAN, RSTD, SEED,
-    n_rows, N, stride_x, stride_r, stride_y, stride_h, eps, threshold, dropout_scale,
+    X, R,           # (n_rows, N): the sub-layer output and the residual (R read only with HAS_RESIDUAL)
+    W, B,           # (N,) LayerNorm weight and bias
+    Y, H,           # (n_rows, N) out: the normalised rows and the pre-norm sum (H written only with STORE_H)
+    MEAN, RSTD,     # (n_rows,) fp32 out
+    SEED,           # (1,) int64 Philox seed (read only with DROPOUT)
+    n_rows, N, stride_x, stride_r, stride_y, stride_h,  # row strides of X, R, Y, H; columns are contiguous
+    eps, threshold, dropout_scale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr, DROPOUT: tl.constexpr, STORE_H: tl.constexpr,
 ):
@@ -59,8 +64,13 @@ def _add_ln_fwd(
 
 @triton.jit(do_not_specialize=["n_rows", "rows_per_program"])
 def _add_ln_bwd(
-    DY, H, W, MEAN, RSTD, DH, DX, DW_PART, DB_PART, SEED,
-    n_rows, N, rows_per_program, stride_dy, stride_h, stride_dh, stride_dx, threshold, dropout_scale,
+    DY, H,          # (n_rows, N): the output's gradient and the forward's pre-norm sum
+    W, MEAN, RSTD,  # (N,) weight; (n_rows,) fp32 statistics from the forward
+    DH, DX,         # (n_rows, N) out: the residual's gradient and x's (x's only with DROPOUT)
+    DW_PART, DB_PART,  # (programs, N) fp32 out: per-program partial sums of dW and dB
+    SEED,           # (1,) int64
+    n_rows, N, rows_per_program, stride_dy, stride_h, stride_dh, stride_dx,  # row strides; columns contiguous
+    threshold, dropout_scale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DROPOUT: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -98,7 +108,8 @@ def _add_ln_bwd(
 
 
 @triton.jit(do_not_specialize=["n_rows"])
-def _ln_dropout_mask_kernel(MASK, SEED, n_rows, N, threshold, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _ln_dropout_mask_kernel(MASK, SEED, n_rows, N, threshold,  # MASK: (n_rows, N) int8, contiguous
+                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Materialises the dropout keep mask (rows, N) exactly as the kernels draw it; for tests."""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)

@@ -4,13 +4,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-
-def threshold_and_scale(dropout_p):
-    """How the Triton kernels draw dropout (kernels/dropout.py): (16-bit threshold, scale of the kept values).
-    p is rounded to a multiple of 1/65536 and kept values are scaled by the inverse of that keep rate, so the
-    expectation stays exact; a reference given the kernels' mask applies the same scale."""
-    threshold = min(65535, round(dropout_p * 65536))
-    return threshold, 65536.0 / (65536 - threshold)
+from .common import threshold_and_scale
 
 
 def attention_reference(q, k, v, lengths, dropout_p=0.0, softmax_scale=None, dropout_mask=None):

@@ -235,7 +235,7 @@ def detect_format(path: Path, compression: str | None, head: bytes) -> str:
         name = name.removesuffix(suffix)
     if head.startswith(b"PAR1") or name.endswith(".parquet"):
         return "parquet"
-    if head.startswith(b"ARROW1") or head.startswith(b"\xff\xff\xff\xff") or name.endswith((".arrow", ".feather", ".ipc")):
+    if head.startswith((b"ARROW1", b"\xff\xff\xff\xff")) or name.endswith((".arrow", ".feather", ".ipc")):
         return "arrow"
     if name.endswith((".jsonl", ".ndjson")):
         return "jsonl"

@@ -7,17 +7,35 @@ reference does). None of bertkit's improvements apply here: random replacements 
 whole-word masking decides per piece (and a `##` piece after [SEP] joins the word before the [SEP]), and NotNext
 may come from the document itself when 10 draws all land on it.
 """
-import os
 import random
 from array import array
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
+from tqdm import tqdm
 
 from bertkit.fileio import atomic_write_arrow, read_arrow, sha256_file
+from bertkit.formats import CorpusColumns, instances_file_name
 from bertkit.masking import KIND_KEPT, KIND_MASK, KIND_RANDOM
+from bertkit.pipelines.instance_io import (
+    instances_table,
+    load_stage_tokenizer,
+    masking_spec,
+    pass_stats,
+    single_threaded_tokenizers,
+    tokenize_documents,
+    word_encoder,
+)
 
-# one instance: (ids after masking, b_start, is_random_next, positions, labels, kinds)
+
+class Instance(NamedTuple):
+    ids: array              # [CLS] A [SEP] B [SEP] after masking
+    b_start: int            # index of B's first token
+    is_random_next: bool    # NotNext
+    positions: array        # masked positions, ascending
+    labels: array           # the original ids there
+    kinds: array            # KIND_MASK / KIND_KEPT / KIND_RANDOM per position
 
 
 def truncate_pair(a: list, b: list, max_num: int, rng: random.Random) -> None:
@@ -104,8 +122,8 @@ def instances_from_document(documents: list, doc_index: int, rng: random.Random,
             ids, pos, labels, kinds = mask_google(
                 tokens, rng, vocab["size"], vocab["cls"], vocab["sep"], vocab["mask"], vocab["is_continuation"],
                 config.masked_lm_prob, config.max_predictions, config.whole_word_mask)
-            out.append((array("i", ids), len(a) + 2, is_random, array("i", pos), array("i", labels),
-                        array("b", kinds)))
+            out.append(Instance(array("i", ids), len(a) + 2, is_random, array("i", pos), array("i", labels),
+                                array("b", kinds)))
             chunk, length = [], 0
         i += 1
     return out
@@ -115,8 +133,6 @@ def google_instances(documents: list, vocab: dict, config, seed: int, passes: in
     """All instances of the reference for `documents` (lists of segments of ids, empty ones already dropped).
 
     Returns (instances after the final shuffle, instances per pass)."""
-    from tqdm import tqdm
-
     rng = random.Random(seed)
     documents = list(documents)
     rng.shuffle(documents)
@@ -132,12 +148,10 @@ def google_instances(documents: list, vocab: dict, config, seed: int, passes: in
 
 def read_documents(shards, tokenizer_dir) -> list:
     """Documents of the corpus shards, in order, as lists of non-empty segments (lists of ids)."""
-    from bertkit.pipelines.make_instances import tokenize_documents, word_encoder
-
     documents = []
     for path in shards:
         tokens, seg_start, doc_seg = tokenize_documents(word_encoder(tokenizer_dir),
-                                                        read_arrow(path).column("sentences"))
+                                                        read_arrow(path).column(CorpusColumns.SENTENCES))
         tokens, seg_start = tokens.tolist(), seg_start.tolist()
         for d in range(len(doc_seg) - 1):
             documents.append([tokens[seg_start[s]:seg_start[s + 1]] for s in range(doc_seg[d], doc_seg[d + 1])])
@@ -146,13 +160,10 @@ def read_documents(shards, tokenizer_dir) -> list:
 
 def make_instances_google(train, holdout, tokenizer_dir, out: Path, config, progress: bool) -> list[dict]:
     """The compat stage: one Random(seed) for the train split (the reference's run), another for holdout."""
-    from bertkit.pipelines.make_instances import instances_table, load_stage_tokenizer, masking_spec, pass_stats
-
-    previous = os.environ.get("TOKENIZERS_PARALLELISM")
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"   # single process, single core, like the reference
-    try:
+    with single_threaded_tokenizers():   # single process, single core, like the reference
         _, vocab_tokens = load_stage_tokenizer(tokenizer_dir)
-        spec = masking_spec(vocab_tokens, config, reference=True)
+        spec = masking_spec(vocab_tokens, config.masked_lm_prob, config.max_predictions, config.whole_word_mask,
+                            random_from_whole_vocab=True, decide_per_piece=True)
         vocab = {"size": len(vocab_tokens), "cls": spec.cls_id, "sep": spec.sep_id, "mask": spec.mask_id,
                  "is_continuation": spec.is_continuation.tolist()}
         entries = []
@@ -162,11 +173,10 @@ def make_instances_google(train, holdout, tokenizer_dir, out: Path, config, prog
             documents = read_documents(shards, tokenizer_dir)
             instances, per_pass = google_instances(documents, vocab, config, config.seed, passes, progress)
             del documents
-            prefix = "instances" if split == "train" else "holdout"
             for f, start in enumerate(range(0, max(1, len(instances)), config.rows_per_file)):
                 part = instances[start:start + config.rows_per_file]
-                name = f"{prefix}-{f:05d}.arrow"
-                table, stats = _table_and_stats(part, vocab["size"], config, spec, instances_table, pass_stats)
+                name = instances_file_name(split, f)
+                table, stats = _table_and_stats(part, vocab["size"], config, spec)
                 stats["instances_by_pass"] = per_pass if f == 0 else [0] * len(per_pass)
                 atomic_write_arrow(out / name, table)
                 entries.append({"file": name, "split": split, "rows": table.num_rows,
@@ -174,25 +184,20 @@ def make_instances_google(train, holdout, tokenizer_dir, out: Path, config, prog
                                 "pass": None, "stats": stats})
             del instances
         return entries
-    finally:
-        if previous is None:
-            os.environ.pop("TOKENIZERS_PARALLELISM", None)
-        else:
-            os.environ["TOKENIZERS_PARALLELISM"] = previous
 
 
-def _table_and_stats(part, vocab_size, config, spec, instances_table, pass_stats):
-    def flat(k, dtype):
-        arrays = [p[k] for p in part]
+def _table_and_stats(part: list[Instance], vocab_size, config, spec):
+    def flat(field, dtype):
+        arrays = [getattr(p, field) for p in part]
         values = np.frombuffer(b"".join(a.tobytes() for a in arrays), dtype=dtype)
         offsets = np.concatenate([[0], np.cumsum([len(a) for a in arrays])]).astype(np.int64)
         return values, offsets
 
-    ids, offsets = flat(0, np.int32)
-    pos, pred_off = flat(3, np.int32)
-    labels, _ = flat(4, np.int32)
-    kinds, _ = flat(5, np.int8)
-    b_start = np.array([p[1] for p in part], dtype=np.int64)
-    not_next = np.array([p[2] for p in part], dtype=bool)
+    ids, offsets = flat("ids", np.int32)
+    pos, pred_off = flat("positions", np.int32)
+    labels, _ = flat("labels", np.int32)
+    kinds, _ = flat("kinds", np.int8)
+    b_start = np.array([p.b_start for p in part], dtype=np.int64)
+    not_next = np.array([p.is_random_next for p in part], dtype=bool)
     table = instances_table(ids, offsets, b_start, not_next, vocab_size, (pos, labels, pred_off))
     return table, pass_stats(offsets, b_start, not_next, config.max_seq_length, spec, kinds)

@@ -14,31 +14,47 @@ that are missing. Memory is one unit's tokens plus one pass of its instances, ne
 `--compat google` (pipelines/google_compat.py) instead replays the reference's random calls exactly.
 """
 import hashlib
-import json
-import os
+import multiprocessing
 import shutil
 from array import array
 from bisect import bisect_left
 from dataclasses import asdict, dataclass
-from itertools import repeat
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute  # noqa: F401  (pa.compute)
+from tqdm import tqdm
 
-from bertkit.fileio import atomic_write_bytes, atomic_write_json, read_arrow
-from bertkit.masking import KIND_KEPT, KIND_MASK, KIND_RANDOM, MaskingSpec, mask_batch, num_to_predict
-from bertkit.pipelines.corpus_files import corpus_shards, read_corpus_manifest
-from bertkit.pipelines.schemas import id_type, instance_schema
+from bertkit.fileio import atomic_write_bytes, atomic_write_json, read_arrow, read_json_or_none
+from bertkit.formats import (
+    TOKENIZER_FILES,
+    CorpusColumns,
+    InstancesError,
+    InstancesManifest,
+    ReferenceBehaviour,
+    ShardEntry,
+    corpus_shards,
+    instances_file_name,
+    read_corpus_manifest,
+    write_manifest,
+)
+from bertkit.masking import mask_batch
+from bertkit.pipelines.google_compat import make_instances_google
+from bertkit.pipelines.instance_io import (
+    empty_stats,
+    instances_table,
+    load_stage_tokenizer,
+    masking_spec,
+    pass_stats,
+    ragged_arange,
+    single_threaded_tokenizers,
+    tokenize_documents,
+    word_encoder,
+)
 
 MAX_POSITIONS = 512          # BERT's position embeddings
 SPLIT_CODE = {"train": 0, "holdout": 1}
-HF_TOKENIZER_FILES = ("tokenizer_config.json", "special_tokens_map.json")
-
-
-class InstancesError(ValueError):
-    pass
 
 
 @dataclass
@@ -93,177 +109,6 @@ class InstancesConfig:
         d.pop("workers")
         d["dupe"] = self.passes
         return d
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Tokenizer
-
-
-_TOKENIZERS = {}
-
-
-def load_stage_tokenizer(tokenizer_dir):
-    """The tokenizer (cached per process) and its vocabulary in id order."""
-    from bertkit.tokenization import load_tokenizer, vocab_tokens
-
-    key = str(tokenizer_dir)
-    if key not in _TOKENIZERS:
-        tok = load_tokenizer(tokenizer_dir)
-        # a literal "[SEP]" in the text is text, as in google's tokenizer, never a special token
-        tok.encode_special_tokens = True
-        _TOKENIZERS[key] = (tok, vocab_tokens(tokenizer_dir))
-    return _TOKENIZERS[key]
-
-
-_SPECS = {}
-
-
-def masking_spec(vocab: list[str], config: InstancesConfig, reference: bool = False) -> MaskingSpec:
-    """The MaskingSpec of these options (cached per process: building it walks the vocabulary)."""
-    key = (id(vocab), config.masked_lm_prob, config.max_predictions, config.whole_word_mask,
-           reference or config.random_from_whole_vocab, reference or config.wwm_decide_per_piece)
-    if key not in _SPECS:
-        _SPECS[key] = _masking_spec(vocab, config, reference)
-    return _SPECS[key]
-
-
-def _masking_spec(vocab: list[str], config: InstancesConfig, reference: bool = False) -> MaskingSpec:
-    return MaskingSpec.from_vocab(vocab, masked_lm_prob=config.masked_lm_prob, max_predictions=config.max_predictions,
-                                  whole_word_mask=config.whole_word_mask,
-                                  random_from_whole_vocab=reference or config.random_from_whole_vocab,
-                                  decide_per_piece=reference or config.wwm_decide_per_piece)
-
-
-class WordEncoder:
-    """`tokenizer.encode(text, add_special_tokens=False).ids` for many texts, several times faster.
-
-    BERT's pipeline (per-character normalizer, then a split on whitespace and punctuation, then WordPiece per
-    word) never looks across an ASCII space, so a text's ids are the concatenation of the ids of its space-separated
-    chunks. Arrow splits the texts and finds the distinct chunks in C++; only chunks this process has not seen go
-    to the Rust tokenizer, joined a couple of thousand at a time around " [SEP] " so one call serves many (a chunk
-    containing "[" is encoded alone, so text is never read as a special token). The ids of seen chunks stay in one
-    flat array; tests check the result equals the tokenizer's on hard cases and on Wikipedia.
-    """
-
-    def __init__(self, tokenizer, sep_id: int, max_cached: int = 1_000_000, join: int = 2000):
-        self.tokenizer, self.sep_id, self.max_cached, self.join = tokenizer, sep_id, max_cached, join
-        self.by_words = splits_on_spaces(tokenizer)  # else (a non-BERT pipeline): whole sentences, the slow way
-        self._reset()
-
-    def _reset(self):
-        self.slot: dict[str, int] = {}             # cached chunk -> slot
-        self.ids = np.zeros(0, np.int32)           # the slots' ids, back to back
-        self.start = np.zeros(0, np.int64)         # where slot s starts in self.ids
-        self.length = np.zeros(0, np.int64)
-
-    def _encode_new(self, words: list[str]):
-        """(words in the order encoded, their ids back to back, the length of each)."""
-        plain = [w for w in words if "[" not in w]
-        alone = [w for w in words if "[" in w]
-        tok, done, ids, lengths = self.tokenizer, [], [], []
-        for k in range(0, len(plain), self.join):
-            group = plain[k:k + self.join]
-            tok.encode_special_tokens = False          # let " [SEP] " separate the words...
-            try:
-                got = np.array(tok.encode(" [SEP] ".join(group), add_special_tokens=False).ids, dtype=np.int32)
-            finally:
-                tok.encode_special_tokens = True       # ...and never anywhere else
-            seps = np.flatnonzero(got == self.sep_id)
-            if len(seps) != len(group) - 1:            # cannot happen without "[" in a word; stay exact anyway
-                alone += group
-                continue
-            done += group
-            lengths.append(np.diff(np.concatenate([[-1], seps, [len(got)]])) - 1)
-            ids.append(got[got != self.sep_id])
-        for w, e in zip(alone, tok.encode_batch_fast(alone, add_special_tokens=False) if alone else []):
-            done.append(w)
-            ids.append(np.array(e.ids, dtype=np.int32))
-            lengths.append(np.array([len(e.ids)]))
-        return (done, np.concatenate(ids) if ids else np.zeros(0, np.int32),
-                np.concatenate(lengths).astype(np.int64) if lengths else np.zeros(0, np.int64))
-
-    def encode(self, texts: pa.Array):
-        """Ids of every text, concatenated, and each text's length."""
-        if not self.by_words:
-            ids = [e.ids for e in self.tokenizer.encode_batch_fast(texts.to_pylist(), add_special_tokens=False)]
-            lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-            return np.fromiter((t for x in ids for t in x), np.int32, int(lengths.sum())), lengths
-        chunks = pa.compute.split_pattern(texts, " ")
-        chunk_off = chunks.offsets.to_numpy().astype(np.int64)
-        chunk_off -= chunk_off[0]
-        encoded = pa.compute.dictionary_encode(chunks.flatten())
-        index = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-        words = encoded.dictionary.to_pylist()
-        slots = np.fromiter(map(self.slot.get, words, repeat(-1)), dtype=np.int64, count=len(words))
-        new = np.flatnonzero(slots < 0)
-        if len(new):
-            if len(self.slot) + len(new) > self.max_cached:
-                self._reset()                          # bounded memory; the ids never depend on the cache
-                new = np.arange(len(words))
-            done, ids, lengths = self._encode_new([words[i] for i in new])
-            self.slot.update(zip(done, range(len(self.start), len(self.start) + len(done))))
-            self.start = np.concatenate([self.start, len(self.ids) + np.cumsum(lengths) - lengths])
-            self.length = np.concatenate([self.length, lengths])
-            self.ids = np.concatenate([self.ids, ids])
-            slots[new] = np.fromiter(map(self.slot.__getitem__, (words[i] for i in new)), np.int64, len(new))
-        slots = slots[index]
-        occurrence_len = self.length[slots]
-        tokens = self.ids[ragged_arange(self.start[slots], occurrence_len)]
-        cum = np.concatenate([[0], np.cumsum(occurrence_len)])
-        return tokens, cum[chunk_off[1:]] - cum[chunk_off[:-1]]
-
-
-def splits_on_spaces(tokenizer) -> bool:
-    """True when the pipeline cannot look across an ASCII space: per-character normalizers, BERT's (or a
-    whitespace) pre-tokenizer, no added token containing a space. Every bertkit and HF BERT tokenizer qualifies."""
-    spec = json.loads(tokenizer.to_str())
-
-    def normalizer_ok(n):
-        if n is None:
-            return True
-        if n["type"] == "Sequence":
-            return all(normalizer_ok(x) for x in n["normalizers"])
-        if n["type"] == "Replace":
-            pattern = json.dumps(n.get("pattern"))
-            return " " not in pattern and "\\s" not in pattern and " " not in str(n.get("content"))
-        return n["type"] in ("BertNormalizer", "NFC", "NFD", "NFKC", "NFKD", "Lowercase", "StripAccents", "Strip")
-
-    def pre_tokenizer_ok(p):
-        if p is None or p["type"] == "Sequence":
-            return p is not None and all(pre_tokenizer_ok(x) for x in p["pretokenizers"])
-        return p["type"] in ("BertPreTokenizer", "Whitespace", "WhitespaceSplit", "Punctuation", "Digits")
-
-    return (normalizer_ok(spec.get("normalizer")) and pre_tokenizer_ok(spec.get("pre_tokenizer"))
-            and spec.get("model", {}).get("type") == "WordPiece"
-            and not any(" " in t["content"] for t in spec.get("added_tokens", [])))
-
-
-_ENCODERS = {}
-
-
-def word_encoder(tokenizer_dir) -> WordEncoder:
-    key = str(tokenizer_dir)
-    if key not in _ENCODERS:
-        tok, vocab = load_stage_tokenizer(tokenizer_dir)
-        _ENCODERS[key] = WordEncoder(tok, vocab.index("[SEP]"))
-    return _ENCODERS[key]
-
-
-def tokenize_documents(encoder: WordEncoder, sentences: pa.Array):
-    """A corpus shard's `sentences` column -> (tokens int32, seg_start, doc_seg).
-
-    Segment s is tokens[seg_start[s]:seg_start[s+1]], document d is segments doc_seg[d]:doc_seg[d+1].
-    Segments that tokenize to nothing and documents left empty are dropped, as the reference does.
-    """
-    sentences = sentences.combine_chunks() if isinstance(sentences, pa.ChunkedArray) else sentences
-    doc_off = sentences.offsets.to_numpy().astype(np.int64)
-    doc_off -= doc_off[0]
-    tokens, lens = encoder.encode(sentences.flatten())
-    keep = lens > 0
-    kept_before = np.concatenate([[0], np.cumsum(keep)])
-    doc_seg = np.unique(kept_before[doc_off])          # empty documents collapse into their neighbour's offset
-    seg_start = np.concatenate([[0], np.cumsum(lens[keep])])
-    return tokens, seg_start, doc_seg
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -359,15 +204,6 @@ def truncation_amounts(len_a: np.ndarray, len_b: np.ndarray, max_num: int):
     return trim_a, trim_b
 
 
-def ragged_arange(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """concatenate([arange(s, s + n) for s, n in zip(starts, lengths)]) without the Python loop."""
-    total = int(lengths.sum())
-    if total == 0:
-        return np.zeros(0, np.int64)
-    offsets = np.cumsum(lengths) - lengths
-    return np.repeat(starts - offsets, lengths) + np.arange(total)
-
-
 def assemble(tokens: np.ndarray, pairs: dict, rng: np.random.Generator, max_seq_length: int, cls_id: int,
              sep_id: int, dtype):
     """Rules 4 and 5 for all pairs: returns (flat ids, row offsets, b_start)."""
@@ -393,42 +229,6 @@ def assemble(tokens: np.ndarray, pairs: dict, rng: np.random.Generator, max_seq_
 # One shard: tokenize once, then every pass; stats per written file
 
 
-def instances_table(ids, offsets, b_start, not_next, vocab_size, masking=None) -> pa.Table:
-    """Arrow table of instance_schema from flat arrays (masking = (positions_in_row, labels, pred_offsets))."""
-    id_t = id_type(vocab_size)
-    np_id = np.uint16 if id_t == pa.uint16() else np.int32
-
-    def lists(values, offs, t):
-        return pa.ListArray.from_arrays(pa.array(np.asarray(offs, dtype=np.int32)), pa.array(values, type=t))
-
-    cols = [lists(ids.astype(np_id, copy=False), offsets, id_t), pa.array(b_start.astype(np.uint16)),
-            pa.array(not_next.astype(np.int8))]
-    if masking is not None:
-        pos, labels, pred_off = masking
-        cols += [lists(pos.astype(np.uint16), pred_off, pa.uint16()), lists(labels.astype(np_id), pred_off, id_t)]
-    return pa.Table.from_arrays(cols, schema=instance_schema(vocab_size, masking is not None))
-
-
-def empty_stats(max_seq_length: int) -> dict:
-    return {"instances": 0, "not_next": 0, "tokens": 0, "candidates": 0, "selected": 0, "expected_selected": 0,
-            "mask": 0, "random": 0, "kept": 0, "skipped_chunks": 0, "length_counts": [0] * (max_seq_length + 1)}
-
-
-def pass_stats(offsets, b_start, not_next, max_seq_length, spec=None, masked=None, skipped=0) -> dict:
-    lengths = np.diff(offsets)
-    s = empty_stats(max_seq_length)
-    s.update(instances=len(lengths), not_next=int(not_next.sum()), tokens=int(lengths.sum()),
-             candidates=int(lengths.sum()) - 3 * len(lengths), skipped_chunks=int(skipped),
-             length_counts=np.bincount(lengths, minlength=max_seq_length + 1).tolist())
-    if masked is not None:
-        kinds = masked
-        n_cand = lengths - 3
-        s.update(selected=len(kinds), expected_selected=int(np.minimum(num_to_predict(lengths, spec), n_cand).sum()),
-                 mask=int((kinds == KIND_MASK).sum()), random=int((kinds == KIND_RANDOM).sum()),
-                 kept=int((kinds == KIND_KEPT).sum()))
-    return s
-
-
 def arrow_file_bytes(table: pa.Table) -> bytes:
     """The Arrow IPC file of a table, in memory (hashed and written without reading it back)."""
     sink = pa.BufferOutputStream()
@@ -437,26 +237,9 @@ def arrow_file_bytes(table: pa.Table) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def write_record(path: Path, entry: dict) -> None:
-    """A resume record: renamed into place, not fsynced. The file it describes was fsynced first; a record lost or
-    emptied by a crash only means that file is made again (read_record treats it as absent)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.parent.mkdir(parents=True, exist_ok=True)
-    tmp.write_text(json.dumps(entry))
-    os.replace(tmp, path)
-
-
-def read_record(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def file_name(split: str, unit_index: int, pass_index: int, n_units: int) -> str:
     # pass-major numbering: reading files in order sees every document once before seeing it again
-    prefix = "instances" if split == "train" else "holdout"
-    return f"{prefix}-{pass_index * n_units + unit_index:05d}.arrow"
+    return instances_file_name(split, pass_index * n_units + unit_index)
 
 
 def plan_units(shards: list[Path], unit_bytes: int) -> list[tuple[int, int, int]]:
@@ -464,7 +247,7 @@ def plan_units(shards: list[Path], unit_bytes: int) -> list[tuple[int, int, int]
     holds unit_bytes of text. The NotNext document of an instance comes from its unit."""
     units = []
     for k, path in enumerate(shards):
-        sentences = read_arrow(path).column("sentences").combine_chunks()
+        sentences = read_arrow(path).column(CorpusColumns.SENTENCES).combine_chunks()
         offsets = sentences.offsets.to_numpy().astype(np.int64)
         text_bytes = np.concatenate([[0], np.cumsum(pa.compute.binary_length(sentences.flatten()).to_numpy(
             zero_copy_only=False).astype(np.int64))])
@@ -481,7 +264,7 @@ def plan_units(shards: list[Path], unit_bytes: int) -> list[tuple[int, int, int]
 
 def corpus_text_bytes(shards: list[Path]) -> int:
     return sum(int(pa.compute.sum(pa.compute.binary_length(
-        read_arrow(p).column("sentences").combine_chunks().flatten())).as_py() or 0) for p in shards)
+        read_arrow(p).column(CorpusColumns.SENTENCES).combine_chunks().flatten())).as_py() or 0) for p in shards)
 
 
 def process_unit(task: dict) -> list[dict]:
@@ -492,17 +275,19 @@ def process_unit(task: dict) -> list[dict]:
     names = [file_name(task["split"], task["unit_index"], p, task["n_units"]) for p in range(passes)]
     done = {}
     for n in names:   # a file counts as finished only with a readable record whose size matches
-        entry = read_record(parts / f"{n}.json")
+        entry = read_json_or_none(parts / f"{n}.json")
         if entry and (out_dir / n).is_file() and entry["bytes"] == (out_dir / n).stat().st_size:
             done[n] = entry
     if len(done) == len(names):
         return [done[n] for n in names]
 
     _, vocab = load_stage_tokenizer(task["tokenizer"])
-    spec = masking_spec(vocab, config)
+    spec = masking_spec(vocab, config.masked_lm_prob, config.max_predictions, config.whole_word_mask,
+                        config.random_from_whole_vocab, config.wwm_decide_per_piece)
     table = read_arrow(task["path"]).slice(task["row_lo"], task["row_hi"] - task["row_lo"])
     dtype = np.uint16 if len(vocab) <= 65536 else np.int32
-    tokens, seg_start, doc_seg = tokenize_documents(word_encoder(task["tokenizer"]), table.column("sentences"))
+    tokens, seg_start, doc_seg = tokenize_documents(word_encoder(task["tokenizer"]),
+                                                    table.column(CorpusColumns.SENTENCES))
     tokens = tokens.astype(dtype)
     del table
     results = []
@@ -533,7 +318,9 @@ def process_unit(task: dict) -> list[dict]:
         atomic_write_bytes(out_dir / name, data)           # fsynced before it gets its name
         entry = {"file": name, "split": task["split"], "rows": tbl.num_rows, "bytes": len(data),
                  "sha256": hashlib.sha256(data).hexdigest(), "pass": p, "stats": stats}
-        write_record(parts / f"{name}.json", entry)        # written last: its presence marks the file finished
+        # a resume record, written last: its presence marks the file finished. Not fsynced: the file it describes
+        # was, and a record lost in a crash only means the file is made again.
+        atomic_write_json(parts / f"{name}.json", entry, fsync=False)
         results.append(entry)
     return results
 
@@ -557,13 +344,16 @@ def check_tokenizer(tokenizer_dir) -> tuple[list[str], str]:
 
 
 def copy_tokenizer_files(tokenizer_dir, out: Path, vocab: list[str]) -> None:
-    """vocab.txt, tokenizer.json and the HF tokenizer files travel with the instances (contracts.md)."""
+    """The tokenizer files travel with the instances (formats.TOKENIZER_FILES): vocab.txt and tokenizer.json
+    written from the loaded tokenizer, the HF files copied when the source has them."""
     from bertkit.tokenization import load_tokenizer, vocab_text
 
     src = Path(tokenizer_dir)
     atomic_write_bytes(out / "vocab.txt", vocab_text(vocab))
     atomic_write_bytes(out / "tokenizer.json", load_tokenizer(src).to_str(pretty=True).encode("utf-8"))
-    for name in HF_TOKENIZER_FILES:
+    for name in TOKENIZER_FILES:
+        if name in ("vocab.txt", "tokenizer.json"):
+            continue
         if src.is_dir() and (src / name).is_file():
             shutil.copyfile(src / name, out / name)
 
@@ -605,11 +395,12 @@ def summarize(entries: list[dict], config: InstancesConfig) -> dict:
     return out
 
 
-def _corpus_identity(corpus_dir: Path, manifest: dict) -> list:
-    return [[s["file"], s.get("split"), s.get("sha256"), s.get("rows")] for s in manifest["shards"]]
+def _corpus_identity(manifest) -> list:
+    return [[s.file, s.split, s.sha256, s.rows] for s in manifest.shards]
 
 
-def make_instances(corpus_dir, tokenizer_dir, out, config: InstancesConfig | None = None, progress: bool = True) -> dict:
+def make_instances(corpus_dir, tokenizer_dir, out, config: InstancesConfig | None = None,
+                   progress: bool = True) -> InstancesManifest:
     """Write the instances of a prepare-corpus folder into `out`; returns the manifest. Resumes a killed run."""
     config = config or InstancesConfig()
     config.check()
@@ -621,10 +412,10 @@ def make_instances(corpus_dir, tokenizer_dir, out, config: InstancesConfig | Non
     vocab, vocab_sha = check_tokenizer(tokenizer_dir)
 
     identity = {"config": config.identity(), "vocab_sha256": vocab_sha,
-                "corpus": _corpus_identity(corpus_dir, corpus_manifest)}
+                "corpus": _corpus_identity(corpus_manifest)}
     run_file = out / ".parts" / "run.json"
     if run_file.is_file():
-        previous = json.loads(run_file.read_text())
+        previous = read_json_or_none(run_file) or {"config": {}, "vocab_sha256": None}
         if previous != identity:
             changed = sorted(k for k in identity["config"] if previous["config"].get(k) != identity["config"][k])
             what = ", ".join(changed) or ("the tokenizer" if previous["vocab_sha256"] != vocab_sha else "the corpus")
@@ -637,8 +428,6 @@ def make_instances(corpus_dir, tokenizer_dir, out, config: InstancesConfig | Non
         stale.unlink()   # half-written files of a killed run (atomic writes never expose them)
 
     if config.compat == "google":
-        from bertkit.pipelines.google_compat import make_instances_google
-
         entries = make_instances_google(train, holdout, tokenizer_dir, out, config, progress)
     else:
         entries = _run_units(train, holdout, tokenizer_dir, out, config, progress)
@@ -648,31 +437,24 @@ def make_instances(corpus_dir, tokenizer_dir, out, config: InstancesConfig | Non
         raise InstancesError(f"{corpus_dir}: no instance could be made: the corpus has no non-empty document "
                              f"(every sentence tokenized to nothing)")
     copy_tokenizer_files(tokenizer_dir, out, vocab)
-    manifest = {
-        "stage": "make-instances", "complete": True, "mode": config.mode, "compat": config.compat,
-        "vocab_size": len(vocab), "vocab_sha256": vocab_sha,
-        "max_seq_length": config.max_seq_length, "max_predictions": config.max_predictions,
-        "masked_lm_prob": config.masked_lm_prob, "whole_word_mask": config.whole_word_mask, "seed": config.seed,
-        "short_seq_prob": config.short_seq_prob, "dupe": config.passes, "holdout_dupe": config.holdout_dupe,
-        "reference_behaviour": {"random_from_whole_vocab": config.random_from_whole_vocab or config.compat == "google",
-                                "wwm_decide_per_piece": config.wwm_decide_per_piece or config.compat == "google",
-                                "same_doc_notnext": config.same_doc_notnext or config.compat == "google"},
-        "next_sentence_label": "0 = B follows A (IsNext), 1 = B is random (NotNext)",
-        "tokenizer": str(Path(tokenizer_dir).resolve()), "corpus": str(corpus_dir.resolve()),
-        "shards": [{k: e[k] for k in ("file", "split", "rows", "bytes", "sha256")} for e in entries],
-        "stats": stats,
-    }
-    atomic_write_json(out / "manifest.json", manifest)
+    google = config.compat == "google"
+    manifest = InstancesManifest(
+        stage="make-instances", complete=True, mode=config.mode, compat=config.compat,
+        vocab_size=len(vocab), vocab_sha256=vocab_sha,
+        max_seq_length=config.max_seq_length, max_predictions=config.max_predictions,
+        masked_lm_prob=config.masked_lm_prob, whole_word_mask=config.whole_word_mask, seed=config.seed,
+        short_seq_prob=config.short_seq_prob, dupe=config.passes, holdout_dupe=config.holdout_dupe,
+        reference_behaviour=ReferenceBehaviour(random_from_whole_vocab=config.random_from_whole_vocab or google,
+                                               wwm_decide_per_piece=config.wwm_decide_per_piece or google,
+                                               same_doc_notnext=config.same_doc_notnext or google),
+        tokenizer=str(Path(tokenizer_dir).resolve()), corpus=str(corpus_dir.resolve()),
+        shards=[ShardEntry(*(e[k] for k in ("file", "split", "rows", "bytes", "sha256"))) for e in entries],
+        stats=stats)
+    write_manifest(out, manifest)
     return manifest
 
 
-def _one_core():
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"   # each worker is one core; --workers sets the parallelism
-
-
 def _run_units(train, holdout, tokenizer_dir, out: Path, config: InstancesConfig, progress: bool) -> list[dict]:
-    from tqdm import tqdm
-
     if config.unit_mb is not None:
         unit_bytes = int(config.unit_mb * (1 << 20))
     else:
@@ -686,22 +468,15 @@ def _run_units(train, holdout, tokenizer_dir, out: Path, config: InstancesConfig
     results = []
     bar = tqdm(total=len(tasks), desc="make-instances", unit="unit", disable=not progress)
     if config.workers == 1 or len(tasks) == 1:
-        previous = os.environ.get("TOKENIZERS_PARALLELISM")
-        os.environ["TOKENIZERS_PARALLELISM"] = "false"   # one worker = one core
-        try:
+        with single_threaded_tokenizers():   # one worker = one core
             for t in tasks:
                 results.append(process_unit(t))
                 bar.update(1)
-        finally:
-            if previous is None:
-                os.environ.pop("TOKENIZERS_PARALLELISM")
-            else:
-                os.environ["TOKENIZERS_PARALLELISM"] = previous
     else:
-        import multiprocessing as mp
-
-        # spawn: no fork of a parent whose tokenizers/arrow thread pools are already running
-        with mp.get_context("spawn").Pool(min(config.workers, len(tasks)), initializer=_one_core) as pool:
+        # spawn: no fork of a parent whose tokenizers/arrow thread pools are already running; each worker is one
+        # core (the environment is inherited), --workers sets the parallelism
+        with single_threaded_tokenizers(), \
+                multiprocessing.get_context("spawn").Pool(min(config.workers, len(tasks))) as pool:
             for r in pool.imap(process_unit, tasks):
                 results.append(r)
                 bar.update(1)

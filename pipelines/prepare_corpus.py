@@ -12,13 +12,13 @@ How it runs (and why it is byte-identical for any --workers and resumable after 
   3. manifest.json is written with "complete": true, then OUT/.work is removed.
 """
 import hashlib
-import json
 import os
 import re
 import shutil
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, TimeoutError as FutureTimeout
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -27,10 +27,19 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from bertkit import __version__
-from bertkit.fileio import atomic_write_arrow, atomic_write_json, sha256_file
+from bertkit.fileio import atomic_write_arrow, atomic_write_json, read_json_or_none, sha256_file
+from bertkit.formats import (
+    CORPUS_SCHEMA,
+    MANIFEST,
+    CorpusError,
+    CorpusManifest,
+    ShardEntry,
+    corpus_file_name,
+    read_corpus_manifest,
+    write_manifest,
+)
+from bertkit.formats import CorpusColumns as C
 from bertkit.pipelines import corpus_readers as readers
-from bertkit.pipelines.corpus_files import CorpusError
-from bertkit.pipelines.schemas import CORPUS_SCHEMA
 from bertkit.pipelines.sentences import clean_text, detect_language, split_sentences
 
 PART_SCHEMA = CORPUS_SCHEMA.append(pa.field("nbytes", pa.int64(), nullable=False))  # text bytes, for shard cuts
@@ -174,11 +183,11 @@ class _PartWriter:
     def add(self, doc_id, source, title, sentences, nbytes):
         for name, value in zip(PART_SCHEMA.names, (doc_id, source, title, sentences, nbytes)):
             self.rows[name].append(value)
-        if len(self.rows["id"]) >= PART_BATCH_ROWS:
+        if len(self.rows[C.ID]) >= PART_BATCH_ROWS:
             self.flush()
 
     def flush(self):
-        if self.rows["id"]:
+        if self.rows[C.ID]:
             arrays = [pa.array(self.rows[f.name], type=f.type) for f in PART_SCHEMA]  # (pa.record_batch(dict)
             self.writer.write_batch(pa.RecordBatch.from_arrays(arrays, schema=PART_SCHEMA))  # imports pandas)
             self.rows = {name: [] for name in PART_SCHEMA.names}
@@ -291,8 +300,8 @@ _local_progress = None  # in-process (workers=1) progress callback
 class ShardWriter:
     """Cuts one split's ordered document stream into shards of about shard_size text bytes."""
 
-    def __init__(self, out: Path, prefix: str, split: str, shard_size: int):
-        self.out, self.prefix, self.split, self.shard_size = out, prefix, split, shard_size
+    def __init__(self, out: Path, split: str, shard_size: int):
+        self.out, self.split, self.shard_size = out, split, shard_size
         self.tables, self.buffered, self.entries = [], 0, []
         self.rows = self.sentences = self.text_bytes = 0
 
@@ -315,13 +324,13 @@ class ShardWriter:
         if not len(table):
             return
         self.rows += len(table)
-        self.sentences += int(pc.sum(pc.list_value_length(table.column("sentences"))).as_py())
+        self.sentences += int(pc.sum(pc.list_value_length(table.column(C.SENTENCES))).as_py())
         self.text_bytes += int(pc.sum(table.column("nbytes")).as_py())
         table = table.drop_columns(["nbytes"]).cast(CORPUS_SCHEMA)
-        name = f"{self.prefix}-{len(self.entries):05d}.arrow"
+        name = corpus_file_name(self.split, len(self.entries))
         atomic_write_arrow(self.out / name, table)
-        self.entries.append({"file": name, "split": self.split, "rows": len(table),
-                             "bytes": (self.out / name).stat().st_size, "sha256": sha256_file(self.out / name)})
+        self.entries.append(ShardEntry(name, self.split, len(table), (self.out / name).stat().st_size,
+                                       sha256_file(self.out / name)))
 
     def close(self):
         if self.tables:
@@ -334,14 +343,14 @@ class Merger:
     def __init__(self, out: Path, config: CorpusConfig):
         self.config = config
         self.seen: set[int] = set()
-        self.train = ShardWriter(out, "shard", "train", config.shard_size)
-        self.holdout = ShardWriter(out, "holdout", "holdout", config.shard_size)
+        self.train = ShardWriter(out, "train", config.shard_size)
+        self.holdout = ShardWriter(out, "holdout", config.shard_size)
 
     def add_part(self, part: Path):
         with pa.memory_map(str(part), "r") as source:
             for batch in pa.ipc.open_stream(source):
                 keep, held = [], []
-                for i, doc_id in enumerate(batch.column("id").to_pylist()):
+                for i, doc_id in enumerate(batch.column(C.ID).to_pylist()):
                     key = int(doc_id, 16)
                     if key in self.seen:
                         continue  # exact duplicate of an earlier document
@@ -353,7 +362,7 @@ class Merger:
                 if held:
                     self.holdout.add(table.take(held))
 
-    def close(self) -> list[dict]:
+    def close(self) -> list[ShardEntry]:
         self.train.close()
         self.holdout.close()
         return self.train.entries + self.holdout.entries
@@ -367,7 +376,7 @@ def _say(message: str):
     tqdm.write(message, file=sys.stderr)
 
 
-def prepare_corpus(inputs, out, config: CorpusConfig | None = None) -> dict:
+def prepare_corpus(inputs, out, config: CorpusConfig | None = None) -> CorpusManifest:
     """Run the stage; returns the manifest. Raises CorpusError when the run as a whole fails."""
     from tqdm import tqdm
 
@@ -391,8 +400,8 @@ def prepare_corpus(inputs, out, config: CorpusConfig | None = None) -> dict:
     fingerprint = {"options": config.output_options(),
                    "inputs": [[f.source, str(f.path.resolve()), *file_fingerprint(f.path).values()] for f in files]}
     work = out / ".work"
-    manifest_path = out / "manifest.json"
-    previous = _read_json(manifest_path)
+    manifest_path = out / MANIFEST
+    previous = read_json_or_none(manifest_path)
     if previous is not None and previous.get("stage") != "prepare-corpus":
         raise CorpusError(f"{out}: holds the output of another stage ({previous.get('stage')!r}); "
                           f"choose another --out (not even --overwrite replaces it)")
@@ -400,8 +409,8 @@ def prepare_corpus(inputs, out, config: CorpusConfig | None = None) -> dict:
             and previous.get("complete") and not config.overwrite:
         shutil.rmtree(work, ignore_errors=True)
         _say(f"{out}: already complete with these inputs and options; nothing to do (--overwrite to redo)")
-        return previous
-    state = _read_json(work / "state.json")
+        return read_corpus_manifest(out)
+    state = read_json_or_none(work / "state.json")
     if not config.overwrite:
         for what, found in (("an unfinished run", state), ("a finished run", previous)):
             if found and found.get("fingerprint") != fingerprint:
@@ -423,7 +432,7 @@ def prepare_corpus(inputs, out, config: CorpusConfig | None = None) -> dict:
     parts = [work / f"part-{i:05d}.arrow" for i in range(len(files))]
     done = {}
     for i, f in enumerate(files):
-        meta = _read_json(parts[i].with_suffix(".json"))
+        meta = read_json_or_none(parts[i].with_suffix(".json"))
         if meta and parts[i].is_file() and meta.get("fingerprint") == file_fingerprint(f.path):
             done[i] = meta
     todo = [i for i in range(len(files)) if i not in done]
@@ -499,24 +508,24 @@ def prepare_corpus(inputs, out, config: CorpusConfig | None = None) -> dict:
 
     manifest = _manifest(files, results, merger, entries, config, fingerprint, input_problems, skipped,
                          started)
-    written = manifest["totals"]["documents"]
+    written = manifest.totals["documents"]
     if written == 0:  # nothing of value to resume: leave no unfinished run behind to block a corrected retry
         shutil.rmtree(work, ignore_errors=True)
         manifest_path.unlink(missing_ok=True)
-        reasons = ", ".join(f"{k}: {v}" for k, v in manifest["dropped"].items() if v) or "none"
-        errors = "; ".join(manifest["errors"][:5])
+        reasons = ", ".join(f"{k}: {v}" for k, v in manifest.dropped.items() if v) or "none"
+        errors = "; ".join(manifest.errors[:5])
         raise CorpusError(f"no documents were kept (dropped by reason: {reasons}). "
                           f"{'Errors: ' + errors if errors else 'Check --format, --text-field, --min-chars.'}")
     for p in out.glob("*.arrow"):  # shards of an earlier, longer attempt with the same options cannot exist,
-        if SHARD_NAME.match(p.name) and p.name not in {e["file"] for e in entries}:  # but be safe
+        if SHARD_NAME.match(p.name) and p.name not in {e.file for e in entries}:  # but be safe
             p.unlink()
-    atomic_write_json(manifest_path, manifest)
+    write_manifest(out, manifest)
     shutil.rmtree(work, ignore_errors=True)
     _say(_summary(manifest, out))
-    if config.holdout > 0 and manifest["totals"]["holdout_documents"] == 0:
+    if config.holdout > 0 and manifest.totals["holdout_documents"] == 0:
         _say(f"warning: the holdout split is empty ({written} documents x --holdout {config.holdout} < 1)")
-    if config.strict and manifest["errors"]:
-        raise CorpusError(f"{len(manifest['errors'])} input problem(s) and --strict: see the messages above "
+    if config.strict and manifest.errors:
+        raise CorpusError(f"{len(manifest.errors)} input problem(s) and --strict: see the messages above "
                           f"(the output in {out} is complete otherwise)")
     return manifest
 
@@ -531,14 +540,8 @@ def _drain(queue, advance):
             return
 
 
-def _read_json(path: Path):
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return None
-
-
-def _manifest(files, results, merger, entries, config, fingerprint, input_problems, skipped, started) -> dict:
+def _manifest(files, results, merger, entries, config, fingerprint, input_problems, skipped,
+              started) -> CorpusManifest:
     dropped, removed, inputs = {}, {}, []
     errors = list(input_problems)
     for i in range(len(files)):
@@ -556,14 +559,14 @@ def _manifest(files, results, merger, entries, config, fingerprint, input_proble
                        "messages": s["messages"]})
     written = merger.train.rows + merger.holdout.rows
     dropped["duplicate"] = sum(s["documents"] for s in results.values()) - written
-    return {
-        "stage": "prepare-corpus",
-        "complete": True,
-        "bertkit_version": __version__,
-        "schema": {f.name: str(f.type) for f in CORPUS_SCHEMA},
-        "options": config.output_options(),
-        "inputs": inputs,
-        "totals": {
+    return CorpusManifest(
+        stage="prepare-corpus",
+        complete=True,
+        bertkit_version=__version__,
+        schema={f.name: str(f.type) for f in CORPUS_SCHEMA},
+        options=config.output_options(),
+        inputs=inputs,
+        totals={
             "input_files": len(files), "input_bytes": sum(s["fingerprint"]["bytes"] for s in results.values()),
             "documents_read": sum(s["documents_read"] for s in results.values()),
             "documents": written, "train_documents": merger.train.rows, "holdout_documents": merger.holdout.rows,
@@ -572,26 +575,26 @@ def _manifest(files, results, merger, entries, config, fingerprint, input_proble
             "replaced_bytes": sum(s["replaced_bytes"] for s in results.values()),
             "files_with_errors": sum(1 for s in results.values() if s["error"]),
         },
-        "dropped": dict(sorted(dropped.items())),
-        "removed_lines": dict(sorted(removed.items())),
-        "errors": errors,
-        "skipped_files": [str(p) for p in skipped],  # documentation files a folder walk passed over
-        "shards": entries,
-        "elapsed_seconds": round(time.time() - started, 2),
-        "fingerprint": fingerprint,
-    }
+        dropped=dict(sorted(dropped.items())),
+        removed_lines=dict(sorted(removed.items())),
+        errors=errors,
+        skipped_files=[str(p) for p in skipped],  # documentation files a folder walk passed over
+        shards=entries,
+        elapsed_seconds=round(time.time() - started, 2),
+        fingerprint=fingerprint,
+    )
 
 
-def _summary(m: dict, out: Path) -> str:
-    t = m["totals"]
-    drops = ", ".join(f"{k} {v:,}" for k, v in m["dropped"].items() if v) or "none"
+def _summary(m: CorpusManifest, out: Path) -> str:
+    t = m.totals
+    drops = ", ".join(f"{k} {v:,}" for k, v in m.dropped.items() if v) or "none"
     lines = [f"prepare-corpus: {t['documents']:,} documents ({t['train_documents']:,} train, "
-             f"{t['holdout_documents']:,} holdout), {t['sentences']:,} sentences in {len(m['shards'])} shard(s) "
+             f"{t['holdout_documents']:,} holdout), {t['sentences']:,} sentences in {len(m.shards)} shard(s) "
              f"-> {out}",
              f"  read {t['input_files']} file(s), {t['input_bytes'] / 1e6:,.1f} MB, {t['documents_read']:,} documents "
-             f"in {m['elapsed_seconds']:.1f} s; dropped: {drops}"]
+             f"in {m.elapsed_seconds:.1f} s; dropped: {drops}"]
     if t["replaced_bytes"]:
         lines.append(f"  {t['replaced_bytes']:,} undecodable byte(s) replaced by U+FFFD")
-    if m["errors"]:
-        lines.append(f"  {len(m['errors'])} input problem(s): see manifest.json \"errors\"")
+    if m.errors:
+        lines.append(f"  {len(m.errors)} input problem(s): see manifest.json \"errors\"")
     return "\n".join(lines)

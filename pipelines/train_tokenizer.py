@@ -8,15 +8,37 @@ Output folder:
   manifest.json             settings, corpus checksum, vocab_sha256, held-out statistics; written last
 """
 import hashlib
-import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from bertkit.fileio import atomic_write_bytes, atomic_write_json, read_arrow, sha256_file
-from bertkit.tokenization import (CONTINUATION, MAX_CHARS_PER_WORD, SPECIAL_TOKENS, STRIP_ACCENTS, UNK,
-                                  TokenizerError, build_tokenizer, guess_lowercase, guess_strip_accents, read_vocab,
-                                  vocab_text)
-from bertkit.pipelines.corpus_files import corpus_shards, read_corpus_manifest
+from bertkit.fileio import atomic_write_bytes, atomic_write_json, read_arrow, read_json_or_none, sha256_file
+from bertkit.formats import (
+    MANIFEST,
+    TOKENIZER_FILES,
+    TokenizerManifest,
+    corpus_shards,
+    read_corpus_manifest,
+    read_tokenizer_manifest,
+    write_manifest,
+)
+from bertkit.formats import CorpusColumns as C
+from bertkit.tokenization import (
+    CLS,
+    CONTINUATION,
+    MASK,
+    MAX_CHARS_PER_WORD,
+    PAD,
+    SEP,
+    SPECIAL_TOKENS,
+    STRIP_ACCENTS,
+    UNK,
+    TokenizerError,
+    build_tokenizer,
+    guess_lowercase,
+    guess_strip_accents,
+    read_vocab,
+    vocab_text,
+)
 
 STAGE = "train-tokenizer"
 MODEL_MAX_LENGTH = 512
@@ -56,7 +78,7 @@ def _sentence_batches(shards, progress: bool, desc: str, limit: int | None = Non
         for path in shards:
             table = read_arrow(path)
             for batch in table.to_batches(max_chunksize=2000):
-                sentences = batch.column("sentences").flatten().to_pylist()
+                sentences = batch.column(C.SENTENCES).flatten().to_pylist()
                 if left is not None:
                     sentences = sentences[:left]
                     left -= len(sentences)
@@ -165,8 +187,7 @@ def tokenizer_stats(tok, sentence_batches) -> dict:
 
 
 def _hf_files(config: TokenizerConfig) -> tuple[dict, dict]:
-    specials = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
-                "mask_token": "[MASK]"}
+    specials = {"unk_token": UNK, "sep_token": SEP, "pad_token": PAD, "cls_token": CLS, "mask_token": MASK}
     lower = bool(config.lowercase)
     # HF's BertTokenizer rebuilds its normalizer from do_lower_case/strip_accents and has no "Latin accents only"
     # setting, so a bertkit-normalized tokenizer names the generic class, which uses tokenizer.json as written.
@@ -199,10 +220,10 @@ def _corpus_identity(corpus_dir) -> dict | None:
         return None
     read_corpus_manifest(corpus_dir)  # clear error if it is not a finished corpus folder
     return {"path": str(Path(corpus_dir).resolve()),
-            "manifest_sha256": sha256_file(Path(corpus_dir) / "manifest.json")}
+            "manifest_sha256": sha256_file(Path(corpus_dir) / MANIFEST)}
 
 
-def train_tokenizer(corpus_dir, out, config: TokenizerConfig | None = None) -> dict:
+def train_tokenizer(corpus_dir, out, config: TokenizerConfig | None = None) -> TokenizerManifest:
     """Train (or, with config.vocab_file, adopt) a BERT WordPiece tokenizer; write it to `out`; return the manifest.
 
     corpus_dir may be None only with a vocab_file (no statistics then). Re-running with the same corpus and
@@ -233,15 +254,12 @@ def train_tokenizer(corpus_dir, out, config: TokenizerConfig | None = None) -> d
     corpus = _corpus_identity(corpus_dir)
     settings = _settings(config)
 
-    manifest_path = out / "manifest.json"
+    manifest_path = out / MANIFEST
     if manifest_path.is_file():
-        try:
-            old = json.loads(manifest_path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError:
-            old = {}
+        old = read_json_or_none(manifest_path) or {}
         same_corpus = (old.get("corpus") or {}).get("manifest_sha256") == (corpus or {}).get("manifest_sha256")
         if old.get("complete") and old.get("settings") == settings and same_corpus:  # (the folder may have moved)
-            return old  # already done: re-running a finished stage is a no-op
+            return read_tokenizer_manifest(out)  # already done: re-running a finished stage is a no-op
         if not config.overwrite:
             raise TokenizerError(
                 f"{out}: already holds a tokenizer made from another corpus or with other settings "
@@ -271,19 +289,9 @@ def train_tokenizer(corpus_dir, out, config: TokenizerConfig | None = None) -> d
     atomic_write_bytes(out / "tokenizer.json", tok.to_str(pretty=True).encode("utf-8"))
     atomic_write_json(out / "tokenizer_config.json", hf_config)
     atomic_write_json(out / "special_tokens_map.json", specials)
-    manifest = {
-        "stage": STAGE,
-        "complete": True,
-        "source": source,
-        "settings": settings,
-        "corpus": corpus,
-        "vocab_size": len(tokens),
-        "alphabet_size": len(alphabet),
-        "vocab_sha256": hashlib.sha256(vocab_bytes).hexdigest(),
-        "files": {name: sha256_file(out / name) for name in
-                  ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")},
-        "stats": stats,
-        "warnings": warnings,
-    }
-    atomic_write_json(manifest_path, manifest)
+    manifest = TokenizerManifest(
+        stage=STAGE, complete=True, source=source, settings=settings, corpus=corpus, vocab_size=len(tokens),
+        alphabet_size=len(alphabet), vocab_sha256=hashlib.sha256(vocab_bytes).hexdigest(),
+        files={name: sha256_file(out / name) for name in TOKENIZER_FILES}, stats=stats, warnings=warnings)
+    write_manifest(out, manifest)
     return manifest

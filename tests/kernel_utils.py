@@ -141,7 +141,7 @@ def reference_keep(seed, salt, rows, cols, dropout_p):
     """The keep mask (len(rows), len(cols)) that kernels/dropout.py documents, from philox4x32_10."""
     import numpy as np
 
-    from bertkit.kernels.reference import threshold_and_scale
+    from bertkit.kernels.common import threshold_and_scale
 
     seed = int(seed) & (2**64 - 1)
     r, c = np.meshgrid(np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64), indexing="ij")

@@ -2,75 +2,13 @@
 import json
 
 import numpy as np
-import pyarrow as pa
 import pytest
 
-from bertkit.data import EpochBatches, InstanceDataset, InstancesError, collate, read_instances_manifest
-from bertkit.fileio import atomic_write_arrow, atomic_write_json, sha256_file
+from bertkit.data import EpochBatches, InstanceDataset, collate
+from bertkit.fileio import atomic_write_json
+from bertkit.formats import InstancesError, read_instances_manifest
 from bertkit.masking import MaskingSpec, mask_instance
-from bertkit.pipelines.schemas import instance_schema
-
-SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-N_WORDS = 120
-
-
-def toy_vocab() -> list[str]:
-    return SPECIALS + [f"w{i}" for i in range(N_WORDS)] + [f"##s{i}" for i in range(8)]
-
-
-def toy_rows(n: int, max_len: int, seed: int):
-    """Rows a tiny model learns from in a few steps: Zipf-distributed words; B is Zipf too when IsNext,
-    uniform when NotNext."""
-    rng = np.random.default_rng(seed)
-    zipf = 1.0 / np.arange(1, N_WORDS + 1)
-    zipf /= zipf.sum()
-    rows = []
-    for _ in range(n):
-        total = int(rng.integers(12, max_len - 3 + 1))
-        a_len = int(rng.integers(4, total - 3))
-        not_next = int(rng.random() < 0.5)
-        a = rng.choice(N_WORDS, size=a_len, p=zipf)
-        b = rng.integers(0, N_WORDS, size=total - a_len) if not_next else rng.choice(N_WORDS, total - a_len, p=zipf)
-        ids = [2] + [5 + int(t) for t in a] + [3] + [5 + int(t) for t in b] + [3]
-        rows.append((np.array(ids, dtype=np.int64), a_len + 2, not_next))
-    return rows
-
-
-def make_instances_dir(path, n=256, holdout=32, max_len=64, mode="dynamic", seed=0, rows_per_shard=100,
-                       max_predictions=10):
-    """A small make-instances folder in the contract's format (schemas.instance_schema + manifest.json)."""
-    path.mkdir(parents=True, exist_ok=True)
-    vocab = toy_vocab()
-    (path / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
-    spec = MaskingSpec.from_vocab(vocab, max_predictions=max_predictions)
-    schema = instance_schema(len(vocab), mode == "static")
-    rng = np.random.default_rng(seed + 1)
-    shards = []
-    for split, rows in (("train", toy_rows(n, max_len, seed)), ("holdout", toy_rows(holdout, max_len, seed + 7))):
-        prefix = "instances" if split == "train" else "holdout"
-        for k, lo in enumerate(range(0, len(rows), rows_per_shard)):
-            chunk = rows[lo:lo + rows_per_shard]
-            cols = {"input_ids": [], "b_start": [], "next_sentence_label": []}
-            if mode == "static":
-                cols.update(masked_positions=[], masked_ids=[])
-            for ids, b_start, nsp in chunk:
-                if mode == "static":
-                    ids, positions, labels = mask_instance(ids, rng, spec)
-                    cols["masked_positions"].append(positions.tolist())
-                    cols["masked_ids"].append(labels.tolist())
-                cols["input_ids"].append(np.asarray(ids).tolist())
-                cols["b_start"].append(b_start)
-                cols["next_sentence_label"].append(nsp)
-            name = f"{prefix}-{k:05d}.arrow"
-            atomic_write_arrow(path / name, pa.table(cols, schema=schema))
-            shards.append({"file": name, "split": split, "rows": len(chunk), "bytes": (path / name).stat().st_size,
-                           "sha256": sha256_file(path / name)})
-    atomic_write_json(path / "manifest.json", {
-        "stage": "make-instances", "complete": True, "mode": mode, "vocab_size": len(vocab),
-        "vocab_sha256": sha256_file(path / "vocab.txt"), "max_seq_length": max_len,
-        "max_predictions": max_predictions, "masked_lm_prob": 0.15, "whole_word_mask": False, "seed": seed,
-        "tokenizer": str(path), "shards": shards, "stats": {}})
-    return path
+from tests.helpers import make_instances_dir, toy_vocab
 
 
 def test_static_rows_come_back_exactly(tmp_path):

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from bertkit.finetune.train import TrainConfig, collate, linear_schedule
+from bertkit.finetune.train import TrainConfig, collate
+from bertkit.optim import lr_factor
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -23,10 +24,11 @@ def minilm() -> Path:
 
 
 def test_linear_warmup_then_decay():
-    values = [linear_schedule(s, total=10, warmup=2) for s in range(10)]
+    """The schedule pretraining and fine-tuning share (BERT's): linear warmup, then linear decay to 0."""
+    values = [lr_factor(s, 10, 2, "linear") for s in range(10)]
     assert values[:3] == [0.5, 1.0, 1.0]
     assert values[2:] == pytest.approx([8 / 8, 7 / 8, 6 / 8, 5 / 8, 4 / 8, 3 / 8, 2 / 8, 1 / 8])
-    assert linear_schedule(3, total=4, warmup=0) == pytest.approx(0.25)
+    assert lr_factor(3, 4, 0, "linear") == pytest.approx(0.25)
 
 
 def test_collate_pads_right_and_masks():
@@ -99,8 +101,8 @@ def _free_port() -> int:
 def test_data_parallel_under_deepspeed_launcher(tmp_path):
     """`deepspeed --num_gpus 2 cli.py finetune ...` on the CPU (gloo): both ranks train in step through
     torch.distributed; rank 0 evaluates and writes metrics and the model."""
-    from bertkit.checkpoint import save_pretrained
     from bertkit.config import BertConfig
+    from bertkit.hf import save_pretrained
     from bertkit.model import BertForSequenceClassification
 
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(27)]
@@ -127,9 +129,9 @@ def test_data_parallel_under_deepspeed_launcher(tmp_path):
 def test_finetune_is_deterministic_given_the_seed(tmp_path):
     """Same seed, same everything, including the new head's initial weights (torch's own generator starts from a
     random seed in every process); another seed gives another run."""
-    from bertkit.checkpoint import save_pretrained
     from bertkit.config import BertConfig
     from bertkit.finetune.classify import finetune_classify
+    from bertkit.hf import save_pretrained
     from bertkit.model import BertForPreTraining
 
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(27)]

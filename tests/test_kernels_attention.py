@@ -6,11 +6,19 @@ import zlib
 import pytest
 import torch
 
-from tests.kernel_utils import (
-    INTERPRETED, TOLERANCE, binomial_ok, cuda_only, interpreter_only, parent_only, poisoned, reference_keep,
-    rel_err, run_file_under_interpreter,
-)
 from bertkit.kernels.reference import attention_reference
+from tests.kernel_utils import (
+    INTERPRETED,
+    TOLERANCE,
+    binomial_ok,
+    cuda_only,
+    interpreter_only,
+    parent_only,
+    poisoned,
+    reference_keep,
+    rel_err,
+    run_file_under_interpreter,
+)
 
 INTERPRETER_CASES = 15
 
@@ -69,7 +77,8 @@ def _check_padded_rows_zero(tensors, lengths):
     (torch.float16, 32, 0.2),
 ])
 def test_padded_matches_reference(dtype, head_dim, p):
-    from bertkit.kernels.attention import draw_seed, dropout_mask, flash_attn_backward, flash_attn_forward
+    from bertkit.kernels.attention import dropout_mask, flash_attn_backward, flash_attn_forward
+    from bertkit.kernels.common import draw_seed
 
     gen = torch.Generator().manual_seed(zlib.crc32(f"padded{dtype}{head_dim}{p}".encode()))
     batch, seq, heads = 4, 37, 2
@@ -99,7 +108,8 @@ def test_padded_matches_reference(dtype, head_dim, p):
     (torch.float32, 64, 0.0), (torch.float16, 128, 0.0), (torch.float16, 32, 0.0), (torch.float32, 64, 0.25),
 ])
 def test_varlen_matches_reference(dtype, head_dim, p):
-    from bertkit.kernels.attention import draw_seed, dropout_mask, flash_attn_backward, flash_attn_forward
+    from bertkit.kernels.attention import dropout_mask, flash_attn_backward, flash_attn_forward
+    from bertkit.kernels.common import draw_seed
 
     gen = torch.Generator().manual_seed(zlib.crc32(f"varlen{dtype}{head_dim}{p}".encode()))
     max_seqlen, heads = 40, 2
@@ -125,7 +135,7 @@ def test_varlen_matches_reference(dtype, head_dim, p):
 
 @interpreter_only
 def test_public_api_autograd_through_fused_qkv():
-    """bertkit.kernels.attention dispatches to the Triton op under the interpreter, and autograd reaches the fused QKV."""
+    """kernels.attention dispatches to the Triton op under the interpreter, and autograd reaches the fused QKV."""
     from bertkit import kernels
 
     gen = torch.Generator().manual_seed(7)
@@ -150,7 +160,8 @@ def test_public_api_autograd_through_fused_qkv():
 
 @interpreter_only
 def test_dropout_keep_rate_and_seeding():
-    from bertkit.kernels.attention import draw_seed, dropout_mask
+    from bertkit.kernels.attention import dropout_mask
+    from bertkit.kernels.common import draw_seed
 
     torch.manual_seed(0)
     seed = draw_seed("cpu")
@@ -179,8 +190,9 @@ def test_dropout_keep_rate_and_seeding():
 @interpreter_only
 def test_dropout_deterministic_and_replayed_by_checkpointing():
     """Same torch seed -> same output and bitwise-identical gradients; checkpoint recompute replays the mask."""
-    from bertkit import kernels
     from torch.utils.checkpoint import checkpoint
+
+    from bertkit import kernels
 
     gen = torch.Generator().manual_seed(3)
     batch, seq, heads, head_dim = 2, 24, 2, 32
@@ -245,7 +257,8 @@ def test_tiny_bert_through_triton_matches_reference_path():
     mask = torch.ones(batch, seq, dtype=torch.long)
     mask[1, 13:] = 0
     inputs = dict(input_ids=ids, token_type_ids=torch.zeros_like(ids), attention_mask=mask,
-                  mlm_positions=torch.tensor([[1, 4, 7], [2, 5, 12]]), mlm_labels=torch.tensor([[3, 9, 11], [8, 2, 40]]),
+                  mlm_positions=torch.tensor([[1, 4, 7], [2, 5, 12]]),
+                  mlm_labels=torch.tensor([[3, 9, 11], [8, 2, 40]]),
                   next_sentence_label=torch.tensor([0, 1]))
 
     def loss_and_grads(seed=0):
@@ -324,7 +337,8 @@ def test_cuda_bert_shapes_flash_rule(dtype, seq):
 @cuda_only
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_cuda_varlen_and_dropout(dtype):
-    from bertkit.kernels.attention import draw_seed, dropout_mask, flash_attn_backward, flash_attn_forward
+    from bertkit.kernels.attention import dropout_mask, flash_attn_backward, flash_attn_forward
+    from bertkit.kernels.common import draw_seed
 
     gen = torch.Generator(device="cuda").manual_seed(1)
     heads, head_dim, max_seqlen = 12, 64, 128

@@ -6,11 +6,19 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.kernel_utils import (
-    INTERPRETED, TOLERANCE, binomial_ok, cuda_only, interpreter_only, parent_only, poisoned, reference_keep,
-    rel_err, run_file_under_interpreter,
-)
 from bertkit.kernels.reference import add_layer_norm_reference
+from tests.kernel_utils import (
+    INTERPRETED,
+    TOLERANCE,
+    binomial_ok,
+    cuda_only,
+    interpreter_only,
+    parent_only,
+    poisoned,
+    reference_keep,
+    rel_err,
+    run_file_under_interpreter,
+)
 
 INTERPRETER_CASES = 10
 
@@ -46,7 +54,7 @@ def _reference(x, r, w, b, dy, eps, p=0.0, mask=None):
     (torch.float16, 21, 384, False, 0.1),
 ])
 def test_matches_reference(dtype, rows, hidden, residual, p):
-    from bertkit.kernels.attention import draw_seed
+    from bertkit.kernels.common import draw_seed
     from bertkit.kernels.layer_norm import add_ln_backward, add_ln_forward, ln_dropout_mask
 
     gen = torch.Generator().manual_seed(zlib.crc32(f"{dtype}{rows}{hidden}{residual}{p}".encode()))
@@ -77,7 +85,7 @@ def test_matches_reference(dtype, rows, hidden, residual, p):
 
 @interpreter_only
 def test_public_api_autograd_and_3d_input():
-    """bertkit.kernels.add_layer_norm goes through the torch.library op under the interpreter, on (batch, seq, hidden)."""
+    """kernels.add_layer_norm goes through the torch.library op under the interpreter, on (batch, seq, hidden)."""
     from bertkit import kernels
 
     gen = torch.Generator().manual_seed(1)
@@ -106,10 +114,11 @@ def test_public_api_autograd_and_3d_input():
 
 @interpreter_only
 def test_dropout_keep_rate_seeding_and_checkpoint_replay():
-    from bertkit import kernels
-    from bertkit.kernels.attention import draw_seed
-    from bertkit.kernels.layer_norm import ln_dropout_mask
     from torch.utils.checkpoint import checkpoint
+
+    from bertkit import kernels
+    from bertkit.kernels.common import draw_seed
+    from bertkit.kernels.layer_norm import ln_dropout_mask
 
     torch.manual_seed(0)
     seed = draw_seed("cpu")

@@ -1,8 +1,8 @@
 """make-instances: rules 1-6 on hand-built documents, the improvements and their reference switches, --compat google
 call for call, the Arrow output, determinism, workers, resuming, bad inputs and statistics on English Wikipedia."""
-import hashlib
 import json
 import random
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -10,11 +10,11 @@ import pyarrow as pa
 import pytest
 from click.testing import CliRunner
 
-from bertkit.fileio import atomic_write_arrow, atomic_write_json, read_arrow, sha256_file
+from bertkit.fileio import read_arrow, sha256_file
+from bertkit.formats import InstancesError, instance_schema
 from bertkit.pipelines import google_compat
-from bertkit.pipelines.make_instances import (InstancesConfig, InstancesError, assemble, build_pairs, make_instances,
-                                      truncation_amounts)
-from bertkit.pipelines.schemas import CORPUS_SCHEMA, instance_schema
+from bertkit.pipelines.make_instances import InstancesConfig, assemble, build_pairs, make_instances, truncation_amounts
+from tests.helpers import write_corpus
 
 VOCAB_FILE = "vocab/bert-base-uncased/vocab.txt"
 
@@ -34,23 +34,6 @@ def layout(docs):
 def doc_of(token, seg_start, doc_seg):
     seg = np.searchsorted(seg_start, token, side="right") - 1
     return int(np.searchsorted(doc_seg, seg, side="right") - 1)
-
-
-def write_corpus(folder: Path, shards, holdout=()):
-    """A prepare-corpus folder: shards are lists of documents, a document a list of sentences."""
-    folder.mkdir(parents=True, exist_ok=True)
-    entries = []
-    for split, groups in (("train", shards), ("holdout", holdout)):
-        for i, docs in enumerate(groups):
-            name = f"{'shard' if split == 'train' else 'holdout'}-{i:05d}.arrow"
-            table = pa.table({"id": [hashlib.sha1(repr(d).encode()).hexdigest()[:16] for d in docs],
-                              "source": ["test.txt"] * len(docs), "title": [None] * len(docs),
-                              "sentences": list(docs)}, schema=CORPUS_SCHEMA)
-            atomic_write_arrow(folder / name, table)
-            entries.append({"file": name, "split": split, "rows": len(docs),
-                            "bytes": (folder / name).stat().st_size, "sha256": sha256_file(folder / name)})
-    atomic_write_json(folder / "manifest.json", {"stage": "prepare-corpus", "complete": True, "shards": entries})
-    return folder
 
 
 WORDS = ("the cat sat on a mat while the dog ran after a red ball in the park near old trees and "
@@ -91,7 +74,7 @@ HARD_TEXTS = ["", " ", "Hello,  world!", "a\tb\nc", "lead space", "trail space "
 
 @pytest.mark.parametrize("join", [3, 2000])
 def test_word_encoder_equals_the_tokenizer(vocab, join):
-    from bertkit.pipelines.make_instances import WordEncoder, load_stage_tokenizer
+    from bertkit.pipelines.instance_io import WordEncoder, load_stage_tokenizer
 
     tok, words = load_stage_tokenizer(vocab)
     encoder = WordEncoder(tok, words.index("[SEP]"), join=join)
@@ -106,8 +89,8 @@ def test_word_encoder_equals_the_tokenizer(vocab, join):
 def test_word_encoder_falls_back_for_pipelines_that_see_across_spaces(vocab):
     from tokenizers import pre_tokenizers
 
+    from bertkit.pipelines.instance_io import WordEncoder, splits_on_spaces
     from bertkit.tokenization import load_tokenizer
-    from bertkit.pipelines.make_instances import WordEncoder, splits_on_spaces
 
     tok = load_tokenizer(vocab)
     tok.encode_special_tokens = True
@@ -120,7 +103,7 @@ def test_word_encoder_falls_back_for_pipelines_that_see_across_spaces(vocab):
 
 
 def test_word_encoder_on_wikipedia(vocab, shared_data):
-    from bertkit.pipelines.make_instances import WordEncoder, load_stage_tokenizer
+    from bertkit.pipelines.instance_io import WordEncoder, load_stage_tokenizer
 
     tok, words = load_stage_tokenizer(vocab)
     text = (shared_data / "wikipedia_en_wikiextractor" / "text" / "AA" / "wiki_00").read_text(encoding="utf-8")
@@ -390,10 +373,10 @@ def test_compat_end_to_end_deterministic(tmp_path, vocab):
                         progress=False)
     assert files_bytes(tmp_path / "o1") == files_bytes(tmp_path / "o2")
     t = read_arrow(tmp_path / "o1" / "instances-00000.arrow")
-    assert t.schema.equals(instance_schema(30522, True)) and t.num_rows == sum(m1["stats"]["instances_per_pass"])
-    assert m1["reference_behaviour"] == {"random_from_whole_vocab": True, "wwm_decide_per_piece": True,
+    assert t.schema.equals(instance_schema(30522, True)) and t.num_rows == sum(m1.stats["instances_per_pass"])
+    assert asdict(m1.reference_behaviour) == {"random_from_whole_vocab": True, "wwm_decide_per_piece": True,
                                          "same_doc_notnext": True}
-    assert m2["stats"]["train_counts"]["selected"] == m2["stats"]["train_counts"]["expected_selected"]
+    assert m2.stats["train_counts"]["selected"] == m2.stats["train_counts"]["expected_selected"]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -404,19 +387,19 @@ def test_static_output_round_trip_and_contract(tmp_path, small_corpus, vocab, sh
     out = tmp_path / "inst"
     m = make_instances(small_corpus, vocab, out, InstancesConfig(dupe=2, max_seq_length=64, workers=1),
                        progress=False)
-    assert m["stage"] == "make-instances" and m["complete"] and m["mode"] == "static"
-    assert m["vocab_size"] == 30522 and m["vocab_sha256"] == sha256_file(shared_data / VOCAB_FILE)
+    assert m.stage == "make-instances" and m.complete and m.mode == "static"
+    assert m.vocab_size == 30522 and m.vocab_sha256 == sha256_file(shared_data / VOCAB_FILE)
     assert (out / "vocab.txt").read_bytes() == (shared_data / VOCAB_FILE).read_bytes()
     assert (out / "tokenizer.json").is_file()
     names = sorted(p.name for p in out.glob("*.arrow"))
-    assert names == sorted(s["file"] for s in m["shards"])
+    assert names == sorted(s.file for s in m.shards)
     assert any(n.startswith("holdout-") for n in names)
     vocab_tokens = (shared_data / VOCAB_FILE).read_text().split("\n")
     n_rows = 0
-    for s in m["shards"]:
-        t = read_arrow(out / s["file"])
-        assert t.schema.equals(instance_schema(30522, True)) and s["rows"] == t.num_rows
-        assert s["sha256"] == sha256_file(out / s["file"])
+    for s in m.shards:
+        t = read_arrow(out / s.file)
+        assert t.schema.equals(instance_schema(30522, True)) and s.rows == t.num_rows
+        assert s.sha256 == sha256_file(out / s.file)
         d = t.to_pydict()
         for ids, b, nsp, pos, lab in zip(d["input_ids"], d["b_start"], d["next_sentence_label"],
                                          d["masked_positions"], d["masked_ids"]):
@@ -427,9 +410,9 @@ def test_static_output_round_trip_and_contract(tmp_path, small_corpus, vocab, sh
             for p, label in zip(pos, lab):
                 if ids[p] not in (MASK, label):     # a random replacement: never a special or [unused] token
                     assert not (vocab_tokens[ids[p]].startswith("[") and vocab_tokens[ids[p]].endswith("]"))
-        n_rows += t.num_rows if s["split"] == "train" else 0
-    assert n_rows == m["stats"]["instances"]["train"] == sum(m["stats"]["instances_per_pass"])
-    assert len(m["stats"]["instances_per_pass"]) == 2
+        n_rows += t.num_rows if s.split == "train" else 0
+    assert n_rows == m.stats["instances"]["train"] == sum(m.stats["instances_per_pass"])
+    assert len(m.stats["instances_per_pass"]) == 2
 
 
 def test_isnext_pairs_are_contiguous_text_of_one_document(tmp_path, vocab):
@@ -466,15 +449,15 @@ def test_one_document_corpus_end_to_end(tmp_path, vocab):
                            progress=False)
     ref = make_instances(corpus, vocab, tmp_path / "ref", InstancesConfig(dupe=3, max_seq_length=32,
                                                                           same_doc_notnext=True), progress=False)
-    assert fixed["stats"]["train_counts"]["not_next"] == 0 and fixed["stats"]["instances"]["train"] > 10
-    assert ref["stats"]["not_next_share"] > 0.3
+    assert fixed.stats["train_counts"]["not_next"] == 0 and fixed.stats["instances"]["train"] > 10
+    assert ref.stats["not_next_share"] > 0.3
 
 
 def test_dynamic_mode_is_static_before_masking(tmp_path, small_corpus, vocab):
     cfg = dict(dupe=1, max_seq_length=48, workers=1)
     make_instances(small_corpus, vocab, tmp_path / "s", InstancesConfig(**cfg), progress=False)
     m = make_instances(small_corpus, vocab, tmp_path / "d", InstancesConfig(mode="dynamic", **cfg), progress=False)
-    assert m["mode"] == "dynamic" and "mask_share" not in m["stats"]
+    assert m.mode == "dynamic" and "mask_share" not in m.stats
     s = read_arrow(tmp_path / "s" / "instances-00000.arrow").to_pydict()
     d = read_arrow(tmp_path / "d" / "instances-00000.arrow")
     assert d.schema.equals(instance_schema(30522, False))
@@ -493,7 +476,7 @@ def test_deterministic_and_identical_for_1_and_2_workers(tmp_path, small_corpus,
     cfg = dict(dupe=2, max_seq_length=64, unit_mb=0.002)          # several work units per shard
     m1 = make_instances(small_corpus, vocab, tmp_path / "w1", InstancesConfig(workers=1, **cfg), progress=False)
     make_instances(small_corpus, vocab, tmp_path / "w2", InstancesConfig(workers=2, **cfg), progress=False)
-    assert len(m1["shards"]) > 4
+    assert len(m1.shards) > 4
     assert files_bytes(tmp_path / "w1") == files_bytes(tmp_path / "w2")
     assert (tmp_path / "w1" / "manifest.json").read_bytes() == (tmp_path / "w2" / "manifest.json").read_bytes()
     make_instances(small_corpus, vocab, tmp_path / "seed", InstancesConfig(workers=1, seed=7, **cfg), progress=False)
@@ -523,7 +506,7 @@ def test_resume_redoes_only_unfinished_files(tmp_path, small_corpus, vocab):
 
 
 def test_bad_inputs_are_clear_errors(tmp_path, small_corpus, vocab, shared_data):
-    from bertkit.pipelines.corpus_files import CorpusError
+    from bertkit.formats import CorpusError
 
     (tmp_path / "nomanifest").mkdir()
     with pytest.raises(CorpusError, match="no manifest.json"):
@@ -587,8 +570,8 @@ def english_instances(shared_data, tmp_path_factory, vocab):
 def test_english_statistics_match_the_rules(english_instances):
     out, m = english_instances
     n_sel = n_expected = n_cand = n_mask = n_kept = n_random = n_notnext = n_rows = 0
-    for s in m["shards"]:
-        d = read_arrow(out / s["file"]).to_pydict()
+    for s in m.shards:
+        d = read_arrow(out / s.file).to_pydict()
         for ids, pos, lab in zip(d["input_ids"], d["masked_positions"], d["masked_ids"]):
             n_expected += min(20, max(1, int(round(len(ids) * 0.15))))
             n_cand += len(ids) - 3
@@ -601,9 +584,9 @@ def test_english_statistics_match_the_rules(english_instances):
         n_rows += len(d["input_ids"])
     assert n_rows > 50_000
     assert n_sel == n_expected                                   # the rounding rule, row by row
-    assert abs(n_sel / n_cand - m["stats"]["selected_fraction"]) < 1e-12
+    assert abs(n_sel / n_cand - m.stats["selected_fraction"]) < 1e-12
     assert abs(n_mask / n_sel - 0.8) < 0.01 and abs(n_kept / n_sel - 0.1) < 0.01 and abs(n_random / n_sel - 0.1) < 0.01
     assert 0.50 <= n_notnext / n_rows <= 0.56
-    st = m["stats"]
+    st = m.stats
     assert abs(st["not_next_share"] - n_notnext / n_rows) < 1e-12 and abs(st["mask_share"] - n_mask / n_sel) < 2e-4
     assert sum(st["length_histogram"]["counts"]) == n_rows and len(st["instances_per_pass"]) == 10

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bertkit.checkpoint import load_pretrained, save_pretrained
+from bertkit.hf import load_pretrained, save_pretrained
 from bertkit.model import BertModel
 from bertkit.tokenization import load_tokenizer
 

@@ -4,8 +4,8 @@ import torch
 
 from bertkit import kernels
 from bertkit import model as bm
-from bertkit.checkpoint import _canonical_state, to_hf_state_dict
 from bertkit.config import PRESETS, BertConfig
+from bertkit.hf import _canonical_state, to_hf_state_dict
 
 transformers = pytest.importorskip("transformers")
 

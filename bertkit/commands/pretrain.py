@@ -1,4 +1,6 @@
-"""`bertkit pretrain` (also `deepspeed cli.py pretrain`) and `bertkit export`: flags onto bertkit.trainer."""
+"""`bertkit pretrain` (also `deepspeed cli.py pretrain`) and `bertkit export`: flags onto bertkit.pretrain."""
+import os
+
 import click
 
 
@@ -48,14 +50,15 @@ def pretrain(**flags):
     Several ranks:  deepspeed --num_gpus 8 cli.py pretrain --instances DIR --model base --out RUN
     One process:    bertkit pretrain --instances DIR --model tiny --out RUN
     """
-    from bertkit.data import InstancesError
-    from bertkit.trainer import ConfigError, PretrainConfig, TrainingError, pretrain as run
+    from bertkit.formats import FormatError
+    from bertkit.pretrain import ConfigError, PretrainConfig, TrainingError
+    from bertkit.pretrain import pretrain as run
 
     try:
         result = run(PretrainConfig(**flags))
-    except (InstancesError, ConfigError, TrainingError) as e:
+    except (FormatError, ConfigError, TrainingError) as e:
         raise click.ClickException(str(e)) from e
-    if result.get("checkpoint") and __import__("os").environ.get("RANK", "0") == "0":
+    if result.get("checkpoint") and os.environ.get("RANK", "0") == "0":
         click.echo(f"step {result['step']}: checkpoint {result['checkpoint']}", err=True)
 
 
@@ -65,10 +68,12 @@ def pretrain(**flags):
 @click.option("--checkpoint", "tag", help="Checkpoint tag (e.g. global_step1000)  [default: the latest].")
 def export(run_dir, out, tag):
     """Write a pretrain run's checkpoint (any ZeRO stage) as an HF BertForPreTraining folder."""
-    from bertkit.trainer import ConfigError, TrainingError, export as run
+    from bertkit.formats import FormatError
+    from bertkit.pretrain import ConfigError, TrainingError
+    from bertkit.pretrain import export as run
 
     try:
         path = run(run_dir, out, tag)
-    except (ConfigError, TrainingError) as e:
+    except (FormatError, ConfigError, TrainingError) as e:
         raise click.ClickException(str(e)) from e
     click.echo(f"wrote {path}")

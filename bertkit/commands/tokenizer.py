@@ -31,7 +31,7 @@ import click
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 def train_tokenizer(corpus_dir, out, vocab_size, lowercase, strip_accents, min_frequency, limit_alphabet,
                     vocab_file, stats_sentences, overwrite, no_progress):
-    """Train a BERT WordPiece vocabulary on CORPUS_DIR (a prepare-corpus folder; default ./corpus) and write a tokenizer folder.
+    """Train a BERT WordPiece vocabulary on CORPUS_DIR (a prepare-corpus folder; default ./corpus).
 
     OUT gets vocab.txt, tokenizer.json, tokenizer_config.json, special_tokens_map.json and manifest.json;
     it loads in bertkit, in HF tokenizers (Tokenizer.from_file) and in transformers (AutoTokenizer).
@@ -43,9 +43,10 @@ def train_tokenizer(corpus_dir, out, vocab_size, lowercase, strip_accents, min_f
       bertkit train-tokenizer corpus/ --out tokenizer/ --cased --vocab-size 32000
       bertkit train-tokenizer corpus/ --out bbu/ --vocab bert-base-uncased/vocab.txt
     """
+    from bertkit.formats import CorpusError
+    from bertkit.pipelines.train_tokenizer import TokenizerConfig
+    from bertkit.pipelines.train_tokenizer import train_tokenizer as run
     from bertkit.tokenization import TokenizerError
-    from bertkit.pipelines.corpus_files import CorpusError
-    from bertkit.pipelines.train_tokenizer import TokenizerConfig, train_tokenizer as run
 
     if corpus_dir is None and vocab_file is None:
         corpus_dir = "corpus"  # prepare-corpus's default output
@@ -61,11 +62,11 @@ def train_tokenizer(corpus_dir, out, vocab_size, lowercase, strip_accents, min_f
         m = run(corpus_dir, out, config)
     except (TokenizerError, CorpusError) as e:
         raise click.ClickException(str(e)) from None
-    case = f"uncased, strip accents: {m['settings']['strip_accents']}" if m["settings"]["lowercase"] else "cased"
-    click.echo(f"{out}: {m['vocab_size']} tokens ({m['source']}, {case}), vocab sha256 {m['vocab_sha256'][:12]}")
-    for w in m.get("warnings", []):
+    case = f"uncased, strip accents: {m.settings['strip_accents']}" if m.settings["lowercase"] else "cased"
+    click.echo(f"{out}: {m.vocab_size} tokens ({m.source}, {case}), vocab sha256 {m.vocab_sha256[:12]}")
+    for w in m.warnings:
         click.echo(f"warning: {w}", err=True)
-    if m["stats"]:
-        s = m["stats"]
+    if m.stats:
+        s = m.stats
         click.echo(f"  {s['split']}: {s['sentences']} sentences, [UNK] {100 * s['unk_word_rate']:.3f}% of words, "
                    f"{s['pieces_per_word']:.3f} pieces per word")

@@ -156,8 +156,8 @@ def run_classification(model_path, train_examples, dev_examples, labels, cfg, *,
     """Encode, load the model with a fresh head, and train with evaluation on dev each epoch."""
     import numpy as np
 
-    from bertkit.checkpoint import load_pretrained
     from bertkit.finetune.train import predict, set_seed, train
+    from bertkit.hf import load_pretrained
     from bertkit.tokenization import load_tokenizer
 
     tokenizer = load_tokenizer(model_path)

@@ -1,12 +1,13 @@
 """Token tagging (NER) from CoNLL-style files: one `word ... tag` line per token (tag in the last column), blank
 lines between sentences, -DOCSTART- lines ignored. The first piece of each word carries the word's tag; the other
-pieces are ignored by the loss (-100) and at prediction time. Scores are entity-level P/R/F1 over IOB2 spans.
+pieces are ignored by the loss (IGNORE_INDEX) and at prediction time. Scores are entity-level P/R/F1 over IOB2 spans.
 """
 from dataclasses import dataclass
 from pathlib import Path
 
 from bertkit.finetune import metrics as M
 from bertkit.finetune.classify import DataError
+from bertkit.formats import IGNORE_INDEX
 
 
 @dataclass
@@ -69,7 +70,7 @@ def encode(sentences: list, tokenizer, max_seq_length: int, tags: list | None = 
     rows, first_piece = [], []
     for s, enc in zip(sentences, encodings):
         firsts = [None] * len(s.words)
-        labels = [-100] * len(enc.ids)
+        labels = [IGNORE_INDEX] * len(enc.ids)
         previous = None
         for pos, word in enumerate(enc.word_ids):
             if word is not None and word != previous:
@@ -103,8 +104,8 @@ def decode(logits: list, first_piece: list, tags: list) -> tuple:
 
 def finetune_ner(model_path, train_file, dev_file, cfg, max_seq_length: int = 128) -> dict:
     """`bertkit finetune ner`."""
-    from bertkit.checkpoint import load_pretrained
     from bertkit.finetune.train import predict, set_seed, train
+    from bertkit.hf import load_pretrained
     from bertkit.tokenization import load_tokenizer
 
     train_sentences = read_conll(train_file) if train_file else []

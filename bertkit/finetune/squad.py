@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from bertkit.tokenization import CLS, SEP
+
 
 class SquadFormatError(ValueError):
     pass
@@ -143,7 +145,7 @@ def prepare_tokenizer(tokenizer):
     """Fine-tuning cuts windows itself: switch off any truncation/padding saved in tokenizer.json."""
     tokenizer.no_truncation()
     tokenizer.no_padding()
-    for token in ("[CLS]", "[SEP]"):
+    for token in (CLS, SEP):
         if tokenizer.token_to_id(token) is None:
             raise ValueError(f"the tokenizer has no {token} token; bertkit fine-tuning expects a BERT vocabulary")
     return tokenizer
@@ -154,7 +156,7 @@ def make_features(examples, tokenizer, training: bool, max_seq_length: int = 384
     """SquadFeature list. In training, a window without the whole answer (or an unanswerable question) points at
     [CLS] (start = end = 0), as the reference does. `stats` (a dict) receives counts of unmappable answers."""
     prepare_tokenizer(tokenizer)
-    cls_id, sep_id = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+    cls_id, sep_id = tokenizer.token_to_id(CLS), tokenizer.token_to_id(SEP)
     contexts = {}  # many questions share a paragraph: tokenize each once
     for ex in examples:
         contexts.setdefault(ex.context, None)
@@ -285,9 +287,9 @@ def finetune_squad(model_path, train_file, predict_file, cfg, *, version_2: bool
                    every_nth_train_question: int = 1, every_nth_predict_question: int = 1) -> dict:
     """`bertkit finetune squad`. Without train_file, only predicts and scores predict_file.
     train_articles/predict_articles select articles of each file (e.g. train on one half of dev, score the other)."""
-    from bertkit.checkpoint import load_pretrained
     from bertkit.finetune.metrics import squad_evaluate
     from bertkit.finetune.train import predict, set_seed, train
+    from bertkit.hf import load_pretrained
     from bertkit.tokenization import load_tokenizer
 
     tokenizer = load_tokenizer(model_path)
@@ -320,7 +322,8 @@ def finetune_squad(model_path, train_file, predict_file, cfg, *, version_2: bool
                 "max_answer_length": max_answer_length, "null_score_diff_threshold": null_score_diff_threshold,
                 "train_articles": _slice_text(train_articles), "predict_articles": _slice_text(predict_articles),
                 "every_nth_train_question": every_nth_train_question,
-                "every_nth_predict_question": every_nth_predict_question, "train_questions": len(examples) if train_file else 0,
+                "every_nth_predict_question": every_nth_predict_question,
+                "train_questions": len(examples) if train_file else 0,
                 "train_features": len(train_rows), "predict_questions": len(dev_examples),
                 "predict_features": len(dev_rows), **stats}
     return train(model, train_rows, evaluate, "f1", cfg, task="squad2" if version_2 else "squad", settings=settings,

@@ -5,7 +5,6 @@ Runs on the CPU, on one GPU, or data-parallel under a launcher that sets WORLD_S
 (`deepspeed cli.py finetune ...` or torchrun): then each process trains on its shard of the batches through
 torch.distributed (DDP), and rank 0 evaluates and saves.
 """
-import json
 import math
 import os
 import random
@@ -17,7 +16,10 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from bertkit.fileio import atomic_write_bytes, atomic_write_json
+from bertkit.fileio import atomic_write_json
+from bertkit.formats import IGNORE_INDEX
+from bertkit.hf import save_pretrained
+from bertkit.optim import build_scheduler, param_groups
 
 
 @dataclass
@@ -53,7 +55,7 @@ def pick_device(name: str, local_rank: int = 0) -> torch.device:
 
 
 def collate(rows: list, pad_id: int = 0) -> dict:
-    """Right-pad a list of feature dicts into tensors; list-valued labels (token tags) pad with -100."""
+    """Right-pad a list of feature dicts into tensors; list-valued labels (token tags) pad with IGNORE_INDEX."""
     width = max(len(r["input_ids"]) for r in rows)
     batch = {
         "input_ids": torch.full((len(rows), width), pad_id, dtype=torch.long),
@@ -70,7 +72,7 @@ def collate(rows: list, pad_id: int = 0) -> dict:
             continue
         values = [r[key] for r in rows]
         if isinstance(values[0], list):
-            t = torch.full((len(rows), width), -100, dtype=torch.long)
+            t = torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)
             for i, v in enumerate(values):
                 t[i, :len(v)] = torch.tensor(v, dtype=torch.long)
             batch[key] = t
@@ -111,26 +113,9 @@ def predict(model, rows: list, batch_size: int, outputs=("logits",), per_token: 
 
 
 def _optimizer(model, cfg: TrainConfig):
-    # no weight decay on biases and LayerNorm weights, as BERT's AdamWeightDecayOptimizer
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        (no_decay if p.ndim == 1 else decay).append(p)
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(0.9, 0.999), eps=1e-6)
-
-
-def linear_schedule(step: int, total: int, warmup: int) -> float:
-    """LR multiplier: 0 -> 1 over `warmup` steps, then 1 -> 0 at `total`."""
-    if step < warmup:
-        return (step + 1) / warmup
-    return max(0.0, (total - step) / max(1, total - warmup))
-
-
-def _write_artifacts(out_dir: Path, files: dict) -> None:
-    for name, obj in files.items():
-        atomic_write_bytes(out_dir / name, (json.dumps(obj, indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
+    # no weight decay on biases and LayerNorm weights (optim.param_groups), as BERT's AdamWeightDecayOptimizer
+    return torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.learning_rate, betas=(0.9, 0.999),
+                             eps=1e-6)
 
 
 def train(model, train_rows: list, evaluate, best_metric: str, cfg: TrainConfig, *, task: str,
@@ -139,8 +124,6 @@ def train(model, train_rows: list, evaluate, best_metric: str, cfg: TrainConfig,
     after each epoch; `files` ({name: JSON object}, e.g. SQuAD predictions) are written for the best epoch, whose
     model goes to OUT/best/ (HF format). With no train rows, evaluates once (prediction only).
     Returns the summary written to OUT/metrics.json."""
-    from bertkit.checkpoint import save_pretrained
-
     world, rank, local_rank = _distributed()
     out_dir = Path(cfg.out_dir)
     device = pick_device(cfg.device, local_rank)
@@ -175,7 +158,8 @@ def train(model, train_rows: list, evaluate, best_metric: str, cfg: TrainConfig,
             best = summary.get("best")
             if best is None or metrics[best_metric] > best[best_metric]:
                 summary["best"], summary["best_epoch"] = record, epoch
-                _write_artifacts(out_dir, files)
+                for name, obj in files.items():
+                    atomic_write_json(out_dir / name, obj)
                 if cfg.save_model:
                     save_pretrained(model, out_dir / "best", tokenizer_dir=tokenizer_dir, extra_config=extra_config)
             atomic_write_json(out_dir / "metrics.json", summary)
@@ -186,7 +170,7 @@ def train(model, train_rows: list, evaluate, best_metric: str, cfg: TrainConfig,
         run_eval(0, None, 0.0)
         return summary
     optimizer = _optimizer(model, cfg)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: linear_schedule(s, total_steps, warmup))
+    scheduler = build_scheduler(optimizer, total_steps, warmup, "linear")
     rng = np.random.default_rng(cfg.seed)
     step, epoch, t0 = 0, 0, time.time()
     progress = tqdm(total=total_steps, desc=f"finetune {task}", disable=rank != 0, mininterval=2.0)

@@ -1,4 +1,4 @@
-"""HF-format checkpoints: load any HF BERT directory into bertkit, save bertkit models that transformers loads.
+"""HF format: load any HF BERT folder into bertkit, save bertkit models that transformers loads.
 
 The HF layout differs from ours in three ways, all handled here:
 - names (`encoder.layer.3.attention.output.LayerNorm.weight` vs `layers.3.attn_norm.weight`);
@@ -7,15 +7,18 @@ The HF layout differs from ours in three ways, all handled here:
 Tensors are read from model.safetensors (or a sharded index), or from pytorch_model.bin with
 torch.load(weights_only=True), which never unpickles arbitrary objects.
 """
+import io
 import json
 import logging
 import shutil
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save
 
 from bertkit.config import BertConfig
 from bertkit.fileio import atomic_write_bytes, atomic_write_json
+from bertkit.formats import TOKENIZER_FILES
 from bertkit.model import (
     BertForPreTraining,
     BertForQuestionAnswering,
@@ -26,8 +29,6 @@ from bertkit.model import (
 )
 
 log = logging.getLogger(__name__)
-
-TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 ARCHITECTURES = {
     BertModel: "BertModel",
@@ -129,8 +130,6 @@ def _count_lines(path: Path) -> int:
 def read_weights(path) -> dict:
     """All tensors of an HF checkpoint directory, as float32 on the CPU."""
     path = Path(path)
-    from safetensors.torch import load_file
-
     if (path / "model.safetensors").is_file():
         tensors = load_file(str(path / "model.safetensors"))
     elif (path / "model.safetensors.index.json").is_file():
@@ -198,7 +197,8 @@ def load_pretrained(path, head: str | None = "auto", num_labels: int | None = No
     head: None (bare encoder), "pretraining", "sequence_classification", "token_classification",
     "question_answering", or "auto" (from config.json's architectures). Heads missing from the checkpoint
     are initialised and logged (with require_head=True refused, except the NSP classifier and the pooler);
-    encoder tensors must all be present. Returned in eval mode, fp32 on the CPU, with `model.loading_info` = {"head", "missing", "unused"} (HF tensor names) and `model.hf_config`.
+    encoder tensors must all be present. Returned in eval mode, fp32 on the CPU, with `model.loading_info` =
+    {"head", "missing", "unused"} (HF tensor names) and `model.hf_config`.
     """
     path = Path(path)
     cfg, hf_config, tensors = read_checkpoint(path)
@@ -309,12 +309,8 @@ def save_pretrained(model, out_dir, tokenizer_dir=None, extra_config: dict | Non
         raise ValueError(f"extra_config id2label has {len(config['id2label'])} labels, the classifier {num_labels}")
 
     if safe_serialization:
-        from safetensors.torch import save
-
         atomic_write_bytes(out_dir / "model.safetensors", save(hf, metadata={"format": "pt"}))
     else:
-        import io
-
         buffer = io.BytesIO()
         torch.save(hf, buffer)
         atomic_write_bytes(out_dir / "pytorch_model.bin", buffer.getvalue())

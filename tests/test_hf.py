@@ -8,9 +8,9 @@ from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
 
 from bertkit import model as bm
-from bertkit.checkpoint import load_pretrained, save_pretrained
 from bertkit.cli import main as cli
 from bertkit.config import BertConfig
+from bertkit.hf import load_pretrained, save_pretrained
 
 transformers = pytest.importorskip("transformers")
 
@@ -79,10 +79,11 @@ def outputs(model):
             get = {"last_hidden_state": "last_hidden_state", "pooler_output": "pooler_output",
                    "prediction_logits": "mlm_logits", "seq_relationship_logits": "nsp_logits",
                    "logits": "logits", "start_logits": "start_logits", "end_logits": "end_logits"}
-            values = {ours: getattr(out, theirs) for theirs, ours in get.items() if getattr(out, theirs, None) is not None}
+            values = {ours: getattr(out, theirs) for theirs, ours in get.items()
+                      if getattr(out, theirs, None) is not None}
         else:
             out = model(input_ids, token_type_ids, attention_mask)
-            values = {k: v for k, v in vars(out).items() if isinstance(v, torch.Tensor)}
+            values = {k: v for k, v in out._asdict().items() if isinstance(v, torch.Tensor)}
     return {k: v[valid] if v.shape[:2] == valid.shape else v for k, v in values.items()}
 
 
@@ -180,7 +181,7 @@ def test_pickled_code_is_never_executed(tmp_path):
 def test_missing_heads_are_initialised_and_logged(tmp_path, caplog):
     encoder = random_hf(transformers.BertModel)
     encoder.save_pretrained(tmp_path)  # no heads, no `bert.` prefix (like all-MiniLM-L6-v2)
-    with caplog.at_level(logging.WARNING, logger="bertkit.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="bertkit.hf"):
         model = load_pretrained(tmp_path, head="pretraining")
     missing = model.loading_info["missing"]
     assert "cls.predictions.bias" in missing and "cls.seq_relationship.weight" in missing

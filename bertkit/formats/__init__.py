@@ -1,0 +1,311 @@
+"""The on-disk contract between the stages: folder layouts, Arrow schemas, column names and manifests.
+
+The stages write these (bertkit.pipelines, bertkit.pretrain) and the loaders read them through the readers here,
+one per stage; README.md beside this file documents every folder for users. All data files are Arrow IPC *files*
+(memory-mappable), written atomically; each folder's manifest.json is written last and is what marks it finished.
+"""
+import json
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from pathlib import Path
+
+import pyarrow as pa
+
+MANIFEST = "manifest.json"
+# A tokenizer folder; make-instances, a pretraining run and an export carry copies of these files.
+TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+SPLITS = ("train", "holdout")
+IGNORE_INDEX = -100   # label of a position that is not predicted, in every collated batch (torch's ignore_index)
+
+
+class FormatError(ValueError):
+    """A folder is missing, unfinished or not what a stage expects; the message names it and what to run."""
+
+
+class CorpusError(FormatError):
+    pass
+
+
+class InstancesError(FormatError):
+    pass
+
+
+class RunError(FormatError):
+    pass
+
+
+# ---------------------------------------------------------------- manifests: read and write
+
+@dataclass
+class ShardEntry:
+    """One data file of a folder, in order."""
+    file: str
+    split: str          # "train" or "holdout"
+    rows: int
+    bytes: int
+    sha256: str
+
+
+def _from_dict(cls, data: dict, error: type, where: Path, fix: str):
+    """cls(**data) with every field of cls present (extra keys from newer versions are ignored)."""
+    names = [f.name for f in fields(cls)]
+    required = [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING]
+    missing = [k for k in required if k not in data]
+    if missing:
+        raise error(f"{where}: lacks {', '.join(map(repr, missing))}; {fix}")
+    values = {k: data[k] for k in names if k in data}
+    if "shards" in values:
+        values["shards"] = [ShardEntry(**{k: s[k] for k in ("file", "split", "rows", "bytes", "sha256")})
+                            for s in values["shards"]]
+    return cls(**values)
+
+
+def _read_manifest(folder: Path, stage: str, error: type, fix: str) -> dict:
+    """manifest.json of a finished `stage` output, as a dict; error (naming the folder and `fix`) otherwise."""
+    path = folder / MANIFEST
+    if not folder.is_dir():
+        raise error(f"{folder}: no such folder. {fix}")
+    if not path.is_file():
+        raise error(f"{folder}: no {MANIFEST}, so not a finished {stage} output. {fix}")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise error(f"{path}: not valid JSON ({e}). Re-run {stage} into a fresh folder.") from e
+    if not isinstance(data, dict) or data.get("stage") != stage:
+        found = data.get("stage") if isinstance(data, dict) else None
+        raise error(f"{path}: stage is {found!r}, not {stage!r}; this folder is not a {stage} output.")
+    if not data.get("complete", False):
+        raise error(f"{folder}: {stage} did not finish; re-run the same command to resume it.")
+    return data
+
+
+def write_manifest(folder, manifest) -> None:
+    """A manifest dataclass as folder/manifest.json, atomically (written last: it marks the folder finished)."""
+    from bertkit.fileio import atomic_write_json
+
+    atomic_write_json(Path(folder) / MANIFEST, asdict(manifest))
+
+
+def _check_files(folder: Path, shards: list[ShardEntry], error: type, stage: str) -> None:
+    for s in shards:
+        if not (folder / s.file).is_file():
+            raise error(f"{folder / s.file}: listed in {folder / MANIFEST} but missing; re-run {stage}.")
+
+
+# ---------------------------------------------------------------- corpus folder (prepare-corpus)
+
+class CorpusColumns:
+    ID = "id"                 # sha1 of the cleaned sentences joined by "\n", 16 hex digits: stable document id
+    SOURCE = "source"         # input file, relative to the input root it was found under
+    TITLE = "title"           # WikiExtractor title (or a title field/column), else null
+    SENTENCES = "sentences"   # cleaned, NFC-normalised sentences in document order
+
+
+CORPUS_SCHEMA = pa.schema([
+    pa.field(CorpusColumns.ID, pa.string(), nullable=False),
+    pa.field(CorpusColumns.SOURCE, pa.string(), nullable=False),
+    pa.field(CorpusColumns.TITLE, pa.string(), nullable=True),
+    pa.field(CorpusColumns.SENTENCES, pa.list_(pa.string()), nullable=False),
+])
+
+
+def corpus_file_name(split: str, index: int) -> str:
+    return f"{'shard' if split == 'train' else 'holdout'}-{index:05d}.arrow"
+
+
+@dataclass
+class CorpusManifest:
+    """Later stages need only `shards`; the rest reports how the corpus was made."""
+    stage: str
+    complete: bool
+    bertkit_version: str = ""
+    schema: dict = field(default_factory=dict)      # column -> Arrow type, as written
+    options: dict = field(default_factory=dict)     # everything that shapes the output (CorpusConfig.output_options)
+    inputs: list = field(default_factory=list)      # per input file: path, source, bytes, format, documents ...
+    totals: dict = field(default_factory=dict)      # input_files, documents, train/holdout_documents, sentences ...
+    dropped: dict = field(default_factory=dict)     # documents by reason
+    removed_lines: dict = field(default_factory=dict)
+    errors: list = field(default_factory=list)
+    skipped_files: list = field(default_factory=list)   # documentation files a folder walk passed over
+    shards: list[ShardEntry] = field(default_factory=list)
+    elapsed_seconds: float = 0.0
+    fingerprint: dict = field(default_factory=dict)     # options + input paths, sizes, mtimes: same run or not
+
+
+def read_corpus_manifest(corpus_dir) -> CorpusManifest:
+    corpus_dir = Path(corpus_dir)
+    fix = f"Run (or resume) `bertkit prepare-corpus INPUT --out {corpus_dir}`."
+    data = _read_manifest(corpus_dir, "prepare-corpus", CorpusError, fix)
+    return _from_dict(CorpusManifest, data, CorpusError, corpus_dir / MANIFEST,
+                      "re-run prepare-corpus with this bertkit version.")
+
+
+def corpus_shards(corpus_dir, split: str = "train") -> list[Path]:
+    """Shard paths of one split, in order, checked to exist (the one way later stages find a corpus's text)."""
+    corpus_dir = Path(corpus_dir)
+    manifest = read_corpus_manifest(corpus_dir)
+    shards = [s for s in manifest.shards if s.split == split]
+    _check_files(corpus_dir, shards, CorpusError, "prepare-corpus")
+    return [corpus_dir / s.file for s in shards]
+
+
+# ---------------------------------------------------------------- tokenizer folder (train-tokenizer)
+
+@dataclass
+class TokenizerManifest:
+    stage: str
+    complete: bool
+    source: str                 # "trained" or "vocab_file"
+    settings: dict              # every option that shapes the vocabulary (TokenizerConfig, resolved)
+    corpus: dict | None         # path, manifest_sha256; None when adopted from a vocab_file without a corpus
+    vocab_size: int
+    alphabet_size: int
+    vocab_sha256: str
+    files: dict                 # file -> sha256
+    stats: dict | None          # held-out [UNK] rate and pieces per word
+    warnings: list = field(default_factory=list)
+
+
+def read_tokenizer_manifest(tokenizer_dir) -> TokenizerManifest:
+    tokenizer_dir = Path(tokenizer_dir)
+    data = _read_manifest(tokenizer_dir, "train-tokenizer", FormatError,
+                          f"Run `bertkit train-tokenizer CORPUS --out {tokenizer_dir}`.")
+    return _from_dict(TokenizerManifest, data, FormatError, tokenizer_dir / MANIFEST,
+                      "re-run train-tokenizer with this bertkit version.")
+
+
+# ---------------------------------------------------------------- instances folder (make-instances)
+
+class InstanceColumns:
+    INPUT_IDS = "input_ids"                  # [CLS] A [SEP] B [SEP], masked in static mode
+    B_START = "b_start"                      # index of B's first token: token_type_ids = 1 from there on
+    NSP_LABEL = "next_sentence_label"        # 0 = B follows A (IsNext), 1 = B is random (NotNext): HF's convention
+    MASKED_POSITIONS = "masked_positions"    # static only: the selected positions, ascending
+    MASKED_IDS = "masked_ids"                # static only: the original ids there (the MLM labels)
+
+
+def id_type(vocab_size: int) -> pa.DataType:
+    """Token ids are stored as uint16 when the vocabulary fits, else int32."""
+    return pa.uint16() if vocab_size <= 65536 else pa.int32()
+
+
+def instance_schema(vocab_size: int, masked: bool) -> pa.Schema:
+    """instances-NNNNN.arrow / holdout-NNNNN.arrow: one unpadded row per instance."""
+    ids = id_type(vocab_size)
+    columns = [
+        pa.field(InstanceColumns.INPUT_IDS, pa.list_(ids), nullable=False),
+        pa.field(InstanceColumns.B_START, pa.uint16(), nullable=False),
+        pa.field(InstanceColumns.NSP_LABEL, pa.int8(), nullable=False),
+    ]
+    if masked:
+        columns += [
+            pa.field(InstanceColumns.MASKED_POSITIONS, pa.list_(pa.uint16()), nullable=False),
+            pa.field(InstanceColumns.MASKED_IDS, pa.list_(ids), nullable=False),
+        ]
+    return pa.schema(columns)
+
+
+def instances_file_name(split: str, index: int) -> str:
+    return f"{'instances' if split == 'train' else 'holdout'}-{index:05d}.arrow"
+
+
+@dataclass
+class ReferenceBehaviour:
+    """make-instances switches that restored google-research/bert's behaviour; the dynamic loader follows them."""
+    random_from_whole_vocab: bool = False
+    wwm_decide_per_piece: bool = False
+    same_doc_notnext: bool = False
+
+
+@dataclass
+class InstancesManifest:
+    stage: str
+    complete: bool
+    mode: str                   # "static" (masked on disk) or "dynamic" (masked by the loader)
+    vocab_size: int
+    vocab_sha256: str | None
+    max_seq_length: int
+    max_predictions: int
+    masked_lm_prob: float
+    whole_word_mask: bool
+    seed: int
+    shards: list[ShardEntry]
+    compat: str | None = None
+    short_seq_prob: float | None = None
+    dupe: int | None = None
+    holdout_dupe: int | None = None
+    reference_behaviour: ReferenceBehaviour = field(default_factory=ReferenceBehaviour)
+    next_sentence_label: str = "0 = B follows A (IsNext), 1 = B is random (NotNext)"
+    tokenizer: str | None = None
+    corpus: str | None = None
+    stats: dict = field(default_factory=dict)
+
+    def files(self, split: str) -> list[str]:
+        return [s.file for s in self.shards if s.split == split]
+
+
+def read_instances_manifest(instances_dir) -> InstancesManifest:
+    """The manifest of a finished, non-empty instances folder; InstancesError saying what to run otherwise."""
+    instances_dir = Path(instances_dir)
+    fix = f"Run `bertkit make-instances CORPUS --tokenizer TOK --out {instances_dir}` first."
+    if not instances_dir.is_dir():
+        raise InstancesError(f"{instances_dir}: no such instances folder. {fix}")
+    data = _read_manifest(instances_dir, "make-instances", InstancesError, fix)
+    m = _from_dict(InstancesManifest, data, InstancesError, instances_dir / MANIFEST,
+                   "re-run make-instances with this bertkit version.")
+    if isinstance(m.reference_behaviour, dict):
+        m.reference_behaviour = ReferenceBehaviour(**m.reference_behaviour)
+    if m.mode not in ("static", "dynamic"):
+        raise InstancesError(f"{instances_dir / MANIFEST}: mode is {m.mode!r}, expected 'static' or 'dynamic'.")
+    _check_files(instances_dir, m.shards, InstancesError, "make-instances")
+    if not any(s.split == "train" and s.rows > 0 for s in m.shards):
+        raise InstancesError(f"{instances_dir}: no training instances (the corpus was empty or too short?). "
+                             "Check the corpus, then re-run make-instances.")
+    return m
+
+
+# ---------------------------------------------------------------- pretraining run folder (pretrain)
+
+RUN_CONFIG = "config.json"            # RunConfig below
+DEEPSPEED_CONFIG = "deepspeed_config.json"
+RUN_TOKENIZER = "tokenizer"           # copies of the instances' TOKENIZER_FILES
+CHECKPOINTS = "checkpoints"           # global_stepN/ (+ .partial while written) and `latest`
+METRICS = "metrics.jsonl"
+TENSORBOARD = "tensorboard"
+
+
+@dataclass
+class RunConfig:
+    """RUN/config.json: what a pretraining run was started with; --resume, --init-from and export read it."""
+    stage: str
+    pretrain: dict              # PretrainConfig as given
+    resolved: dict              # DeepSpeedSettings: the values actually used
+    model: dict                 # BertConfig
+    init_from: str
+    instances: str
+    vocab_size: int
+    vocab_sha256: str | None
+    max_seq_length: int | None
+    world_size: int
+    deepspeed: dict             # the DeepSpeed config actually used
+
+    @property
+    def zero_stage(self) -> int:
+        return int(self.deepspeed["zero_optimization"]["stage"])
+
+
+def read_run_config(run_dir) -> RunConfig:
+    run_dir = Path(run_dir)
+    path = run_dir / RUN_CONFIG
+    if not path.is_file():
+        raise RunError(f"{run_dir}: no {RUN_CONFIG}, so not a bertkit pretrain run folder")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise RunError(f"{path}: not valid JSON ({e}); the run folder is damaged") from e
+    return _from_dict(RunConfig, data, RunError, path, "it was written by another bertkit version")
+
+
+def write_run_config(run_dir, config: RunConfig) -> None:
+    from bertkit.fileio import atomic_write_json
+
+    atomic_write_json(Path(run_dir) / RUN_CONFIG, asdict(config))

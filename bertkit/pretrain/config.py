@@ -1,0 +1,175 @@
+"""Pretraining settings: the flags (PretrainConfig) merged with a user's DeepSpeed config into the values a run
+uses (DeepSpeedSettings) and the DeepSpeed config it hands to deepspeed.initialize."""
+import copy
+from dataclasses import dataclass
+
+
+class ConfigError(ValueError):
+    pass
+
+
+class TrainingError(RuntimeError):
+    pass
+
+
+@dataclass
+class PretrainConfig:
+    instances: str
+    out: str
+    model: str = "base"                   # preset (tiny ... large) or an HF config.json / model folder
+    max_steps: int = 10000                # optimizer steps
+    # None below = "not given": the --deepspeed-config value is used, else DeepSpeedSettings' default
+    micro_batch: int | None = None        # sequences per rank per forward
+    global_batch: int | None = None       # sequences per optimizer step; None = micro_batch * ranks
+    zero_stage: int | None = None
+    precision: str | None = None          # auto | fp32 | bf16 | fp16; auto = bf16 if the GPU has it, fp16, CPU fp32
+    grad_clip: float | None = None
+    optimizer: str | None = None          # lamb | adamw
+    lr: float | None = None               # peak learning rate
+    weight_decay: float | None = None
+    betas: tuple = (0.9, 0.999)
+    eps: float = 1e-6
+    schedule: str = "linear"              # linear (BERT paper) | poly (power 0.5, NVIDIA's recipe)
+    warmup: float = 0.01                  # < 1: fraction of max_steps; >= 1: steps
+    deepspeed_config: str | None = None
+    init_from: str | None = None          # phase 2: start from an export or a run folder's latest checkpoint
+    resume: bool = False
+    save_every: int = 1000
+    keep_last: int = 3
+    log_every: int = 10
+    eval_every: int = 1000
+    eval_batches: int = 20
+    seed: int = 42
+    num_workers: int = 1
+    dropout: float | None = None          # overrides the model's hidden and attention dropout
+    unpadded: bool = False                # packed batches (varlen attention): no compute on padding
+    progress: bool = True
+
+    @property
+    def warmup_steps(self) -> int:
+        return int(self.warmup * self.max_steps) if self.warmup < 1 else int(self.warmup)
+
+
+@dataclass
+class DeepSpeedSettings:
+    """What a run uses, each from a flag, the user's DeepSpeed config, or the default here."""
+    micro_batch: int = 32
+    global_batch: int | None = None       # default: micro_batch x ranks x the file's gradient_accumulation_steps
+    zero_stage: int | None = None         # default: 0 with LAMB (per-tensor trust ratios, NVIDIA's setting), 2 AdamW
+    grad_clip: float = 1.0
+    optimizer: str = "lamb"
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    precision: str = "auto"
+    grad_accum: int = 1
+
+
+# where each setting lives in a DeepSpeed config, and its flag
+DEEPSPEED_PATHS = {"micro_batch": ("train_micro_batch_size_per_gpu",), "global_batch": ("train_batch_size",),
+                   "zero_stage": ("zero_optimization", "stage"), "grad_clip": ("gradient_clipping",),
+                   "optimizer": ("optimizer", "type"), "lr": ("optimizer", "params", "lr"),
+                   "weight_decay": ("optimizer", "params", "weight_decay")}
+# ZeRO 1-3 hand the optimizer flat partitions, so LAMB would take one trust ratio per partition instead of one
+# per tensor: LAMB defaults to stage 0 (plain data parallel, per-tensor LAMB), AdamW to 2.
+DEFAULT_ZERO_STAGE = {"lamb": 0, "adamw": 2}
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _get(d: dict, path):
+    for key in path:
+        if not isinstance(d, dict) or key not in d:
+            return None
+        d = d[key]
+    return d
+
+
+def _precision_of(user: dict):
+    if _get(user, ("bf16", "enabled")) or _get(user, ("bfloat16", "enabled")):
+        return "bf16"
+    if _get(user, ("fp16", "enabled")):
+        return "fp16"
+    if "fp16" in user or "bf16" in user:
+        return "fp32"
+    return None
+
+
+def resolve_deepspeed_config(cfg: PretrainConfig, world_size: int, user: dict | None, on_cuda: bool,
+                             bf16_supported: bool, source: str = "--deepspeed-config"
+                             ) -> tuple[dict, DeepSpeedSettings]:
+    """Merge the flags with a user's DeepSpeed config. Returns (ds_config, settings).
+
+    A value given both as a flag and in the file must agree (else ConfigError naming both); where only one
+    speaks it wins; where neither does, DeepSpeedSettings' default applies. The optimizer section is read into the
+    settings and removed: bertkit builds the optimizer itself (FusedLamb on CUDA, the PyTorch LAMB elsewhere).
+    """
+    user = copy.deepcopy(user or {})
+    defaults = DeepSpeedSettings()
+    chosen = {}
+    for name, path in DEEPSPEED_PATHS.items():
+        flag, theirs = getattr(cfg, name), _get(user, path)
+        if name == "optimizer" and theirs is not None:
+            theirs = str(theirs).lower()
+            if theirs not in ("lamb", "adamw"):
+                raise ConfigError(f"{source}: optimizer type {theirs!r} is not supported; use Lamb or AdamW")
+        if flag is not None and theirs is not None and flag != theirs:
+            raise ConfigError(f"{_flag(name)} {flag} contradicts {source}'s {'.'.join(path)} = {theirs}; "
+                              "remove one of them")
+        chosen[name] = flag if flag is not None else theirs if theirs is not None else getattr(defaults, name)
+    s = DeepSpeedSettings(**chosen)
+    if s.zero_stage is None:
+        s.zero_stage = DEFAULT_ZERO_STAGE[s.optimizer]
+
+    theirs_precision = _precision_of(user)
+    if cfg.precision not in (None, "auto") and theirs_precision and cfg.precision != theirs_precision:
+        raise ConfigError(f"--precision {cfg.precision} contradicts {source}'s precision ({theirs_precision}: "
+                          "see its fp16/bf16 sections); remove one of them")
+    s.precision = theirs_precision or cfg.precision or "auto"
+    if s.precision == "auto":
+        s.precision = ("bf16" if bf16_supported else "fp16") if on_cuda else "fp32"
+    if s.precision not in ("fp32", "bf16", "fp16"):
+        raise ConfigError(f"--precision {s.precision!r}: choose auto, fp32, bf16 or fp16")
+    if s.precision == "fp16" and not on_cuda:
+        raise ConfigError("--precision fp16 needs a GPU; on the CPU use fp32 (or bf16)")
+
+    gas_user = _get(user, ("gradient_accumulation_steps",))
+    if s.global_batch is None:
+        s.global_batch = s.micro_batch * world_size * (gas_user or 1)
+    if s.global_batch % (s.micro_batch * world_size):
+        raise ConfigError(f"global batch {s.global_batch} is not a multiple of micro batch {s.micro_batch} x "
+                          f"{world_size} rank(s); change --global-batch or --micro-batch")
+    s.grad_accum = s.global_batch // (s.micro_batch * world_size)
+    if gas_user is not None and gas_user != s.grad_accum:
+        raise ConfigError(f"{source}'s gradient_accumulation_steps = {gas_user} contradicts --global-batch "
+                          f"{s.global_batch} / (--micro-batch {s.micro_batch} x {world_size} ranks) = {s.grad_accum}")
+    return _deepspeed_config(user, s), s
+
+
+def _deepspeed_config(user: dict, s: DeepSpeedSettings) -> dict:
+    """The user's DeepSpeed config with the settings written in (what deepspeed.initialize gets)."""
+    ds = user
+    ds.pop("optimizer", None)
+    ds["train_micro_batch_size_per_gpu"] = s.micro_batch
+    ds["train_batch_size"] = s.global_batch
+    ds["gradient_accumulation_steps"] = s.grad_accum
+    ds["gradient_clipping"] = s.grad_clip
+    ds.setdefault("zero_optimization", {})["stage"] = s.zero_stage
+    ds["zero_allow_untested_optimizer"] = True  # our PyTorch LAMB is a "client" optimizer to DeepSpeed
+    ds.setdefault("steps_per_print", 1 << 30)   # bertkit logs metrics itself
+    ds.setdefault("wall_clock_breakdown", False)
+    if s.precision == "bf16":
+        ds.setdefault("bf16", {})["enabled"] = True
+        ds.pop("fp16", None)
+    elif s.precision == "fp16":
+        fp16 = ds.setdefault("fp16", {})
+        fp16["enabled"] = True
+        for k, v in (("loss_scale", 0), ("initial_scale_power", 16), ("loss_scale_window", 1000),
+                     ("hysteresis", 2), ("min_loss_scale", 1)):
+            fp16.setdefault(k, v)  # loss_scale 0 = dynamic loss scaling
+        ds.pop("bf16", None)
+    else:
+        ds.pop("fp16", None)
+        ds.pop("bf16", None)
+    return ds

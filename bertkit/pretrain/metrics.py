@@ -1,0 +1,121 @@
+"""Pretraining metrics: sums kept on the device between logs (Meter), one record per log (MetricsLog: JSON lines,
+TensorBoard, the progress bar), and model FLOPs utilisation."""
+import json
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from bertkit.formats import IGNORE_INDEX, METRICS, TENSORBOARD
+
+# dense bf16/fp16 tensor-core peak per GPU, for MFU
+PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12, "A10": 125e12,
+              "V100": 125e12, "RTX 4090": 165e12, "RTX 3090": 71e12}
+
+
+def peak_flops() -> float | None:
+    if not torch.cuda.is_available():
+        return None
+    name = torch.cuda.get_device_name()
+    return next((v for k, v in PEAK_FLOPS.items() if k in name), None)
+
+
+def training_flops(n_params: int, num_layers: int, hidden_size: int, seq_len: int, tokens: float) -> float:
+    """Forward + backward FLOPs: 6 per parameter per token, plus attention's 12 * L * H * S per token."""
+    return 6 * n_params * tokens + 12 * num_layers * hidden_size * seq_len * tokens
+
+
+class Meter:
+    """Sums over the micro batches of a log interval, kept on the device (no sync per step)."""
+
+    NAMES = ("loss", "mlm_loss", "nsp_loss", "mlm_correct", "mlm_count", "nsp_correct", "nsp_count", "micro",
+             "sequences", "tokens")
+
+    def __init__(self, device):
+        self.sums = torch.zeros(len(self.NAMES), dtype=torch.float64, device=device)
+
+    @torch.no_grad()
+    def add(self, out, batch):
+        labels = batch["mlm_labels"]
+        has = labels != IGNORE_INDEX
+        mlm_correct = ((out.mlm_logits.argmax(-1) == labels) & has).sum()
+        nsp_correct = (out.nsp_logits.argmax(-1) == batch["next_sentence_label"]).sum()
+        n = float(batch["next_sentence_label"].shape[0])
+        scalars = torch.tensor([n, 1.0, n], dtype=torch.float64, device=self.sums.device)  # nsp_count micro seqs
+        # non-padding tokens: a packed batch has no padding
+        tokens = batch["attention_mask"].sum() if "attention_mask" in batch else batch["input_ids"].new_tensor(
+            batch["input_ids"].numel())
+        values = torch.cat([torch.stack([out.loss.detach().double(), out.mlm_loss.detach().double(),
+                                         out.nsp_loss.detach().double(), mlm_correct.double(),
+                                         has.sum().double(), nsp_correct.double()]),
+                            scalars, tokens.double().view(1)])
+        self.sums += values
+
+    def reduce(self) -> dict:
+        """Sums over every rank since the last reduce (then zeroed): losses, accuracies, sequences, tokens."""
+        sums = self.sums.clone()
+        dist.all_reduce(sums)
+        s = dict(zip(self.NAMES, sums.tolist()))
+        self.sums.zero_()
+        micro = max(s["micro"], 1)
+        return {"loss": s["loss"] / micro, "mlm_loss": s["mlm_loss"] / micro, "nsp_loss": s["nsp_loss"] / micro,
+                "mlm_acc": s["mlm_correct"] / max(s["mlm_count"], 1),
+                "nsp_acc": s["nsp_correct"] / max(s["nsp_count"], 1),
+                "sequences": s["sequences"], "tokens": s["tokens"]}
+
+
+class MetricsLog:
+    """Rank 0 writes JSON lines, TensorBoard scalars (when installed) and the progress bar."""
+
+    def __init__(self, run_dir: Path, enabled: bool, total: int, initial: int, progress: bool):
+        self.enabled = enabled
+        self.file = open(run_dir / METRICS, "a", encoding="utf-8") if enabled else None
+        self.tb = None
+        self.bar = None
+        if not enabled:
+            return
+        try:
+            from torch.utils.tensorboard import SummaryWriter  # an optional extra
+
+            self.tb = SummaryWriter(str(run_dir / TENSORBOARD))
+        except Exception:  # tensorboard not installed
+            self.tb = None
+        if progress:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, initial=initial, desc="pretrain", unit="step", dynamic_ncols=True)
+
+    def write(self, record: dict):
+        if not self.enabled:
+            return
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+        if self.tb is not None:
+            for k, v in record.items():
+                if k != "step" and isinstance(v, (int, float)) and v is not None:
+                    self.tb.add_scalar(k, v, record["step"])
+
+    def advance(self, n: int, postfix: dict | None = None):
+        if self.bar is not None:
+            self.bar.update(n)
+            if postfix:
+                self.bar.set_postfix(postfix, refresh=False)
+
+    def close(self):
+        if self.enabled:
+            self.file.close()
+            if self.tb is not None:
+                self.tb.close()
+            if self.bar is not None:
+                self.bar.close()
+
+
+def as_float(x):
+    if x is None:
+        return None
+    return float(x.item() if hasattr(x, "item") else x)
+
+
+def current_lr(engine) -> float:
+    return float(engine.optimizer.param_groups[0]["lr"]) if hasattr(engine.optimizer, "param_groups") else \
+        float(engine.get_lr()[0])

@@ -1,0 +1,301 @@
+"""The pretraining loop: BERT MLM + NSP on an instances folder, under DeepSpeed (ZeRO stage 0-3).
+
+`pretrain(PretrainConfig(...))` is the whole stage. Under `deepspeed cli.py pretrain` every rank runs it; under
+`bertkit pretrain` it makes a process group of one itself. It reads top to bottom: settings, model, engine, data,
+then the loop (forward/backward/step per micro batch, a log record, an evaluation, a checkpoint).
+"""
+import json
+import math
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+import deepspeed
+import deepspeed.ops
+import torch
+import torch.distributed as dist
+from deepspeed.accelerator import get_accelerator
+
+from bertkit.config import BertConfig
+from bertkit.data import EpochBatches, InstanceDataset, batch_loader, collate, collate_packed
+from bertkit.fileio import sha256_file
+from bertkit.formats import InstancesManifest, RunConfig, read_instances_manifest
+from bertkit.hf import load_pretrained
+from bertkit.model import BertForPreTraining
+from bertkit.optim import build_optimizer, build_scheduler, param_groups
+from bertkit.pretrain.checkpoints import (
+    check_resume,
+    latest_tag,
+    load_checkpoint,
+    load_run_state_dict,
+    prepare_run_dir,
+    restore_rng,
+    save_checkpoint,
+    seed_rank,
+    write_run_folder,
+)
+from bertkit.pretrain.config import ConfigError, PretrainConfig, TrainingError, resolve_deepspeed_config
+from bertkit.pretrain.metrics import Meter, MetricsLog, as_float, current_lr, peak_flops, training_flops
+
+
+def pretrain(cfg: PretrainConfig) -> dict:
+    """Train; returns the last logged metrics (plus "step" and "checkpoint")."""
+    manifest = read_instances_manifest(cfg.instances)
+    run_dir = Path(cfg.out)
+    rank, world, local_rank, device = init_distributed()
+    on_cuda = device.type == "cuda"
+    previous_run = prepare_run_dir(cfg, manifest)
+
+    # settings: flags + the user's DeepSpeed config
+    ds_config, settings = resolve_deepspeed_config(cfg, world, read_user_deepspeed_config(cfg), on_cuda,
+                                                   on_cuda and torch.cuda.is_bf16_supported(),
+                                                   source=str(cfg.deepspeed_config))
+    if settings.optimizer == "lamb" and settings.zero_stage >= 1 and rank == 0:
+        print(f"warning: LAMB under ZeRO stage {settings.zero_stage} sees flat partitions, so its trust ratio is "
+              "per partition, not per layer; use --zero-stage 0 for layer-wise LAMB, or --optimizer adamw",
+              file=sys.stderr, flush=True)
+    if previous_run is not None:
+        check_resume(previous_run, cfg, settings, world)
+
+    # model, optimizer, engine
+    torch.manual_seed(cfg.seed)  # same initial weights on every rank
+    model, bert_cfg, init_source = build_model(cfg, manifest, previous_run)
+    optimizer = build_optimizer(settings.optimizer, param_groups(model, settings.weight_decay), settings.lr,
+                                cfg.betas, cfg.eps, on_cuda)
+    scheduler = None if "scheduler" in ds_config else build_scheduler(optimizer, cfg.max_steps, cfg.warmup_steps,
+                                                                      cfg.schedule)
+    engine, _, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
+                                                   config=ds_config, dist_init_required=False)
+    if rank == 0:
+        write_run_folder(cfg, settings, ds_config, bert_cfg, init_source, manifest, world)
+    dist.barrier()
+
+    step, last_ckpt = 0, None
+    if cfg.resume:
+        step, last_ckpt = load_checkpoint(engine, run_dir)
+    else:
+        seed_rank(cfg.seed, rank)
+
+    # data: this rank's micro batches from the first one not yet trained on
+    train = InstanceDataset(cfg.instances, "train", cfg.seed, manifest)
+    holdout = InstanceDataset(cfg.instances, "holdout", cfg.seed, manifest)
+    gas, micro = settings.grad_accum, settings.micro_batch
+    sampler = EpochBatches(len(train), micro, cfg.seed, rank, world)
+    if sampler.per_epoch == 0:
+        raise ConfigError(f"{cfg.instances}: {len(train)} training instances cannot fill one micro batch of "
+                          f"{micro} on each of {world} rank(s); lower --micro-batch")
+    sampler.start_epoch, sampler.start = divmod(step * gas, sampler.per_epoch)
+    loader = iter(batch_loader(train, sampler, cfg.num_workers, unpadded=cfg.unpadded))
+    if cfg.resume:
+        restore_rng(last_ckpt, rank)  # after the loader: making it draws from torch's generator
+
+    stop = StopFlag()
+    old_handlers = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    log = MetricsLog(run_dir, rank == 0, cfg.max_steps, step, cfg.progress)
+    meter = Meter(device)
+    peak = peak_flops()
+    n_params = sum(p.numel() for p in model.parameters())
+    record, t0, steps_in_interval = {}, time.perf_counter(), 0
+    engine.train()
+    try:
+        while step < cfg.max_steps:
+            step_loss = torch.zeros(2, dtype=torch.float64, device=device)  # [loss sum, stop requested]
+            for k in range(gas):
+                batch = to_device(next(loader), device)
+                try:
+                    out = engine(**batch)
+                    engine.backward(out.loss)
+                    engine.step()
+                except (torch.OutOfMemoryError, MemoryError) as e:
+                    raise out_of_memory(batch, step, k, gas, rank, cfg.unpadded, settings.global_batch, micro) from e
+                meter.add(out, batch)
+                step_loss[0] += out.loss.detach().double() / gas
+            step += 1
+            steps_in_interval += 1
+            step_loss[1] = 1.0 if stop.signal is not None else 0.0
+            dist.all_reduce(step_loss)  # every rank sees the same loss and stop request, so all stop together
+            loss = step_loss[0].item() / world
+            if not math.isfinite(loss):
+                where = f"the last good checkpoint is {last_ckpt}" if last_ckpt else "no checkpoint was saved yet"
+                raise TrainingError(
+                    f"loss is {loss} at step {step}; stopped without saving ({where}). Try a lower --lr, "
+                    f"a longer --warmup, --precision bf16 or fp32 instead of fp16, and check the instances; "
+                    f"then resume with --resume (from that checkpoint) or start again.")
+
+            if step % cfg.log_every == 0 or step == cfg.max_steps:
+                elapsed = time.perf_counter() - t0
+                m = meter.reduce()
+                record = {"step": step, "loss": m["loss"], "mlm_loss": m["mlm_loss"], "mlm_acc": m["mlm_acc"],
+                          "nsp_loss": m["nsp_loss"], "nsp_acc": m["nsp_acc"], "lr": current_lr(engine),
+                          "grad_norm": as_float(engine.get_global_grad_norm()),
+                          "seq_per_s": m["sequences"] / elapsed, "tokens_per_s": m["tokens"] / elapsed,
+                          "epoch": (step * gas) // sampler.per_epoch}
+                if settings.precision == "fp16":
+                    record["loss_scale"] = as_float(getattr(engine.optimizer, "cur_scale", None)
+                                                    or getattr(engine.optimizer, "loss_scale", None))
+                    record["skipped_steps"] = int(engine.skipped_steps)
+                if peak:
+                    seq = batch["max_seqlen"] if cfg.unpadded else batch["input_ids"].shape[1]
+                    flops = training_flops(n_params, bert_cfg.num_layers, bert_cfg.hidden_size, seq, m["tokens"])
+                    record["mfu"] = flops / elapsed / (peak * world)
+                log.write(record)
+                log.advance(steps_in_interval, {"loss": f"{record['loss']:.3f}", "seq/s": f"{record['seq_per_s']:.0f}"})
+                t0, steps_in_interval = time.perf_counter(), 0
+
+            if len(holdout) and cfg.eval_every and step % cfg.eval_every == 0:
+                ev = evaluate(engine, holdout, micro, rank, world, cfg.eval_batches, device, cfg.seed, cfg.unpadded)
+                if ev:
+                    log.write({"step": step, **ev})
+                t0 = time.perf_counter()
+
+            stopping = step_loss[1].item() > 0
+            if step % cfg.save_every == 0 or step == cfg.max_steps or stopping:
+                last_ckpt = save_checkpoint(engine, run_dir, step, rank, local_rank, cfg.keep_last)
+                t0 = time.perf_counter()
+            if stopping:
+                if rank == 0:
+                    print(f"\nstopped by signal at step {step}; saved {last_ckpt}. Continue with --resume.",
+                          flush=True)
+                break
+    finally:
+        log.close()
+        for s, h in old_handlers.items():
+            signal.signal(s, h)
+    return {**record, "step": step, "checkpoint": str(last_ckpt) if last_ckpt else None}
+
+
+def evaluate(engine, dataset, micro_batch: int, rank: int, world: int, max_batches: int, device, seed: int,
+             unpadded: bool = False):
+    """MLM/NSP loss and accuracy on the first max_batches micro batches (per rank) of the held-out instances."""
+    micro_batch = min(micro_batch, len(dataset) // world)  # a small holdout still gets evaluated
+    if micro_batch < 1:
+        return None
+    batches = EpochBatches(len(dataset), micro_batch, seed, rank, world, shuffle=False)
+    if batches.per_epoch == 0:
+        return None
+    meter = Meter(device)
+    was_training = engine.module.training
+    engine.module.eval()
+    with torch.no_grad():
+        for i, keys in enumerate(batches):
+            if i >= min(max_batches, batches.per_epoch):
+                break
+            batch = to_device((collate_packed if unpadded else collate)([dataset[k] for k in keys]), device)
+            meter.add(engine(**batch), batch)
+    engine.module.train(was_training)
+    r = meter.reduce()
+    return {f"eval_{k}": r[k] for k in ("loss", "mlm_loss", "nsp_loss", "mlm_acc", "nsp_acc")}
+
+
+# ---------------------------------------------------------------- the pieces pretrain() is made of
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_distributed():
+    """Join the launcher's process group, or make a group of one (`bertkit pretrain` without a launcher).
+    Returns (rank, world size, local rank, device)."""
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_SIZE="1")
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    acc = get_accelerator()
+    if acc.device_name() == "cpu":
+        # DeepSpeed's CPU backend compiles a shared-memory op (~1 min) used only by inference all-reduce;
+        # training's collectives go through gloo either way, so skip building it.
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    deepspeed.init_distributed(dist_backend=acc.communication_backend_name())
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    device = torch.device("cpu")
+    if acc.device_name() == "cuda":
+        acc.set_device(local_rank)
+        device = torch.device(acc.device_name(local_rank))
+    return dist.get_rank(), dist.get_world_size(), local_rank, device
+
+
+def read_user_deepspeed_config(cfg: PretrainConfig) -> dict | None:
+    if not cfg.deepspeed_config:
+        return None
+    try:
+        return json.loads(Path(cfg.deepspeed_config).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConfigError(f"--deepspeed-config {cfg.deepspeed_config}: cannot read it ({e})") from e
+
+
+def build_model(cfg: PretrainConfig, manifest: InstancesManifest, previous_run: RunConfig | None):
+    """(model, BertConfig, init source description): the run's own shape on --resume (weights come from the
+    checkpoint), --init-from's weights, an HF config, or a preset sized to the instances' vocabulary."""
+    vocab_size = manifest.vocab_size
+    state, source = None, "random initialisation"
+    if previous_run is not None:
+        bert_cfg = BertConfig.from_dict(previous_run.model)
+    elif cfg.init_from:
+        init = Path(cfg.init_from)
+        if latest_tag(init) is not None:
+            state, run, tag = load_run_state_dict(init)
+            bert_cfg = BertConfig.from_dict(run.model)
+            source = f"{init} ({tag})"
+            init_sha = run.vocab_sha256
+        else:
+            loaded = load_pretrained(init, head="pretraining")
+            bert_cfg, state, source = loaded.cfg, loaded.state_dict(), str(init)
+            init_sha = sha256_file(init / "vocab.txt") if (init / "vocab.txt").is_file() else None
+        if init_sha and manifest.vocab_sha256 and init_sha != manifest.vocab_sha256:
+            raise ConfigError(f"--init-from {init} was trained with another vocabulary (vocab.txt sha256 "
+                              f"{init_sha[:12]}...) than --instances {cfg.instances} ({manifest.vocab_sha256[:12]}"
+                              "...); make the instances with the tokenizer of the first phase")
+    elif Path(cfg.model).exists():
+        p = Path(cfg.model)
+        p = p / "config.json" if p.is_dir() else p
+        d = json.loads(p.read_text())
+        bert_cfg = BertConfig.from_hf_dict(d, str(p)) if "model_type" in d else BertConfig.from_dict(d)
+    else:
+        bert_cfg = BertConfig.preset(cfg.model, vocab_size=vocab_size)
+    if cfg.dropout is not None:
+        bert_cfg.hidden_dropout = bert_cfg.attention_dropout = cfg.dropout
+    if bert_cfg.vocab_size != vocab_size:
+        raise ConfigError(f"the model's vocabulary has {bert_cfg.vocab_size} tokens ({source if state else cfg.model})"
+                          f" but {cfg.instances} was made with {vocab_size} (manifest vocab_size): use instances "
+                          "made with the model's tokenizer, or a model config with the instances' vocab_size")
+    if manifest.max_seq_length > bert_cfg.max_position_embeddings:
+        raise ConfigError(f"{cfg.instances} has sequences of {manifest.max_seq_length} tokens but the model has only "
+                          f"{bert_cfg.max_position_embeddings} positions")
+    model = BertForPreTraining(bert_cfg)
+    if state is not None:
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        if missing or unexpected:
+            raise ConfigError(f"--init-from {cfg.init_from}: weights do not fit the pretraining model "
+                              f"(missing {missing[:5]}, unexpected {unexpected[:5]})")
+    return model, bert_cfg, source
+
+
+def to_device(batch: dict, device) -> dict:
+    """Tensors to the device; plain values (a packed batch's max_seqlen) stay on the host."""
+    return {k: v.to(device, non_blocking=True) if hasattr(v, "to") else v for k, v in batch.items()}
+
+
+def out_of_memory(batch, step, k, gas, rank, unpadded, global_batch, micro) -> TrainingError:
+    """The error for an out-of-memory micro batch: where, its shape, and what to change."""
+    b, ids = batch["next_sentence_label"].shape[0], batch["input_ids"]
+    shape = f"{b} packed sequences, {ids.numel()} tokens" if unpadded else f"{b} sequences x {ids.shape[1]} tokens"
+    return TrainingError(f"out of memory at step {step + 1}, micro batch {k + 1} of {gas} on rank {rank}: {shape}. "
+                         f"Try --micro-batch {max(1, micro // 2)} with the same --global-batch {global_batch} (more "
+                         "gradient accumulation), or ZeRO stage 3")
+
+
+class StopFlag:
+    """SIGTERM / SIGINT handler: the loop saves a checkpoint at the end of the step and stops."""
+
+    def __init__(self):
+        self.signal = None
+
+    def __call__(self, signum, frame):
+        if self.signal is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C: stop now
+        self.signal = signum

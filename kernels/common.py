@@ -1,0 +1,29 @@
+"""What the kernels and their references share: interpreter or compiled, the dropout seed, and the dropout rule.
+
+Triton-free except for INTERPRET, so the references (kernels/reference.py) work where Triton is missing.
+"""
+import os
+
+import torch
+
+try:  # triton >= 3.4 decides interpreter vs compiled when @triton.jit runs, i.e. at import of the kernel modules
+    import triton
+
+    INTERPRET = bool(triton.knobs.runtime.interpret)
+except ImportError:  # no triton: the references serve every device
+    INTERPRET = False
+except AttributeError:  # pragma: no cover - older triton
+    INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def threshold_and_scale(dropout_p):
+    """How the kernels draw dropout (kernels/dropout.py): (16-bit threshold, scale of the kept values).
+    p is rounded to a multiple of 1/65536 and kept values are scaled by the inverse of that keep rate, so the
+    expectation stays exact; a reference given the kernels' mask applies the same scale."""
+    threshold = min(65535, round(dropout_p * 65536))
+    return threshold, 65536.0 / (65536 - threshold)
+
+
+def draw_seed(device):
+    """A 62-bit Philox seed from torch's generator for `device` (CUDA RNG on GPU: checkpointing replays it)."""
+    return torch.randint(0, 2**62, (1,), dtype=torch.int64, device=device)
