@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: demo test bench install check-triton36
+.PHONY: demo test test-fast lint bench install check-triton36
 
 install: $(VENV)/.installed
 
@@ -26,6 +26,13 @@ demo: install
 
 test: install
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q tests
+
+# the inner loop: everything but the tests marked slow (DeepSpeed launches, the Triton interpreter), under a minute
+test-fast: install
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q -m "not slow" tests
+
+lint: install
+	$(VENV)/bin/ruff check .
 
 bench: install
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH bash benchmarks/run_all.sh

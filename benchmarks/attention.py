@@ -2,7 +2,8 @@
 
     python benchmarks/attention.py [--batches 32 128 256] [--seqs 128 512] [--dtype bf16] [--dropout 0.0]
 
-Providers: bertkit (padded, reading Q/K/V from the fused QKV output), bertkit-varlen (packed tokens), torch SDPA
+Providers: bertkit (padded, reading Q/K/V from the fused QKV output), bertkit-varlen (packed tokens), the same two
+through `--kernels torch` (bertkit-torch, bertkit-torch-varlen: kernels/torch_backend.py), torch SDPA
 with a boolean padding mask (lands on the memory-efficient kernel), torch SDPA on a jagged nested tensor (flash),
 and flash-attn's varlen kernel when installed. Lengths are uniform in [S/4, S]; FLOPs count only real tokens
 (forward 4·Σ L²·H·D, backward 2.5x that), so padding is never credited as work. Bytes are the minimum traffic
@@ -67,9 +68,10 @@ def make_inputs(batch, seq, heads, head_dim, dtype, gen):
     return qkv, lengths
 
 
-def providers(qkv, lengths, dropout_p):
+def providers(qkv, lengths, dropout_p, backends=("triton", "torch")):
     """name -> (forward fn returning (output, leaves)); each closure builds its own layout outside the timing."""
-    from bertkit import kernels
+    from bertkit.kernels.attention import attention_triton, attention_varlen_triton
+    from bertkit.kernels.torch_backend import attention_torch, attention_varlen_torch
 
     batch, seq, _, heads, head_dim = qkv.shape
     valid = torch.arange(seq, device="cuda")[None, :] < lengths[:, None]
@@ -78,11 +80,13 @@ def providers(qkv, lengths, dropout_p):
     out = {}
 
     padded_leaf = qkv.detach().clone().requires_grad_()
-    out["bertkit"] = lambda: (kernels.attention(*padded_leaf.unbind(2), lengths, dropout_p), [padded_leaf])
-
     packed_leaf = packed.detach().clone().requires_grad_()
-    out["bertkit-varlen"] = lambda: (
-        kernels.attention_varlen(*packed_leaf.unbind(1), cu, seq, dropout_p), [packed_leaf])
+    ours = {"triton": ("bertkit", attention_triton, attention_varlen_triton),
+            "torch": ("bertkit-torch", attention_torch, attention_varlen_torch)}
+    for backend in backends:
+        name, padded_fn, varlen_fn = ours[backend]
+        out[name] = lambda f=padded_fn: (f(*padded_leaf.unbind(2), lengths, dropout_p), [padded_leaf])
+        out[f"{name}-varlen"] = lambda f=varlen_fn: (f(*packed_leaf.unbind(1), cu, seq, dropout_p), [packed_leaf])
 
     mask = valid[:, None, None, :]  # (batch, 1, 1, keys): broadcast over heads and queries
 
@@ -151,6 +155,8 @@ def main(argv=None):
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     ap.add_argument("--dropout", type=float, default=0.0)
+    ap.add_argument("--kernels", nargs="+", choices=["triton", "torch"], default=["triton", "torch"],
+                    help="bertkit's backends to time (besides SDPA and flash-attn)")
     ap.add_argument("--out", type=Path, default=None, help="JSON path (default benchmarks/results/attention-*.json)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -176,7 +182,7 @@ def main(argv=None):
             flops_bwd = 2.5 * flops_fwd
             unit = tokens * args.heads * args.head_dim * qkv.element_size()
             bytes_fwd, bytes_bwd = 4 * unit, 8 * unit
-            for name, fn in providers(qkv, lengths, args.dropout).items():
+            for name, fn in providers(qkv, lengths, args.dropout, args.kernels).items():
                 times = measure(fn)
                 if times is None:
                     continue

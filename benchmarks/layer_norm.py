@@ -5,7 +5,8 @@
 Bytes count the traffic the fused op needs: forward reads x and the residual and writes y and the pre-norm sum h
 (which backward reads; PyTorch saves its add output the same way), backward reads dy and h and writes dh.
 The same byte counts are used for both providers, so GB/s compare times; fractions are of the measured copy
-bandwidth. Prints a table, writes JSON to benchmarks/results/.
+bandwidth. `--kernels torch` runs exactly the "torch add+layer_norm" provider (kernels/torch_backend.py uses it).
+Prints a table, writes JSON to benchmarks/results/.
 """
 import argparse
 import json

@@ -9,6 +9,7 @@ Each (implementation, config) runs in its own process so peak memory is its own:
 torch.cuda.max_memory_allocated, on the CPU the growth of the process's peak RSS over its state before the model.
 
     python benchmarks/pretrain_step.py                        # CPU: tiny and small at 128, batch 32
+    python benchmarks/pretrain_step.py --kernels torch reference   # the CPU backends side by side
     python benchmarks/pretrain_step.py --device cuda --configs base --seq 128 512 --batch 128 --precision bf16
 """
 import argparse
@@ -51,6 +52,7 @@ def make_batch(batch: int, seq: int, vocab: int, seed: int = 0):
 
 
 def measure(impl: str, config: str, seq: int, batch: int, device: str, precision: str, steps: int, warmup: int):
+    """impl: transformers, or bertkit:BACKEND (auto, triton, torch: --kernels)."""
     import torch
 
     from bertkit.config import BertConfig
@@ -59,9 +61,12 @@ def measure(impl: str, config: str, seq: int, batch: int, device: str, precision
     cfg = BertConfig.preset(config, vocab_size=30522, max_position_embeddings=512)
     data = {k: v.to(device) for k, v in make_batch(batch, seq, cfg.vocab_size).items()}
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    if impl == "bertkit":
+    if impl.startswith("bertkit"):
+        from bertkit import kernels
         from bertkit.model import BertForPreTraining
 
+        kernels.use(impl.split(":")[1])
+        impl = f"bertkit:{kernels.resolve(device)}"
         model = BertForPreTraining(cfg).to(device)
 
         def loss_fn():
@@ -138,10 +143,13 @@ def main():
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    ap.add_argument("--kernels", nargs="+", choices=["auto", "triton", "torch", "reference"], default=None,
+                    help="bertkit backends to time (default: auto on the CPU; triton and torch on CUDA)")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
     ap.add_argument("--one", nargs=3, metavar=("IMPL", "CONFIG", "SEQ"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     precision = args.precision or ("bf16" if args.device == "cuda" else "fp32")
+    kernels = args.kernels or (["triton", "torch"] if args.device == "cuda" else ["auto"])
     if args.one:
         import torch
 
@@ -155,7 +163,7 @@ def main():
     results = []
     for config in args.configs:
         for seq in args.seq:
-            for impl in ("bertkit", "transformers"):
+            for impl in [f"bertkit:{k}" for k in kernels] + ["transformers"]:
                 cmd = [sys.executable, __file__, "--one", impl, config, str(seq), "--batch", str(args.batch),
                        "--device", args.device, "--precision", precision, "--steps", str(args.steps),
                        "--warmup", str(args.warmup)] + (["--threads", str(args.threads)] if args.threads else [])

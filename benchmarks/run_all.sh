@@ -2,7 +2,8 @@
 # CPU benchmarks (`make bench`). GPU ones (attention, layer_norm, pretrain_step on CUDA) exit cleanly without CUDA.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-for b in prepare_corpus sentence_splitters make_instances pretrain_step kernel_resources attention layer_norm; do
+for b in prepare_corpus sentence_splitters make_instances pretrain_step cpu_backends kernel_resources attention \
+    layer_norm; do
   if [ -f "benchmarks/$b.py" ]; then
     echo "== benchmarks/$b.py"
     python "benchmarks/$b.py"

@@ -6,6 +6,7 @@ heavy imports (torch, deepspeed) happen inside the commands so `bertkit --help` 
 import click
 
 from bertkit import __version__
+from bertkit.commands.check_gpu import check_gpu
 from bertkit.commands.corpus import prepare_corpus
 from bertkit.commands.finetune import finetune
 from bertkit.commands.instances import make_instances
@@ -23,7 +24,7 @@ def main():
     """
 
 
-for command in (prepare_corpus, train_tokenizer, make_instances, fill_mask, pretrain, export, finetune):
+for command in (prepare_corpus, train_tokenizer, make_instances, fill_mask, pretrain, export, finetune, check_gpu):
     main.add_command(command)
 
 

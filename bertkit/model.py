@@ -1,8 +1,8 @@
 """BERT (Devlin et al. 2019): embeddings, post-LN encoder, pooler, and the pretraining / fine-tuning heads.
 
-Attention and the (dropout + residual + LayerNorm) sub-layer exits go through `kernels`, which dispatch to
-Triton on CUDA and to a PyTorch reference elsewhere. Inputs are right-padded batches: attention_mask is
-1 for tokens and 0 for padding, and the kernels use only its per-row length. Hidden states at padded
+Attention and the (dropout + residual + LayerNorm) sub-layer exits go through `bertkit.kernels`, whose backend
+(--kernels) is our Triton kernels on CUDA and PyTorch's own ops elsewhere by default. Inputs are right-padded
+batches: attention_mask is 1 for tokens and 0 for padding, and the kernels use only its per-row length. Hidden states at padded
 positions are not meaningful (the attention kernel zeroes padded query rows); nothing reads them.
 
 BertModel and BertForPreTraining also take a packed (unpadded, "varlen") batch: the sequences laid end to end,

@@ -8,7 +8,8 @@ Uncased normalization differs from google-research/bert in one deliberate way. B
 and drops every combining mark (Unicode category Mn). That turns é into e, but it also splits every Hangul
 syllable into jamo (google-research/bert#135) and deletes the voicing marks of Japanese kana, so が becomes か
 (#130). bertkit drops only the script-neutral combining diacritics (the Combining Diacritical Marks blocks) and
-recomposes with NFC: é -> e, 한국어 stays 한국어, が stays が. README "train-tokenizer" lists what else differs.
+recomposes with NFC: é -> e, 한국어 stays 한국어, が stays が. pipelines/README.md (train-tokenizer) lists what else
+differs.
 """
 import json
 from pathlib import Path

@@ -9,43 +9,90 @@ attention_varlen(q, k, v, cu_seqlens, max_seqlen, dropout_p, softmax_scale)
 add_layer_norm(x, residual, weight, bias, eps, dropout_p)
     LayerNorm(dropout(x) + residual) over the last dim; residual may be None.
 
-Dispatch: the Triton kernels (kernels/attention.py, kernels/layer_norm.py, registered as torch.library ops
-bertkit::flash_attn_fwd/bwd and bertkit::add_layer_norm_fwd/bwd) on CUDA tensors; the PyTorch reference
-(kernels/reference.py) on the CPU, except when TRITON_INTERPRET=1 was set before `kernels` was imported, where the
-CPU runs the Triton code itself in Triton's interpreter (that is how the tests check the kernels without a GPU).
+Backends, chosen with `use(name)` (the CLI's --kernels) or the BERTKIT_KERNELS environment variable:
+  triton     our kernels (kernels/attention.py, kernels/layer_norm.py; torch.library ops bertkit::flash_attn_fwd/bwd,
+             bertkit::add_layer_norm_fwd/bwd), on CUDA tensors, or on the CPU in Triton's interpreter when
+             TRITON_INTERPRET=1 was set before this package was imported (how the tests check them without a GPU);
+  torch      PyTorch's own ops: SDPA and F.layer_norm (kernels/torch_backend.py);
+  reference  the einsum references (kernels/reference.py): the tests' ground truth, slow;
+  auto       (default) triton where it can run (CUDA, or the interpreter), else torch, which is faster than the
+             reference on the CPU (benchmarks/README.md).
+Every backend keeps the same contract: padded query rows are zero, and none reads a value back from the device.
+A model's weights never depend on the backend.
 """
+import os
+
+import torch
+
 from .common import INTERPRET
 from .reference import add_layer_norm_reference, attention_reference, attention_varlen_reference
+from .torch_backend import add_layer_norm_torch, attention_torch, attention_varlen_torch
 
 try:
     from .attention import attention_triton, attention_varlen_triton
     from .layer_norm import add_layer_norm_triton
 
     HAVE_TRITON = True
-except ImportError:  # no triton on this platform: the references serve every device
+except ImportError:  # no triton on this platform
     HAVE_TRITON = False
 
+BACKENDS = ("auto", "triton", "torch", "reference")
+_FUNCTIONS = {
+    "torch": (attention_torch, attention_varlen_torch, add_layer_norm_torch),
+    "reference": (attention_reference, attention_varlen_reference, add_layer_norm_reference),
+}
+if HAVE_TRITON:
+    _FUNCTIONS["triton"] = (attention_triton, attention_varlen_triton, add_layer_norm_triton)
 
-def _triton_for(t):
-    return HAVE_TRITON and (t.is_cuda or (INTERPRET and t.device.type == "cpu"))
+
+class BackendError(ValueError):
+    """The backend asked for does not exist or cannot run on this device."""
+
+
+def _check(name: str) -> str:
+    if name not in BACKENDS:
+        raise BackendError(f"kernels backend {name!r}: choose one of {', '.join(BACKENDS)}")
+    return name
+
+
+_backend = _check(os.environ.get("BERTKIT_KERNELS", "auto"))
+
+
+def use(name: str) -> None:
+    """Choose the backend for this process (auto, triton, torch or reference)."""
+    global _backend
+    _backend = _check(name)
+
+
+def backend() -> str:
+    """The backend asked for (may be "auto")."""
+    return _backend
+
+
+def resolve(device) -> str:
+    """The backend that runs for tensors on `device`: triton, torch or reference. Raises BackendError, saying what
+    to do, when the one asked for cannot run there."""
+    device = torch.device(device)
+    triton_here = HAVE_TRITON and (device.type == "cuda" or (INTERPRET and device.type == "cpu"))
+    if _backend == "auto":
+        return "triton" if triton_here else "torch"
+    if _backend == "triton" and not triton_here:
+        why = "triton is not installed" if not HAVE_TRITON else f"they run on CUDA, not {device.type}"
+        raise BackendError(f"--kernels triton: the Triton kernels cannot run here ({why}); use --kernels torch "
+                         "(or auto)")
+    return _backend
 
 
 def attention(q, k, v, lengths, dropout_p=0.0, softmax_scale=None):
-    if _triton_for(q):
-        return attention_triton(q, k, v, lengths, dropout_p, softmax_scale)
-    return attention_reference(q, k, v, lengths, dropout_p, softmax_scale)
+    return _FUNCTIONS[resolve(q.device)][0](q, k, v, lengths, dropout_p, softmax_scale)
 
 
 def attention_varlen(q, k, v, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None):
-    if _triton_for(q):
-        return attention_varlen_triton(q, k, v, cu_seqlens, max_seqlen, dropout_p, softmax_scale)
-    return attention_varlen_reference(q, k, v, cu_seqlens, max_seqlen, dropout_p, softmax_scale)
+    return _FUNCTIONS[resolve(q.device)][1](q, k, v, cu_seqlens, max_seqlen, dropout_p, softmax_scale)
 
 
 def add_layer_norm(x, residual, weight, bias, eps=1e-12, dropout_p=0.0):
-    if _triton_for(x):
-        return add_layer_norm_triton(x, residual, weight, bias, eps, dropout_p)
-    return add_layer_norm_reference(x, residual, weight, bias, eps, dropout_p)
+    return _FUNCTIONS[resolve(x.device)][2](x, residual, weight, bias, eps, dropout_p)
 
 
-__all__ = ["attention", "attention_varlen", "add_layer_norm"]
+__all__ = ["BACKENDS", "BackendError", "add_layer_norm", "attention", "attention_varlen", "backend", "resolve", "use"]

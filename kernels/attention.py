@@ -19,6 +19,7 @@ Registers: rows are addressed by 32-bit offsets from a 64-bit pointer to the seq
 its whole blocks without masks and the last, partial block separately; `benchmarks/kernel_resources.py` checks that
 no configuration spills on sm_90.
 """
+import contextlib
 import math
 import os
 
@@ -388,12 +389,17 @@ class _Launcher:
 
     def __init__(self, kernel, configs_by_dim):
         self.kernel, self.configs = kernel, configs_by_dim
+        self.forced = None  # a (BLOCK_M, BLOCK_N, warps, stages) that overrides the rest (forced_configs)
         self.tuned = {dim: triton.autotune(
             [triton.Config(dict(BLOCK_M=m, BLOCK_N=n), num_warps=w, num_stages=st) for m, n, w, st in configs],
             key=TUNE_KEY)(kernel) for dim, configs in configs_by_dim.items()} if AUTOTUNE else None
 
     def __call__(self, grid, *args, BLOCK_D, **kwargs):
         dim = _dim_class(BLOCK_D)
+        if self.forced is not None:
+            m, n, w, st = self.forced
+            return self.kernel[grid(m, n)](*args, BLOCK_D=BLOCK_D, **kwargs, BLOCK_M=m, BLOCK_N=n, num_warps=w,
+                                           num_stages=st)
         if self.tuned is not None:
             return self.tuned[dim][lambda meta: grid(meta["BLOCK_M"], meta["BLOCK_N"])](*args, BLOCK_D=BLOCK_D,
                                                                                         **kwargs)
@@ -405,6 +411,20 @@ class _Launcher:
 _fwd_launch = _Launcher(_attn_fwd, FWD_CONFIGS)
 _dkdv_launch = _Launcher(_attn_bwd_dkdv, DKDV_CONFIGS)
 _dq_launch = _Launcher(_attn_bwd_dq, DQ_CONFIGS)
+
+
+@contextlib.contextmanager
+def forced_configs(fwd=None, dkdv=None, dq=None):
+    """Launch with these (BLOCK_M, BLOCK_N, warps, stages) instead of the default or the autotuned one (None: as
+    usual), so `bertkit check-gpu` can run every shipped configuration."""
+    launchers = ((_fwd_launch, fwd), (_dkdv_launch, dkdv), (_dq_launch, dq))
+    for launcher, config in launchers:
+        launcher.forced = config
+    try:
+        yield
+    finally:
+        for launcher, _ in launchers:
+            launcher.forced = None
 
 
 def _dot_precision(dtype):

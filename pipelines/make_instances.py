@@ -1,6 +1,6 @@
 """`bertkit make-instances`: MLM + NSP training instances from a prepare-corpus folder.
 
-The rules are google-research/bert's create_pretraining_data.py (README "make-instances" numbers them 1-6);
+The rules are google-research/bert's create_pretraining_data.py (pipelines/README.md, make-instances, numbers them 1-6);
 this module runs them per work unit (a run of documents of one shard), in parallel, numpy doing the per-token work:
 
   tokenize the unit once (WordEncoder: distinct words through the Rust tokenizer)  ->  for each dupe pass:

@@ -2,8 +2,8 @@
 
 Cleaning: Unicode NFC (never NFD: NFD splits Hangul syllables into conjoining jamo), control characters removed,
 whitespace collapsed. Segmentation: sentencex (Wikimedia's rule-based splitter, ~250 languages). We measured it
-against blingfire on the en and ko Wikipedia samples (benchmarks/sentence_splitters.py, README): it is ~4x faster
-and blingfire misses most Korean boundaries before digits and Latin words.
+against blingfire on the en and ko Wikipedia samples (benchmarks/sentence_splitters.py, pipelines/README.md): it
+is 3-5x faster and blingfire misses most Korean boundaries before digits and Latin words.
 """
 import re
 import unicodedata

@@ -25,3 +25,10 @@ def clean_dist_env():
             os.environ[k] = saved[k]
         else:
             os.environ.pop(k, None)
+
+
+def pytest_collection_modifyitems(items):
+    """Tests that use the shared_data fixture carry the shared_data marker: `pytest -m "not shared_data"`."""
+    for item in items:
+        if "shared_data" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.shared_data)

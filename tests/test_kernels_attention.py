@@ -6,7 +6,7 @@ import zlib
 import pytest
 import torch
 
-from bertkit.kernels.reference import attention_reference
+from bertkit.kernels.reference import attention_reference, attention_varlen_reference
 from tests.kernel_utils import (
     INTERPRETED,
     TOLERANCE,
@@ -23,6 +23,7 @@ from tests.kernel_utils import (
 INTERPRETER_CASES = 15
 
 
+@pytest.mark.slow
 @parent_only
 def test_under_interpreter():
     run_file_under_interpreter(__file__, INTERPRETER_CASES)
@@ -54,13 +55,8 @@ def _padded_reference(q, k, v, lengths, dout, p=0.0, mask=None):
 
 def _varlen_reference(q, k, v, cu, dout, p=0.0, mask=None):
     leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
-    outs = []
-    for i in range(cu.numel() - 1):
-        s, e = int(cu[i]), int(cu[i + 1])
-        m = None if mask is None else mask[i][:, : e - s, : e - s][None]
-        length = torch.tensor([e - s], device=q.device)
-        outs.append(attention_reference(*(t[None, s:e] for t in leaves), length, p, None, m)[0])
-    out = torch.cat(outs)
+    max_seqlen = mask.shape[-1] if mask is not None else int((cu[1:] - cu[:-1]).max())
+    out = attention_varlen_reference(*leaves, cu, max_seqlen, p, None, mask)
     out.backward(dout.double())
     return out.detach(), [t.grad for t in leaves]
 
@@ -270,12 +266,11 @@ def test_tiny_bert_through_triton_matches_reference_path():
 
     model.eval()
     loss_triton, grads_triton = loss_and_grads()
-    original = kernels._triton_for
-    kernels._triton_for = lambda t: False
+    kernels.use("reference")
     try:
         loss_ref, grads_ref = loss_and_grads()
     finally:
-        kernels._triton_for = original
+        kernels.use("auto")
     assert abs(loss_triton.item() - loss_ref.item()) <= 1e-5 * abs(loss_ref.item())
     assert grads_triton.keys() == grads_ref.keys()
     for name, g in grads_triton.items():
@@ -294,16 +289,6 @@ def test_tiny_bert_through_triton_matches_reference_path():
 # GPU: compiled kernels at BERT shapes; FlashAttention's rule: error <= 2x that of PyTorch in the same precision.
 
 
-def _low_precision_reference(q, k, v, lengths):
-    """Attention computed the way a user would in bf16/fp16 PyTorch (scores and P in the input dtype)."""
-    seq, head_dim = q.shape[1], q.shape[-1]
-    valid = torch.arange(seq, device=q.device)[None, :] < lengths[:, None]
-    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(head_dim)
-    scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
-    probs = torch.softmax(scores.float(), dim=-1).nan_to_num(0.0).to(q.dtype)
-    return torch.einsum("bhqk,bkhd->bqhd", probs, v) * valid[:, :, None, None]
-
-
 @cuda_only
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("seq", [128, 512])
@@ -320,7 +305,7 @@ def test_cuda_bert_shapes_flash_rule(dtype, seq):
     exact = attention_reference(*exact_leaf.unbind(2), lengths)
     exact.backward(dout)
     low_leaf = qkv.to(dtype).requires_grad_()
-    low = _low_precision_reference(*low_leaf.unbind(2), lengths)
+    low = attention_reference(*low_leaf.unbind(2), lengths, upcast=False)
     low.backward(dout.to(dtype))
     ours_leaf = qkv.to(dtype).requires_grad_()
     ours = kernels.attention(*ours_leaf.unbind(2), lengths)
@@ -368,7 +353,7 @@ if INTERPRETED:
     def test_dispatch_is_triton_under_interpreter():
         from bertkit import kernels
 
-        assert kernels.INTERPRET and kernels._triton_for(torch.zeros(1))
+        assert kernels.INTERPRET and kernels.resolve("cpu") == "triton"
 
 
 @parent_only

@@ -191,3 +191,28 @@ def test_tensorboard_gets_every_logged_scalar(instances, tmp_path, clean_dist_en
     expected = [(k, v, r["step"]) for r in records for k, v in r.items()
                 if k != "step" and isinstance(v, (int, float))]
     assert written == expected and any(tag == "loss" for tag, _, _ in written)
+
+
+def test_torch_kernels_log_the_same_losses_as_the_reference(instances, tmp_path, clean_dist_env):
+    """--kernels torch (SDPA, F.layer_norm) trains step for step like the einsum reference in fp32, padded and
+    packed; the backend that ran is in config.json and every training record."""
+    from bertkit import kernels
+
+    def losses(backend, unpadded):
+        run = tmp_path / f"{backend}-{unpadded}"
+        pretrain(PretrainConfig(instances=str(instances), out=str(run), model=str(instances.parent / "model.json"),
+                                micro_batch=8, max_steps=6, dropout=0.0, optimizer="adamw", lr=3e-3, warmup=0,
+                                progress=False, num_workers=0, log_every=1, eval_every=3, eval_batches=2,
+                                kernels=backend, unpadded=unpadded))
+        assert json.loads((run / "config.json").read_text())["kernels"] == backend
+        records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        assert all(r["kernels"] == backend for r in records if "loss" in r)
+        return [r.get("loss", r.get("eval_loss")) for r in records]
+
+    try:
+        for unpadded in (False, True):
+            ours, ref = losses("torch", unpadded), losses("reference", unpadded)
+            assert len(ours) == len(ref) == 8
+            assert ours == pytest.approx(ref, rel=1e-5)
+    finally:
+        kernels.use("auto")

@@ -19,6 +19,8 @@ import torch
 
 from tests.helpers import TINY, make_instances_dir
 
+pytestmark = pytest.mark.slow  # launches DeepSpeed ranks
+
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 DIST_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT")

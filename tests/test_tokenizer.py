@@ -160,7 +160,7 @@ def legacy_ids(shared_data, english_lines):
 def test_ids_equal_transformers_bert_tokenizer_on_english_wikipedia(shared_data, english_lines, legacy_ids,
                                                                     strip_accents):
     """bert-base-uncased vocab: every line of two full wiki files gives transformers' ids, except for words whose
-    normalization is a listed exception (README): final capital sigma, and with "latin" the marks of other
+    normalization is a listed exception (pipelines/README.md): final capital sigma, and with "latin" the marks of other
     scripts, Hangul and kana. Those words are removed and the rest of the line must then match too."""
     ref, want = legacy_ids
     tok = load_tokenizer(shared_data / BERT_VOCAB, strip_accents=None if strip_accents == "auto" else strip_accents)
@@ -264,7 +264,8 @@ def test_trained_tokenizer_loads_in_transformers_with_identical_ids(mixed_tokeni
         assert got["token_type_ids"] == [e.type_ids for e in want]
     assert auto.mask_token_id == ours.token_to_id("[MASK]") and auto.pad_token_id == 0
     # transformers v5's BertTokenizer(Fast) rebuilds its normalizer from do_lower_case/strip_accents and has no
-    # Latin-only accent stripping: it keeps accents (README exception) but agrees wherever there are none.
+    # Latin-only accent stripping: it keeps accents (an exception listed in pipelines/README.md) but agrees wherever
+    # there are none.
     bert = transformers.BertTokenizerFast.from_pretrained(folder)
     plain = [s for s in MIXED if unicodedata.normalize("NFD", s) == unicodedata.normalize("NFC", s)
              or not re.search(LATIN_TYPE_MARKS, unicodedata.normalize("NFD", s))]

@@ -1,6 +1,16 @@
 """One module per stage's click command(s); bertkit/cli.py gathers them into the `bertkit` group."""
 import os
 
+import click
+
+# = bertkit.kernels.BACKENDS, spelled out so that `bertkit --help` needs no torch (tests/test_kernels_torch.py checks)
+KERNEL_BACKENDS = ("auto", "triton", "torch", "reference")
+
+kernels_option = click.option(
+    "--kernels", type=click.Choice(KERNEL_BACKENDS), default="auto", show_default=True,
+    help="Attention and LayerNorm: our Triton kernels, PyTorch's (SDPA, F.layer_norm), or the einsum reference "
+         "(slow; the tests' ground truth). auto: Triton on CUDA, PyTorch elsewhere.")
+
 
 def default_workers() -> int:
     """Worker processes for the parallel stages: the CPUs this process may use, at most 8."""

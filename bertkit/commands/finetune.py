@@ -8,6 +8,8 @@ import functools
 
 import click
 
+from bertkit.commands import kernels_option
+
 
 def common_options(default_lr: float, default_epochs: float, default_batch: int, default_max_len: int):
     def wrap(f):
@@ -28,6 +30,7 @@ def common_options(default_lr: float, default_epochs: float, default_batch: int,
             click.option("--seed", default=42, show_default=True),
             click.option("--max-seq-length", default=default_max_len, show_default=True),
             click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N."),
+            kernels_option,
             click.option("--no-save-model", is_flag=True, help="Skip writing OUT/best/ (metrics only)."),
         ]
         for option in reversed(options):
@@ -43,7 +46,7 @@ def _train_config(kw: dict):
                        eval_batch_size=kw.pop("eval_batch_size"), learning_rate=kw.pop("learning_rate"),
                        weight_decay=kw.pop("weight_decay"), warmup_ratio=kw.pop("warmup_ratio"),
                        max_grad_norm=kw.pop("max_grad_norm"), seed=kw.pop("seed"), device=kw.pop("device"),
-                       save_model=not kw.pop("no_save_model"))
+                       kernels=kw.pop("kernels"), save_model=not kw.pop("no_save_model"))
 
 
 def _report(summary: dict) -> None:
@@ -54,15 +57,16 @@ def _report(summary: dict) -> None:
 
 
 def friendly_errors(f):
-    """Data errors are the user's to fix: print them without a traceback."""
+    """Data errors and an unavailable --kernels are the user's to fix: print them without a traceback."""
     @functools.wraps(f)
     def run(*args, **kwargs):
         from bertkit.finetune.classify import DataError
         from bertkit.finetune.squad import SquadFormatError
+        from bertkit.kernels import BackendError
 
         try:
             return f(*args, **kwargs)
-        except (DataError, SquadFormatError) as e:
+        except (DataError, SquadFormatError, BackendError) as e:
             raise click.ClickException(str(e)) from None
     return run
 

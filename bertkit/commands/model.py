@@ -1,26 +1,35 @@
 """`bertkit fill-mask`: the top-k predictions of a model's MLM head at each [MASK] (a quick sanity check)."""
 import click
 
+from bertkit.commands import kernels_option
+
 
 @click.command("fill-mask")
 @click.option("--model", "model_dir", required=True, type=click.Path(exists=True, file_okay=False),
               help="An HF-format BERT folder with an MLM head (e.g. from `bertkit export`), with its tokenizer files.")
 @click.option("--top-k", default=5, show_default=True, type=click.IntRange(min=1), help="Predictions per [MASK].")
 @click.option("--device", default="auto", show_default=True, help="cpu, cuda, or auto (cuda when available).")
+@kernels_option
 @click.argument("texts", nargs=-1, required=True)
-def fill_mask(model_dir, top_k, device, texts):
+def fill_mask(model_dir, top_k, device, kernels, texts):
     """Print the top-k tokens (with probabilities) for each [MASK] in TEXTS.
 
     Example: bertkit fill-mask --model out/export "The capital of France is [MASK]."
     """
     import torch
 
+    from bertkit import kernels as backends
     from bertkit.fill_mask import fill_mask_predictions
     from bertkit.hf import load_pretrained
     from bertkit.tokenization import load_tokenizer
 
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    backends.use(kernels)
+    try:
+        backends.resolve(device)
+    except backends.BackendError as e:
+        raise click.ClickException(str(e)) from None
     try:
         model = load_pretrained(model_dir, head="pretraining", require_head=True)
     except (ValueError, FileNotFoundError) as e:

@@ -3,6 +3,8 @@ import os
 
 import click
 
+from bertkit.commands import kernels_option
+
 
 @click.command("pretrain")
 @click.option("--instances", default="instances", show_default=True, type=click.Path(file_okay=False),
@@ -42,6 +44,7 @@ import click
 @click.option("--dropout", type=float, help="Override the model's hidden and attention dropout.")
 @click.option("--unpadded", is_flag=True,
               help="Pack each micro batch end to end (varlen attention): no compute spent on padding.")
+@kernels_option
 @click.option("--progress/--no-progress", default=True, show_default=True)
 def pretrain(**flags):
     """Pretrain BERT (MLM + NSP) on an instances folder with DeepSpeed.

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from bertkit import kernels
 from bertkit.fileio import atomic_write_json
 from bertkit.formats import IGNORE_INDEX
 from bertkit.hf import save_pretrained
@@ -34,6 +35,7 @@ class TrainConfig:
     max_grad_norm: float = 1.0
     seed: int = 42
     device: str = "auto"          # auto | cpu | cuda | cuda:N
+    kernels: str = "auto"         # attention/LayerNorm backend (bertkit.kernels): auto | triton | torch | reference
     save_model: bool = True
 
 
@@ -127,6 +129,8 @@ def train(model, train_rows: list, evaluate, best_metric: str, cfg: TrainConfig,
     world, rank, local_rank = _distributed()
     out_dir = Path(cfg.out_dir)
     device = pick_device(cfg.device, local_rank)
+    kernels.use(cfg.kernels)
+    backend = kernels.resolve(device)
     if world > 1 and not torch.distributed.is_initialized():
         if device.type == "cuda":
             torch.cuda.set_device(device)
@@ -142,7 +146,8 @@ def train(model, train_rows: list, evaluate, best_metric: str, cfg: TrainConfig,
     total_steps = int(math.ceil(steps_per_epoch * cfg.epochs))
     warmup = int(cfg.warmup_ratio * total_steps)
     summary = {"task": task, "settings": {**(settings or {}), **asdict(cfg), "world_size": world,
-                                          "device": str(device), "train_rows": len(train_rows),
+                                          "device": str(device), "kernels_used": backend,
+                                          "train_rows": len(train_rows),
                                           "total_steps": total_steps, "warmup_steps": warmup},
                "best_metric": best_metric, "epochs": []}
     if rank == 0:

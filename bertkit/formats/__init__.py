@@ -287,6 +287,7 @@ class RunConfig:
     max_seq_length: int | None
     world_size: int
     deepspeed: dict             # the DeepSpeed config actually used
+    kernels: str = ""           # the attention/LayerNorm backend that ran (triton, torch, reference)
 
     @property
     def zero_stage(self) -> int:

@@ -77,7 +77,7 @@ def check_resume(run: RunConfig, cfg: PretrainConfig, settings: DeepSpeedSetting
 
 
 def write_run_folder(cfg: PretrainConfig, settings: DeepSpeedSettings, ds_config: dict, bert_cfg: BertConfig,
-                     init_source: str, manifest: InstancesManifest, world: int) -> None:
+                     init_source: str, manifest: InstancesManifest, world: int, kernels: str) -> None:
     """config.json, deepspeed_config.json and the tokenizer files (rank 0)."""
     run_dir = Path(cfg.out)
     tok_dir = run_dir / RUN_TOKENIZER
@@ -90,7 +90,7 @@ def write_run_folder(cfg: PretrainConfig, settings: DeepSpeedSettings, ds_config
         stage="pretrain", pretrain=asdict(cfg), resolved=asdict(settings), model=bert_cfg.to_dict(),
         init_from=init_source, instances=str(Path(cfg.instances).resolve()), vocab_size=manifest.vocab_size,
         vocab_sha256=manifest.vocab_sha256, max_seq_length=manifest.max_seq_length, world_size=world,
-        deepspeed=ds_config))
+        deepspeed=ds_config, kernels=kernels))
 
 
 # ---------------------------------------------------------------- RNG state

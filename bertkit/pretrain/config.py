@@ -43,6 +43,7 @@ class PretrainConfig:
     num_workers: int = 1
     dropout: float | None = None          # overrides the model's hidden and attention dropout
     unpadded: bool = False                # packed batches (varlen attention): no compute on padding
+    kernels: str = "auto"                 # attention/LayerNorm backend (bertkit.kernels): auto|triton|torch|reference
     progress: bool = True
 
     @property

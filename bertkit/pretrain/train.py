@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
 
+from bertkit import kernels
 from bertkit.config import BertConfig
 from bertkit.data import EpochBatches, InstanceDataset, batch_loader, collate, collate_packed
 from bertkit.fileio import sha256_file
@@ -47,6 +48,11 @@ def pretrain(cfg: PretrainConfig) -> dict:
     run_dir = Path(cfg.out)
     rank, world, local_rank, device = init_distributed()
     on_cuda = device.type == "cuda"
+    kernels.use(cfg.kernels)
+    try:
+        backend = kernels.resolve(device)  # logged with the run; the weights never depend on it
+    except kernels.BackendError as e:
+        raise ConfigError(str(e)) from None
     previous_run = prepare_run_dir(cfg, manifest)
 
     # settings: flags + the user's DeepSpeed config
@@ -70,7 +76,7 @@ def pretrain(cfg: PretrainConfig) -> dict:
     engine, _, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                                    config=ds_config, dist_init_required=False)
     if rank == 0:
-        write_run_folder(cfg, settings, ds_config, bert_cfg, init_source, manifest, world)
+        write_run_folder(cfg, settings, ds_config, bert_cfg, init_source, manifest, world, backend)
     dist.barrier()
 
     step, last_ckpt = 0, None
@@ -132,7 +138,7 @@ def pretrain(cfg: PretrainConfig) -> dict:
                           "nsp_loss": m["nsp_loss"], "nsp_acc": m["nsp_acc"], "lr": current_lr(engine),
                           "grad_norm": as_float(engine.get_global_grad_norm()),
                           "seq_per_s": m["sequences"] / elapsed, "tokens_per_s": m["tokens"] / elapsed,
-                          "epoch": (step * gas) // sampler.per_epoch}
+                          "epoch": (step * gas) // sampler.per_epoch, "kernels": backend}
                 if settings.precision == "fp16":
                     record["loss_scale"] = as_float(getattr(engine.optimizer, "cur_scale", None)
                                                     or getattr(engine.optimizer, "loss_scale", None))

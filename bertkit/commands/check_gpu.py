@@ -1,0 +1,32 @@
+"""`bertkit check-gpu`: flags onto bertkit.check_gpu.CheckConfig."""
+import sys
+
+import click
+
+
+@click.command("check-gpu")
+@click.option("--device", default="cuda", show_default=True,
+              help="cuda or cuda:N. (cpu checks the Triton interpreter when TRITON_INTERPRET=1 is set.)")
+@click.option("--dtype", "dtypes", multiple=True, type=click.Choice(["bf16", "fp16", "fp32"]),
+              help="Precisions to check (repeat the flag)  [default: bf16 and fp16].")
+@click.option("--quick", is_flag=True, help="Only each kernel's default tile configuration, not every shipped one.")
+@click.option("--no-timing", is_flag=True, help="Correctness only.")
+@click.option("--small", is_flag=True, help="Tiny shapes (for the CPU interpreter and tests), not BERT's.")
+@click.option("--out", default="check_gpu.json", show_default=True, type=click.Path(dir_okay=False),
+              help="JSON report.")
+def check_gpu(device, dtypes, quick, no_timing, small, out):
+    """Check the Triton kernels on this GPU against float64 references and time them against PyTorch's SDPA and
+    LayerNorm; prints a verdict and the --kernels to use. Exit status 1 when a kernel check fails.
+
+    \b
+    Example: bertkit check-gpu              (about a minute on an H100)
+    """
+    from bertkit.check_gpu import CheckConfig
+    from bertkit.check_gpu import check_gpu as run
+
+    cfg = CheckConfig(device=device, dtypes=tuple(dtypes) or CheckConfig.dtypes, every_config=not quick,
+                      timing=not no_timing, small=small, out=out)
+    if small:
+        cfg.hiddens = (128, 768)
+    report = run(cfg, progress=lambda line: click.echo(line))
+    sys.exit(1 if report.get("failed") else 0)

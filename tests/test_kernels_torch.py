@@ -1,0 +1,146 @@
+"""The PyTorch backend (--kernels torch) against the einsum reference, float64 as ground truth: padded and packed,
+forward and backward, fp32 within 1e-5; dropout's keep rate; no host synchronisation; backend choice and errors."""
+import contextlib
+import math
+
+import pytest
+import torch
+
+from bertkit import kernels
+from bertkit.kernels.reference import attention_reference, attention_varlen_reference
+from bertkit.kernels.torch_backend import attention_torch, attention_varlen_torch
+
+TOL = 1e-5
+
+
+def rel_err(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm().clamp(min=1e-30)).item()
+
+
+def fused_qkv(tokens_shape, heads, dim, seed):
+    """q, k, v as strided views of one (..., 3, H, D) tensor, as the model makes them."""
+    gen = torch.Generator().manual_seed(seed)
+    qkv = torch.randn(*tokens_shape, 3, heads, dim, generator=gen, dtype=torch.float64)
+    return qkv
+
+
+@contextlib.contextmanager
+def no_host_reads():
+    """Fail on any Python-level read of a tensor's value (what would synchronise with a GPU)."""
+    names = ("item", "tolist", "__int__", "__float__", "__bool__", "__index__", "numpy", "cpu")
+    saved = {n: getattr(torch.Tensor, n) for n in names}
+
+    def refuse(name):
+        def f(*args, **kwargs):
+            raise AssertionError(f"host read: Tensor.{name}")
+        return f
+
+    for n in names:
+        setattr(torch.Tensor, n, refuse(n))
+    try:
+        yield
+    finally:
+        for n, f in saved.items():
+            setattr(torch.Tensor, n, f)
+
+
+@pytest.mark.parametrize("batch,seq,heads,dim", [(3, 17, 2, 16), (4, 64, 4, 64), (2, 33, 3, 32)])
+def test_padded_matches_the_reference_forward_and_backward(batch, seq, heads, dim):
+    qkv64 = fused_qkv((batch, seq), heads, dim, seed=seq)
+    lengths = torch.tensor([seq, 1, seq // 2, 0][:batch], dtype=torch.int32)
+    ref = qkv64.clone().requires_grad_()
+    ref_out = attention_reference(*ref.unbind(2), lengths)
+    dout = torch.randn_like(ref_out)
+    (ref_out * dout).sum().backward()
+
+    qkv = qkv64.float().requires_grad_()
+    with no_host_reads():
+        out = attention_torch(*qkv.unbind(2), lengths)
+        (out * dout.float()).sum().backward()
+    assert out.dtype == torch.float32 and rel_err(out, ref_out) <= TOL
+    assert rel_err(qkv.grad, ref.grad) <= TOL
+    valid = torch.arange(seq)[None, :] < lengths[:, None]
+    assert (out[~valid] == 0).all() and (qkv.grad[~valid] == 0).all()  # padded rows and their gradients: zero
+
+
+@pytest.mark.parametrize("impl", ["pad", "njt"])
+def test_packed_matches_the_reference_forward_and_backward(impl, monkeypatch):
+    monkeypatch.setenv("BERTKIT_TORCH_VARLEN", impl)
+    lengths = [5, 17, 1, 11]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    qkv64 = fused_qkv((int(cu[-1]),), 2, 16, seed=3)
+    ref = qkv64.clone().requires_grad_()
+    ref_out = attention_varlen_reference(*ref.unbind(1), cu, 24)
+    dout = torch.randn_like(ref_out)
+    (ref_out * dout).sum().backward()
+
+    qkv = qkv64.float().requires_grad_()
+    guard = no_host_reads() if impl == "pad" else contextlib.nullcontext()  # nested tensors read offsets on the CPU
+    with guard:
+        out = attention_varlen_torch(*qkv.unbind(1), cu, 24)
+        (out * dout.float()).sum().backward()
+    assert rel_err(out, ref_out) <= TOL and rel_err(qkv.grad, ref.grad) <= TOL
+
+
+def test_dropout_keeps_at_the_asked_rate():
+    """q = k = 0 gives uniform attention; v one-hot per key turns each output into its row of keep bits."""
+    p, seq, heads, batch = 0.3, 64, 4, 8
+    q = torch.zeros(batch, seq, heads, seq)
+    v = torch.eye(seq).expand(batch, heads, seq, seq).permute(0, 2, 1, 3).contiguous()
+    lengths = torch.full((batch,), seq, dtype=torch.int32)
+    torch.manual_seed(0)
+    out = attention_torch(q, q, v, lengths, dropout_p=p)
+    keep = out * seq * (1 - p)  # exactly 1 where kept, 0 where dropped
+    assert torch.allclose(keep, keep.round(), atol=1e-4)
+    n, kept = keep.numel(), keep.round().sum().item()
+    sigma = math.sqrt(n * p * (1 - p))
+    assert abs(kept - n * (1 - p)) < 5 * sigma, kept / n
+
+
+def test_backend_choice_and_errors(monkeypatch):
+    from bertkit.commands import KERNEL_BACKENDS
+
+    assert KERNEL_BACKENDS == kernels.BACKENDS
+    try:
+        kernels.use("auto")
+        assert kernels.resolve("cpu") == ("triton" if kernels.INTERPRET else "torch")
+        kernels.use("reference")
+        assert kernels.resolve("cpu") == "reference"
+        kernels.use("triton")
+        if not kernels.INTERPRET:
+            with pytest.raises(kernels.BackendError, match="--kernels torch"):
+                kernels.resolve("cpu")
+        with pytest.raises(kernels.BackendError, match="choose one of"):
+            kernels.use("cuda")
+    finally:
+        kernels.use("auto")
+
+
+def test_model_gives_the_same_outputs_and_gradients_with_every_cpu_backend():
+    """A tiny BERT, padded and packed: torch vs reference, fp32."""
+    from bertkit.config import BertConfig
+    from bertkit.model import BertForPreTraining
+
+    torch.manual_seed(0)
+    model = BertForPreTraining(BertConfig.preset("tiny", vocab_size=96)).eval()
+    ids = torch.randint(5, 96, (3, 20), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[1, 12:] = 0
+    mask[2, 3:] = 0
+    inputs = dict(input_ids=ids, token_type_ids=torch.zeros_like(ids), attention_mask=mask,
+                  mlm_labels=torch.where(mask.bool(), ids, -100), next_sentence_label=torch.tensor([0, 1, 0]))
+
+    def run(backend):
+        kernels.use(backend)
+        try:
+            model.zero_grad()
+            out = model(**inputs)
+            out.loss.backward()
+            return out.loss.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
+        finally:
+            kernels.use("auto")
+
+    loss_t, grads_t = run("torch")
+    loss_r, grads_r = run("reference")
+    assert abs(loss_t.item() - loss_r.item()) <= TOL * abs(loss_r.item())
+    assert all(rel_err(a, b) <= 1e-4 for a, b in zip(grads_t, grads_r))
