@@ -2,8 +2,8 @@
 
 Attention and the (dropout + residual + LayerNorm) sub-layer exits go through `bertkit.kernels`, whose backend
 (--kernels) is our Triton kernels on CUDA and PyTorch's own ops elsewhere by default. Inputs are right-padded
-batches: attention_mask is 1 for tokens and 0 for padding, and the kernels use only its per-row length. Hidden states at padded
-positions are not meaningful (the attention kernel zeroes padded query rows); nothing reads them.
+batches: attention_mask is 1 for tokens and 0 for padding, and the kernels use only its per-row length. Hidden
+states at padded positions are not meaningful (the attention kernel zeroes padded query rows); nothing reads them.
 
 BertModel and BertForPreTraining also take a packed (unpadded, "varlen") batch: the sequences laid end to end,
 input_ids / token_type_ids / position_ids of shape (T,), cu_seqlens (B+1,) int32 offsets and max_seqlen, a Python
