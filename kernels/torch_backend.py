@@ -6,10 +6,10 @@ Attention is F.scaled_dot_product_attention with the key padding as a boolean ma
 scattered into a padded batch of the host-side bucket `max_seqlen`, attended, and gathered back ("pad"); on CUDA
 with no dropout, torch.nn.attention.varlen.varlen_attn (FlashAttention on cu_seqlens, no dropout argument) is used
 instead ("varlen"); `BERTKIT_TORCH_VARLEN=pad|njt|varlen` forces one (njt: SDPA on nested jagged tensors).
-Measured on the CPU (torch 2.13, benchmarks/cpu_backends.py, forward + backward): SDPA beats the einsum reference
-1.2-3.5x on padded batches; on packed ones padding is within 0.86-1.9x of the reference's per-sequence loop (which
-reads lengths back from the device, so it cannot serve a GPU), nested tensors are 1.6-5x slower than padding, and
-flex_attention has no CPU backward: so "pad".
+Measured on the CPU (torch 2.13, benchmarks/cpu_backends.py, forward + backward): SDPA is 1.0-3.4x faster than the
+einsum reference on padded batches; on packed ones padding runs at 0.77-1.9x the speed of the reference's
+per-sequence loop (which reads lengths back from the device, so it cannot serve a GPU), nested tensors are 1.5-5.5x
+slower than padding, and flex_attention has no CPU backward: so "pad".
 """
 import os
 
