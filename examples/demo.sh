@@ -28,6 +28,7 @@ OMP_NUM_THREADS=1 deepspeed --num_gpus 2 cli.py pretrain --instances "$OUT/insta
     --out "$OUT/run" --max-steps "$STEPS" --micro-batch 16 --optimizer adamw --lr 1e-3 --warmup 0.05 \
     --log-every 50 --save-every 100 --eval-every 100
 bertkit export "$OUT/run" --out "$OUT/model"
+bertkit report "$OUT/run" --out "$OUT/run/report.html"   # curves, instance statistics, settings: one HTML page
 
 step "6. fill-mask on the exported model"
 bertkit fill-mask --model "$OUT/model" --top-k 5 "The [MASK] statement is used to leave a loop." \
@@ -39,4 +40,7 @@ bertkit finetune classify --model "$OUT/model" --train-file "$OUT/word_order/tra
     --dev-file "$OUT/word_order/dev.tsv" --text-a sentence --label label \
     --out "$OUT/finetune" --epochs 5 --lr 5e-4 --batch-size 32 --max-seq-length 64
 
-step "done: everything is under $OUT/ (metrics: $OUT/run/metrics.jsonl, $OUT/finetune/metrics.json)"
+bertkit report "$OUT/finetune" --out "$OUT/finetune/report.html"
+
+step "done: everything is under $OUT/ (reports: $OUT/run/report.html, $OUT/finetune/report.html;
+TensorBoard: tensorboard --logdir $OUT)"

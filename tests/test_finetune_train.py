@@ -154,3 +154,97 @@ def test_finetune_is_deterministic_given_the_seed(tmp_path):
     first = run(3, "a")
     assert run(3, "again") == first
     assert run(4, "b")[0] != first[0]
+
+
+def test_finetune_logs_steps_and_evaluations_to_jsonl_and_tensorboard(tmp_path):
+    """OUT/metrics.jsonl gets a record every log_every steps (loss, lr, grad norm, throughput, padding efficiency)
+    and one per evaluation; TensorBoard's own reader finds each number at its step."""
+    event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator",
+                                            reason="the tensorboard extra is not installed")
+    from bertkit.config import BertConfig
+    from bertkit.finetune.classify import finetune_classify
+    from bertkit.hf import save_pretrained
+    from bertkit.model import BertForPreTraining
+    from bertkit.runlog import read_metrics, scalar_tag
+
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(27)]
+    (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    torch.manual_seed(0)
+    save_pretrained(BertForPreTraining(BertConfig.preset("tiny", vocab_size=len(vocab))), tmp_path / "model",
+                    tokenizer_dir=tmp_path)
+    rows = ["text\tlabel"] + [f"w{i} " * (1 + i % 5) + f"\t{i % 2}" for i in range(40)]
+    (tmp_path / "train.tsv").write_text("\n".join(rows) + "\n")
+    cfg = TrainConfig(out_dir=str(tmp_path / "out"), epochs=2, batch_size=8, learning_rate=1e-3, save_model=False,
+                      log_every=2, report_to="tensorboard")
+    finetune_classify(tmp_path / "model", tmp_path / "train.tsv", tmp_path / "train.tsv", cfg, text_a="text",
+                      max_seq_length=16)
+    records = read_metrics(tmp_path / "out")
+    train = [r for r in records if "loss" in r]
+    assert [r["step"] for r in train] == [2, 4, 6, 8, 10]
+    assert all(0 < r["padding_efficiency"] < 1 and r["grad_norm"] > 0 and r["lr"] > 0 for r in train)
+    assert [r["step"] for r in records if "eval_accuracy" in r] == [5, 10]
+    reader = event_accumulator.EventAccumulator(str(tmp_path / "out" / "tensorboard"))
+    reader.Reload()
+    got = {(tag, e.step): e.value for tag in reader.Tags()["scalars"] for e in reader.Scalars(tag)}
+    expected = {(scalar_tag(k), r["step"]): v for r in records for k, v in r.items()
+                if k != "step" and isinstance(v, (int, float))}
+    assert got.keys() == expected.keys() and {"train/loss", "eval/accuracy", "perf/seq_per_s"} <= {t for t, _ in got}
+
+
+def read_wandb_history(run_file) -> list[dict]:
+    """The history rows of an offline W&B run file: a LevelDB-style log (32 KiB blocks of CRC, length, type
+    records) after a 7-byte ':W&B' header, each record a wandb_internal_pb2.Record, read with wandb's own schema."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    data, pos, block, payloads, pending = run_file.read_bytes(), 7, 32768, [], b""
+    assert data[:4] == b":W&B"
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a header is padding
+            pos += block - pos % block
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+        if kind == 0:
+            break
+        pending = chunk if kind in (1, 2) else pending + chunk  # full, first | middle, last
+        if kind in (1, 4):
+            payloads.append(pending)
+    rows = []
+    for payload in payloads:
+        record = wandb_internal_pb2.Record()
+        record.ParseFromString(payload)
+        if record.WhichOneof("record_type") == "history":
+            rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                         for item in record.history.item})
+    return rows
+
+
+def test_report_to_wandb_writes_an_offline_run(tmp_path, monkeypatch):
+    """--report-to wandb: an offline run under OUT/wandb/ (no network) holding every scalar of metrics.jsonl."""
+    pytest.importorskip("wandb", reason="wandb is not installed")
+    from bertkit.config import BertConfig
+    from bertkit.finetune.classify import finetune_classify
+    from bertkit.hf import save_pretrained
+    from bertkit.model import BertForPreTraining
+    from bertkit.runlog import read_metrics, scalar_tag
+
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(27)]
+    (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    torch.manual_seed(0)
+    save_pretrained(BertForPreTraining(BertConfig.preset("tiny", vocab_size=len(vocab))), tmp_path / "model",
+                    tokenizer_dir=tmp_path)
+    rows = ["text\tlabel"] + [f"w{i} w{(i * 3) % 27}\t{i % 2}" for i in range(24)]
+    (tmp_path / "train.tsv").write_text("\n".join(rows) + "\n")
+    finetune_classify(tmp_path / "model", tmp_path / "train.tsv", tmp_path / "train.tsv",
+                      TrainConfig(out_dir=str(tmp_path / "out"), epochs=1, batch_size=8, save_model=False,
+                                  log_every=1, report_to="wandb"), text_a="text", max_seq_length=16)
+    [run_file] = (tmp_path / "out" / "wandb").glob("offline-run-*/run-*.wandb")
+    history = read_wandb_history(run_file)
+    logged = {(r["_step"], k): v for r in history for k, v in r.items() if not k.startswith("_")}
+    expected = {(r["step"], scalar_tag(k)): v for r in read_metrics(tmp_path / "out") for k, v in r.items()
+                if k != "step" and isinstance(v, (int, float))}
+    assert logged.keys() == expected.keys() and all(logged[k] == pytest.approx(v) for k, v in expected.items())

@@ -9,6 +9,7 @@ import torch
 from bertkit.optim import Lamb, build_scheduler, lr_factor, param_groups
 from bertkit.pretrain import ConfigError, PretrainConfig, TrainingError, pretrain
 from bertkit.pretrain.config import resolve_deepspeed_config
+from bertkit.runlog import scalar_tag
 from tests.helpers import TINY, make_instances_dir
 
 
@@ -164,33 +165,27 @@ def test_out_of_memory_names_the_step_and_the_fix(instances, tmp_path, clean_dis
                                 max_steps=4, progress=False, num_workers=0, log_every=1))
 
 
-def test_tensorboard_gets_every_logged_scalar(instances, tmp_path, clean_dist_env, monkeypatch):
-    """With tensorboard installed, each numeric metric of metrics.jsonl is also a scalar at its step. tensorboard
-    is not a dependency, so a stand-in SummaryWriter with its API records the calls."""
-    import sys
-    import types
-
-    written, closed = [], []
-
-    class SummaryWriter:
-        def __init__(self, log_dir):
-            self.log_dir = log_dir
-
-        def add_scalar(self, tag, value, step):
-            written.append((tag, value, step))
-
-        def close(self):
-            closed.append(self.log_dir)
-
-    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", types.SimpleNamespace(SummaryWriter=SummaryWriter))
+def test_tensorboard_gets_every_logged_scalar(instances, tmp_path, clean_dist_env):
+    """Each numeric metric of metrics.jsonl (training and held-out) is a TensorBoard scalar at its step, read back
+    with TensorBoard's own reader."""
+    event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator",
+                                            reason="the tensorboard extra is not installed")
     run = tmp_path / "tb"
     pretrain(PretrainConfig(instances=str(instances), out=str(run), model=str(instances.parent / "model.json"),
-                            micro_batch=8, max_steps=3, progress=False, num_workers=0, log_every=1))
-    assert closed == [str(run / "tensorboard")]
+                            micro_batch=8, max_steps=4, progress=False, num_workers=0, log_every=1, eval_every=2,
+                            eval_batches=1, report_to="tensorboard"))
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    expected = [(k, v, r["step"]) for r in records for k, v in r.items()
-                if k != "step" and isinstance(v, (int, float))]
-    assert written == expected and any(tag == "loss" for tag, _, _ in written)
+    reader = event_accumulator.EventAccumulator(str(run / "tensorboard"))
+    reader.Reload()
+    got = {(tag, e.step): e.value for tag in reader.Tags()["scalars"] for e in reader.Scalars(tag)}
+    expected = {(scalar_tag(k), r["step"]): v for r in records for k, v in r.items()
+                if k != "step" and isinstance(v, (int, float))}
+    assert got.keys() == expected.keys()
+    assert all(got[k] == pytest.approx(v, rel=1e-6) for k, v in expected.items())
+    tags = {tag for tag, _ in got}
+    assert {"train/loss", "train/mlm_acc", "train/nsp_acc", "train/lr", "train/grad_norm", "perf/seq_per_s",
+            "perf/tokens_per_s", "perf/padding_efficiency", "eval/mlm_acc", "eval/nsp_acc", "eval/loss"} <= tags
+    assert all(0 < got["perf/padding_efficiency", r["step"]] <= 1 for r in records if "loss" in r)
 
 
 def test_torch_kernels_log_the_same_losses_as_the_reference(instances, tmp_path, clean_dist_env):

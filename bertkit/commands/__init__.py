@@ -6,6 +6,11 @@ import click
 # = bertkit.kernels.BACKENDS, spelled out so that `bertkit --help` needs no torch (tests/test_kernels_torch.py checks)
 KERNEL_BACKENDS = ("auto", "triton", "torch", "reference")
 
+report_to_option = click.option(
+    "--report-to", default=None, show_default="tensorboard when installed",
+    help="Where metrics go besides RUN/metrics.jsonl: tensorboard (RUN/tensorboard/), wandb (offline, RUN/wandb/; "
+         "`wandb sync` uploads it), both as tensorboard,wandb, or none.")
+
 kernels_option = click.option(
     "--kernels", type=click.Choice(KERNEL_BACKENDS), default="auto", show_default=True,
     help="Attention and LayerNorm: our Triton kernels, PyTorch's (SDPA, F.layer_norm), or the einsum reference "

@@ -8,7 +8,7 @@ import functools
 
 import click
 
-from bertkit.commands import kernels_option
+from bertkit.commands import kernels_option, report_to_option
 
 
 def common_options(default_lr: float, default_epochs: float, default_batch: int, default_max_len: int):
@@ -31,6 +31,8 @@ def common_options(default_lr: float, default_epochs: float, default_batch: int,
             click.option("--max-seq-length", default=default_max_len, show_default=True),
             click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N."),
             kernels_option,
+            report_to_option,
+            click.option("--log-every", default=10, show_default=True, help="Steps between OUT/metrics.jsonl records."),
             click.option("--no-save-model", is_flag=True, help="Skip writing OUT/best/ (metrics only)."),
         ]
         for option in reversed(options):
@@ -46,7 +48,8 @@ def _train_config(kw: dict):
                        eval_batch_size=kw.pop("eval_batch_size"), learning_rate=kw.pop("learning_rate"),
                        weight_decay=kw.pop("weight_decay"), warmup_ratio=kw.pop("warmup_ratio"),
                        max_grad_norm=kw.pop("max_grad_norm"), seed=kw.pop("seed"), device=kw.pop("device"),
-                       kernels=kw.pop("kernels"), save_model=not kw.pop("no_save_model"))
+                       kernels=kw.pop("kernels"), report_to=kw.pop("report_to"), log_every=kw.pop("log_every"),
+                       save_model=not kw.pop("no_save_model"))
 
 
 def _report(summary: dict) -> None:
@@ -63,10 +66,11 @@ def friendly_errors(f):
         from bertkit.finetune.classify import DataError
         from bertkit.finetune.squad import SquadFormatError
         from bertkit.kernels import BackendError
+        from bertkit.runlog import ReportError
 
         try:
             return f(*args, **kwargs)
-        except (DataError, SquadFormatError, BackendError) as e:
+        except (DataError, SquadFormatError, BackendError, ReportError) as e:
             raise click.ClickException(str(e)) from None
     return run
 

@@ -3,7 +3,7 @@ import os
 
 import click
 
-from bertkit.commands import kernels_option
+from bertkit.commands import kernels_option, report_to_option
 
 
 @click.command("pretrain")
@@ -45,6 +45,7 @@ from bertkit.commands import kernels_option
 @click.option("--unpadded", is_flag=True,
               help="Pack each micro batch end to end (varlen attention): no compute spent on padding.")
 @kernels_option
+@report_to_option
 @click.option("--progress/--no-progress", default=True, show_default=True)
 def pretrain(**flags):
     """Pretrain BERT (MLM + NSP) on an instances folder with DeepSpeed.

@@ -21,6 +21,7 @@ from bertkit.fileio import atomic_write_json
 from bertkit.formats import IGNORE_INDEX
 from bertkit.hf import save_pretrained
 from bertkit.optim import build_scheduler, param_groups
+from bertkit.runlog import RunLog, default_report_to
 
 
 @dataclass
@@ -36,6 +37,8 @@ class TrainConfig:
     seed: int = 42
     device: str = "auto"          # auto | cpu | cuda | cuda:N
     kernels: str = "auto"         # attention/LayerNorm backend (bertkit.kernels): auto | triton | torch | reference
+    log_every: int = 10           # steps between records in OUT/metrics.jsonl (and TensorBoard / W&B)
+    report_to: str | None = None  # tensorboard, wandb, "tensorboard,wandb" or none; None: tensorboard if installed
     save_model: bool = True
 
 
@@ -152,12 +155,16 @@ def train(model, train_rows: list, evaluate, best_metric: str, cfg: TrainConfig,
                "best_metric": best_metric, "epochs": []}
     if rank == 0:
         out_dir.mkdir(parents=True, exist_ok=True)
+    log = RunLog(out_dir, rank == 0, cfg.report_to or default_report_to(), config=summary["settings"])
+    step = 0
 
     def run_eval(epoch, train_loss, seconds):
         if rank == 0:
             metrics, files = evaluate(model)
             record = {"epoch": epoch, "train_loss": train_loss, "train_seconds": seconds, **metrics}
             summary["epochs"].append(record)
+            log.write({"step": step, "epoch": epoch,
+                       **{f"eval_{k}": v for k, v in metrics.items() if isinstance(v, (int, float))}})
             tqdm.write(f"[{task}] epoch {epoch}: " + ", ".join(
                 f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items() if k != "epoch"))
             best = summary.get("best")
@@ -173,11 +180,13 @@ def train(model, train_rows: list, evaluate, best_metric: str, cfg: TrainConfig,
 
     if total_steps == 0:
         run_eval(0, None, 0.0)
+        log.close()
         return summary
     optimizer = _optimizer(model, cfg)
     scheduler = build_scheduler(optimizer, total_steps, warmup, "linear")
     rng = np.random.default_rng(cfg.seed)
-    step, epoch, t0 = 0, 0, time.time()
+    epoch, t0 = 0, time.time()
+    interval = {"loss": 0.0, "steps": 0, "sequences": 0, "tokens": 0, "slots": 0, "t": time.perf_counter()}
     progress = tqdm(total=total_steps, desc=f"finetune {task}", disable=rank != 0, mininterval=2.0)
     while step < total_steps:
         epoch += 1
@@ -193,17 +202,30 @@ def train(model, train_rows: list, evaluate, best_metric: str, cfg: TrainConfig,
             batch = {k: v.to(device) for k, v in collate([train_rows[i] for i in mine]).items()}
             loss = net(**batch).loss
             loss.backward()
-            if cfg.max_grad_norm:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm or float("inf"))
+            lr = scheduler.get_last_lr()[0]
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             losses.append(loss.item())
             step += 1
+            interval["loss"] += losses[-1]
+            interval["steps"] += 1
+            interval["sequences"] += len(mine)
+            interval["tokens"] += int(batch["attention_mask"].sum())
+            interval["slots"] += batch["attention_mask"].numel()
+            if step % cfg.log_every == 0 or step == total_steps:
+                seconds = time.perf_counter() - interval["t"]
+                log.write({"step": step, "epoch": epoch, "loss": interval["loss"] / interval["steps"], "lr": lr,
+                           "grad_norm": float(grad_norm), "seq_per_s": interval["sequences"] * world / seconds,
+                           "tokens_per_s": interval["tokens"] * world / seconds,
+                           "padding_efficiency": interval["tokens"] / interval["slots"], "kernels": backend})
+                interval.update(loss=0.0, steps=0, sequences=0, tokens=0, slots=0, t=time.perf_counter())
             progress.update(1)
             progress.set_postfix(epoch=epoch, loss=f"{np.mean(losses[-50:]):.4f}")
         run_eval(epoch, float(np.mean(losses)) if losses else None, time.time() - t0)
     progress.close()
+    log.close()
     summary["train_seconds"] = time.time() - t0
     if rank == 0:
         atomic_write_json(out_dir / "metrics.json", summary)

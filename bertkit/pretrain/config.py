@@ -44,6 +44,8 @@ class PretrainConfig:
     dropout: float | None = None          # overrides the model's hidden and attention dropout
     unpadded: bool = False                # packed batches (varlen attention): no compute on padding
     kernels: str = "auto"                 # attention/LayerNorm backend (bertkit.kernels): auto|triton|torch|reference
+    report_to: str | None = None          # tensorboard, wandb (offline), both "tensorboard,wandb", or none;
+                                          # None: tensorboard when installed
     progress: bool = True
 
     @property

@@ -1,12 +1,12 @@
 """Pretraining metrics: sums kept on the device between logs (Meter), one record per log (MetricsLog: JSON lines,
-TensorBoard, the progress bar), and model FLOPs utilisation."""
-import json
+TensorBoard, W&B and the progress bar), and model FLOPs utilisation."""
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from bertkit.formats import IGNORE_INDEX, METRICS, TENSORBOARD
+from bertkit.formats import IGNORE_INDEX
+from bertkit.runlog import RunLog
 
 # dense bf16/fp16 tensor-core peak per GPU, for MFU
 PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12, "A10": 125e12,
@@ -29,7 +29,7 @@ class Meter:
     """Sums over the micro batches of a log interval, kept on the device (no sync per step)."""
 
     NAMES = ("loss", "mlm_loss", "nsp_loss", "mlm_correct", "mlm_count", "nsp_correct", "nsp_count", "micro",
-             "sequences", "tokens")
+             "sequences", "tokens", "slots")
 
     def __init__(self, device):
         self.sums = torch.zeros(len(self.NAMES), dtype=torch.float64, device=device)
@@ -45,10 +45,11 @@ class Meter:
         # non-padding tokens: a packed batch has no padding
         tokens = batch["attention_mask"].sum() if "attention_mask" in batch else batch["input_ids"].new_tensor(
             batch["input_ids"].numel())
+        slots = float(batch["input_ids"].numel())  # token positions computed, padding included
         values = torch.cat([torch.stack([out.loss.detach().double(), out.mlm_loss.detach().double(),
                                          out.nsp_loss.detach().double(), mlm_correct.double(),
                                          has.sum().double(), nsp_correct.double()]),
-                            scalars, tokens.double().view(1)])
+                            scalars, tokens.double().view(1), tokens.new_tensor([slots], dtype=torch.float64)])
         self.sums += values
 
     def reduce(self) -> dict:
@@ -61,39 +62,24 @@ class Meter:
         return {"loss": s["loss"] / micro, "mlm_loss": s["mlm_loss"] / micro, "nsp_loss": s["nsp_loss"] / micro,
                 "mlm_acc": s["mlm_correct"] / max(s["mlm_count"], 1),
                 "nsp_acc": s["nsp_correct"] / max(s["nsp_count"], 1),
-                "sequences": s["sequences"], "tokens": s["tokens"]}
+                "sequences": s["sequences"], "tokens": s["tokens"],
+                "padding_efficiency": s["tokens"] / max(s["slots"], 1)}
 
 
 class MetricsLog:
-    """Rank 0 writes JSON lines, TensorBoard scalars (when installed) and the progress bar."""
+    """Rank 0's records (bertkit.runlog: JSON lines, TensorBoard, W&B) and the progress bar."""
 
-    def __init__(self, run_dir: Path, enabled: bool, total: int, initial: int, progress: bool):
-        self.enabled = enabled
-        self.file = open(run_dir / METRICS, "a", encoding="utf-8") if enabled else None
-        self.tb = None
+    def __init__(self, run_dir: Path, enabled: bool, total: int, initial: int, progress: bool,
+                 report_to="tensorboard", config: dict | None = None):
+        self.log = RunLog(run_dir, enabled, report_to, config)
         self.bar = None
-        if not enabled:
-            return
-        try:
-            from torch.utils.tensorboard import SummaryWriter  # an optional extra
-
-            self.tb = SummaryWriter(str(run_dir / TENSORBOARD))
-        except Exception:  # tensorboard not installed
-            self.tb = None
-        if progress:
+        if enabled and progress:
             from tqdm import tqdm
 
             self.bar = tqdm(total=total, initial=initial, desc="pretrain", unit="step", dynamic_ncols=True)
 
     def write(self, record: dict):
-        if not self.enabled:
-            return
-        self.file.write(json.dumps(record) + "\n")
-        self.file.flush()
-        if self.tb is not None:
-            for k, v in record.items():
-                if k != "step" and isinstance(v, (int, float)) and v is not None:
-                    self.tb.add_scalar(k, v, record["step"])
+        self.log.write(record)
 
     def advance(self, n: int, postfix: dict | None = None):
         if self.bar is not None:
@@ -102,12 +88,9 @@ class MetricsLog:
                 self.bar.set_postfix(postfix, refresh=False)
 
     def close(self):
-        if self.enabled:
-            self.file.close()
-            if self.tb is not None:
-                self.tb.close()
-            if self.bar is not None:
-                self.bar.close()
+        self.log.close()
+        if self.bar is not None:
+            self.bar.close()
 
 
 def as_float(x):

@@ -11,6 +11,7 @@ import signal
 import socket
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import deepspeed
@@ -40,11 +41,16 @@ from bertkit.pretrain.checkpoints import (
 )
 from bertkit.pretrain.config import ConfigError, PretrainConfig, TrainingError, resolve_deepspeed_config
 from bertkit.pretrain.metrics import Meter, MetricsLog, as_float, current_lr, peak_flops, training_flops
+from bertkit.runlog import ReportError, default_report_to, parse_report_to
 
 
 def pretrain(cfg: PretrainConfig) -> dict:
     """Train; returns the last logged metrics (plus "step" and "checkpoint")."""
     manifest = read_instances_manifest(cfg.instances)
+    try:
+        parse_report_to(cfg.report_to or "none")
+    except ReportError as e:
+        raise ConfigError(str(e)) from None
     run_dir = Path(cfg.out)
     rank, world, local_rank, device = init_distributed()
     on_cuda = device.type == "cuda"
@@ -100,11 +106,16 @@ def pretrain(cfg: PretrainConfig) -> dict:
 
     stop = StopFlag()
     old_handlers = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
-    log = MetricsLog(run_dir, rank == 0, cfg.max_steps, step, cfg.progress)
+    try:
+        log = MetricsLog(run_dir, rank == 0, cfg.max_steps, step, cfg.progress,
+                         cfg.report_to or default_report_to(),
+                         config={"pretrain": asdict(cfg), "resolved": asdict(settings), "model": bert_cfg.to_dict()})
+    except ReportError as e:
+        raise ConfigError(str(e)) from None
     meter = Meter(device)
     peak = peak_flops()
     n_params = sum(p.numel() for p in model.parameters())
-    record, t0, steps_in_interval = {}, time.perf_counter(), 0
+    record, t0, steps_in_interval, grad_norm = {}, time.perf_counter(), 0, None
     engine.train()
     try:
         while step < cfg.max_steps:
@@ -114,6 +125,8 @@ def pretrain(cfg: PretrainConfig) -> dict:
                 try:
                     out = engine(**batch)
                     engine.backward(out.loss)
+                    if k == gas - 1 and settings.zero_stage == 0:  # DeepSpeed reports no norm there; before clipping
+                        grad_norm = global_grad_norm(model)
                     engine.step()
                 except (torch.OutOfMemoryError, MemoryError) as e:
                     raise out_of_memory(batch, step, k, gas, rank, cfg.unpadded, settings.global_batch, micro) from e
@@ -136,8 +149,9 @@ def pretrain(cfg: PretrainConfig) -> dict:
                 m = meter.reduce()
                 record = {"step": step, "loss": m["loss"], "mlm_loss": m["mlm_loss"], "mlm_acc": m["mlm_acc"],
                           "nsp_loss": m["nsp_loss"], "nsp_acc": m["nsp_acc"], "lr": current_lr(engine),
-                          "grad_norm": as_float(engine.get_global_grad_norm()),
+                          "grad_norm": as_float(engine.get_global_grad_norm()) or as_float(grad_norm),
                           "seq_per_s": m["sequences"] / elapsed, "tokens_per_s": m["tokens"] / elapsed,
+                          "padding_efficiency": m["padding_efficiency"],
                           "epoch": (step * gas) // sampler.per_epoch, "kernels": backend}
                 if settings.precision == "fp16":
                     record["loss_scale"] = as_float(getattr(engine.optimizer, "cur_scale", None)
@@ -279,6 +293,12 @@ def build_model(cfg: PretrainConfig, manifest: InstancesManifest, previous_run: 
             raise ConfigError(f"--init-from {cfg.init_from}: weights do not fit the pretraining model "
                               f"(missing {missing[:5]}, unexpected {unexpected[:5]})")
     return model, bert_cfg, source
+
+
+def global_grad_norm(model) -> torch.Tensor:
+    """The L2 norm of all gradients (stays on the device until logged)."""
+    norms = [p.grad.detach().float().norm() for p in model.parameters() if p.grad is not None]
+    return torch.linalg.vector_norm(torch.stack(norms)) if norms else torch.zeros(())
 
 
 def to_device(batch: dict, device) -> dict:

@@ -1,0 +1,318 @@
+"""Does a BERT pretrained by bertkit from raw text beat the same architecture randomly initialised? (a benchmark)
+
+Everything goes through bertkit's own stages, called from Python: prepare-corpus on the English WikiExtractor
+sample and the Gutenberg books -> train-tokenizer -> make-instances (static and dynamic) -> pretrain -> export; then
+every fine-tune twice, from the export and from the same architecture with random weights, with the same seeds:
+GLUE SST-2 (train subsampled), MRPC, RTE, CoLA, STS-B and CoNLL-2003 NER (train subsampled). A Korean arm pretrains
+on the Korean WikiExtractor sample with its own vocabulary and reports held-out MLM accuracy and fill-mask examples.
+
+    python benchmarks/pretrain_transfer.py                    # CPU: preset mini, about 3 hours on 2 cores
+    python benchmarks/pretrain_transfer.py --device cuda      # GPU: preset small, a bigger budget (see CUDA below)
+    python benchmarks/pretrain_transfer.py --only report      # tables and plot from the results so far
+
+Every step is skipped when its output exists, so a killed run is resumed by running it again (--work keeps the
+stages' folders; it defaults outside the repository, since CoNLL-2003 may not be copied into it). Prints tables,
+writes benchmarks/results/pretrain_transfer.json and pretrain_transfer.png.
+"""
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+from record import RESULTS, run_info, write_result  # noqa: E402
+
+SHARED = Path(os.environ.get("BERTKIT_SHARED_DATA", REPO.parent / "shared" / "data"))
+
+
+@dataclass
+class Budget:
+    preset: str
+    steps: int
+    micro_batch: int
+    lr: float
+    vocab_size: int
+    eval_every: int
+    ko_steps: int
+    finetune_lr: float
+    sst2_train: int
+    conll_train: int
+
+
+# CPU: mini (4 layers, 256 hidden) is the largest preset that trains enough steps in ~35 minutes on 2 cores: small
+# (4 x 512) runs ~3x slower per step and would see a third of the data. CUDA: small, 10x the sequences.
+BUDGETS = {
+    "cpu": Budget("mini", steps=2000, micro_batch=32, lr=5e-4, vocab_size=16000, eval_every=200, ko_steps=1200,
+                  finetune_lr=1e-4, sst2_train=8000, conll_train=4000),
+    "cuda": Budget("small", steps=10000, micro_batch=64, lr=5e-4, vocab_size=30522, eval_every=500, ko_steps=5000,
+                   finetune_lr=1e-4, sst2_train=67349, conll_train=14041),
+}
+GLUE = {"sst2": "accuracy", "mrpc": "f1", "rte": "accuracy", "cola": "matthews", "stsb": "pearson"}
+KO_FILL_MASK = ["대한민국의 수도는 [MASK]이다.", "세종대왕은 [MASK]을 창제하였다.", "한국어는 [MASK] 언어이다.",
+                "서울은 한국의 가장 큰 [MASK]이다."]
+EN_FILL_MASK = ["The capital of France is [MASK].", "He was born in [MASK] and died in 1950.",
+                "The river flows into the [MASK] sea."]
+
+
+def say(msg):
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def done(path: Path) -> bool:
+    return (path / "manifest.json").is_file() or (path / "metrics.json").is_file()
+
+
+# ---------------------------------------------------------------- pretraining side
+
+def prepare(work: Path, lang: str, budget: Budget) -> dict:
+    """Corpus, tokenizer, static and dynamic instances for one language; returns their folders."""
+    from bertkit.pipelines.make_instances import InstancesConfig, make_instances
+    from bertkit.pipelines.prepare_corpus import CorpusConfig, prepare_corpus
+    from bertkit.pipelines.train_tokenizer import TokenizerConfig, train_tokenizer
+
+    d = {name: work / f"{lang}-{name}" for name in ("corpus", "tokenizer", "static", "dynamic")}
+    inputs = [SHARED / "wikipedia_en_wikiextractor", SHARED / "gutenberg"] if lang == "en" else \
+        [SHARED / "wikipedia_ko_wikiextractor"]
+    if not done(d["corpus"]):
+        say(f"prepare-corpus {lang}")
+        prepare_corpus(inputs, d["corpus"], CorpusConfig(workers=2, holdout=0.02, progress=False))
+    if not done(d["tokenizer"]):
+        say(f"train-tokenizer {lang}")
+        vocab = budget.vocab_size if lang == "en" else 12000
+        train_tokenizer(d["corpus"], d["tokenizer"], TokenizerConfig(vocab_size=vocab, progress=False))
+    for mode, dupe in (("static", 2), ("dynamic", 1)):
+        if lang == "ko" and mode == "static":
+            continue
+        if not done(d[mode]):
+            say(f"make-instances {lang} {mode}")
+            make_instances(d["corpus"], d["tokenizer"], d[mode],
+                           InstancesConfig(max_seq_length=128, mode=mode, dupe=dupe, workers=2), progress=False)
+    return d
+
+
+def pretrain_run(instances: Path, run: Path, budget: Budget, steps: int, device: str) -> Path:
+    """Pretrain (resuming a killed run) and export; returns the export folder."""
+    from bertkit.pretrain import PretrainConfig, export, pretrain
+
+    export_dir = run.parent / f"{run.name}-export"
+    if (export_dir / "model.safetensors").is_file():
+        return export_dir
+    resume = (run / "checkpoints" / "latest").is_file()
+    say(f"pretrain {run.name}: {budget.preset}, {steps} steps" + (" (resumed)" if resume else ""))
+    pretrain(PretrainConfig(instances=str(instances), out=str(run), model=budget.preset, max_steps=steps,
+                            micro_batch=budget.micro_batch, optimizer="adamw", lr=budget.lr, warmup=0.05,
+                            eval_every=budget.eval_every, eval_batches=20, save_every=budget.eval_every,
+                            keep_last=1, log_every=20, resume=resume, num_workers=1, progress=False,
+                            precision="bf16" if device == "cuda" else None))
+    export(run, export_dir)
+    return export_dir
+
+
+def random_init(pretrained: Path, out: Path) -> Path:
+    """The pretrained export's architecture and tokenizer with BERT's random initialisation."""
+    import torch
+
+    from bertkit.hf import load_pretrained, save_pretrained
+    from bertkit.model import BertForPreTraining
+
+    if not (out / "model.safetensors").is_file():
+        torch.manual_seed(0)
+        save_pretrained(BertForPreTraining(load_pretrained(pretrained, head="pretraining").cfg), out,
+                        tokenizer_dir=pretrained)
+    return out
+
+
+def curves(run: Path) -> dict:
+    """Held-out MLM/NSP accuracy and train loss against steps, from metrics.jsonl (a resumed run's later lines win)."""
+    by_step = {}
+    for line in (run / "metrics.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        by_step.setdefault(r["step"], {}).update(r)
+    steps = sorted(by_step)
+    return {"steps": [s for s in steps if "eval_mlm_acc" in by_step[s]],
+            "eval_mlm_acc": [by_step[s]["eval_mlm_acc"] for s in steps if "eval_mlm_acc" in by_step[s]],
+            "eval_nsp_acc": [by_step[s]["eval_nsp_acc"] for s in steps if "eval_nsp_acc" in by_step[s]],
+            "train_steps": [s for s in steps if "loss" in by_step[s]],
+            "train_loss": [by_step[s]["loss"] for s in steps if "loss" in by_step[s]]}
+
+
+def fill_mask(model_dir: Path, texts: list[str]) -> list:
+    from bertkit.fill_mask import fill_mask_predictions
+    from bertkit.hf import load_pretrained
+    from bertkit.tokenization import load_tokenizer
+
+    model = load_pretrained(model_dir, head="pretraining")
+    out = fill_mask_predictions(model, load_tokenizer(model_dir), texts, top_k=5)
+    return [{"text": t, "top5": [[tok for tok, _ in m] for m in masks]} for t, masks in zip(texts, out)]
+
+
+# ---------------------------------------------------------------- fine-tuning side
+
+def finetune_one(task: str, model: Path, out: Path, seed: int, budget: Budget, work: Path) -> dict:
+    """One fine-tune; its metrics.json is the cache."""
+    from bertkit.finetune.classify import label_list, run_classification
+    from bertkit.finetune.glue import GLUE_TASKS, glue_metrics, read_glue
+    from bertkit.finetune.ner import finetune_ner
+    from bertkit.finetune.train import TrainConfig
+
+    if (out / "metrics.json").is_file():
+        summary = json.loads((out / "metrics.json").read_text())
+        if "train_seconds" in summary:
+            return summary
+    cfg = TrainConfig(out_dir=str(out), epochs=3, batch_size=32, learning_rate=budget.finetune_lr, seed=seed,
+                      save_model=False)
+    if task == "ner":
+        return finetune_ner(model, conll_subsample(work, budget.conll_train), SHARED / "conll2003" / "valid.txt",
+                            cfg)
+    train, _ = read_glue(task, SHARED / "glue", "train")
+    dev, _ = read_glue(task, SHARED / "glue", "dev")
+    if task == "sst2" and len(train) > budget.sst2_train:
+        train = random.Random(0).sample(train, budget.sst2_train)
+    labels = None if GLUE_TASKS[task].regression else label_list(train)
+    return run_classification(model, train, dev, labels, cfg, task=task,
+                              metric_fn=lambda p, g: glue_metrics(task, p, g, labels), best_metric=GLUE[task],
+                              max_seq_length=128)
+
+
+def conll_subsample(work: Path, n: int) -> Path:
+    """The first n sentences of CoNLL-2003 train, written to the work folder (never into the repository)."""
+    path = work / f"conll-train-{n}.txt"
+    if not path.is_file():
+        blocks = (SHARED / "conll2003" / "train.txt").read_text(encoding="utf-8").split("\n\n")
+        path.write_text("\n\n".join(blocks[:n]) + "\n", encoding="utf-8")
+    return path
+
+
+def task_metric(task: str) -> str:
+    return "f1" if task == "ner" else GLUE[task]
+
+
+# ---------------------------------------------------------------- report
+
+def summarize(results: dict) -> list[dict]:
+    rows = []
+    for task, by_init in results["finetune"].items():
+        row = {"task": task, "metric": task_metric(task)}
+        for init, scores in by_init.items():
+            row[init] = {"mean": statistics.mean(scores), "sd": statistics.stdev(scores) if len(scores) > 1 else 0.0,
+                         "seeds": scores}
+        if "random" in row and "pretrained" in row:
+            row["difference"] = row["pretrained"]["mean"] - row["random"]["mean"]
+        rows.append(row)
+    return rows
+
+
+def print_table(rows: list[dict]):
+    print(f"\n{'task':6} {'metric':9} {'random init':>16} {'bertkit-pretrained':>19} {'difference':>11}")
+    for r in rows:
+        cell = {k: f"{100 * r[k]['mean']:6.1f} ± {100 * r[k]['sd']:4.1f}" if k in r else "-"
+                for k in ("random", "pretrained")}
+        diff = f"{100 * r['difference']:+.1f}" if "difference" in r else "-"
+        print(f"{r['task']:6} {r['metric']:9} {cell['random']:>16} {cell['pretrained']:>19} {diff:>11}")
+
+
+def plot(results: dict, path: Path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for name, c in results["curves"].items():
+        axes[0].plot(c["steps"], [100 * a for a in c["eval_mlm_acc"]], marker="o", label=name)
+        if name.startswith("en"):
+            axes[1].plot(c["steps"], [100 * a for a in c["eval_nsp_acc"]], marker="o", label=name)
+    axes[0].set(title="held-out MLM accuracy", xlabel="pretraining step", ylabel="%")
+    axes[1].set(title="held-out NSP accuracy (English)", xlabel="pretraining step", ylabel="%")
+    rows = summarize(results)
+    x = range(len(rows))
+    for k, (init, color) in enumerate((("random", "tab:gray"), ("pretrained", "tab:blue"))):
+        means = [100 * r[init]["mean"] if init in r else 0 for r in rows]
+        sds = [100 * r[init]["sd"] if init in r else 0 for r in rows]
+        axes[2].bar([i + 0.4 * k for i in x], means, 0.4, yerr=sds, color=color, label=init)
+    axes[2].set_xticks([i + 0.2 for i in x], [f"{r['task']}\n{r['metric']}" for r in rows])
+    axes[2].set(title="fine-tuned (dev), mean ± sd over seeds", ylabel="%")
+    for ax in axes:
+        ax.legend()
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+# ---------------------------------------------------------------- main
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--work", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "bertkit-transfer")
+    ap.add_argument("--tasks", nargs="+", default=["sst2", "mrpc", "rte", "cola", "stsb", "ner"])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    ap.add_argument("--only", choices=["en", "ko", "finetune", "report"], default=None)
+    args = ap.parse_args(argv)
+    if not SHARED.is_dir():
+        raise SystemExit(f"needs the shared data ({SHARED}; set BERTKIT_SHARED_DATA)")
+    budget = BUDGETS[args.device]
+    args.work.mkdir(parents=True, exist_ok=True)
+    state_file = args.work / "results.json"
+    results = json.loads(state_file.read_text()) if state_file.is_file() else {"curves": {}, "finetune": {}}
+
+    def save():
+        state_file.write_text(json.dumps(results, indent=1))
+
+    if args.only in (None, "en", "finetune"):
+        en = prepare(args.work, "en", budget)
+        exports = {}
+        for mode in ("dynamic", "static"):
+            run = args.work / f"en-run-{mode}"
+            exports[mode] = pretrain_run(en[mode], run, budget, budget.steps, args.device)
+            results["curves"][f"en-{mode}"] = curves(run)
+        save()
+        # fine-tune from the masking mode with the better final held-out MLM accuracy
+        best = max(("dynamic", "static"), key=lambda m: results["curves"][f"en-{m}"]["eval_mlm_acc"][-1])
+        results["finetuned_from"] = best
+        results["en_fill_mask"] = fill_mask(exports[best], EN_FILL_MASK)
+        models = {"pretrained": exports[best], "random": random_init(exports[best], args.work / "en-random")}
+        if args.only != "en":
+            for task in args.tasks:
+                for init, model in models.items():
+                    for seed in args.seeds:
+                        out = args.work / "finetune" / f"{task}-{init}-{seed}"
+                        t0 = time.time()
+                        summary = finetune_one(task, model, out, seed, budget, args.work)
+                        score = summary["best"][task_metric(task)]
+                        results["finetune"].setdefault(task, {}).setdefault(init, {})[str(seed)] = score
+                        say(f"{task} {init} seed {seed}: {task_metric(task)} {score:.4f} "
+                            f"({time.time() - t0:.0f} s)")
+                        save()
+    if args.only in (None, "ko"):
+        ko = prepare(args.work, "ko", budget)
+        run = args.work / "ko-run-dynamic"
+        export_dir = pretrain_run(ko["dynamic"], run, budget, budget.ko_steps, args.device)
+        results["curves"]["ko-dynamic"] = curves(run)
+        results["ko_fill_mask"] = fill_mask(export_dir, KO_FILL_MASK)
+        save()
+
+    # seeds as lists for the report
+    results["finetune"] = {t: {i: list(s.values()) if isinstance(s, dict) else s for i, s in by.items()}
+                           for t, by in results["finetune"].items()}
+    rows = summarize(results)
+    print_table(rows)
+    for key in ("en_fill_mask", "ko_fill_mask"):
+        for ex in results.get(key, []):
+            print(f"{ex['text']}  ->  {ex['top5']}")
+    record = {**run_info("pretrain_transfer"), "device": args.device, "budget": budget.__dict__,
+              "table": rows, **results}
+    write_result("pretrain_transfer", record)
+    if results["curves"] and rows:
+        plot(results, RESULTS / "pretrain_transfer.png")
+        print(f"wrote {RESULTS / 'pretrain_transfer.png'}")
+
+
+if __name__ == "__main__":
+    main()

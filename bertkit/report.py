@@ -1,0 +1,175 @@
+"""`bertkit report RUN_DIR`: one self-contained HTML page for a pretraining or fine-tuning run.
+
+Plots (matplotlib, embedded as PNG data URIs, so the page is one file that opens anywhere): losses and accuracies,
+training and held-out; the learning-rate schedule; throughput and padding efficiency; for pretraining the instances'
+statistics from their manifest (length histogram, masking shares, NotNext share); then the run's settings.
+"""
+import base64
+import html
+import io
+import json
+from pathlib import Path
+
+from bertkit.formats import METRICS, RUN_CONFIG, FormatError, read_instances_manifest, read_run_config
+from bertkit.runlog import read_metrics
+
+
+class ReportError(FormatError):
+    pass
+
+
+def _plt():
+    try:
+        import matplotlib
+    except ImportError as e:
+        raise ReportError("bertkit report draws with matplotlib: pip install 'bertkit[report]'") from e
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _png(fig) -> str:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100, bbox_inches="tight")
+    _plt().close(fig)
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def _series(records: list[dict], key: str):
+    points = [(r["step"], r[key]) for r in records if isinstance(r.get(key), (int, float))]
+    return [p[0] for p in points], [p[1] for p in points]
+
+
+def _line_plot(records, title, keys, ylabel=None, logy=False):
+    """A figure of the keys against steps, or None when no record has any of them."""
+    plt = _plt()
+    drawn = [(k, *_series(records, k)) for k in keys]
+    drawn = [d for d in drawn if d[1]]
+    if not drawn:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    for key, steps, values in drawn:
+        ax.plot(steps, values, marker="o" if len(steps) < 30 else None, markersize=3,
+                label=key.replace("eval_", "held-out ").replace("_", " "))
+    ax.set(title=title, xlabel="step", ylabel=ylabel or "")
+    if logy:
+        ax.set_yscale("log")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return title, _png(fig)
+
+
+def _instance_plots(manifest) -> list:
+    plt = _plt()
+    stats, figures = manifest.stats, []
+    hist = stats.get("length_histogram")
+    if hist and hist.get("counts"):
+        fig, ax = plt.subplots(figsize=(7, 3.6))
+        width = hist["bin_width"]
+        ax.bar([i * width for i in range(len(hist["counts"]))], hist["counts"], width=width * 0.9, align="edge")
+        ax.set(title="instance lengths (train)", xlabel="tokens", ylabel="instances")
+        figures.append(("instance lengths", _png(fig)))
+    shares = {k: stats[k] for k in ("mask_share", "random_share", "kept_share", "not_next_share") if k in stats}
+    if shares:
+        fig, ax = plt.subplots(figsize=(7, 3.0))
+        ax.barh(list(shares), [100 * v for v in shares.values()])
+        for y, v in enumerate(shares.values()):
+            ax.text(100 * v, y, f" {100 * v:.1f}%", va="center")
+        ax.set(title="masking and NotNext shares (train)", xlabel="%", xlim=(0, 100))
+        figures.append(("masking and NotNext shares", _png(fig)))
+    return figures
+
+
+def _table(rows: dict) -> str:
+    def cell(v):
+        return html.escape(json.dumps(v) if isinstance(v, (dict, list)) else str(v))
+
+    return "<table>" + "".join(f"<tr><th>{cell(k)}</th><td>{cell(v)}</td></tr>" for k, v in rows.items()) + "</table>"
+
+
+def _page(title: str, figures: list, sections: list) -> str:
+    images = "".join(f'<figure><img alt="{html.escape(name)}" src="data:image/png;base64,{data}">'
+                     f"<figcaption>{html.escape(name)}</figcaption></figure>" for name, data in figures)
+    body = "".join(f"<h2>{html.escape(heading)}</h2>{content}" for heading, content in sections)
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 2em; color: #222; }}
+figure {{ display: inline-block; margin: 0.5em; }} img {{ max-width: 100%; }}
+table {{ border-collapse: collapse; font-size: 0.85em; }} th, td {{ border: 1px solid #ccc; padding: 2px 8px;
+text-align: left; vertical-align: top; }} td {{ font-family: monospace; word-break: break-all; }}
+</style></head>
+<body><h1>{html.escape(title)}</h1>{images}{body}</body></html>
+"""
+
+
+def pretrain_report(run_dir: Path) -> str:
+    run = read_run_config(run_dir)
+    records = read_metrics(run_dir)
+    figures = [f for f in (
+        _line_plot(records, "loss", ["loss", "mlm_loss", "nsp_loss", "eval_loss", "eval_mlm_loss", "eval_nsp_loss"]),
+        _line_plot(records, "accuracy", ["mlm_acc", "nsp_acc", "eval_mlm_acc", "eval_nsp_acc"]),
+        _line_plot(records, "learning rate", ["lr"]),
+        _line_plot(records, "gradient norm", ["grad_norm"], logy=True),
+        _line_plot(records, "throughput (sequences/s)", ["seq_per_s"]),
+        _line_plot(records, "tokens/s", ["tokens_per_s"]),
+        _line_plot(records, "MFU and padding efficiency", ["mfu", "padding_efficiency"]),
+        _line_plot(records, "fp16 loss scale", ["loss_scale"], logy=True),
+    ) if f]
+    sections = []
+    try:
+        manifest = read_instances_manifest(run.instances)
+        figures += _instance_plots(manifest)
+        sections.append(("instances", _table({"folder": run.instances, "mode": manifest.mode,
+                                              "max_seq_length": manifest.max_seq_length,
+                                              "masked_lm_prob": manifest.masked_lm_prob,
+                                              **{k: v for k, v in manifest.stats.items()
+                                                 if k not in ("length_histogram", "train_counts")}})))
+    except FormatError as e:
+        sections.append(("instances", f"<p>not available: {html.escape(str(e))}</p>"))
+    last = records[-1] if records else {}
+    sections += [("last record", _table(last)), ("settings", _table(run.pretrain)),
+                 ("resolved DeepSpeed settings", _table(run.resolved)), ("model", _table(run.model)),
+                 ("run", _table({"init_from": run.init_from, "world_size": run.world_size, "kernels": run.kernels,
+                                 "vocab_size": run.vocab_size, "vocab_sha256": run.vocab_sha256}))]
+    return _page(f"bertkit pretraining run: {run_dir.resolve().name}", figures, sections)
+
+
+def finetune_report(run_dir: Path) -> str:
+    summary = json.loads((run_dir / "metrics.json").read_text(encoding="utf-8"))
+    records = read_metrics(run_dir)
+    epochs = summary.get("epochs", [])
+    dev_keys = sorted({k for e in epochs for k, v in e.items()
+                       if isinstance(v, (int, float)) and k not in ("epoch", "train_loss", "train_seconds")})
+    figures = [f for f in (
+        _line_plot(records, "training loss", ["loss"]),
+        _line_plot(records, "held-out (dev) metrics", [f"eval_{k}" for k in dev_keys]),
+        _line_plot(records, "learning rate", ["lr"]),
+        _line_plot(records, "gradient norm", ["grad_norm"], logy=True),
+        _line_plot(records, "throughput (sequences/s)", ["seq_per_s"]),
+        _line_plot(records, "padding efficiency", ["padding_efficiency"]),
+    ) if f]
+    if not records and epochs:  # a run from before metrics.jsonl: per-epoch numbers only
+        per_epoch = [{"step": e["epoch"], **e} for e in epochs]
+        figures = [f for f in (_line_plot(per_epoch, "per epoch (x: epoch)", ["train_loss", *dev_keys]),) if f]
+    sections = [("best epoch", _table({"epoch": summary.get("best_epoch"), **summary.get("best", {})})),
+                ("epochs", "".join(_table(e) for e in epochs)), ("settings", _table(summary.get("settings", {})))]
+    return _page(f"bertkit fine-tuning run: {summary.get('task')} ({run_dir.resolve().name})", figures, sections)
+
+
+def report(run_dir, out=None) -> Path:
+    """Write the page (default RUN_DIR/report.html); returns its path."""
+    run_dir = Path(run_dir)
+    if (run_dir / RUN_CONFIG).is_file() and (run_dir / METRICS).is_file() and not (run_dir / "metrics.json").is_file():
+        page = pretrain_report(run_dir)
+    elif (run_dir / "metrics.json").is_file():
+        page = finetune_report(run_dir)
+    else:
+        raise ReportError(f"{run_dir}: neither a pretraining run (config.json + metrics.jsonl) nor a fine-tuning run "
+                          "(metrics.json); pass the folder given as --out to pretrain or finetune")
+    from bertkit.fileio import atomic_write_bytes
+
+    out = Path(out) if out else run_dir / "report.html"
+    atomic_write_bytes(out, page.encode("utf-8"))
+    return out

@@ -1,0 +1,109 @@
+"""A run's metrics as it goes: JSON lines (RUN/metrics.jsonl, the record bertkit itself reads back), TensorBoard
+(RUN/tensorboard/) and Weights & Biases (offline, RUN/wandb/), for pretraining and fine-tuning alike.
+
+Records are flat dicts with a "step"; numbers become scalars grouped by kind: eval_* under eval/, throughput under
+perf/, everything else under train/. Strings (the kernels backend) stay in the JSON lines only.
+"""
+import json
+import os
+from pathlib import Path
+
+from bertkit.formats import METRICS, TENSORBOARD
+
+REPORT_TO = ("tensorboard", "wandb")
+PERF = ("seq_per_s", "tokens_per_s", "mfu", "padding_efficiency")
+
+
+class ReportError(ValueError):
+    pass
+
+
+def scalar_tag(key: str) -> str:
+    if key.startswith("eval_"):
+        return "eval/" + key[len("eval_"):]
+    return ("perf/" if key in PERF else "train/") + key
+
+
+def parse_report_to(value) -> tuple:
+    """"tensorboard", "tensorboard,wandb", "none" or a sequence -> a tuple of REPORT_TO names."""
+    names = value.split(",") if isinstance(value, str) else list(value or ())
+    names = tuple(n.strip() for n in names if n.strip() and n.strip() != "none")
+    unknown = [n for n in names if n not in REPORT_TO]
+    if unknown:
+        raise ReportError(f"--report-to {','.join(unknown)}: choose from {', '.join(REPORT_TO)} or none")
+    return names
+
+
+class RunLog:
+    """Writes one process's records (rank 0's: other ranks pass enabled=False)."""
+
+    def __init__(self, run_dir, enabled: bool = True, report_to=("tensorboard",), config: dict | None = None):
+        self.enabled = enabled
+        self.file = self.tb = self.wandb = None
+        if not enabled:
+            return
+        run_dir = Path(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.file = open(run_dir / METRICS, "a", encoding="utf-8")
+        report_to = parse_report_to(report_to)
+        if "tensorboard" in report_to:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError as e:
+                raise ReportError("--report-to tensorboard needs TensorBoard: pip install 'bertkit[tensorboard]' "
+                                  "(or --report-to none)") from e
+            self.tb = SummaryWriter(str(run_dir / TENSORBOARD))
+        if "wandb" in report_to:
+            try:
+                import wandb
+            except ImportError as e:
+                raise ReportError("--report-to wandb needs Weights & Biases: pip install wandb") from e
+            # offline unless the user set WANDB_MODE: `wandb sync RUN/wandb/offline-run-*` uploads it later
+            self.wandb = wandb.init(project=os.environ.get("WANDB_PROJECT", "bertkit"), dir=str(run_dir),
+                                    mode=os.environ.get("WANDB_MODE", "offline"), config=config or {},
+                                    name=run_dir.name)
+
+    def write(self, record: dict):
+        if not self.enabled:
+            return
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+        scalars = {k: v for k, v in record.items()
+                   if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)}
+        if self.tb is not None:
+            for k, v in scalars.items():
+                self.tb.add_scalar(scalar_tag(k), v, record["step"])
+            self.tb.flush()
+        if self.wandb is not None:
+            self.wandb.log({scalar_tag(k): v for k, v in scalars.items()}, step=record["step"])
+
+    def close(self):
+        if not self.enabled:
+            return
+        self.file.close()
+        if self.tb is not None:
+            self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+
+
+def default_report_to() -> str:
+    """TensorBoard when it is installed (the tensorboard extra), else nothing besides metrics.jsonl."""
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        return "none"
+    return "tensorboard"
+
+
+def read_metrics(run_dir) -> list[dict]:
+    """RUN/metrics.jsonl, records merged per step (a resumed run appends: later lines win)."""
+    by_step = {}
+    path = Path(run_dir) / METRICS
+    if not path.is_file():
+        return []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            r = json.loads(line)
+            by_step.setdefault(r["step"], {}).update(r)
+    return [by_step[s] for s in sorted(by_step)]
