@@ -14,6 +14,7 @@ from bertkit.commands.model import fill_mask
 from bertkit.commands.pretrain import export, pretrain
 from bertkit.commands.report import report
 from bertkit.commands.tokenizer import train_tokenizer
+from bertkit.commands.verify import verify
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -26,7 +27,7 @@ def main():
 
 
 for command in (prepare_corpus, train_tokenizer, make_instances, fill_mask, pretrain, export, finetune, report,
-                check_gpu):
+                verify, check_gpu):
     main.add_command(command)
 
 

@@ -16,8 +16,13 @@ from pathlib import Path
 import numpy as np
 
 from bertkit.fileio import read_arrow
-from bertkit.formats import IGNORE_INDEX, InstancesError, InstancesManifest, read_instances_manifest
-from bertkit.formats import InstanceColumns as C
+from bertkit.formats import (
+    IGNORE_INDEX,
+    InstanceColumns as C,
+    InstancesError,
+    InstancesManifest,
+    read_instances_manifest,
+)
 
 
 class _ListColumn:
@@ -43,7 +48,7 @@ class InstanceDataset:
         self.manifest = manifest or read_instances_manifest(self.dir)
         self.split, self.seed = split, int(seed)
         self.dynamic = self.manifest.mode == "dynamic"
-        files = [self.dir / name for name in self.manifest.files(split)]
+        files = [self.dir / name for name in self.manifest.shard_files(split)]
         tables = [read_arrow(p) for p in files]
         tables = [t for t in tables if t.num_rows]
         # one record batch per chunk: a row is found by (chunk, row in chunk)

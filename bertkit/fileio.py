@@ -1,9 +1,28 @@
-"""Atomic writes and checksums shared by every stage: a reader never sees a half-written file."""
+"""Atomic writes, checksums, folder locks and disk errors, shared by every stage: a reader never sees a half-written
+file, a damaged one is named, and two writers never share a folder.
+
+Checksums are xxHash's XXH3-128 ("xxh3_128:<hex>"): about 27 GB/s on one core here against 1.8 GB/s for sha256
+(so verifying a checkpoint costs about what reading it does), and 128 bits make an accidental match between a
+damaged and an intact file negligible. It detects damage, not tampering: a file's identity across stages (the
+vocabulary's) stays sha256.
+"""
+import contextlib
+import errno
 import hashlib
 import json
 import os
+import socket
+import sys
 import tempfile
+import time
 from pathlib import Path
+
+import xxhash
+
+CHECKSUM = "xxh3_128"
+DISK_ERRORS = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "the disk quota is exceeded",
+               errno.EIO: "an input/output error (a failing disk or network file system)",
+               errno.EROFS: "the file system is read-only"}
 
 
 def _umask() -> int:
@@ -71,11 +90,19 @@ def atomic_write_arrow(path, table) -> None:
 
 
 def read_arrow(path, memory_map: bool = True):
-    """Read an Arrow IPC file written by atomic_write_arrow, memory-mapped by default."""
+    """Read an Arrow IPC file written by atomic_write_arrow, memory-mapped by default. A file that is not a
+    readable Arrow file raises formats.DamagedFileError naming it (never pyarrow's own error)."""
     import pyarrow as pa
 
-    source = pa.memory_map(str(path), "r") if memory_map else pa.OSFile(str(path), "rb")
-    return pa.ipc.open_file(source).read_all()
+    from bertkit.formats import DamagedFileError
+
+    try:
+        source = pa.memory_map(str(path), "r") if memory_map else pa.OSFile(str(path), "rb")
+        return pa.ipc.open_file(source).read_all()
+    except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as e:
+        if isinstance(e, OSError) and e.errno not in (None, errno.EIO):
+            raise
+        raise DamagedFileError(path, f"not a readable Arrow file ({str(e).splitlines()[0]})") from None
 
 
 def sha256_file(path, chunk: int = 1 << 20) -> str:
@@ -84,3 +111,139 @@ def sha256_file(path, chunk: int = 1 << 20) -> str:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
+
+
+def checksum_bytes(data: bytes) -> str:
+    return f"{CHECKSUM}:{xxhash.xxh3_128(data).hexdigest()}"
+
+
+def checksum_file(path, chunk: int = 8 << 20) -> str:
+    """"xxh3_128:<hex>" of a file, streamed."""
+    h = xxhash.xxh3_128()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return f"{CHECKSUM}:{h.hexdigest()}"
+
+
+def file_matches(path, checksum: str) -> bool:
+    """Whether the file has this checksum ("xxh3_128:..." or, from older manifests, "sha256:...")."""
+    algorithm, _, digest = checksum.partition(":")
+    if algorithm == CHECKSUM:
+        return checksum_file(path) == checksum
+    if algorithm == "sha256":
+        return sha256_file(path) == digest
+    raise ValueError(f"unknown checksum algorithm {algorithm!r}")
+
+
+def file_entry(path) -> dict:
+    """{"bytes", "checksum"} of a file, as manifests record it."""
+    path = Path(path)
+    return {"bytes": path.stat().st_size, "checksum": checksum_file(path)}
+
+
+# ---------------------------------------------------------------- one writer per folder
+
+LOCK_FILE = ".bertkit.lock"
+
+
+class FolderError(Exception):
+    """A folder could not be written: another writer holds it, or the disk failed. The message says what to do."""
+
+
+class FolderLockedError(FolderError):
+    pass
+
+
+def _process_start(pid: int) -> str | None:
+    """The kernel's start time of a process (Linux), to tell a live process from a later one that reused its id."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _alive(holder: dict) -> bool:
+    pid = holder.get("pid")
+    if not isinstance(pid, int):
+        return True  # unreadable: assume it is alive rather than take over a live writer's folder
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    started = _process_start(pid)
+    return started is None or holder.get("process_start") in (None, started)
+
+
+@contextlib.contextmanager
+def folder_lock(folder, what: str, say=None):
+    """Hold FOLDER/.bertkit.lock (host, pid, what, since) while writing the folder. A second writer stops at once
+    with FolderLockedError saying who holds it; a lock left by a dead process on this host is taken over (`say` is
+    told). Liveness comes from the process table, never from clocks, so clock skew cannot expire a live lock."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / LOCK_FILE
+    me = {"host": socket.gethostname(), "pid": os.getpid(), "process_start": _process_start(os.getpid()),
+          "what": what, "since": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": " ".join(sys.argv)[:500]}
+    for _ in range(3):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, _FILE_MODE)
+        except FileExistsError:
+            try:
+                holder = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                holder = {}
+            if holder.get("host") == me["host"] and not _alive(holder):
+                stale = path.with_name(f"{LOCK_FILE}.stale.{os.getpid()}")
+                try:
+                    os.replace(path, stale)  # one taker wins the rename; the others find the new lock next round
+                except FileNotFoundError:
+                    continue
+                stale.unlink(missing_ok=True)
+                if say:
+                    say(f"{folder}: took over the lock left by process {holder.get('pid')} on this host, which is "
+                        f"gone ({holder.get('what')}, since {holder.get('since')})")
+                continue
+            where = "this host" if holder.get("host") == me["host"] else f"host {holder.get('host')}"
+            raise FolderLockedError(
+                f"{folder} is being written by process {holder.get('pid')} on {where} ({holder.get('what')}, since "
+                f"{holder.get('since')}: {holder.get('command')}). Wait for it to finish, or use another output "
+                f"folder; if that process is certainly gone, delete {path}") from None
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(me, f)
+        break
+    else:
+        raise FolderLockedError(f"{folder}: could not take {path}; another writer keeps taking it")
+    try:
+        yield
+    finally:
+        try:
+            if json.loads(path.read_text(encoding="utf-8")).get("pid") == me["pid"]:
+                path.unlink()
+        except (OSError, ValueError):
+            pass
+
+
+# ---------------------------------------------------------------- disk full, I/O errors
+
+class DiskError(FolderError):
+    """A stage could not write its folder (disk full, I/O error); nothing it wrote is marked complete."""
+
+    def __init__(self, errno_: int, message: str):
+        super().__init__(message)
+        self.errno = errno_
+
+
+@contextlib.contextmanager
+def disk_errors(folder, retry: str):
+    """Turn ENOSPC / EDQUOT / EIO / EROFS while writing `folder` into one DiskError with what to do."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno not in DISK_ERRORS:
+            raise
+        where = f" ({e.filename})" if e.filename else ""
+        raise DiskError(e.errno, f"{folder}: {DISK_ERRORS[e.errno]} while writing{where}. Nothing unfinished was "
+                                 f"marked complete: {retry}") from None

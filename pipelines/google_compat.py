@@ -15,7 +15,7 @@ from typing import NamedTuple
 import numpy as np
 from tqdm import tqdm
 
-from bertkit.fileio import atomic_write_arrow, read_arrow, sha256_file
+from bertkit.fileio import atomic_write_arrow, checksum_file, read_arrow
 from bertkit.formats import CorpusColumns, instances_file_name
 from bertkit.masking import KIND_KEPT, KIND_MASK, KIND_RANDOM
 from bertkit.pipelines.instance_io import (
@@ -180,7 +180,7 @@ def make_instances_google(train, holdout, tokenizer_dir, out: Path, config, prog
                 stats["instances_by_pass"] = per_pass if f == 0 else [0] * len(per_pass)
                 atomic_write_arrow(out / name, table)
                 entries.append({"file": name, "split": split, "rows": table.num_rows,
-                                "bytes": (out / name).stat().st_size, "sha256": sha256_file(out / name),
+                                "bytes": (out / name).stat().st_size, "checksum": checksum_file(out / name),
                                 "pass": None, "stats": stats})
             del instances
         return entries

@@ -13,7 +13,6 @@ corpus, so the output is the same bytes whatever --workers is, and a killed run 
 that are missing. Memory is one unit's tokens plus one pass of its instances, never corpus x dupe.
 `--compat google` (pipelines/google_compat.py) instead replays the reference's random calls exactly.
 """
-import hashlib
 import multiprocessing
 import shutil
 from array import array
@@ -26,7 +25,18 @@ import pyarrow as pa
 import pyarrow.compute  # noqa: F401  (pa.compute)
 from tqdm import tqdm
 
-from bertkit.fileio import atomic_write_bytes, atomic_write_json, read_arrow, read_json_or_none
+from bertkit.fileio import (
+    LOCK_FILE,
+    atomic_write_bytes,
+    atomic_write_json,
+    checksum_bytes,
+    disk_errors,
+    file_entry,
+    file_matches,
+    folder_lock,
+    read_arrow,
+    read_json_or_none,
+)
 from bertkit.formats import (
     TOKENIZER_FILES,
     CorpusColumns,
@@ -268,15 +278,18 @@ def corpus_text_bytes(shards: list[Path]) -> int:
 
 
 def process_unit(task: dict) -> list[dict]:
-    """Worker: every missing pass file of one work unit. Returns [{file, split, rows, bytes, sha256, stats}]."""
+    """Worker: every missing or damaged pass file of one work unit. Returns [{file, split, rows, bytes, checksum,
+    stats}]."""
     config = InstancesConfig(**task["config"])
     out_dir, parts = Path(task["out"]), Path(task["out"]) / ".parts"
     passes = config.passes if task["split"] == "train" else config.holdout_dupe
     names = [file_name(task["split"], task["unit_index"], p, task["n_units"]) for p in range(passes)]
     done = {}
-    for n in names:   # a file counts as finished only with a readable record whose size matches
+    for n in names:   # finished: a readable record, and the file with its size and checksum (else it is redone)
         entry = read_json_or_none(parts / f"{n}.json")
-        if entry and (out_dir / n).is_file() and entry["bytes"] == (out_dir / n).stat().st_size:
+        path = out_dir / n
+        if entry and "checksum" in entry and path.is_file() and entry["bytes"] == path.stat().st_size \
+                and file_matches(path, entry["checksum"]):
             done[n] = entry
     if len(done) == len(names):
         return [done[n] for n in names]
@@ -317,7 +330,7 @@ def process_unit(task: dict) -> list[dict]:
         data = arrow_file_bytes(tbl)
         atomic_write_bytes(out_dir / name, data)           # fsynced before it gets its name
         entry = {"file": name, "split": task["split"], "rows": tbl.num_rows, "bytes": len(data),
-                 "sha256": hashlib.sha256(data).hexdigest(), "pass": p, "stats": stats}
+                 "checksum": checksum_bytes(data), "pass": p, "stats": stats}
         # a resume record, written last: its presence marks the file finished. Not fsynced: the file it describes
         # was, and a record lost in a crash only means the file is made again.
         atomic_write_json(parts / f"{name}.json", entry, fsync=False)
@@ -396,15 +409,23 @@ def summarize(entries: list[dict], config: InstancesConfig) -> dict:
 
 
 def _corpus_identity(manifest) -> list:
-    return [[s.file, s.split, s.sha256, s.rows] for s in manifest.shards]
+    return [[s.file, s.split, s.checksum, s.rows] for s in manifest.shards]
 
 
 def make_instances(corpus_dir, tokenizer_dir, out, config: InstancesConfig | None = None,
                    progress: bool = True) -> InstancesManifest:
-    """Write the instances of a prepare-corpus folder into `out`; returns the manifest. Resumes a killed run."""
+    """Write the instances of a prepare-corpus folder into `out`; returns the manifest. Resumes a killed run, and
+    rewrites only damaged files when run again on a finished folder."""
     config = config or InstancesConfig()
     config.check()
     corpus_dir, out = Path(corpus_dir), Path(out)
+    with folder_lock(out, "make-instances", tqdm.write), \
+            disk_errors(out, "free space (or fix the disk), then run the same command again to resume"):
+        return _make_instances(corpus_dir, tokenizer_dir, out, config, progress)
+
+
+def _make_instances(corpus_dir: Path, tokenizer_dir, out: Path, config: InstancesConfig,
+                    progress: bool) -> InstancesManifest:
     corpus_manifest = read_corpus_manifest(corpus_dir)
     train, holdout = corpus_shards(corpus_dir, "train"), corpus_shards(corpus_dir, "holdout")
     if not train:
@@ -421,7 +442,7 @@ def make_instances(corpus_dir, tokenizer_dir, out, config: InstancesConfig | Non
             what = ", ".join(changed) or ("the tokenizer" if previous["vocab_sha256"] != vocab_sha else "the corpus")
             raise InstancesError(f"{out}: holds instances made with different settings ({what}); "
                                  f"use a new --out folder or delete {out}")
-    elif out.exists() and any(out.iterdir()):
+    elif out.exists() and any(p.name != LOCK_FILE for p in out.iterdir()):
         raise InstancesError(f"{out}: exists and is not a make-instances output; choose an empty or new --out folder")
     atomic_write_json(run_file, identity)
     for stale in list(out.glob(".*.tmp")) + list((out / ".parts").glob(".*.tmp")):
@@ -448,7 +469,8 @@ def make_instances(corpus_dir, tokenizer_dir, out, config: InstancesConfig | Non
                                                wwm_decide_per_piece=config.wwm_decide_per_piece or google,
                                                same_doc_notnext=config.same_doc_notnext or google),
         tokenizer=str(Path(tokenizer_dir).resolve()), corpus=str(corpus_dir.resolve()),
-        shards=[ShardEntry(*(e[k] for k in ("file", "split", "rows", "bytes", "sha256"))) for e in entries],
+        shards=[ShardEntry(*(e[k] for k in ("file", "split", "rows", "bytes", "checksum"))) for e in entries],
+        files={name: file_entry(out / name) for name in TOKENIZER_FILES if (out / name).is_file()},
         stats=stats)
     write_manifest(out, manifest)
     return manifest

@@ -17,8 +17,7 @@ import re
 import shutil
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import ProcessPoolExecutor, TimeoutError as FutureTimeout
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -27,18 +26,26 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from bertkit import __version__
-from bertkit.fileio import atomic_write_arrow, atomic_write_json, read_json_or_none, sha256_file
+from bertkit.fileio import (
+    atomic_write_arrow,
+    atomic_write_json,
+    checksum_file,
+    disk_errors,
+    folder_lock,
+    read_json_or_none,
+)
 from bertkit.formats import (
     CORPUS_SCHEMA,
     MANIFEST,
+    CorpusColumns as C,
     CorpusError,
     CorpusManifest,
     ShardEntry,
     corpus_file_name,
+    corpus_shards,
     read_corpus_manifest,
     write_manifest,
 )
-from bertkit.formats import CorpusColumns as C
 from bertkit.pipelines import corpus_readers as readers
 from bertkit.pipelines.sentences import clean_text, detect_language, split_sentences
 
@@ -330,7 +337,7 @@ class ShardWriter:
         name = corpus_file_name(self.split, len(self.entries))
         atomic_write_arrow(self.out / name, table)
         self.entries.append(ShardEntry(name, self.split, len(table), (self.out / name).stat().st_size,
-                                       sha256_file(self.out / name)))
+                                       checksum_file(self.out / name)))
 
     def close(self):
         if self.tables:
@@ -377,15 +384,22 @@ def _say(message: str):
 
 
 def prepare_corpus(inputs, out, config: CorpusConfig | None = None) -> CorpusManifest:
-    """Run the stage; returns the manifest. Raises CorpusError when the run as a whole fails."""
-    from tqdm import tqdm
-
+    """Run the stage; returns the manifest. Raises CorpusError when the run as a whole fails, FolderLockedError when
+    another process writes `out`, DiskError when the disk fails (the same command then resumes)."""
     config = config or CorpusConfig()
     if isinstance(inputs, (str, os.PathLike)):
         inputs = [inputs]
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise CorpusError(f"{out}: exists and is not a folder; --out must be a folder")
+    with folder_lock(out, "prepare-corpus", _say), \
+            disk_errors(out, "free space (or fix the disk), then run the same command again to resume"):
+        return _prepare_corpus(inputs, out, config)
+
+
+def _prepare_corpus(inputs, out: Path, config: CorpusConfig) -> CorpusManifest:
+    from tqdm import tqdm
+
     started = time.time()
     skipped = []
     files, input_problems = readers.expand_inputs(inputs, exclude=out, skipped=skipped)
@@ -408,6 +422,8 @@ def prepare_corpus(inputs, out, config: CorpusConfig | None = None) -> CorpusMan
     if previous and previous.get("stage") == "prepare-corpus" and previous.get("fingerprint") == fingerprint \
             and previous.get("complete") and not config.overwrite:
         shutil.rmtree(work, ignore_errors=True)
+        for split in ("train", "holdout"):
+            corpus_shards(out, split)  # a damaged shard says so (sizes and rows), and that --overwrite rebuilds it
         _say(f"{out}: already complete with these inputs and options; nothing to do (--overwrite to redo)")
         return read_corpus_manifest(out)
     state = read_json_or_none(work / "state.json")

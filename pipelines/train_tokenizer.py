@@ -11,17 +11,26 @@ import hashlib
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from bertkit.fileio import atomic_write_bytes, atomic_write_json, read_arrow, read_json_or_none, sha256_file
+from bertkit.fileio import (
+    atomic_write_bytes,
+    atomic_write_json,
+    disk_errors,
+    file_entry,
+    folder_lock,
+    read_arrow,
+    read_json_or_none,
+    sha256_file,
+)
 from bertkit.formats import (
     MANIFEST,
     TOKENIZER_FILES,
+    CorpusColumns as C,
     TokenizerManifest,
     corpus_shards,
     read_corpus_manifest,
     read_tokenizer_manifest,
     write_manifest,
 )
-from bertkit.formats import CorpusColumns as C
 from bertkit.tokenization import (
     CLS,
     CONTINUATION,
@@ -234,6 +243,12 @@ def train_tokenizer(corpus_dir, out, config: TokenizerConfig | None = None) -> T
     out = Path(out)
     if corpus_dir is None and config.vocab_file is None:
         raise TokenizerError("train_tokenizer needs a corpus folder to train on, or a vocab_file to use")
+    with folder_lock(out, "train-tokenizer"), \
+            disk_errors(out, "free space (or fix the disk), then run the same command again"):
+        return _train_tokenizer(corpus_dir, out, config)
+
+
+def _train_tokenizer(corpus_dir, out: Path, config: TokenizerConfig) -> TokenizerManifest:
     warnings = []
     if config.vocab_file is not None:
         tokens = read_vocab(config.vocab_file)
@@ -292,6 +307,6 @@ def train_tokenizer(corpus_dir, out, config: TokenizerConfig | None = None) -> T
     manifest = TokenizerManifest(
         stage=STAGE, complete=True, source=source, settings=settings, corpus=corpus, vocab_size=len(tokens),
         alphabet_size=len(alphabet), vocab_sha256=hashlib.sha256(vocab_bytes).hexdigest(),
-        files={name: sha256_file(out / name) for name in TOKENIZER_FILES}, stats=stats, warnings=warnings)
+        files={name: file_entry(out / name) for name in TOKENIZER_FILES}, stats=stats, warnings=warnings)
     write_manifest(out, manifest)
     return manifest

@@ -1,11 +1,15 @@
 """What several test files share: small folders in the on-disk formats (bertkit.formats) and a tiny model shape."""
 import hashlib
+import os
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
-from bertkit.fileio import atomic_write_arrow, sha256_file
+from bertkit.fileio import atomic_write_arrow, checksum_file, sha256_file
 from bertkit.formats import (
     CORPUS_SCHEMA,
     CorpusManifest,
@@ -17,6 +21,10 @@ from bertkit.formats import (
     write_manifest,
 )
 from bertkit.masking import MaskingSpec, mask_instance
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+DIST_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 # a BERT small enough to pretrain for a few steps in a test (the vocabulary is toy_vocab's)
 TINY = {"vocab_size": 133, "hidden_size": 32, "num_layers": 2, "num_heads": 2, "intermediate_size": 64,
@@ -36,7 +44,7 @@ def write_corpus(folder: Path, shards, holdout=()):
                               "sentences": [list(d) for d in docs]}, schema=CORPUS_SCHEMA)
             atomic_write_arrow(folder / name, table)
             entries.append(ShardEntry(name, split, len(docs), (folder / name).stat().st_size,
-                                      sha256_file(folder / name)))
+                                      checksum_file(folder / name)))
     write_manifest(folder, CorpusManifest(stage="prepare-corpus", complete=True, shards=entries))
     return folder
 
@@ -93,9 +101,38 @@ def make_instances_dir(path, n=256, holdout=32, max_len=64, mode="dynamic", seed
                 cols["next_sentence_label"].append(nsp)
             name = instances_file_name(split, k)
             atomic_write_arrow(path / name, pa.table(cols, schema=schema))
-            shards.append(ShardEntry(name, split, len(chunk), (path / name).stat().st_size, sha256_file(path / name)))
+            shards.append(ShardEntry(name, split, len(chunk), (path / name).stat().st_size, checksum_file(path / name)))
     write_manifest(path, InstancesManifest(
         stage="make-instances", complete=True, mode=mode, vocab_size=len(vocab),
         vocab_sha256=sha256_file(path / "vocab.txt"), max_seq_length=max_len, max_predictions=max_predictions,
         masked_lm_prob=0.15, whole_word_mask=False, seed=seed, shards=shards, tokenizer=str(path)))
     return path
+
+
+# ---------------------------------------------------------------- the DeepSpeed launcher on CPU ranks
+
+def env_without_dist(**extra):
+    """This process's environment without its process-group variables, one thread per rank."""
+    env = {k: v for k, v in os.environ.items() if k not in DIST_VARS}
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PATH=f"{BIN}:{env.get('PATH', '')}", **extra)
+    return env
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(args, ranks=2, **env):
+    """`deepspeed --num_gpus RANKS cli.py pretrain ARGS` in its own process group (so a test can kill it all)."""
+    cmd = [str(BIN / "deepspeed"), "--num_gpus", str(ranks), "--master_port", str(free_port()), "cli.py", "pretrain",
+           *map(str, args)]
+    return subprocess.Popen(cmd, cwd=REPO, env=env_without_dist(**env), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def finish(proc, timeout=180):
+    out, _ = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, out[-4000:]
+    return out

@@ -6,7 +6,7 @@ import pytest
 
 from bertkit.data import EpochBatches, InstanceDataset, collate
 from bertkit.fileio import atomic_write_json
-from bertkit.formats import InstancesError, read_instances_manifest
+from bertkit.formats import DamagedFileError, InstancesError, read_instances_manifest
 from bertkit.masking import MaskingSpec, mask_instance
 from tests.helpers import make_instances_dir, toy_vocab
 
@@ -120,12 +120,12 @@ def test_bad_instances_folders(tmp_path):
     with pytest.raises(InstancesError, match="did not finish"):
         read_instances_manifest(d)
     m["complete"] = True
-    m["shards"] = [s | {"rows": 0} if s["split"] == "train" else s for s in m["shards"]]
-    (d / "manifest.json").write_text(json.dumps(m))
+    (d / "manifest.json").write_text(json.dumps(m | {"shards": [s for s in m["shards"] if s["split"] != "train"]}))
     with pytest.raises(InstancesError, match="no training instances"):
         read_instances_manifest(d)
+    (d / "manifest.json").write_text(json.dumps(m))
     (d / "instances-00000.arrow").unlink()
-    with pytest.raises(InstancesError, match="instances-00000.arrow: listed in .* but missing"):
+    with pytest.raises(DamagedFileError, match="instances-00000.arrow: listed in .* but missing.*bertkit verify"):
         read_instances_manifest(d)
     with pytest.raises(InstancesError, match="cannot fill one micro batch"):
         next(iter(EpochBatches(5, 4, seed=0, world_size=2)))

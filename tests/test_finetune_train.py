@@ -2,7 +2,6 @@
 model reloading in transformers, and data-parallel training under the DeepSpeed launcher (gloo on the CPU)."""
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ import torch
 
 from bertkit.finetune.train import TrainConfig, collate
 from bertkit.optim import lr_factor
+from tests.helpers import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -91,12 +91,6 @@ def test_real_minilm_finetune_learns(shared_data, minilm, tmp_path):
     assert [hf.config.id2label[p] for p in preds] == saved
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_data_parallel_under_deepspeed_launcher(tmp_path):
     """`deepspeed --num_gpus 2 cli.py finetune ...` on the CPU (gloo): both ranks train in step through
@@ -114,7 +108,7 @@ def test_data_parallel_under_deepspeed_launcher(tmp_path):
     (tmp_path / "train.tsv").write_text("\n".join(rows) + "\n")
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
     env.update(OMP_NUM_THREADS="1", PATH=f"{Path(sys.executable).parent}:{env.get('PATH', '')}")
-    cmd = [str(Path(sys.executable).with_name("deepspeed")), "--num_gpus", "2", "--master_port", str(_free_port()),
+    cmd = [str(Path(sys.executable).with_name("deepspeed")), "--num_gpus", "2", "--master_port", str(free_port()),
            "cli.py", "finetune", "classify", "--model", str(tmp_path / "model"),
            "--out", str(tmp_path / "out"), "--train-file", str(tmp_path / "train.tsv"),
            "--dev-file", str(tmp_path / "train.tsv"), "--text-a", "text", "--epochs", "2", "--batch-size", "8",

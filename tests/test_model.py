@@ -2,8 +2,7 @@
 import pytest
 import torch
 
-from bertkit import kernels
-from bertkit import model as bm
+from bertkit import kernels, model as bm
 from bertkit.config import PRESETS, BertConfig
 from bertkit.hf import _canonical_state, to_hf_state_dict
 

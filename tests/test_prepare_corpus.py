@@ -19,7 +19,7 @@ import zstandard
 from click.testing import CliRunner
 
 from bertkit.cli import main as cli
-from bertkit.fileio import read_arrow, sha256_file
+from bertkit.fileio import checksum_file, read_arrow
 from bertkit.formats import CORPUS_SCHEMA, CorpusError, corpus_shards, read_corpus_manifest
 from bertkit.pipelines.prepare_corpus import CorpusConfig, parse_size, prepare_corpus
 
@@ -127,7 +127,7 @@ def test_wikiextractor_cleaning_counts_schema(tmp_path):
     assert read_corpus_manifest(tmp_path / "out").complete is True
     for entry in m.shards:
         path = tmp_path / "out" / entry.file
-        assert entry.sha256 == sha256_file(path) and entry.bytes == path.stat().st_size
+        assert entry.checksum == checksum_file(path) and entry.bytes == path.stat().st_size
         assert entry.rows == read_arrow(path).num_rows
         assert read_arrow(path).schema.equals(CORPUS_SCHEMA)
     assert not (tmp_path / "out" / ".work").exists()

@@ -7,9 +7,7 @@ import json
 import math
 import os
 import signal
-import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,39 +15,11 @@ import numpy as np
 import pytest
 import torch
 
-from tests.helpers import TINY, make_instances_dir
+from tests.helpers import BIN, TINY, env_without_dist as _env, finish, launch, make_instances_dir
 
 pytestmark = pytest.mark.slow  # launches DeepSpeed ranks
 
-REPO = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
-DIST_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT")
 STEPS = 30
-
-
-def _env():
-    env = {k: v for k, v in os.environ.items() if k not in DIST_VARS}
-    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PATH=f"{BIN}:{env.get('PATH', '')}")
-    return env
-
-
-def _port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def launch(args, ranks=2):
-    cmd = [str(BIN / "deepspeed"), "--num_gpus", str(ranks), "--master_port", str(_port()), "cli.py", "pretrain",
-           *map(str, args)]
-    return subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-
-
-def finish(proc, timeout=180):
-    out, _ = proc.communicate(timeout=timeout)
-    assert proc.returncode == 0, out[-4000:]
-    return out
 
 
 def metrics(run: Path) -> dict[int, dict]:

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from bertkit.cli import main as cli
-from bertkit.fileio import sha256_file
+from bertkit.fileio import file_entry, sha256_file
 from bertkit.formats import CorpusError, read_tokenizer_manifest
 from bertkit.pipelines.train_tokenizer import TokenizerConfig, train_tokenizer
 from bertkit.tokenization import (
@@ -225,7 +225,7 @@ def test_trained_folder_format_determinism_and_resume(mixed_tokenizer, tmp_path)
         vocab_sha256(folder) == vocab_sha256(folder / "vocab.txt")
     assert read_tokenizer_manifest(folder) == m
     assert m.settings["lowercase"] is True and m.settings["strip_accents"] == "latin"
-    assert all(m.files[f] == sha256_file(folder / f) for f in m.files)
+    assert all(m.files[f] == file_entry(folder / f) for f in m.files)
     chars = {c for s in MIXED for c in build_normalizer().normalize_str(s) if not c.isspace()}
     assert chars <= set(tokens)  # every character of the corpus is in the alphabet: nothing becomes [UNK]
     assert {"が", "ぱ", "한", "e"} <= set(tokens) and not {"é", "ᄒ", "\u3099"} & set(tokens)

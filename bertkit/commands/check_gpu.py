@@ -21,8 +21,7 @@ def check_gpu(device, dtypes, quick, no_timing, small, out):
     \b
     Example: bertkit check-gpu              (about a minute on an H100)
     """
-    from bertkit.check_gpu import CheckConfig
-    from bertkit.check_gpu import check_gpu as run
+    from bertkit.check_gpu import CheckConfig, check_gpu as run
 
     cfg = CheckConfig(device=device, dtypes=tuple(dtypes) or CheckConfig.dtypes, every_config=not quick,
                       timing=not no_timing, small=small, out=out)

@@ -42,9 +42,9 @@ def prepare_corpus(inputs, out, fmt, text_field, language, min_chars, min_senten
       bertkit prepare-corpus 'dumps/*.jsonl.zst' --text-field content --out corpus/ --workers 8
       bertkit prepare-corpus books.txt --format lines --holdout 0.05 --out corpus/
     """
-    from bertkit.formats import CorpusError
-    from bertkit.pipelines.prepare_corpus import CorpusConfig, parse_size
-    from bertkit.pipelines.prepare_corpus import prepare_corpus as run
+    from bertkit.fileio import FolderError
+    from bertkit.formats import FormatError
+    from bertkit.pipelines.prepare_corpus import CorpusConfig, parse_size, prepare_corpus as run
 
     try:
         config = CorpusConfig(format=fmt, text_field=text_field, language=language, min_chars=min_chars,
@@ -54,5 +54,5 @@ def prepare_corpus(inputs, out, fmt, text_field, language, min_chars, min_senten
         raise click.BadParameter(str(e))
     try:
         run(list(inputs), out, config)
-    except CorpusError as e:
+    except (FormatError, FolderError) as e:
         raise click.ClickException(str(e))

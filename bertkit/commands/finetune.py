@@ -63,6 +63,7 @@ def friendly_errors(f):
     """Data errors and an unavailable --kernels are the user's to fix: print them without a traceback."""
     @functools.wraps(f)
     def run(*args, **kwargs):
+        from bertkit.fileio import FolderError
         from bertkit.finetune.classify import DataError
         from bertkit.finetune.squad import SquadFormatError
         from bertkit.kernels import BackendError
@@ -70,7 +71,7 @@ def friendly_errors(f):
 
         try:
             return f(*args, **kwargs)
-        except (DataError, SquadFormatError, BackendError, ReportError) as e:
+        except (DataError, SquadFormatError, BackendError, ReportError, FolderError) as e:
             raise click.ClickException(str(e)) from None
     return run
 

@@ -46,9 +46,9 @@ def make_instances(corpus_dir, tokenizer_dir, out, max_seq_length, max_predictio
       bertkit make-instances corpus/ --tokenizer tok/ --out inst-dyn/ --mode dynamic
       bertkit make-instances corpus/ --tokenizer vocab.txt --out inst-google/ --compat google
     """
+    from bertkit.fileio import FolderError
     from bertkit.formats import FormatError
-    from bertkit.pipelines.make_instances import InstancesConfig
-    from bertkit.pipelines.make_instances import make_instances as run
+    from bertkit.pipelines.make_instances import InstancesConfig, make_instances as run
 
     config = InstancesConfig(max_seq_length=max_seq_length, max_predictions=max_predictions,
                              masked_lm_prob=masked_lm_prob, short_seq_prob=short_seq_prob, dupe=dupe, seed=seed,
@@ -57,7 +57,7 @@ def make_instances(corpus_dir, tokenizer_dir, out, max_seq_length, max_predictio
                              wwm_decide_per_piece=wwm_decide_per_piece, same_doc_notnext=same_doc_notnext)
     try:
         manifest = run(corpus_dir, tokenizer_dir, out, config, progress=not no_progress)
-    except FormatError as e:
+    except (FormatError, FolderError) as e:
         raise click.ClickException(str(e))
     s = manifest.stats
     line = (f"make-instances: {s['instances'].get('train', 0):,} train + {s['instances'].get('holdout', 0):,} "

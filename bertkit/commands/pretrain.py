@@ -44,6 +44,15 @@ from bertkit.commands import kernels_option, report_to_option
 @click.option("--dropout", type=float, help="Override the model's hidden and attention dropout.")
 @click.option("--unpadded", is_flag=True,
               help="Pack each micro batch end to end (varlen attention): no compute spent on padding.")
+@click.option("--on-nonfinite", type=click.Choice(["stop", "rollback"]), default="stop", show_default=True,
+              help="A NaN/inf loss: stop (saving nothing), or roll back to the last good checkpoint and skip the "
+                   "data that led there.")
+@click.option("--on-spike", type=click.Choice(["none", "stop", "rollback"]), default="none", show_default=True,
+              help="A loss above --spike-factor x the median of the last --spike-window losses: ignore, stop or "
+                   "roll back (PaLM's recipe).")
+@click.option("--spike-factor", type=float, default=4.0, show_default=True)
+@click.option("--spike-window", type=int, default=100, show_default=True)
+@click.option("--max-rollbacks", type=int, default=3, show_default=True, help="Then the run stops.")
 @kernels_option
 @report_to_option
 @click.option("--progress/--no-progress", default=True, show_default=True)
@@ -54,13 +63,13 @@ def pretrain(**flags):
     Several ranks:  deepspeed --num_gpus 8 cli.py pretrain --instances DIR --model base --out RUN
     One process:    bertkit pretrain --instances DIR --model tiny --out RUN
     """
+    from bertkit.fileio import FolderError
     from bertkit.formats import FormatError
-    from bertkit.pretrain import ConfigError, PretrainConfig, TrainingError
-    from bertkit.pretrain import pretrain as run
+    from bertkit.pretrain import ConfigError, PretrainConfig, TrainingError, pretrain as run
 
     try:
         result = run(PretrainConfig(**flags))
-    except (FormatError, ConfigError, TrainingError) as e:
+    except (FormatError, FolderError, ConfigError, TrainingError) as e:
         raise click.ClickException(str(e)) from e
     if result.get("checkpoint") and os.environ.get("RANK", "0") == "0":
         click.echo(f"step {result['step']}: checkpoint {result['checkpoint']}", err=True)
@@ -72,12 +81,12 @@ def pretrain(**flags):
 @click.option("--checkpoint", "tag", help="Checkpoint tag (e.g. global_step1000)  [default: the latest].")
 def export(run_dir, out, tag):
     """Write a pretrain run's checkpoint (any ZeRO stage) as an HF BertForPreTraining folder."""
+    from bertkit.fileio import FolderError
     from bertkit.formats import FormatError
-    from bertkit.pretrain import ConfigError, TrainingError
-    from bertkit.pretrain import export as run
+    from bertkit.pretrain import ConfigError, TrainingError, export as run
 
     try:
-        path = run(run_dir, out, tag)
-    except (FormatError, ConfigError, TrainingError) as e:
+        path = run(run_dir, out, tag, say=lambda message: click.echo(message, err=True))
+    except (FormatError, FolderError, ConfigError, TrainingError) as e:
         raise click.ClickException(str(e)) from e
     click.echo(f"wrote {path}")

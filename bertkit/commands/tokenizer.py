@@ -43,9 +43,9 @@ def train_tokenizer(corpus_dir, out, vocab_size, lowercase, strip_accents, min_f
       bertkit train-tokenizer corpus/ --out tokenizer/ --cased --vocab-size 32000
       bertkit train-tokenizer corpus/ --out bbu/ --vocab bert-base-uncased/vocab.txt
     """
-    from bertkit.formats import CorpusError
-    from bertkit.pipelines.train_tokenizer import TokenizerConfig
-    from bertkit.pipelines.train_tokenizer import train_tokenizer as run
+    from bertkit.fileio import FolderError
+    from bertkit.formats import FormatError
+    from bertkit.pipelines.train_tokenizer import TokenizerConfig, train_tokenizer as run
     from bertkit.tokenization import TokenizerError
 
     if corpus_dir is None and vocab_file is None:
@@ -60,7 +60,7 @@ def train_tokenizer(corpus_dir, out, vocab_size, lowercase, strip_accents, min_f
                              stats_sentences=stats_sentences, overwrite=overwrite, progress=not no_progress)
     try:
         m = run(corpus_dir, out, config)
-    except (TokenizerError, CorpusError) as e:
+    except (TokenizerError, FormatError, FolderError) as e:
         raise click.ClickException(str(e)) from None
     case = f"uncased, strip accents: {m.settings['strip_accents']}" if m.settings["lowercase"] else "cased"
     click.echo(f"{out}: {m.vocab_size} tokens ({m.source}, {case}), vocab sha256 {m.vocab_sha256[:12]}")

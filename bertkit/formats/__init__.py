@@ -33,6 +33,17 @@ class RunError(FormatError):
     pass
 
 
+class DamagedFileError(FormatError):
+    """A file of a bertkit folder is missing, cut short, replaced or unreadable."""
+
+    def __init__(self, path, what: str, fix: str = ""):
+        self.path = Path(path)
+        folder = self.path.parent
+        fix = fix or (f"`bertkit verify {folder}` checks every file of the folder; then re-run the stage that "
+                      "wrote it")
+        super().__init__(f"{self.path}: {what}. {fix}")
+
+
 # ---------------------------------------------------------------- manifests: read and write
 
 @dataclass
@@ -42,7 +53,12 @@ class ShardEntry:
     split: str          # "train" or "holdout"
     rows: int
     bytes: int
-    sha256: str
+    checksum: str       # "xxh3_128:<hex>" (bertkit.fileio.checksum_file); older manifests: "sha256:<hex>"
+
+
+def _shard(s: dict) -> ShardEntry:
+    checksum = s["checksum"] if "checksum" in s else f"sha256:{s['sha256']}"
+    return ShardEntry(s["file"], s["split"], s["rows"], s["bytes"], checksum)
 
 
 def _from_dict(cls, data: dict, error: type, where: Path, fix: str):
@@ -54,8 +70,7 @@ def _from_dict(cls, data: dict, error: type, where: Path, fix: str):
         raise error(f"{where}: lacks {', '.join(map(repr, missing))}; {fix}")
     values = {k: data[k] for k in names if k in data}
     if "shards" in values:
-        values["shards"] = [ShardEntry(**{k: s[k] for k in ("file", "split", "rows", "bytes", "sha256")})
-                            for s in values["shards"]]
+        values["shards"] = [_shard(s) for s in values["shards"]]
     return cls(**values)
 
 
@@ -85,10 +100,27 @@ def write_manifest(folder, manifest) -> None:
     atomic_write_json(Path(folder) / MANIFEST, asdict(manifest))
 
 
-def _check_files(folder: Path, shards: list[ShardEntry], error: type, stage: str) -> None:
+def _check_files(folder: Path, shards: list[ShardEntry], fix: str) -> None:
+    """The cheap check made whenever a folder is opened: every listed file exists with its size and row count
+    (Arrow metadata only). Checksums are `bertkit verify`'s job."""
+    import pyarrow as pa
+
     for s in shards:
-        if not (folder / s.file).is_file():
-            raise error(f"{folder / s.file}: listed in {folder / MANIFEST} but missing; re-run {stage}.")
+        path = folder / s.file
+        if not path.is_file():
+            raise DamagedFileError(path, f"listed in {folder / MANIFEST} but missing", fix)
+        size = path.stat().st_size
+        if size != s.bytes:
+            raise DamagedFileError(path, f"{size:,} bytes, but {MANIFEST} says {s.bytes:,}: the file was cut short "
+                                         "or replaced", fix)
+        try:
+            with pa.memory_map(str(path), "r") as source:
+                reader = pa.ipc.open_file(source)
+                rows = sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
+        except (pa.ArrowInvalid, OSError) as e:
+            raise DamagedFileError(path, f"not a readable Arrow file ({str(e).splitlines()[0]})", fix) from None
+        if rows != s.rows:
+            raise DamagedFileError(path, f"{rows:,} rows, but {MANIFEST} says {s.rows:,}", fix)
 
 
 # ---------------------------------------------------------------- corpus folder (prepare-corpus)
@@ -106,6 +138,10 @@ CORPUS_SCHEMA = pa.schema([
     pa.field(CorpusColumns.TITLE, pa.string(), nullable=True),
     pa.field(CorpusColumns.SENTENCES, pa.list_(pa.string()), nullable=False),
 ])
+
+
+CORPUS_FIX = ("`bertkit verify {folder}` checks every file; the same prepare-corpus command with --overwrite rebuilds "
+              "the folder from its inputs")
 
 
 def corpus_file_name(split: str, index: int) -> str:
@@ -144,7 +180,7 @@ def corpus_shards(corpus_dir, split: str = "train") -> list[Path]:
     corpus_dir = Path(corpus_dir)
     manifest = read_corpus_manifest(corpus_dir)
     shards = [s for s in manifest.shards if s.split == split]
-    _check_files(corpus_dir, shards, CorpusError, "prepare-corpus")
+    _check_files(corpus_dir, shards, CORPUS_FIX.format(folder=corpus_dir))
     return [corpus_dir / s.file for s in shards]
 
 
@@ -160,7 +196,7 @@ class TokenizerManifest:
     vocab_size: int
     alphabet_size: int
     vocab_sha256: str
-    files: dict                 # file -> sha256
+    files: dict                 # file -> {"bytes", "checksum"} (older manifests: file -> sha256 hex)
     stats: dict | None          # held-out [UNK] rate and pieces per word
     warnings: list = field(default_factory=list)
 
@@ -204,6 +240,10 @@ def instance_schema(vocab_size: int, masked: bool) -> pa.Schema:
     return pa.schema(columns)
 
 
+INSTANCES_FIX = ("`bertkit verify {folder}` checks every file; running the same make-instances command again "
+                 "rewrites only the damaged files")
+
+
 def instances_file_name(split: str, index: int) -> str:
     return f"{'instances' if split == 'train' else 'holdout'}-{index:05d}.arrow"
 
@@ -238,8 +278,9 @@ class InstancesManifest:
     tokenizer: str | None = None
     corpus: str | None = None
     stats: dict = field(default_factory=dict)
+    files: dict = field(default_factory=dict)   # the tokenizer files copied beside the shards: {"bytes", "checksum"}
 
-    def files(self, split: str) -> list[str]:
+    def shard_files(self, split: str) -> list[str]:
         return [s.file for s in self.shards if s.split == split]
 
 
@@ -256,7 +297,7 @@ def read_instances_manifest(instances_dir) -> InstancesManifest:
         m.reference_behaviour = ReferenceBehaviour(**m.reference_behaviour)
     if m.mode not in ("static", "dynamic"):
         raise InstancesError(f"{instances_dir / MANIFEST}: mode is {m.mode!r}, expected 'static' or 'dynamic'.")
-    _check_files(instances_dir, m.shards, InstancesError, "make-instances")
+    _check_files(instances_dir, m.shards, INSTANCES_FIX.format(folder=instances_dir))
     if not any(s.split == "train" and s.rows > 0 for s in m.shards):
         raise InstancesError(f"{instances_dir}: no training instances (the corpus was empty or too short?). "
                              "Check the corpus, then re-run make-instances.")
@@ -310,3 +351,52 @@ def write_run_config(run_dir, config: RunConfig) -> None:
     from bertkit.fileio import atomic_write_json
 
     atomic_write_json(Path(run_dir) / RUN_CONFIG, asdict(config))
+
+
+# ---------------------------------------------------------------- checkpoints and exports
+
+CHECKPOINT_MARKER = "checkpoint.json"   # inside checkpoints/global_stepN/, written last
+
+
+@dataclass
+class CheckpointMarker:
+    """A checkpoint is complete only when this is written, after every rank's files: it lists them all (ZeRO's
+    per-rank shards and RNG states included) with their sizes and checksums."""
+    step: int
+    world_size: int
+    files: dict                 # path relative to the checkpoint folder -> {"bytes", "checksum"}
+    skipped_micro_batches: int = 0   # data skipped by divergence rollbacks before this step (bertkit.pretrain)
+
+
+@dataclass
+class ExportManifest:
+    """manifest.json of a `bertkit export` folder (an HF model folder: transformers ignores this file)."""
+    stage: str
+    complete: bool
+    run: str
+    checkpoint: str
+    files: dict                 # file -> {"bytes", "checksum"}
+
+
+def read_export_manifest(folder) -> ExportManifest:
+    folder = Path(folder)
+    data = _read_manifest(folder, "export", FormatError, f"Run `bertkit export RUN --out {folder}`.")
+    return _from_dict(ExportManifest, data, FormatError, folder / MANIFEST, "re-run bertkit export.")
+
+
+def folder_kind(folder) -> str | None:
+    """Which stage wrote a folder: prepare-corpus, train-tokenizer, make-instances, export, pretrain, finetune."""
+    import json
+
+    folder = Path(folder)
+    try:
+        stage = json.loads((folder / MANIFEST).read_text(encoding="utf-8")).get("stage")
+    except (OSError, ValueError, AttributeError):
+        stage = None
+    if stage:
+        return stage
+    if (folder / RUN_CONFIG).is_file() and (folder / CHECKPOINTS).is_dir():
+        return "pretrain"
+    if (folder / "metrics.json").is_file():
+        return "finetune"
+    return None

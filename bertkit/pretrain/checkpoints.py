@@ -1,14 +1,19 @@
 """The run folder and its checkpoints: start or resume a run, save and load DeepSpeed checkpoints with every rank's
 RNG state, read a checkpoint's fp32 weights (any ZeRO stage), export them in HF format.
 
-A checkpoint is written as checkpoints/global_stepN.partial on every rank, renamed to global_stepN when all ranks
-are done, and only then named in checkpoints/latest: a kill never leaves a half-written checkpoint a resume picks.
+A checkpoint is written as checkpoints/global_stepN.partial on every rank; when all ranks are done, checkpoint.json
+(every file's size and checksum, ZeRO's per-rank shards included) is written last and the folder renamed to
+global_stepN. Only such a complete checkpoint counts: --resume, --init-from and export take the newest one whose
+files still verify, and say which newer ones they skipped and why; pruning (--keep-last) counts only complete ones,
+so it never deletes the only good checkpoint.
 """
+import contextlib
 import io
 import os
 import random
 import shutil
-from dataclasses import asdict
+import sys
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -17,46 +22,147 @@ import torch.distributed as dist
 from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
 from bertkit.config import BertConfig
-from bertkit.fileio import atomic_write_bytes, atomic_write_json
+from bertkit.fileio import (
+    FolderLockedError,
+    atomic_write_bytes,
+    atomic_write_json,
+    file_entry,
+    file_matches,
+    folder_lock,
+    read_json_or_none,
+)
 from bertkit.formats import (
+    CHECKPOINT_MARKER,
     CHECKPOINTS,
     DEEPSPEED_CONFIG,
+    MANIFEST,
     RUN_TOKENIZER,
     TOKENIZER_FILES,
+    CheckpointMarker,
+    ExportManifest,
     InstancesManifest,
     RunConfig,
     read_run_config,
+    write_manifest,
     write_run_config,
 )
 from bertkit.hf import save_pretrained
 from bertkit.model import BertForPreTraining
 from bertkit.pretrain.config import ConfigError, DeepSpeedSettings, PretrainConfig, TrainingError
 
-LATEST = "latest"
+LATEST = "latest"   # DeepSpeed's pointer, still written; bertkit chooses by checkpoint.json
 
 
-def latest_tag(run_dir) -> str | None:
-    """The newest complete checkpoint's tag (global_stepN), or None."""
-    latest = Path(run_dir) / CHECKPOINTS / LATEST
-    return latest.read_text().strip() if latest.is_file() else None
+@dataclass
+class Chosen:
+    """The checkpoint a resume, an --init-from or an export uses, and the newer ones passed over."""
+    tag: str | None
+    marker: CheckpointMarker | None
+    skipped: list          # "global_stepN: why" for every newer checkpoint that was not usable
+
+
+def checkpoint_steps(ckpt: Path) -> list[int]:
+    """Steps of the global_stepN folders (complete or not), ascending."""
+    steps = []
+    for p in ckpt.glob("global_step*"):
+        if p.is_dir() and p.name[len("global_step"):].isdigit():
+            steps.append(int(p.name[len("global_step"):]))
+    return sorted(steps)
+
+
+def read_marker(folder: Path) -> CheckpointMarker | None:
+    data = read_json_or_none(folder / CHECKPOINT_MARKER)
+    if not isinstance(data, dict):
+        return None
+    try:
+        return CheckpointMarker(**data)
+    except TypeError:
+        return None
+
+
+def checkpoint_problems(folder: Path, marker: CheckpointMarker, checksums: bool = True) -> list[str]:
+    """What is wrong with a complete checkpoint's files (missing, size, checksum); empty when it verifies."""
+    problems = []
+    for rel, entry in sorted(marker.files.items()):
+        path = folder / rel
+        if not path.is_file():
+            problems.append(f"{rel} is missing")
+        elif path.stat().st_size != entry["bytes"]:
+            problems.append(f"{rel} has {path.stat().st_size:,} bytes, checkpoint.json says {entry['bytes']:,}")
+        elif checksums and not file_matches(path, entry["checksum"]):
+            problems.append(f"{rel} does not match its checksum")
+    return problems
+
+
+def find_checkpoint(run_dir) -> Chosen:
+    """The newest complete checkpoint whose files verify (sizes and checksums). A checkpoint from before markers
+    existed is used only when `latest` names it and no complete one verifies (with a warning in `skipped`)."""
+    ckpt = Path(run_dir) / CHECKPOINTS
+    skipped = []
+    for step in reversed(checkpoint_steps(ckpt)):
+        folder = ckpt / f"global_step{step}"
+        marker = read_marker(folder)
+        if marker is None:
+            skipped.append(f"{folder.name}: no {CHECKPOINT_MARKER} (killed while saving, or damaged)")
+            continue
+        problems = checkpoint_problems(folder, marker)
+        if problems:
+            skipped.append(f"{folder.name}: {'; '.join(problems)}")
+            continue
+        return Chosen(folder.name, marker, skipped)
+    legacy = (ckpt / LATEST).read_text().strip() if (ckpt / LATEST).is_file() else None
+    if legacy and (ckpt / legacy).is_dir() and read_marker(ckpt / legacy) is None:
+        skipped.append(f"{legacy}: used without verification (written before bertkit recorded checksums)")
+        return Chosen(legacy, None, skipped)
+    return Chosen(None, None, skipped)
+
+
+def choose_checkpoint(run_dir, rank: int, say=None) -> Chosen:
+    """find_checkpoint on rank 0 only (it reads every file once), shared with the other ranks."""
+    box = [find_checkpoint(run_dir) if rank == 0 else None]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(box, src=0)
+    chosen = box[0]
+    if rank == 0 and say is not None:
+        for why in chosen.skipped:
+            say(f"skipped checkpoint {why}")
+    return chosen
 
 
 # ---------------------------------------------------------------- starting or resuming a run
 
-def prepare_run_dir(cfg: PretrainConfig, manifest: InstancesManifest) -> RunConfig | None:
-    """The previous run's config when resuming (checked against the instances), else None."""
+@contextlib.contextmanager
+def run_folder_lock(run_dir: Path, rank: int):
+    """Rank 0 holds RUN/.bertkit.lock for the whole run; when another process holds it, every rank stops."""
+    with contextlib.ExitStack() as stack:
+        error = None
+        if rank == 0:
+            try:
+                stack.enter_context(folder_lock(run_dir, "pretrain", lambda m: print(m, file=sys.stderr)))
+            except FolderLockedError as e:
+                error = str(e)
+        box = [error]
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.broadcast_object_list(box, src=0)
+        if box[0]:
+            raise ConfigError(box[0])
+        yield
+
+def prepare_run_dir(cfg: PretrainConfig, manifest: InstancesManifest, chosen: Chosen) -> RunConfig | None:
+    """The previous run's config when resuming from `chosen` (checked against the instances), else None."""
     run_dir = Path(cfg.out)
     if cfg.resume:
-        if latest_tag(run_dir) is None:
-            raise ConfigError(f"--resume: {run_dir} has no complete checkpoint (checkpoints/latest); "
-                              "start without --resume")
+        if chosen.tag is None:
+            why = f" (skipped: {'; '.join(chosen.skipped)})" if chosen.skipped else ""
+            raise ConfigError(f"--resume: {run_dir} has no complete checkpoint that verifies{why}; start without "
+                              "--resume, in a new --out")
         run = read_run_config(run_dir)
         if manifest.vocab_sha256 and run.vocab_sha256 and manifest.vocab_sha256 != run.vocab_sha256:
             raise ConfigError(f"--resume: {cfg.instances} uses another vocabulary than the run's instances "
                               f"{run.pretrain['instances']} (vocab sha256 {manifest.vocab_sha256[:12]}... vs "
                               f"{run.vocab_sha256[:12]}...)")
         return run
-    if latest_tag(run_dir) is not None:
+    if checkpoint_steps(run_dir / CHECKPOINTS):
         raise ConfigError(f"{run_dir} already holds checkpoints: pass --resume to continue that run, "
                           "or choose a new --out")
     return None
@@ -119,25 +225,27 @@ def seed_rank(seed: int, rank: int) -> None:
 
 # ---------------------------------------------------------------- save and load
 
-def _checkpoint_steps(ckpt: Path) -> list[int]:
-    steps = []
-    for p in ckpt.glob("global_step*"):
-        if p.is_dir() and p.name[len("global_step"):].isdigit():
-            steps.append(int(p.name[len("global_step"):]))
-    return sorted(steps)
-
-
-def save_checkpoint(engine, run_dir: Path, step: int, rank: int, local_rank: int, keep_last: int) -> Path:
-    """Write global_stepN.partial on every rank, then (after a barrier) rename it, point `latest` at it, prune."""
+def save_checkpoint(engine, run_dir: Path, step: int, rank: int, local_rank: int, keep_last: int,
+                    skipped_micro_batches: int = 0) -> Path:
+    """Every rank writes global_stepN.partial; then (after a barrier) checkpoint.json, written last, lists every file
+    with its checksum, the folder is renamed, `latest` points at it, and older complete checkpoints beyond
+    keep_last are pruned."""
     ckpt = run_dir / CHECKPOINTS
     tag, tmp = f"global_step{step}", f"global_step{step}.partial"
-    engine.save_checkpoint(str(ckpt), tag=tmp, client_state={"global_step": step}, save_latest=False)
+    client = {"global_step": step, "skipped_micro_batches": skipped_micro_batches}
+    engine.save_checkpoint(str(ckpt), tag=tmp, client_state=client, save_latest=False)
     (ckpt / tmp).mkdir(parents=True, exist_ok=True)
     buffer = io.BytesIO()
     torch.save(rng_state(), buffer)
     atomic_write_bytes(ckpt / tmp / f"rng_rank{rank}.pt", buffer.getvalue())
     dist.barrier()
-    if local_rank == 0:
+    if local_rank == 0:  # on a shared file system every node's local rank 0 writes the same marker
+        folder = ckpt / tmp
+        files = {p.relative_to(folder).as_posix(): file_entry(p) for p in sorted(folder.rglob("*"))
+                 if p.is_file() and p.name != CHECKPOINT_MARKER}
+        marker = CheckpointMarker(step=step, world_size=dist.get_world_size(), files=files,
+                                  skipped_micro_batches=skipped_micro_batches)
+        atomic_write_json(folder / CHECKPOINT_MARKER, asdict(marker))
         if (ckpt / tag).exists():
             shutil.rmtree(ckpt / tag)
         try:
@@ -145,7 +253,8 @@ def save_checkpoint(engine, run_dir: Path, step: int, rank: int, local_rank: int
         except FileNotFoundError:  # another node's local rank 0 renamed it on a shared file system
             pass
         atomic_write_bytes(ckpt / LATEST, tag.encode())
-        for old in _checkpoint_steps(ckpt)[:-keep_last] if keep_last > 0 else []:
+        complete = [s for s in checkpoint_steps(ckpt) if read_marker(ckpt / f"global_step{s}") is not None]
+        for old in complete[:-keep_last] if keep_last > 0 else []:
             shutil.rmtree(ckpt / f"global_step{old}", ignore_errors=True)
         for partial in ckpt.glob("*.partial"):
             shutil.rmtree(partial, ignore_errors=True)
@@ -153,14 +262,14 @@ def save_checkpoint(engine, run_dir: Path, step: int, rank: int, local_rank: int
     return ckpt / tag
 
 
-def load_checkpoint(engine, run_dir: Path) -> tuple[int, Path]:
-    """Load the latest checkpoint into the engine; returns (its global step, its folder)."""
+def load_checkpoint(engine, run_dir: Path, chosen: Chosen) -> tuple[int, int, Path]:
+    """Load the chosen checkpoint into the engine; returns (its global step, micro batches skipped by rollbacks
+    before it, its folder)."""
     ckpt = run_dir / CHECKPOINTS
-    tag = latest_tag(run_dir)
-    path, client = engine.load_checkpoint(str(ckpt), tag=tag)
+    path, client = engine.load_checkpoint(str(ckpt), tag=chosen.tag)
     if path is None:
-        raise TrainingError(f"{ckpt / tag}: DeepSpeed could not load this checkpoint")
-    return int(client["global_step"]), ckpt / tag
+        raise TrainingError(f"{ckpt / chosen.tag}: DeepSpeed could not load this checkpoint")
+    return int(client["global_step"]), int(client.get("skipped_micro_batches", 0)), ckpt / chosen.tag
 
 
 def restore_rng(checkpoint: Path, rank: int) -> None:
@@ -169,21 +278,30 @@ def restore_rng(checkpoint: Path, rank: int) -> None:
 
 # ---------------------------------------------------------------- weights and export
 
-def load_run_state_dict(run_dir, tag: str | None = None) -> tuple[dict, RunConfig, str]:
-    """fp32 weights of a run's checkpoint (latest by default), ZeRO-3 partitions included.
-
-    Returns (state_dict, the run's config, tag).
-    """
+def load_run_state_dict(run_dir, tag: str | None = None, say=None) -> tuple[dict, RunConfig, str]:
+    """fp32 weights of a run's checkpoint, ZeRO-3 partitions included: `tag`, or the newest complete one whose files
+    verify (`say` hears about newer ones passed over). Returns (state_dict, the run's config, tag)."""
     run_dir = Path(run_dir)
     ckpt = run_dir / CHECKPOINTS
     run = read_run_config(run_dir)
     if tag is None:
-        tag = latest_tag(run_dir)
-        if tag is None:
-            raise ConfigError(f"{run_dir}: no complete checkpoint yet (no checkpoints/latest)")
-    if not (ckpt / tag).is_dir():
+        chosen = find_checkpoint(run_dir)
+        for why in chosen.skipped:
+            if say is not None:
+                say(f"skipped checkpoint {why}")
+        if chosen.tag is None:
+            why = f": {'; '.join(chosen.skipped)}" if chosen.skipped else ""
+            raise ConfigError(f"{run_dir}: no complete checkpoint that verifies{why}")
+        tag = chosen.tag
+    elif not (ckpt / tag).is_dir():
         have = sorted(p.name for p in ckpt.glob("global_step*") if not p.name.endswith(".partial"))
         raise ConfigError(f"{ckpt / tag}: no such checkpoint; the run has {', '.join(have) or 'none'}")
+    else:
+        marker = read_marker(ckpt / tag)
+        problems = checkpoint_problems(ckpt / tag, marker) if marker else []
+        if problems:
+            raise ConfigError(f"{ckpt / tag}: damaged ({'; '.join(problems)}); choose another --checkpoint, or "
+                              "leave it out to take the newest one that verifies")
     if run.zero_stage >= 1:
         state = get_fp32_state_dict_from_zero_checkpoint(str(ckpt), tag=tag)
     else:
@@ -192,9 +310,10 @@ def load_run_state_dict(run_dir, tag: str | None = None) -> tuple[dict, RunConfi
     return {k: v.float() for k, v in state.items()}, run, tag
 
 
-def export(run_dir, out_dir, tag: str | None = None) -> Path:
-    """Write the HF format (config.json, model.safetensors, tokenizer files) of a run's checkpoint."""
-    state, run, tag = load_run_state_dict(run_dir, tag)
+def export(run_dir, out_dir, tag: str | None = None, say=None) -> Path:
+    """Write the HF format (config.json, model.safetensors, tokenizer files) of a run's checkpoint (`tag`, or the
+    newest one that verifies), and manifest.json with every file's checksum, written last."""
+    state, run, tag = load_run_state_dict(run_dir, tag, say)
     model = BertForPreTraining(BertConfig.from_dict(run.model))
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:
@@ -202,5 +321,10 @@ def export(run_dir, out_dir, tag: str | None = None) -> Path:
                             f"(missing {missing[:5]}, unexpected {unexpected[:5]})")
     tok = Path(run_dir) / RUN_TOKENIZER
     extra = {"bertkit": {"run": str(Path(run_dir).resolve()), "checkpoint": tag, "vocab_sha256": run.vocab_sha256}}
-    return save_pretrained(model, out_dir, tokenizer_dir=tok if (tok / "vocab.txt").is_file() else None,
-                           extra_config=extra)
+    out_dir = Path(out_dir)
+    (out_dir / MANIFEST).unlink(missing_ok=True)  # not a finished export until the new manifest is written
+    save_pretrained(model, out_dir, tokenizer_dir=tok if (tok / "vocab.txt").is_file() else None, extra_config=extra)
+    files = {p.name: file_entry(p) for p in sorted(out_dir.iterdir()) if p.is_file() and p.name != MANIFEST}
+    write_manifest(out_dir, ExportManifest(stage="export", complete=True, run=str(Path(run_dir).resolve()),
+                                           checkpoint=tag, files=files))
+    return out_dir

@@ -46,6 +46,21 @@ class PretrainConfig:
     kernels: str = "auto"                 # attention/LayerNorm backend (bertkit.kernels): auto|triton|torch|reference
     report_to: str | None = None          # tensorboard, wandb (offline), both "tensorboard,wandb", or none;
                                           # None: tensorboard when installed
+    # divergence: stop (raise, as BERT trainers do) or roll back to the last good checkpoint, skipping the data
+    # between it and the bad step (PaLM's recipe for loss spikes), at most max_rollbacks times
+    on_nonfinite: str = "stop"            # stop | rollback
+    on_spike: str = "none"                # none | stop | rollback
+    spike_factor: float = 4.0             # a spike: loss above spike_factor x the median of the last spike_window
+    spike_window: int = 100
+    max_rollbacks: int = 3
+
+    def check(self) -> None:
+        if self.on_nonfinite not in ("stop", "rollback"):
+            raise ConfigError(f"--on-nonfinite {self.on_nonfinite!r}: choose stop or rollback")
+        if self.on_spike not in ("none", "stop", "rollback"):
+            raise ConfigError(f"--on-spike {self.on_spike!r}: choose none, stop or rollback")
+        if self.spike_factor <= 1 or self.spike_window < 2:
+            raise ConfigError("--spike-factor must be above 1 and --spike-window at least 2")
     progress: bool = True
 
     @property

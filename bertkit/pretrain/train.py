@@ -4,11 +4,13 @@
 `bertkit pretrain` it makes a process group of one itself. It reads top to bottom: settings, model, engine, data,
 then the loop (forward/backward/step per micro batch, a log record, an evaluation, a checkpoint).
 """
+import collections
 import json
 import math
 import os
 import signal
 import socket
+import statistics
 import sys
 import time
 from dataclasses import asdict
@@ -23,18 +25,19 @@ from deepspeed.accelerator import get_accelerator
 from bertkit import kernels
 from bertkit.config import BertConfig
 from bertkit.data import EpochBatches, InstanceDataset, batch_loader, collate, collate_packed
-from bertkit.fileio import sha256_file
+from bertkit.fileio import disk_errors, sha256_file
 from bertkit.formats import InstancesManifest, RunConfig, read_instances_manifest
 from bertkit.hf import load_pretrained
 from bertkit.model import BertForPreTraining
 from bertkit.optim import build_optimizer, build_scheduler, param_groups
 from bertkit.pretrain.checkpoints import (
     check_resume,
-    latest_tag,
+    choose_checkpoint,
     load_checkpoint,
     load_run_state_dict,
     prepare_run_dir,
     restore_rng,
+    run_folder_lock,
     save_checkpoint,
     seed_rank,
     write_run_folder,
@@ -47,19 +50,27 @@ from bertkit.runlog import ReportError, default_report_to, parse_report_to
 def pretrain(cfg: PretrainConfig) -> dict:
     """Train; returns the last logged metrics (plus "step" and "checkpoint")."""
     manifest = read_instances_manifest(cfg.instances)
+    cfg.check()
     try:
         parse_report_to(cfg.report_to or "none")
     except ReportError as e:
         raise ConfigError(str(e)) from None
-    run_dir = Path(cfg.out)
     rank, world, local_rank, device = init_distributed()
+    with run_folder_lock(Path(cfg.out), rank), \
+            disk_errors(cfg.out, "free space (or fix the disk), then resume with --resume"):
+        return _pretrain(cfg, manifest, rank, world, local_rank, device)
+
+
+def _pretrain(cfg: PretrainConfig, manifest, rank: int, world: int, local_rank: int, device) -> dict:
+    run_dir = Path(cfg.out)
     on_cuda = device.type == "cuda"
     kernels.use(cfg.kernels)
     try:
         backend = kernels.resolve(device)  # logged with the run; the weights never depend on it
     except kernels.BackendError as e:
         raise ConfigError(str(e)) from None
-    previous_run = prepare_run_dir(cfg, manifest)
+    chosen = choose_checkpoint(run_dir, rank, say) if cfg.resume else None
+    previous_run = prepare_run_dir(cfg, manifest, chosen)
 
     # settings: flags + the user's DeepSpeed config
     ds_config, settings = resolve_deepspeed_config(cfg, world, read_user_deepspeed_config(cfg), on_cuda,
@@ -85,9 +96,9 @@ def pretrain(cfg: PretrainConfig) -> dict:
         write_run_folder(cfg, settings, ds_config, bert_cfg, init_source, manifest, world, backend)
     dist.barrier()
 
-    step, last_ckpt = 0, None
+    step, skipped, last_ckpt = 0, 0, None  # skipped: micro batches passed over by divergence rollbacks
     if cfg.resume:
-        step, last_ckpt = load_checkpoint(engine, run_dir)
+        step, skipped, last_ckpt = load_checkpoint(engine, run_dir, chosen)
     else:
         seed_rank(cfg.seed, rank)
 
@@ -99,10 +110,11 @@ def pretrain(cfg: PretrainConfig) -> dict:
     if sampler.per_epoch == 0:
         raise ConfigError(f"{cfg.instances}: {len(train)} training instances cannot fill one micro batch of "
                           f"{micro} on each of {world} rank(s); lower --micro-batch")
-    sampler.start_epoch, sampler.start = divmod(step * gas, sampler.per_epoch)
+    sampler.start_epoch, sampler.start = divmod(step * gas + skipped, sampler.per_epoch)
     loader = iter(batch_loader(train, sampler, cfg.num_workers, unpadded=cfg.unpadded))
     if cfg.resume:
         restore_rng(last_ckpt, rank)  # after the loader: making it draws from torch's generator
+    divergence = Divergence(cfg)
 
     stop = StopFlag()
     old_handlers = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
@@ -124,25 +136,38 @@ def pretrain(cfg: PretrainConfig) -> dict:
                 batch = to_device(next(loader), device)
                 try:
                     out = engine(**batch)
-                    engine.backward(out.loss)
+                    loss_k = out.loss * _injected_fault(step + 1)
+                    engine.backward(loss_k)
                     if k == gas - 1 and settings.zero_stage == 0:  # DeepSpeed reports no norm there; before clipping
                         grad_norm = global_grad_norm(model)
                     engine.step()
                 except (torch.OutOfMemoryError, MemoryError) as e:
                     raise out_of_memory(batch, step, k, gas, rank, cfg.unpadded, settings.global_batch, micro) from e
                 meter.add(out, batch)
-                step_loss[0] += out.loss.detach().double() / gas
+                step_loss[0] += loss_k.detach().double() / gas
             step += 1
             steps_in_interval += 1
             step_loss[1] = 1.0 if stop.signal is not None else 0.0
             dist.all_reduce(step_loss)  # every rank sees the same loss and stop request, so all stop together
             loss = step_loss[0].item() / world
-            if not math.isfinite(loss):
-                where = f"the last good checkpoint is {last_ckpt}" if last_ckpt else "no checkpoint was saved yet"
-                raise TrainingError(
-                    f"loss is {loss} at step {step}; stopped without saving ({where}). Try a lower --lr, "
-                    f"a longer --warmup, --precision bf16 or fp32 instead of fp16, and check the instances; "
-                    f"then resume with --resume (from that checkpoint) or start again.")
+            if problem := divergence.check(loss, step, last_ckpt):  # every rank sees the same loss: same decision
+                chosen = choose_checkpoint(run_dir, rank, say)
+                if chosen.tag is None:
+                    raise TrainingError(f"{problem} at step {step}, and no checkpoint verifies to roll back to")
+                bad_step, consumed = step, step * gas + skipped
+                step, _, last_ckpt = load_checkpoint(engine, run_dir, chosen)
+                skipped = consumed - step * gas  # resume the data after the bad step: its window is skipped
+                sampler.start_epoch, sampler.start = divmod(step * gas + skipped, sampler.per_epoch)
+                loader = iter(batch_loader(train, sampler, cfg.num_workers, unpadded=cfg.unpadded))
+                restore_rng(last_ckpt, rank)
+                meter.reduce()  # drop the sums of the rolled-back steps
+                log.write({"step": bad_step, "rollback_to": step, "rollback_reason": problem,
+                           "skipped_micro_batches": skipped})
+                say(f"{problem} at step {bad_step}: rolled back to {chosen.tag} and skipped "
+                    f"{(bad_step - step) * gas} micro batch(es) of data per rank (rollback {divergence.rollbacks} "
+                    f"of at most {cfg.max_rollbacks})")
+                t0, steps_in_interval = time.perf_counter(), 0
+                continue
 
             if step % cfg.log_every == 0 or step == cfg.max_steps:
                 elapsed = time.perf_counter() - t0
@@ -173,7 +198,7 @@ def pretrain(cfg: PretrainConfig) -> dict:
 
             stopping = step_loss[1].item() > 0
             if step % cfg.save_every == 0 or step == cfg.max_steps or stopping:
-                last_ckpt = save_checkpoint(engine, run_dir, step, rank, local_rank, cfg.keep_last)
+                last_ckpt = save_checkpoint(engine, run_dir, step, rank, local_rank, cfg.keep_last, skipped)
                 t0 = time.perf_counter()
             if stopping:
                 if rank == 0:
@@ -185,6 +210,56 @@ def pretrain(cfg: PretrainConfig) -> dict:
         for s, h in old_handlers.items():
             signal.signal(s, h)
     return {**record, "step": step, "checkpoint": str(last_ckpt) if last_ckpt else None}
+
+
+class Divergence:
+    """Non-finite losses and loss spikes (above spike_factor x the median of the last spike_window losses): raise
+    TrainingError ("stop"), or return why so the loop rolls back ("rollback"), at most max_rollbacks times."""
+
+    def __init__(self, cfg: PretrainConfig):
+        self.cfg, self.recent, self.rollbacks = cfg, collections.deque(maxlen=cfg.spike_window), 0
+
+    def check(self, loss: float, step: int, last_ckpt) -> str | None:
+        cfg = self.cfg
+        if not math.isfinite(loss):
+            problem, policy = f"loss is {loss}", cfg.on_nonfinite
+        elif cfg.on_spike != "none" and len(self.recent) >= min(20, cfg.spike_window) \
+                and loss > cfg.spike_factor * statistics.median(self.recent):
+            median = statistics.median(self.recent)
+            problem = (f"loss spike: {loss:.4g} > {cfg.spike_factor:g} x the median {median:.4g} of the last "
+                       f"{len(self.recent)} steps")
+            policy = cfg.on_spike
+        else:
+            self.recent.append(loss)
+            return None
+        where = f"the last good checkpoint is {last_ckpt}" if last_ckpt else "no checkpoint was saved yet"
+        if policy == "rollback" and last_ckpt is not None and self.rollbacks < cfg.max_rollbacks:
+            self.rollbacks += 1
+            return problem
+        if policy == "rollback":
+            why = "no checkpoint was saved yet" if last_ckpt is None else f"{cfg.max_rollbacks} rollbacks already"
+            raise TrainingError(f"{problem} at step {step}; cannot roll back ({why}). Try a lower --lr, a longer "
+                                f"--warmup, or check the instances; then resume with --resume.")
+        raise TrainingError(
+            f"{problem} at step {step}; stopped without saving ({where}). Try a lower --lr, a longer --warmup, "
+            f"--precision bf16 or fp32 instead of fp16, --on-nonfinite rollback, and check the instances; "
+            f"then resume with --resume (from that checkpoint) or start again.")
+
+
+def _injected_fault(step: int) -> float:
+    """Test-only hook: BERTKIT_FAULT_STEPS="7:nan,9:1000" multiplies the loss of those steps' first attempt."""
+    faults = dict(f.split(":") for f in os.environ.get("BERTKIT_FAULT_STEPS", "").split(",") if f)
+    if str(step) not in faults or step in _FAULTS_DONE:
+        return 1.0
+    _FAULTS_DONE.add(step)
+    return float(faults[str(step)])
+
+
+_FAULTS_DONE: set = set()
+
+
+def say(message: str) -> None:
+    print(f"\n{message}", file=sys.stderr, flush=True)
 
 
 def evaluate(engine, dataset, micro_batch: int, rank: int, world: int, max_batches: int, device, seed: int,
@@ -257,8 +332,8 @@ def build_model(cfg: PretrainConfig, manifest: InstancesManifest, previous_run: 
         bert_cfg = BertConfig.from_dict(previous_run.model)
     elif cfg.init_from:
         init = Path(cfg.init_from)
-        if latest_tag(init) is not None:
-            state, run, tag = load_run_state_dict(init)
+        if (init / "checkpoints").is_dir():
+            state, run, tag = load_run_state_dict(init, say=say)
             bert_cfg = BertConfig.from_dict(run.model)
             source = f"{init} ({tag})"
             init_sha = run.vocab_sha256
