@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save
 
 from bertkit.config import BertConfig
 from bertkit.fileio import atomic_write_bytes, atomic_write_json
-from bertkit.formats import TOKENIZER_FILES
+from bertkit.formats import TOKENIZER_FILES, DamagedFileError
 from bertkit.model import (
     BertForPreTraining,
     BertForQuestionAnswering,
@@ -127,16 +127,24 @@ def _count_lines(path: Path) -> int:
     return data.count(b"\n") + (0 if data.endswith(b"\n") or not data else 1)
 
 
+def _load_safetensors(file: Path) -> dict:
+    try:
+        return load_file(str(file))
+    except Exception as e:  # safetensors' own errors: a cut-short or damaged file
+        raise DamagedFileError(file, f"not a readable safetensors file ({str(e).splitlines()[0][:200]})",
+                               f"`bertkit verify {file.parent}` checks an export's files; export it again") from None
+
+
 def read_weights(path) -> dict:
     """All tensors of an HF checkpoint directory, as float32 on the CPU."""
     path = Path(path)
     if (path / "model.safetensors").is_file():
-        tensors = load_file(str(path / "model.safetensors"))
+        tensors = _load_safetensors(path / "model.safetensors")
     elif (path / "model.safetensors.index.json").is_file():
         index = json.loads((path / "model.safetensors.index.json").read_text())
         tensors = {}
         for shard in sorted(set(index["weight_map"].values())):
-            tensors.update(load_file(str(path / shard)))
+            tensors.update(_load_safetensors(path / shard))
     elif (path / "pytorch_model.bin").is_file():
         try:
             tensors = torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)

@@ -111,3 +111,17 @@ def test_explicit_damaged_checkpoint_is_refused_by_export(instances, tmp_path, c
     r = CliRunner().invoke(main, ["export", str(run), "--out", str(tmp_path / "e"), "--checkpoint", "global_step2"])
     assert r.exit_code == 1 and "global_step2: damaged (rng_rank0.pt does not match its checksum)" in r.output
     assert torch.load(next((run / "checkpoints" / "global_step4").glob("rng_rank0.pt")), weights_only=False)
+
+
+def test_a_damaged_export_is_named_by_its_loaders_and_verify(instances, tmp_path, clean_dist_env):
+    run, export = tmp_path / "run", tmp_path / "export"
+    pretrain(config(instances, run, max_steps=2))
+    assert CliRunner().invoke(main, ["export", str(run), "--out", str(export)]).exit_code == 0
+    assert CliRunner().invoke(main, ["verify", str(export)]).exit_code == 0
+    weights = export / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:5000])
+    v = CliRunner().invoke(main, ["verify", str(export)])
+    assert v.exit_code == 1 and f"DAMAGED {weights}" in v.output
+    r = CliRunner().invoke(main, ["fill-mask", "--model", str(export), "w1 [MASK] w2"])
+    assert r.exit_code == 1 and "Traceback" not in r.output
+    assert f"{weights}: not a readable safetensors file" in r.output and "export it again" in r.output
