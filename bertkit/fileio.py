@@ -142,6 +142,28 @@ def file_entry(path) -> dict:
     return {"bytes": path.stat().st_size, "checksum": checksum_file(path)}
 
 
+def not_utf8_message(data: bytes, name) -> str:
+    """What to say about bytes that are not UTF-8: which legacy encoding they read as, and the iconv command."""
+    scripts = {"cp949": ((0xAC00, 0xD7A3),), "shift_jis": ((0x3040, 0x30FF), (0x4E00, 0x9FFF)),
+               "gb18030": ((0x4E00, 0x9FFF),)}
+    for codec, label in (("cp949", "CP949/EUC-KR (Korean Windows)"), ("shift_jis", "Shift-JIS (Japanese)"),
+                         ("gb18030", "GB18030 (Chinese)")):
+        text = data.decode(codec, "ignore")
+        try:
+            data.decode(codec)
+        except UnicodeDecodeError as e:
+            if e.start < len(data) - 4:  # a sniffed head may end inside a character
+                continue
+        wide = [c for c in text if ord(c) > 0x7F]
+        native = sum(any(a <= ord(c) <= b for a, b in scripts[codec]) for c in wide)
+        if not wide or native < 0.8 * len(wide):  # decodes, but not as that language's text: another encoding
+            continue
+        return (f"is {label} text, not UTF-8; convert it first: iconv -f {codec.upper()} -t UTF-8 {name} > "
+                f"{Path(str(name)).stem}.utf8{Path(str(name)).suffix}")
+    return ("is not UTF-8 (binary, or a legacy encoding?); convert it to UTF-8 first, e.g. "
+            f"iconv -f CP949 -t UTF-8 {name} > {Path(str(name)).stem}.utf8{Path(str(name)).suffix}")
+
+
 # ---------------------------------------------------------------- one writer per folder
 
 LOCK_FILE = ".bertkit.lock"

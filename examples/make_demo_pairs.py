@@ -3,7 +3,7 @@
 Every sentence appears twice: as it is ("original") and with its words in random order ("shuffled"); a small
 word-order (CoLA-like acceptability) task that needs no download and that a short fine-tune learns. Dev
 sentences are held out whole, so neither version of a dev sentence is seen in training.
-Usage: python examples/make_demo_pairs.py CORPUS_DIR OUT_DIR
+Usage: python examples/make_demo_pairs.py CORPUS_DIR OUT_DIR [MAX_SENTENCES (default 2000)]
 """
 import csv
 import random
@@ -14,7 +14,7 @@ from bertkit.fileio import read_arrow
 from bertkit.formats import corpus_shards
 
 
-def main(corpus_dir: str, out_dir: str, seed: int = 7, dev_fraction: float = 0.2) -> None:
+def main(corpus_dir: str, out_dir: str, max_sentences: int = 2000, seed: int = 7, dev_fraction: float = 0.2) -> None:
     sentences = []
     for split in ("train", "holdout"):
         for shard in corpus_shards(corpus_dir, split):
@@ -22,6 +22,7 @@ def main(corpus_dir: str, out_dir: str, seed: int = 7, dev_fraction: float = 0.2
                 sentences += [s for s in doc if 4 <= len(s.split()) <= 40]
     rng = random.Random(seed)
     rng.shuffle(sentences)
+    sentences = sentences[: int(max_sentences)]
     n_dev = int(len(sentences) * dev_fraction)
 
     def labelled(part):
@@ -46,4 +47,4 @@ def main(corpus_dir: str, out_dir: str, seed: int = 7, dev_fraction: float = 0.2
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    main(*sys.argv[1:4])

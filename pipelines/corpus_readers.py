@@ -17,6 +17,8 @@ from pathlib import Path
 
 import zstandard
 
+from bertkit.fileio import not_utf8_message
+
 FORMATS = ("auto", "wikiextractor", "lines", "paragraphs", "jsonl", "parquet", "arrow")
 COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".zst")
 MAGIC = {b"\x1f\x8b": "gz", b"BZh": "bz2", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zst"}
@@ -250,7 +252,7 @@ def detect_format(path: Path, compression: str | None, head: bytes) -> str:
     return "paragraphs"
 
 
-def check_text(head: bytes):
+def check_text(head: bytes, name: str = "FILE"):
     """Refuse binary files early; a few undecodable bytes are fine (replaced and counted later)."""
     if not head:
         return
@@ -260,8 +262,7 @@ def check_text(head: bytes):
                          f"Parquet or Arrow files")
     _, bad = decode_counting(head)
     if bad > len(head) // 10 + 3:  # +3: the sniffed head may end inside a multi-byte character
-        raise InputError("is mostly not UTF-8 (binary, or a legacy encoding such as EUC-KR/CP949?); skipped. "
-                         "Convert it to UTF-8 first, e.g. iconv -f CP949 -t UTF-8")
+        raise InputError(f"{not_utf8_message(head, name)}; skipped")
 
 
 # ---------------------------------------------------------------------------------------------------- decoding

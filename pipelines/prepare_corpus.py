@@ -245,7 +245,7 @@ def process_file(index: int, path: str, source: str, options: dict, part: str) -
         if fmt in ("parquet", "arrow"):
             docs = readers.read_table(path, fmt, compression, problems, config.text_field)
         else:
-            readers.check_text(head)
+            readers.check_text(head, path.name)
             stream, raw_file = readers.open_binary(path, compression)
             lines = readers.text_lines(stream, problems, decode)
             if fmt == "wikiextractor":

@@ -11,6 +11,8 @@ import hashlib
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from tokenizers import pre_tokenizers
+
 from bertkit.fileio import (
     atomic_write_bytes,
     atomic_write_json,
@@ -31,6 +33,7 @@ from bertkit.formats import (
     read_tokenizer_manifest,
     write_manifest,
 )
+from bertkit.pipelines.korean import PRETOKENIZERS, training_words
 from bertkit.tokenization import (
     CLS,
     CONTINUATION,
@@ -62,6 +65,8 @@ class TokenizerConfig:
     min_frequency: int = 2             # a pair must occur this often to be merged
     limit_alphabet: int | None = None  # None keeps every character of the corpus (tokenizers' BERT default: 1000)
     vocab_file: str | None = None      # use this vocab.txt instead of training one
+    pretokenize: str = "none"          # none | mecab | kiwi: cut Korean words at morpheme boundaries while training
+                                       # (pipelines/korean.py); the tokenizer written still reads raw text
     stats_sentences: int = 100_000     # held-out sentences measured for the manifest's statistics
     overwrite: bool = False            # replace a folder made from another corpus or with other settings
     progress: bool = True
@@ -75,6 +80,10 @@ class TokenizerConfig:
             raise TokenizerError("limit_alphabet must be a positive number of characters, or None for all")
         if self.min_frequency < 1:
             raise TokenizerError("min_frequency must be at least 1")
+        if self.pretokenize not in PRETOKENIZERS:
+            raise TokenizerError(f"pretokenize must be one of {PRETOKENIZERS}, not {self.pretokenize!r}")
+        if self.pretokenize != "none" and self.vocab_file is not None:
+            raise TokenizerError("--pretokenize shapes a trained vocabulary; it does nothing with --vocab")
 
 
 def _sentence_batches(shards, progress: bool, desc: str, limit: int | None = None):
@@ -104,12 +113,18 @@ def _run_trainer(shards, config: TokenizerConfig, vocab_size: int, specials: lis
     from tokenizers.trainers import WordPieceTrainer
 
     tok = build_tokenizer(None, lowercase=config.lowercase, strip_accents=config.strip_accents)
+    batches = _sentence_batches(shards, config.progress, desc)
+    if config.pretokenize != "none":  # words already normalised and split by training_words: split on spaces only
+        normalizer, pre_tokenizer = tok.normalizer, tok.pre_tokenizer
+        tok.normalizer, tok.pre_tokenizer = None, pre_tokenizers.WhitespaceSplit()
+        batches = ([training_words(s, normalizer, pre_tokenizer, config.pretokenize) for s in batch]
+                   for batch in batches)
     extra = {}
     if initial_alphabet is not None:  # keep exactly these characters (the binding refuses limit_alphabet=None)
         extra = {"initial_alphabet": initial_alphabet, "limit_alphabet": len(initial_alphabet)}
     trainer = WordPieceTrainer(vocab_size=vocab_size, min_frequency=config.min_frequency, special_tokens=specials,
                                continuing_subword_prefix=CONTINUATION, show_progress=False, **extra)
-    tok.train_from_iterator(_sentence_batches(shards, config.progress, desc), trainer)
+    tok.train_from_iterator(batches, trainer)
     vocab = tok.get_vocab()
     tokens = sorted(vocab, key=vocab.__getitem__)
     if [vocab[t] for t in tokens] != list(range(len(tokens))):

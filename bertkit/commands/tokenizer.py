@@ -25,12 +25,15 @@ import click
 @click.option("--vocab", "vocab_file", type=click.Path(dir_okay=False, exists=True), default=None,
               help="Use this existing vocab.txt (e.g. bert-base-uncased's) instead of training; CORPUS_DIR is then "
                    "optional and only used for the held-out statistics.")
+@click.option("--pretokenize", type=click.Choice(["none", "mecab", "kiwi"]), default="none", show_default=True,
+              help="Korean: cut words at morpheme boundaries (MeCab-ko or Kiwi) while training the vocabulary, as "
+                   "KLUE-BERT did; the tokenizer still reads raw text. Needs pip install 'bertkit[korean]'.")
 @click.option("--stats-sentences", default=100_000, show_default=True,
               help="Held-out sentences measured for the [UNK] rate and pieces per word.")
 @click.option("--overwrite", is_flag=True, help="Replace an OUT made from another corpus or with other settings.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 def train_tokenizer(corpus_dir, out, vocab_size, lowercase, strip_accents, min_frequency, limit_alphabet,
-                    vocab_file, stats_sentences, overwrite, no_progress):
+                    vocab_file, pretokenize, stats_sentences, overwrite, no_progress):
     """Train a BERT WordPiece vocabulary on CORPUS_DIR (a prepare-corpus folder; default ./corpus).
 
     OUT gets vocab.txt, tokenizer.json, tokenizer_config.json, special_tokens_map.json and manifest.json;
@@ -57,6 +60,7 @@ def train_tokenizer(corpus_dir, out, vocab_size, lowercase, strip_accents, min_f
         lowercase = True
     config = TokenizerConfig(vocab_size=vocab_size, lowercase=lowercase, strip_accents=strip_accents,
                              min_frequency=min_frequency, limit_alphabet=limit_alphabet, vocab_file=vocab_file,
+                             pretokenize=pretokenize,
                              stats_sentences=stats_sentences, overwrite=overwrite, progress=not no_progress)
     try:
         m = run(corpus_dir, out, config)

@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from bertkit.fileio import not_utf8_message
 from bertkit.finetune import metrics as M
 
 
@@ -44,7 +45,12 @@ def read_table(path, text_a, text_b=None, label=None, header: bool = True, fmt: 
     if not path.is_file():
         raise DataError(f"{path}: no such file")
     fmt = fmt or {".tsv": "tsv", ".csv": "csv", ".jsonl": "jsonl", ".json": "jsonl"}.get(path.suffix.lower(), "tsv")
-    text = path.read_text(encoding="utf-8-sig")  # utf-8-sig: GLUE's MRPC files start with a byte-order mark
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8-sig")  # utf-8-sig: GLUE's MRPC files start with a byte-order mark
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise DataError(f"{path}:{line}: {not_utf8_message(data, path.name)}") from None
     if not text.strip():
         raise DataError(f"{path}: the file is empty")
     if fmt == "jsonl":

@@ -1,0 +1,136 @@
+"""Korean first: the morpheme-aware vocabulary (train-tokenizer --pretokenize mecab|kiwi), messages about Korean
+text (legacy encodings with the iconv fix, Hangul in file names), and the Korean quick start in README.ko.md, every
+command of which runs here on the Korean Wikipedia sample (a tiny model, a few steps)."""
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from bertkit.cli import main
+from tests.helpers import BIN, REPO
+
+KO_WIKI = "wikipedia_ko_wikiextractor/text/AA"
+pytest.importorskip("mecab", reason="the korean extra (python-mecab-ko) is not installed")
+pytest.importorskip("kiwipiepy", reason="the korean extra (kiwipiepy) is not installed")
+
+
+@pytest.fixture(scope="module")
+def ko_corpus(shared_data, tmp_path_factory):
+    """A prepare-corpus folder of one file of the Korean sample (about 1 MB), with a held-out split."""
+    from bertkit.pipelines.prepare_corpus import CorpusConfig, prepare_corpus
+
+    out = tmp_path_factory.mktemp("ko") / "corpus"
+    prepare_corpus([shared_data / KO_WIKI / "wiki_02"], out, CorpusConfig(holdout=0.05, progress=False, workers=1))
+    return out
+
+
+@pytest.fixture(scope="module")
+def vocabularies(ko_corpus):
+    from bertkit.pipelines.train_tokenizer import TokenizerConfig, train_tokenizer
+
+    return {mode: train_tokenizer(ko_corpus, ko_corpus.parent / f"tok-{mode}",
+                                  TokenizerConfig(vocab_size=6000, pretokenize=mode, progress=False))
+            for mode in ("none", "mecab", "kiwi")}
+
+
+def held_out(corpus):
+    from bertkit.fileio import read_arrow
+    from bertkit.formats import corpus_shards
+
+    return [s for p in corpus_shards(corpus, "holdout") for d in read_arrow(p).column("sentences").to_pylist()
+            for s in d]
+
+
+def test_morpheme_aware_vocabulary_follows_morphemes_and_reads_raw_text(ko_corpus, vocabularies):
+    from transformers import AutoTokenizer
+
+    from bertkit.pipelines.korean import crossing_share
+    from bertkit.tokenization import load_tokenizer
+
+    sentences = held_out(ko_corpus)
+    share = {mode: crossing_share(load_tokenizer(ko_corpus.parent / f"tok-{mode}"), sentences, "mecab")
+             ["crossing_share"] for mode in vocabularies}
+    # plain WordPiece cuts through morphemes often; trained on MeCab's morphemes it almost never does
+    assert share["mecab"] < share["none"] / 4 and share["kiwi"] < share["none"] / 2
+    for mode in ("mecab", "kiwi"):
+        m = vocabularies[mode]
+        assert m.settings["pretokenize"] == mode and m.stats["unk_word_rate"] <= vocabularies["none"].stats[
+            "unk_word_rate"] + 0.001
+        folder = ko_corpus.parent / f"tok-{mode}"
+        ours = load_tokenizer(folder)
+        # the particles are continuation pieces of their own: the noun and 의/는/를 come apart
+        assert ours.encode("대한민국의", add_special_tokens=False).tokens == ["대한민국", "##의"]
+        # raw text in, the same ids from tokenizers and from transformers (no analyser at tokenization time)
+        hf = AutoTokenizer.from_pretrained(str(folder))
+        for s in sentences[:200]:
+            assert hf(s)["input_ids"] == ours.encode(s).ids
+
+
+def test_a_missing_analyser_says_how_to_install_it(ko_corpus, tmp_path, monkeypatch):
+    from bertkit.pipelines import korean
+
+    korean.analyser.cache_clear()
+    monkeypatch.setitem(sys.modules, "mecab", None)  # import mecab now fails
+    try:
+        r = CliRunner().invoke(main, ["train-tokenizer", str(ko_corpus), "--out", str(tmp_path / "t"),
+                                      "--pretokenize", "mecab", "--no-progress"])
+    finally:
+        korean.analyser.cache_clear()
+    assert r.exit_code == 1 and "pip install 'bertkit[korean]'" in r.output and "Traceback" not in r.output
+
+
+def test_korean_legacy_encodings_and_hangul_file_names(tmp_path):
+    """A CP949 (or EUC-KR) file named in Hangul: both stages name it and give the iconv command, and the
+    converted file then works."""
+    text = "대한민국의 수도는 서울이다. 한국어는 한글로 적는다. 이 문장들은 최소 길이를 넘기 위해 조금 더 길게 쓴다.\n"
+    corpus_file = tmp_path / "말뭉치.txt"
+    corpus_file.write_bytes(text.encode("cp949"))
+    r = CliRunner().invoke(main, ["prepare-corpus", str(corpus_file), "--out", str(tmp_path / "c"), "--no-progress"])
+    assert r.exit_code == 1 and "Traceback" not in r.output
+    assert "말뭉치.txt: is CP949/EUC-KR (Korean Windows) text, not UTF-8; convert it first: iconv -f CP949 -t " \
+           "UTF-8 말뭉치.txt > 말뭉치.utf8.txt" in r.output
+    subprocess.run(f"iconv -f CP949 -t UTF-8 {corpus_file} > {tmp_path / '말뭉치.utf8.txt'}", shell=True, check=True)
+    r = CliRunner().invoke(main, ["prepare-corpus", str(tmp_path / "말뭉치.utf8.txt"), "--out",
+                                  str(tmp_path / "c2"), "--no-progress"])
+    assert r.exit_code == 0, r.output
+    manifest = json.loads((tmp_path / "c2" / "manifest.json").read_text(encoding="utf-8"))
+    assert manifest["inputs"][0]["source"] == "말뭉치.utf8.txt" and manifest["totals"]["documents"] == 1
+
+    table = tmp_path / "훈련.tsv"
+    table.write_bytes("문장\t라벨\n영화가 재미있었다\t1\n지루했다\t0\n".encode("euc-kr"))
+    from bertkit.finetune.classify import DataError, read_table
+
+    with pytest.raises(DataError, match="훈련.tsv:1: is CP949/EUC-KR .* iconv -f CP949 -t UTF-8 훈련.tsv > "
+                                        "훈련.utf8.tsv"):
+        read_table(table, "문장", label="라벨")
+
+
+def quickstart_block() -> str:
+    text = (REPO / "README.ko.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
+    return next(b for b in blocks if "bertkit prepare-corpus" in b)
+
+
+@pytest.mark.slow
+def test_the_korean_quick_start_runs_as_written(shared_data, tmp_path):
+    """Every command of README.ko.md's quick start, as written, on one file of the Korean sample with a tiny
+    model and 30 steps (the block's variables carry the sizes)."""
+    script = quickstart_block()
+    assert "--pretokenize mecab" in script and "fill-mask" in script and "finetune classify" in script
+    (tmp_path / "ko").mkdir()
+    (tmp_path / "ko" / "wiki_02").symlink_to(shared_data / KO_WIKI / "wiki_02")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+    env.update(PATH=f"{BIN}:{env['PATH']}", KO=str(tmp_path / "ko"), OUT=str(tmp_path / "out"), MODEL="tiny",
+               STEPS="30", VOCAB="6000", SENTENCES="300", EPOCHS="1", OMP_NUM_THREADS="2")
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = tmp_path / "out"
+    assert json.loads((out / "tokenizer" / "manifest.json").read_text())["settings"]["pretokenize"] == "mecab"
+    assert "대한민국의 수도는 [MASK]이다." in done.stdout and re.search(r"^\s+1\. \S+", done.stdout, re.M)
+    summary = json.loads((out / "finetune" / "metrics.json").read_text())
+    assert summary["task"] == "classify" and "accuracy" in summary["best"]
