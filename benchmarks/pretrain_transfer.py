@@ -105,11 +105,14 @@ def pretrain_run(instances: Path, run: Path, budget: Budget, steps: int, device:
         return export_dir
     resume = (run / "checkpoints" / "latest").is_file()
     say(f"pretrain {run.name}: {budget.preset}, {steps} steps" + (" (resumed)" if resume else ""))
-    pretrain(PretrainConfig(instances=str(instances), out=str(run), model=budget.preset, max_steps=steps,
-                            micro_batch=budget.micro_batch, optimizer="adamw", lr=budget.lr, warmup=0.05,
-                            eval_every=budget.eval_every, eval_batches=20, save_every=budget.eval_every,
-                            keep_last=1, log_every=20, resume=resume, num_workers=1, progress=False,
-                            precision="bf16" if device == "cuda" else None))
+    cfg = PretrainConfig(instances=str(instances), out=str(run), model=budget.preset, max_steps=steps,
+                         micro_batch=budget.micro_batch, optimizer="adamw", lr=budget.lr, warmup=0.05,
+                         eval_every=budget.eval_every, eval_batches=20, save_every=budget.eval_every, keep_last=1,
+                         log_every=20, resume=resume, num_workers=1, progress=False, report_to="tensorboard",
+                         precision="bf16" if device == "cuda" else None)
+    result = pretrain(cfg)
+    if result["step"] < steps:  # stopped by a signal: the next run of this script resumes it
+        raise SystemExit(f"{run.name} stopped at step {result['step']}; run the benchmark again to resume")
     export(run, export_dir)
     return export_dir
 

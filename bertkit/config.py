@@ -27,12 +27,15 @@ class BertConfig:
     initializer_range: float = 0.02
     pad_token_id: int = 0
     classifier_dropout: float | None = None  # None: use hidden_dropout (as HF does)
+    vocab_pad_multiple: int = 8              # embedding rows rounded up to this (pretrain --pad-vocab-to); never in HF
 
     def __post_init__(self):
         if self.hidden_size % self.num_heads:
             raise ValueError(f"hidden_size {self.hidden_size} is not a multiple of num_heads {self.num_heads}")
         if self.vocab_size < 1:
             raise ValueError(f"vocab_size must be positive, got {self.vocab_size}")
+        if self.vocab_pad_multiple < 1:
+            raise ValueError(f"vocab_pad_multiple must be positive, got {self.vocab_pad_multiple}")
 
     @property
     def head_dim(self) -> int:
@@ -40,8 +43,10 @@ class BertConfig:
 
     @property
     def padded_vocab_size(self) -> int:
-        """The embedding rows: vocab_size rounded up to a multiple of 8 (tensor-core friendly matmuls)."""
-        return (self.vocab_size + 7) // 8 * 8
+        """The embedding rows: vocab_size rounded up to a multiple of vocab_pad_multiple (8: tensor-core friendly
+        matmuls; MosaicBERT and ModernBERT use 64). The extra rows are zero, never inputs, never predicted."""
+        m = self.vocab_pad_multiple
+        return (self.vocab_size + m - 1) // m * m
 
     @classmethod
     def preset(cls, name: str, **overrides) -> "BertConfig":

@@ -81,7 +81,8 @@ class InstanceDataset:
                                                max_predictions=m.max_predictions,
                                                whole_word_mask=m.whole_word_mask,
                                                random_from_whole_vocab=m.reference_behaviour.random_from_whole_vocab,
-                                               decide_per_piece=m.reference_behaviour.wwm_decide_per_piece)
+                                               decide_per_piece=m.reference_behaviour.wwm_decide_per_piece,
+                                               mask_replace=m.mask_replace)
 
     def __len__(self) -> int:
         return int(self.starts[-1])

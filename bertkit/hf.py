@@ -64,6 +64,17 @@ HEAD_PARTS = {
 VOCAB_PADDED = ("bert.embeddings.word_embeddings.weight", "mlm_bias")
 
 
+def repad_vocab(state: dict, cfg: BertConfig) -> dict:
+    """A state dict's vocabulary-sized tensors cut to vocab_size and zero-padded to cfg's padded size."""
+    state = dict(state)
+    for key in VOCAB_PADDED:
+        if key in state:
+            t = state[key][: cfg.vocab_size]
+            pad = t.new_zeros((cfg.padded_vocab_size - cfg.vocab_size, *t.shape[1:]))
+            state[key] = torch.cat([t, pad], 0)
+    return state
+
+
 # ---------------------------------------------------------------- names
 def hf_names(key: str) -> list[str]:
     """HF tensor names for one of our (canonical, `bert.`-prefixed) parameter names; three for a fused QKV."""
@@ -279,12 +290,14 @@ def load_pretrained(path, head: str | None = "auto", num_labels: int | None = No
 
 
 def save_pretrained(model, out_dir, tokenizer_dir=None, extra_config: dict | None = None,
-                    safe_serialization: bool = True) -> Path:
+                    safe_serialization: bool = True, masked_lm_only: bool = False) -> Path:
     """Write `model` as an HF BERT folder: config.json, model.safetensors, and the tokenizer files.
 
     transformers' matching class (BertModel / BertForPreTraining / BertForSequenceClassification /
     BertForTokenClassification / BertForQuestionAnswering) loads it with no missing or unexpected keys.
-    extra_config entries (e.g. id2label, label2id, finetuning task) are merged into config.json.
+    masked_lm_only (a BertForPreTraining trained without NSP): written as BertForMaskedLM, without the untrained
+    next-sentence head and pooler. extra_config entries (e.g. id2label, label2id, finetuning task) are merged
+    into config.json.
     """
     model = getattr(model, "module", model)  # DDP / DeepSpeed engine wrappers
     cfg = model.cfg
@@ -303,9 +316,13 @@ def save_pretrained(model, out_dir, tokenizer_dir=None, extra_config: dict | Non
     hf = to_hf_state_dict(_canonical_state(model), cfg)
     if isinstance(model, BertModel):  # HF's BertModel files carry no `bert.` prefix
         hf = {k[len("bert."):]: v for k, v in hf.items()}
+    if masked_lm_only:
+        if not isinstance(model, BertForPreTraining):
+            raise ValueError("masked_lm_only needs a BertForPreTraining")
+        hf = {k: v for k, v in hf.items() if not k.startswith(("cls.seq_relationship.", "bert.pooler."))}
 
     config = cfg.to_hf_dict()
-    config["architectures"] = [ARCHITECTURES[type(model)]]
+    config["architectures"] = ["BertForMaskedLM" if masked_lm_only else ARCHITECTURES[type(model)]]
     num_labels = getattr(model, "num_labels", None)
     if num_labels is not None:
         config["id2label"] = {str(i): f"LABEL_{i}" for i in range(num_labels)}

@@ -6,7 +6,8 @@ The rule is google-research/bert's `create_masked_lm_predictions`:
   * number to predict = min(max_predictions, max(1, round(len(tokens) * masked_lm_prob))), Python/numpy round-half-even,
     len counting the special tokens;
   * candidate groups are visited in random order, a group that would exceed the number is skipped;
-  * each chosen position becomes [MASK] (80%), stays itself (10%) or a random token (10%); labels are the original ids.
+  * each chosen position becomes [MASK] (80%), stays itself (10%) or a random token (10%); labels are the original ids
+    (the shares are MaskingSpec.mask_replace: make-instances --mask-replace).
 
 Two improvements over the reference, each on by default with a switch restoring it:
   * random replacements never draw special tokens or [unused...] slots (`random_from_whole_vocab=True` restores);
@@ -42,11 +43,18 @@ class MaskingSpec:
     max_predictions: int = 20
     whole_word_mask: bool = False
     decide_per_piece: bool = False
+    mask_replace: tuple = (0.8, 0.1, 0.1)  # shares of chosen positions: [MASK], kept, random token
+
+    @property
+    def thresholds(self) -> tuple[float, float]:
+        """u < first: [MASK]; u < second: kept; else random (BERT's 0.8 / 0.9)."""
+        mask, _, random = self.mask_replace
+        return mask, 1.0 - random  # 1 - 0.1 is exactly 0.9 (0.8 + 0.1 is not)
 
     @classmethod
     def from_vocab(cls, vocab_tokens, masked_lm_prob: float = 0.15, max_predictions: int = 20,
                    whole_word_mask: bool = False, random_from_whole_vocab: bool = False,
-                   decide_per_piece: bool = False) -> "MaskingSpec":
+                   decide_per_piece: bool = False, mask_replace=(0.8, 0.1, 0.1)) -> "MaskingSpec":
         """Build the spec from the vocabulary in id order (vocab.txt lines). The spec holds no random state: all
         randomness comes from the generator given to mask_instance / mask_batch."""
         tokens = list(vocab_tokens)
@@ -57,6 +65,10 @@ class MaskingSpec:
                              "use a BERT vocabulary (train one with `bertkit train-tokenizer`)")
         if not 0.0 < masked_lm_prob < 1.0:
             raise ValueError(f"masked_lm_prob must be in (0, 1), got {masked_lm_prob}")
+        mask_replace = tuple(float(x) for x in mask_replace)
+        if len(mask_replace) != 3 or min(mask_replace) < 0 or abs(sum(mask_replace) - 1.0) > 1e-9:
+            raise ValueError(f"mask_replace must be three shares ([MASK], kept, random) summing to 1, "
+                             f"got {mask_replace}")
         if max_predictions < 1:
             raise ValueError(f"max_predictions must be >= 1, got {max_predictions}")
         if random_from_whole_vocab:
@@ -69,7 +81,8 @@ class MaskingSpec:
                    random_ids=random_ids,
                    is_continuation=np.array([t.startswith("##") for t in tokens], dtype=bool),
                    masked_lm_prob=float(masked_lm_prob), max_predictions=int(max_predictions),
-                   whole_word_mask=bool(whole_word_mask), decide_per_piece=bool(decide_per_piece))
+                   whole_word_mask=bool(whole_word_mask), decide_per_piece=bool(decide_per_piece),
+                   mask_replace=mask_replace)
 
 
 def num_to_predict(lengths, spec: MaskingSpec) -> np.ndarray:
@@ -181,7 +194,8 @@ def mask_batch(ids: np.ndarray, offsets: np.ndarray, rng: np.random.Generator, s
         u = np.repeat(rng.random(int(new_word.sum())), np.diff(np.r_[np.flatnonzero(new_word), len(word)]))
     else:
         u = rng.random(len(positions))
-    kinds = np.where(u < 0.8, KIND_MASK, np.where(u < 0.9, KIND_KEPT, KIND_RANDOM)).astype(np.int8)
+    to_mask, to_keep = spec.thresholds
+    kinds = np.where(u < to_mask, KIND_MASK, np.where(u < to_keep, KIND_KEPT, KIND_RANDOM)).astype(np.int8)
     masked = ids.copy()
     masked[positions[kinds == KIND_MASK]] = spec.mask_id
     rand_pos = positions[kinds == KIND_RANDOM]
@@ -199,8 +213,9 @@ def mask_instance(input_ids: np.ndarray, rng: np.random.Generator, spec: Masking
         positions = np.sort(cand[rng.choice(len(cand), size=k, replace=False)])
         u = rng.random(k)
         masked = input_ids.copy()
-        masked[positions[u < 0.8]] = spec.mask_id
-        rand_pos = positions[u >= 0.9]
+        to_mask, to_keep = spec.thresholds
+        masked[positions[u < to_mask]] = spec.mask_id
+        rand_pos = positions[u >= to_keep]
         masked[rand_pos] = spec.random_ids[rng.integers(0, len(spec.random_ids), size=len(rand_pos))]
         return masked, positions, input_ids[positions]
     masked, positions, labels, _, _ = mask_batch(input_ids, np.array([0, len(input_ids)]), rng, spec)

@@ -222,8 +222,11 @@ class BertForSequenceClassification(nn.Module):
         self.classifier = nn.Linear(cfg.hidden_size, num_labels)
         init_weights(self.classifier, cfg)
 
-    def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None) -> ClassifierOutput:
-        pooled = self.bert(input_ids, token_type_ids, attention_mask).pooler_output
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None,
+                position_ids=None, cu_seqlens=None, max_seqlen=None) -> ClassifierOutput:
+        """Padded (B, S) or packed (T,) with cu_seqlens / max_seqlen (see BertModel); logits (B, num_labels)."""
+        pooled = self.bert(input_ids, token_type_ids, attention_mask, position_ids, cu_seqlens,
+                           max_seqlen).pooler_output
         p = self.cfg.classifier_dropout if self.cfg.classifier_dropout is not None else self.cfg.hidden_dropout
         logits = self.classifier(F.dropout(pooled, p, self.training))
         loss = None
@@ -245,13 +248,16 @@ class BertForTokenClassification(nn.Module):
         self.classifier = nn.Linear(cfg.hidden_size, num_labels)
         init_weights(self.classifier, cfg)
 
-    def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None) -> ClassifierOutput:
-        h = self.bert(input_ids, token_type_ids, attention_mask).last_hidden_state
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None,
+                position_ids=None, cu_seqlens=None, max_seqlen=None) -> ClassifierOutput:
+        """Padded: logits (B, S, num_labels); packed (T,) input: (T, num_labels), labels (T,)."""
+        h = self.bert(input_ids, token_type_ids, attention_mask, position_ids, cu_seqlens,
+                      max_seqlen).last_hidden_state
         p = self.cfg.classifier_dropout if self.cfg.classifier_dropout is not None else self.cfg.hidden_dropout
         logits = self.classifier(F.dropout(h, p, self.training))
         loss = None
         if labels is not None:
-            loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten().long(), ignore_index=IGNORE_INDEX)
+            loss = F.cross_entropy(logits.float().flatten(0, -2), labels.flatten().long(), ignore_index=IGNORE_INDEX)
         return ClassifierOutput(loss, logits)
 
 

@@ -54,14 +54,16 @@ _SPECS = {}
 
 
 def masking_spec(vocab: list[str], masked_lm_prob: float, max_predictions: int, whole_word_mask: bool,
-                 random_from_whole_vocab: bool = False, decide_per_piece: bool = False) -> MaskingSpec:
+                 random_from_whole_vocab: bool = False, decide_per_piece: bool = False,
+                 mask_replace=(0.8, 0.1, 0.1)) -> MaskingSpec:
     """MaskingSpec.from_vocab, cached per process (building it walks the vocabulary)."""
-    key = (id(vocab), masked_lm_prob, max_predictions, whole_word_mask, random_from_whole_vocab, decide_per_piece)
+    key = (id(vocab), masked_lm_prob, max_predictions, whole_word_mask, random_from_whole_vocab, decide_per_piece,
+           tuple(mask_replace))
     if key not in _SPECS:
         _SPECS[key] = MaskingSpec.from_vocab(vocab, masked_lm_prob=masked_lm_prob, max_predictions=max_predictions,
                                              whole_word_mask=whole_word_mask,
                                              random_from_whole_vocab=random_from_whole_vocab,
-                                             decide_per_piece=decide_per_piece)
+                                             decide_per_piece=decide_per_piece, mask_replace=mask_replace)
     return _SPECS[key]
 
 
@@ -227,15 +229,16 @@ def empty_stats(max_seq_length: int) -> dict:
             "mask": 0, "random": 0, "kept": 0, "skipped_chunks": 0, "length_counts": [0] * (max_seq_length + 1)}
 
 
-def pass_stats(offsets, b_start, not_next, max_seq_length, spec=None, masked=None, skipped=0) -> dict:
+def pass_stats(offsets, b_start, not_next, max_seq_length, spec=None, masked=None, skipped=0, specials=3) -> dict:
+    """specials: [CLS]/[SEP] tokens per row (3 for a pair; an array where rows differ)."""
     lengths = np.diff(offsets)
     s = empty_stats(max_seq_length)
+    n_cand = lengths - specials
     s.update(instances=len(lengths), not_next=int(not_next.sum()), tokens=int(lengths.sum()),
-             candidates=int(lengths.sum()) - 3 * len(lengths), skipped_chunks=int(skipped),
+             candidates=int(n_cand.sum()), skipped_chunks=int(skipped),
              length_counts=np.bincount(lengths, minlength=max_seq_length + 1).tolist())
     if masked is not None:
         kinds = masked
-        n_cand = lengths - 3
         s.update(selected=len(kinds), expected_selected=int(np.minimum(num_to_predict(lengths, spec), n_cand).sum()),
                  mask=int((kinds == KIND_MASK).sum()), random=int((kinds == KIND_RANDOM).sum()),
                  kept=int((kinds == KIND_KEPT).sum()))

@@ -13,6 +13,7 @@ corpus, so the output is the same bytes whatever --workers is, and a killed run 
 that are missing. Memory is one unit's tokens plus one pass of its instances, never corpus x dupe.
 `--compat google` (pipelines/google_compat.py) instead replays the reference's random calls exactly.
 """
+import math
 import multiprocessing
 import shutil
 from array import array
@@ -67,11 +68,17 @@ MAX_POSITIONS = 512          # BERT's position embeddings
 SPLIT_CODE = {"train": 0, "holdout": 1}
 
 
+OBJECTIVES = ("nsp", "sop", "none")
+
+
 @dataclass
 class InstancesConfig:
     max_seq_length: int = 128
-    max_predictions: int = 20
+    max_predictions: int | None = None # None: 20 (BERT's) at masked_lm_prob 0.15, else max_seq_length x prob
     masked_lm_prob: float = 0.15
+    mask_replace: tuple = (0.8, 0.1, 0.1)   # shares of the chosen positions: [MASK], kept, random token
+    objective: str = "nsp"             # nsp (BERT) | sop (ALBERT: same-document segments, swapped order negative)
+                                       # | none (RoBERTa FULL-SENTENCES: one segment across documents, MLM only)
     short_seq_prob: float = 0.1
     dupe: int | None = None            # passes over the corpus; None: 10 in static mode, 1 in dynamic mode
     seed: int = 12345
@@ -88,6 +95,12 @@ class InstancesConfig:
                                             # None: corpus text / 32, clamped to 1..16 MB (never depends on workers)
     rows_per_file: int = 250_000            # --compat google only: it writes one shuffled list, cut into files
 
+    def __post_init__(self):
+        if self.max_predictions is None:  # follows the masking rate; BERT's 20 at its own rate
+            self.max_predictions = 20 if self.masked_lm_prob == 0.15 else \
+                math.ceil(self.max_seq_length * self.masked_lm_prob)
+        self.mask_replace = tuple(float(x) for x in self.mask_replace)
+
     @property
     def passes(self) -> int:
         return self.dupe if self.dupe is not None else (10 if self.mode == "static" else 1)
@@ -102,6 +115,14 @@ class InstancesConfig:
             raise InstancesError(f"--compat {self.compat!r}: the only compatibility mode is 'google'")
         if self.compat == "google" and self.mode != "static":
             raise InstancesError("--compat google writes masked instances as the reference does: use --mode static")
+        if self.objective not in OBJECTIVES:
+            raise InstancesError(f"--objective {self.objective!r}: choose nsp, sop or none")
+        if self.compat == "google" and (self.objective != "nsp" or self.mask_replace != (0.8, 0.1, 0.1)):
+            raise InstancesError("--compat google replays BERT's recipe: --objective nsp and --mask-replace "
+                                 "0.8,0.1,0.1")
+        if len(self.mask_replace) != 3 or min(self.mask_replace) < 0 or abs(sum(self.mask_replace) - 1) > 1e-9:
+            raise InstancesError(f"--mask-replace {','.join(map(str, self.mask_replace))}: three shares ([MASK], "
+                                 "kept, random) that sum to 1, e.g. 0.8,0.1,0.1")
         if self.passes < 1 or self.holdout_dupe < 1:
             raise InstancesError(f"--dupe {self.passes}: must be at least 1")
         if not 0.0 < self.masked_lm_prob < 1.0:
@@ -118,6 +139,7 @@ class InstancesConfig:
         d = asdict(self)
         d.pop("workers")
         d["dupe"] = self.passes
+        d["mask_replace"] = list(self.mask_replace)  # as JSON keeps it
         return d
 
 
@@ -161,7 +183,19 @@ def build_pairs(seg_start: np.ndarray, doc_seg: np.ndarray, rng: np.random.Gener
             a_end = chunk + (1 if n_chunk == 1 else 1 + int(u[k] * (n_chunk - 1)))
             a_lo, a_hi = starts[chunk], starts[a_end]
             next_chunk = i + 1
-            if single_doc:
+            if config.objective == "sop":                # ALBERT: A and B from one chunk, swapped for the negative
+                lo = mid = hi = None
+                if n_chunk > 1:
+                    lo, mid, hi = a_lo, a_hi, starts[i + 1]
+                elif a_hi - a_lo >= 2:                  # one segment: cut it inside
+                    lo, mid, hi = a_lo, a_lo + 1 + int(u[k + 1] * (a_hi - a_lo - 1)), a_hi
+                if lo is None:
+                    skipped += 1
+                elif u[k + 2] < 0.5:
+                    a_lo_(mid), a_hi_(hi), b_lo_(lo), b_hi_(mid), nn_(1)
+                else:
+                    a_lo_(lo), a_hi_(mid), b_lo_(mid), b_hi_(hi), nn_(0)
+            elif single_doc:
                 # nothing to draw a random B from: B is A's true continuation (IsNext)
                 if n_chunk > 1:
                     a_lo_(a_lo), a_hi_(a_hi), b_lo_(a_hi), b_hi_(starts[i + 1]), nn_(0)
@@ -195,6 +229,49 @@ def build_pairs(seg_start: np.ndarray, doc_seg: np.ndarray, rng: np.random.Gener
 
 # ---------------------------------------------------------------------------------------------------------------
 # Rules 4-5: truncation and assembly, vectorised
+
+
+def full_sentences(tokens: np.ndarray, seg_start: np.ndarray, doc_seg: np.ndarray, rng: np.random.Generator,
+                   max_seq_length: int, cls_id: int, sep_id: int, dtype):
+    """--objective none (RoBERTa's FULL-SENTENCES): the pass's documents in a random order, their segments laid end
+    to end into rows of at most max_seq_length tokens, [CLS] first, [SEP] last and between documents; a segment
+    longer than a row is cut. Returns (flat ids, row offsets); every row is one segment (b_start = its length)."""
+    budget = max_seq_length - 2
+    starts = seg_start.tolist()
+    rows, row, used = [], [], 0
+    for d in rng.permutation(len(doc_seg) - 1).tolist():
+        for s in range(int(doc_seg[d]), int(doc_seg[d + 1])):
+            lo, hi = starts[s], min(starts[s + 1], starts[s] + budget)
+            if used + hi - lo > budget and row:
+                rows.append(row)
+                row, used = [], 0
+            row.append((lo, hi))
+            used += hi - lo
+        if row and used < budget:
+            row.append(None)  # a [SEP] between documents
+            used += 1
+    if row:
+        rows.append(row)
+    pieces, lengths = [], []
+    for row in rows:
+        if row[-1] is None:
+            row = row[:-1]  # the row's own closing [SEP] ends it
+        parts = [np.array([cls_id], dtype)]
+        parts += [np.array([sep_id], dtype) if r is None else tokens[r[0]:r[1]] for r in row]
+        parts.append(np.array([sep_id], dtype))
+        pieces.append(np.concatenate(parts))
+        lengths.append(len(pieces[-1]))
+    ids = np.concatenate(pieces) if pieces else np.zeros(0, dtype)
+    return ids, np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+
+
+def shuffle_rows(ids: np.ndarray, offsets: np.ndarray, rng: np.random.Generator):
+    """The rows of a flat (ids, offsets) batch in a random order."""
+    lengths = np.diff(offsets)
+    order = rng.permutation(len(lengths))
+    new_lengths = lengths[order]
+    new_offsets = np.concatenate([[0], np.cumsum(new_lengths)]).astype(np.int64)
+    return ids[ragged_arange(offsets[:-1][order], new_lengths)], new_offsets
 
 
 def truncation_amounts(len_a: np.ndarray, len_b: np.ndarray, max_num: int):
@@ -296,7 +373,7 @@ def process_unit(task: dict) -> list[dict]:
 
     _, vocab = load_stage_tokenizer(task["tokenizer"])
     spec = masking_spec(vocab, config.masked_lm_prob, config.max_predictions, config.whole_word_mask,
-                        config.random_from_whole_vocab, config.wwm_decide_per_piece)
+                        config.random_from_whole_vocab, config.wwm_decide_per_piece, config.mask_replace)
     table = read_arrow(task["path"]).slice(task["row_lo"], task["row_hi"] - task["row_lo"])
     dtype = np.uint16 if len(vocab) <= 65536 else np.int32
     tokens, seg_start, doc_seg = tokenize_documents(word_encoder(task["tokenizer"]),
@@ -309,23 +386,36 @@ def process_unit(task: dict) -> list[dict]:
             results.append(done[name])
             continue
         rng = np.random.default_rng([config.seed, SPLIT_CODE[task["split"]], task["unit_index"], p])
-        if len(doc_seg) > 1:
-            pairs, skipped = build_pairs(seg_start, doc_seg, rng, config)
+        if config.objective == "none":
+            ids, offsets = full_sentences(tokens, seg_start, doc_seg, rng, config.max_seq_length, spec.cls_id,
+                                          spec.sep_id, dtype)
+            ids, offsets = shuffle_rows(ids, offsets, rng)
+            b_start, skipped = np.diff(offsets), 0                # no B segment
+            pairs = {"not_next": np.zeros(len(b_start), bool)}
+            special = (ids == spec.cls_id) | (ids == spec.sep_id)
+            specials = np.add.reduceat(special, offsets[:-1]) if len(b_start) else np.zeros(0, np.int64)
         else:
-            pairs, skipped = {k: np.zeros(0, np.int64) for k in ("a_lo", "a_hi", "b_lo", "b_hi")}, 0
-            pairs["not_next"] = np.zeros(0, bool)
-        order = rng.permutation(len(pairs["a_lo"]))          # the file's rows come shuffled
-        pairs = {k: v[order] for k, v in pairs.items()}
-        ids, offsets, b_start = assemble(tokens, pairs, rng, config.max_seq_length, spec.cls_id, spec.sep_id, dtype)
+            if len(doc_seg) > 1:
+                pairs, skipped = build_pairs(seg_start, doc_seg, rng, config)
+            else:
+                pairs, skipped = {k: np.zeros(0, np.int64) for k in ("a_lo", "a_hi", "b_lo", "b_hi")}, 0
+                pairs["not_next"] = np.zeros(0, bool)
+            order = rng.permutation(len(pairs["a_lo"]))          # the file's rows come shuffled
+            pairs = {k: v[order] for k, v in pairs.items()}
+            ids, offsets, b_start = assemble(tokens, pairs, rng, config.max_seq_length, spec.cls_id, spec.sep_id,
+                                             dtype)
+            specials = 3
         if config.mode == "static":
             masked, pos, labels, pred_off, kinds = mask_batch(ids, offsets, rng, spec)
             row_of = np.repeat(np.arange(len(offsets) - 1), np.diff(pred_off))
             tbl = instances_table(masked, offsets, b_start, pairs["not_next"], len(vocab),
                                   (pos - offsets[:-1][row_of], labels, pred_off))
-            stats = pass_stats(offsets, b_start, pairs["not_next"], config.max_seq_length, spec, kinds, skipped)
+            stats = pass_stats(offsets, b_start, pairs["not_next"], config.max_seq_length, spec, kinds, skipped,
+                               specials)
         else:
             tbl = instances_table(ids, offsets, b_start, pairs["not_next"], len(vocab))
-            stats = pass_stats(offsets, b_start, pairs["not_next"], config.max_seq_length, skipped=skipped)
+            stats = pass_stats(offsets, b_start, pairs["not_next"], config.max_seq_length, skipped=skipped,
+                               specials=specials)
         stats["documents"], stats["segments"] = len(doc_seg) - 1, len(seg_start) - 1
         data = arrow_file_bytes(tbl)
         atomic_write_bytes(out_dir / name, data)           # fsynced before it gets its name
@@ -465,6 +555,10 @@ def _make_instances(corpus_dir: Path, tokenizer_dir, out: Path, config: Instance
         max_seq_length=config.max_seq_length, max_predictions=config.max_predictions,
         masked_lm_prob=config.masked_lm_prob, whole_word_mask=config.whole_word_mask, seed=config.seed,
         short_seq_prob=config.short_seq_prob, dupe=config.passes, holdout_dupe=config.holdout_dupe,
+        objective=config.objective, mask_replace=list(config.mask_replace),
+        next_sentence_label={"nsp": "0 = B follows A (IsNext), 1 = B is random (NotNext)",
+                             "sop": "0 = A then B as in the document, 1 = the two swapped",
+                             "none": "unused (0): one segment per instance"}[config.objective],
         reference_behaviour=ReferenceBehaviour(random_from_whole_vocab=config.random_from_whole_vocab or google,
                                                wwm_decide_per_piece=config.wwm_decide_per_piece or google,
                                                same_doc_notnext=config.same_doc_notnext or google),

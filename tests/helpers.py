@@ -31,6 +31,19 @@ TINY = {"vocab_size": 133, "hidden_size": 32, "num_layers": 2, "num_heads": 2, "
         "max_position_embeddings": 64}
 
 
+def layout(docs):
+    """Documents as lists of segment lengths -> (tokens = 0..N-1, seg_start, doc_seg): a token's id is its index."""
+    lens = [n for d in docs for n in d]
+    seg_start = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+    doc_seg = np.concatenate([[0], np.cumsum([len(d) for d in docs])]).astype(np.int64)
+    return np.arange(seg_start[-1]), seg_start, doc_seg
+
+
+def doc_of(token, seg_start, doc_seg):
+    seg = np.searchsorted(seg_start, token, side="right") - 1
+    return int(np.searchsorted(doc_seg, seg, side="right") - 1)
+
+
 def write_corpus(folder: Path, shards, holdout=()):
     """A prepare-corpus folder: shards (and holdout) are lists of shards, a shard a list of documents, a document
     a list of sentences."""

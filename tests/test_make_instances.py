@@ -14,26 +14,13 @@ from bertkit.fileio import checksum_file, read_arrow, sha256_file
 from bertkit.formats import InstancesError, instance_schema
 from bertkit.pipelines import google_compat
 from bertkit.pipelines.make_instances import InstancesConfig, assemble, build_pairs, make_instances, truncation_amounts
-from tests.helpers import write_corpus
+from tests.helpers import doc_of, layout, write_corpus
 
 VOCAB_FILE = "vocab/bert-base-uncased/vocab.txt"
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # helpers
-
-
-def layout(docs):
-    """Documents as lists of segment lengths -> (tokens = 0..N-1, seg_start, doc_seg): a token's id is its index."""
-    lens = [n for d in docs for n in d]
-    seg_start = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
-    doc_seg = np.concatenate([[0], np.cumsum([len(d) for d in docs])]).astype(np.int64)
-    return np.arange(seg_start[-1]), seg_start, doc_seg
-
-
-def doc_of(token, seg_start, doc_seg):
-    seg = np.searchsorted(seg_start, token, side="right") - 1
-    return int(np.searchsorted(doc_seg, seg, side="right") - 1)
 
 
 WORDS = ("the cat sat on a mat while the dog ran after a red ball in the park near old trees and "

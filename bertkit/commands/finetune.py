@@ -33,6 +33,9 @@ def common_options(default_lr: float, default_epochs: float, default_batch: int,
             kernels_option,
             report_to_option,
             click.option("--log-every", default=10, show_default=True, help="Steps between OUT/metrics.jsonl records."),
+            click.option("--unpadded", is_flag=True,
+                         help="Pack each training batch end to end (varlen attention): no compute on padding. "
+                              "classify, glue and ner."),
             click.option("--no-save-model", is_flag=True, help="Skip writing OUT/best/ (metrics only)."),
         ]
         for option in reversed(options):
@@ -49,7 +52,7 @@ def _train_config(kw: dict):
                        weight_decay=kw.pop("weight_decay"), warmup_ratio=kw.pop("warmup_ratio"),
                        max_grad_norm=kw.pop("max_grad_norm"), seed=kw.pop("seed"), device=kw.pop("device"),
                        kernels=kw.pop("kernels"), report_to=kw.pop("report_to"), log_every=kw.pop("log_every"),
-                       save_model=not kw.pop("no_save_model"))
+                       unpadded=kw.pop("unpadded"), save_model=not kw.pop("no_save_model"))
 
 
 def _report(summary: dict) -> None:

@@ -11,8 +11,15 @@ from bertkit.commands import default_workers
 @click.option("--out", "-o", default="instances", show_default=True, type=click.Path(file_okay=False),
               help="Output folder (the default is where pretrain looks).")
 @click.option("--max-seq-length", default=128, show_default=True, type=int, help="Tokens per instance, 8..512.")
-@click.option("--max-predictions", default=20, show_default=True, type=int, help="Most masked positions per instance.")
-@click.option("--masked-lm-prob", default=0.15, show_default=True, type=float, help="Share of tokens to predict.")
+@click.option("--max-predictions", default=None, type=int, show_default="20 at 0.15, else max-seq-length x rate",
+              help="Most masked positions per instance.")
+@click.option("--masked-lm-prob", default=0.15, show_default=True, type=float,
+              help="Share of tokens to predict (BERT 0.15; 0.3-0.4 helped larger models in Wettig et al. 2023).")
+@click.option("--mask-replace", default="0.8,0.1,0.1", show_default=True,
+              help="Shares of the chosen tokens replaced by [MASK], kept, replaced by a random token.")
+@click.option("--objective", type=click.Choice(["nsp", "sop", "none"]), default="nsp", show_default=True,
+              help="nsp: BERT's next-sentence pairs; sop: ALBERT's sentence order (same document, swapped for "
+                   "the negative); none: RoBERTa's full sentences across documents, MLM only.")
 @click.option("--short-seq-prob", default=0.1, show_default=True, type=float,
               help="Probability that a document's target length is drawn in [2, max-seq-length - 3].")
 @click.option("--dupe", default=None, type=int, show_default="10 static, 1 dynamic",
@@ -33,7 +40,8 @@ from bertkit.commands import default_workers
               help="Reference behaviour: a NotNext B may come from A's own document (always, in a one-document "
                    "corpus) and is still labelled NotNext.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
-def make_instances(corpus_dir, tokenizer_dir, out, max_seq_length, max_predictions, masked_lm_prob, short_seq_prob,
+def make_instances(corpus_dir, tokenizer_dir, out, max_seq_length, max_predictions, masked_lm_prob, mask_replace,
+                   objective, short_seq_prob,
                    dupe, seed, whole_word_mask, mode, workers, compat, random_from_whole_vocab, wwm_decide_per_piece,
                    same_doc_notnext, no_progress):
     """Make MLM + NSP pretraining instances from a prepare-corpus folder (google-research/bert's rules).
@@ -50,8 +58,13 @@ def make_instances(corpus_dir, tokenizer_dir, out, max_seq_length, max_predictio
     from bertkit.formats import FormatError
     from bertkit.pipelines.make_instances import InstancesConfig, make_instances as run
 
+    try:
+        shares = tuple(float(x) for x in mask_replace.split(","))
+    except ValueError:
+        raise click.BadParameter(f"{mask_replace!r}: three numbers such as 0.8,0.1,0.1", param_hint="--mask-replace")
     config = InstancesConfig(max_seq_length=max_seq_length, max_predictions=max_predictions,
-                             masked_lm_prob=masked_lm_prob, short_seq_prob=short_seq_prob, dupe=dupe, seed=seed,
+                             masked_lm_prob=masked_lm_prob, mask_replace=shares, objective=objective,
+                             short_seq_prob=short_seq_prob, dupe=dupe, seed=seed,
                              whole_word_mask=whole_word_mask, mode=mode, workers=workers, compat=compat,
                              random_from_whole_vocab=random_from_whole_vocab,
                              wwm_decide_per_piece=wwm_decide_per_piece, same_doc_notnext=same_doc_notnext)
@@ -62,7 +75,9 @@ def make_instances(corpus_dir, tokenizer_dir, out, max_seq_length, max_predictio
     s = manifest.stats
     line = (f"make-instances: {s['instances'].get('train', 0):,} train + {s['instances'].get('holdout', 0):,} "
             f"holdout instances ({manifest.mode}) in {len(manifest.shards)} file(s) -> {out}\n"
-            f"  NotNext {s['not_next_share']:.1%}, mean length {s['mean_length']:.1f}")
+            + {"nsp": f"  NotNext {s['not_next_share']:.1%}, ", "sop": f"  swapped {s['not_next_share']:.1%}, ",
+               "none": "  one segment each, "}[manifest.objective]
+            + f"mean length {s['mean_length']:.1f}")
     if manifest.mode == "static":
         line += (f", selected {s['selected_fraction']:.2%} of tokens: [MASK] {s['mask_share']:.1%} / "
                  f"random {s['random_share']:.1%} / kept {s['kept_share']:.1%}")

@@ -42,6 +42,9 @@ from bertkit.commands import kernels_option, report_to_option
 @click.option("--seed", default=42, show_default=True, type=int)
 @click.option("--num-workers", default=1, show_default=True, type=int, help="Loader processes per rank.")
 @click.option("--dropout", type=float, help="Override the model's hidden and attention dropout.")
+@click.option("--pad-vocab-to", type=click.IntRange(min=1), default=None, show_default="8",
+              help="Round the embedding and decoder rows up to this multiple (64: MosaicBERT, ModernBERT); the extra "
+                   "rows are never predicted and export trims them.")
 @click.option("--unpadded", is_flag=True,
               help="Pack each micro batch end to end (varlen attention): no compute spent on padding.")
 @click.option("--on-nonfinite", type=click.Choice(["stop", "rollback"]), default="stop", show_default=True,

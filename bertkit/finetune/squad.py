@@ -287,6 +287,8 @@ def finetune_squad(model_path, train_file, predict_file, cfg, *, version_2: bool
                    every_nth_train_question: int = 1, every_nth_predict_question: int = 1) -> dict:
     """`bertkit finetune squad`. Without train_file, only predicts and scores predict_file.
     train_articles/predict_articles select articles of each file (e.g. train on one half of dev, score the other)."""
+    if cfg.unpadded:
+        raise SquadFormatError("--unpadded: the span head reads padded windows; leave --unpadded out for squad")
     from bertkit.finetune.metrics import squad_evaluate
     from bertkit.finetune.train import predict, set_seed, train
     from bertkit.hf import load_pretrained

@@ -39,6 +39,7 @@ class TrainConfig:
     kernels: str = "auto"         # attention/LayerNorm backend (bertkit.kernels): auto | triton | torch | reference
     log_every: int = 10           # steps between records in OUT/metrics.jsonl (and TensorBoard / W&B)
     report_to: str | None = None  # tensorboard, wandb, "tensorboard,wandb" or none; None: tensorboard if installed
+    unpadded: bool = False        # pack each batch end to end (varlen attention): no compute spent on padding
     save_model: bool = True
 
 
@@ -81,6 +82,25 @@ def collate(rows: list, pad_id: int = 0) -> dict:
             for i, v in enumerate(values):
                 t[i, :len(v)] = torch.tensor(v, dtype=torch.long)
             batch[key] = t
+        else:
+            batch[key] = torch.tensor(values, dtype=torch.float if isinstance(values[0], float) else torch.long)
+    return batch
+
+
+def collate_packed(rows: list, pad_multiple: int = 8) -> dict:
+    """The rows end to end, unpadded (--unpadded): input_ids / token_type_ids (T,), cu_seqlens (B+1,) int32,
+    max_seqlen (the longest row rounded up: a host-side bucket); per-row labels (B,), per-token labels (T,)."""
+    lengths = [len(r["input_ids"]) for r in rows]
+    batch = {"input_ids": torch.tensor([t for r in rows for t in r["input_ids"]], dtype=torch.long),
+             "token_type_ids": torch.tensor([t for r in rows for t in r["token_type_ids"]], dtype=torch.long),
+             "cu_seqlens": torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32),
+             "max_seqlen": (max(lengths) + pad_multiple - 1) // pad_multiple * pad_multiple}
+    for key in rows[0]:
+        if key in batch or key == "attention_mask":
+            continue
+        values = [r[key] for r in rows]
+        if isinstance(values[0], list):
+            batch[key] = torch.tensor([v for value in values for v in value], dtype=torch.long)
         else:
             batch[key] = torch.tensor(values, dtype=torch.float if isinstance(values[0], float) else torch.long)
     return batch
@@ -199,7 +219,9 @@ def train(model, train_rows: list, evaluate, best_metric: str, cfg: TrainConfig,
             mine = idx[rank::world] if world > 1 else idx
             if len(mine) == 0:
                 mine = idx[:1]
-            batch = {k: v.to(device) for k, v in collate([train_rows[i] for i in mine]).items()}
+            rows = [train_rows[i] for i in mine]
+            batch = {k: v.to(device) if hasattr(v, "to") else v
+                     for k, v in (collate_packed(rows) if cfg.unpadded else collate(rows)).items()}
             loss = net(**batch).loss
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm or float("inf"))
@@ -212,8 +234,9 @@ def train(model, train_rows: list, evaluate, best_metric: str, cfg: TrainConfig,
             interval["loss"] += losses[-1]
             interval["steps"] += 1
             interval["sequences"] += len(mine)
-            interval["tokens"] += int(batch["attention_mask"].sum())
-            interval["slots"] += batch["attention_mask"].numel()
+            tokens = int(batch["cu_seqlens"][-1]) if cfg.unpadded else int(batch["attention_mask"].sum())
+            interval["tokens"] += tokens
+            interval["slots"] += tokens if cfg.unpadded else batch["attention_mask"].numel()
             if step % cfg.log_every == 0 or step == total_steps:
                 seconds = time.perf_counter() - interval["t"]
                 log.write({"step": step, "epoch": epoch, "loss": interval["loss"] / interval["steps"], "lr": lr,

@@ -279,6 +279,8 @@ class InstancesManifest:
     corpus: str | None = None
     stats: dict = field(default_factory=dict)
     files: dict = field(default_factory=dict)   # the tokenizer files copied beside the shards: {"bytes", "checksum"}
+    objective: str = "nsp"      # nsp | sop (next_sentence_label 1 = segments swapped) | none (one segment, MLM only)
+    mask_replace: list = field(default_factory=lambda: [0.8, 0.1, 0.1])   # [MASK], kept, random shares
 
     def shard_files(self, split: str) -> list[str]:
         return [s.file for s in self.shards if s.split == split]
@@ -329,6 +331,7 @@ class RunConfig:
     world_size: int
     deepspeed: dict             # the DeepSpeed config actually used
     kernels: str = ""           # the attention/LayerNorm backend that ran (triton, torch, reference)
+    objective: str = "nsp"      # the instances' objective: nsp | sop | none (export writes no NSP head then)
 
     @property
     def zero_stage(self) -> int:

@@ -196,7 +196,7 @@ def write_run_folder(cfg: PretrainConfig, settings: DeepSpeedSettings, ds_config
         stage="pretrain", pretrain=asdict(cfg), resolved=asdict(settings), model=bert_cfg.to_dict(),
         init_from=init_source, instances=str(Path(cfg.instances).resolve()), vocab_size=manifest.vocab_size,
         vocab_sha256=manifest.vocab_sha256, max_seq_length=manifest.max_seq_length, world_size=world,
-        deepspeed=ds_config, kernels=kernels))
+        deepspeed=ds_config, kernels=kernels, objective=manifest.objective))
 
 
 # ---------------------------------------------------------------- RNG state
@@ -320,10 +320,12 @@ def export(run_dir, out_dir, tag: str | None = None, say=None) -> Path:
         raise TrainingError(f"{run_dir} ({tag}): checkpoint does not fit the model "
                             f"(missing {missing[:5]}, unexpected {unexpected[:5]})")
     tok = Path(run_dir) / RUN_TOKENIZER
-    extra = {"bertkit": {"run": str(Path(run_dir).resolve()), "checkpoint": tag, "vocab_sha256": run.vocab_sha256}}
+    extra = {"bertkit": {"run": str(Path(run_dir).resolve()), "checkpoint": tag, "vocab_sha256": run.vocab_sha256,
+                         "objective": run.objective}}
     out_dir = Path(out_dir)
     (out_dir / MANIFEST).unlink(missing_ok=True)  # not a finished export until the new manifest is written
-    save_pretrained(model, out_dir, tokenizer_dir=tok if (tok / "vocab.txt").is_file() else None, extra_config=extra)
+    save_pretrained(model, out_dir, tokenizer_dir=tok if (tok / "vocab.txt").is_file() else None, extra_config=extra,
+                    masked_lm_only=run.objective == "none")
     files = {p.name: file_entry(p) for p in sorted(out_dir.iterdir()) if p.is_file() and p.name != MANIFEST}
     write_manifest(out_dir, ExportManifest(stage="export", complete=True, run=str(Path(run_dir).resolve()),
                                            checkpoint=tag, files=files))

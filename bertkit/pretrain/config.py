@@ -42,6 +42,8 @@ class PretrainConfig:
     seed: int = 42
     num_workers: int = 1
     dropout: float | None = None          # overrides the model's hidden and attention dropout
+    pad_vocab_to: int | None = None       # embedding/decoder rows rounded up to this multiple (default 8); 64 is
+                                          # MosaicBERT's and ModernBERT's. Export trims them
     unpadded: bool = False                # packed batches (varlen attention): no compute on padding
     kernels: str = "auto"                 # attention/LayerNorm backend (bertkit.kernels): auto|triton|torch|reference
     report_to: str | None = None          # tensorboard, wandb (offline), both "tensorboard,wandb", or none;

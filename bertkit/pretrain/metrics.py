@@ -36,18 +36,23 @@ class Meter:
 
     @torch.no_grad()
     def add(self, out, batch):
+        """One micro batch's sums; a batch without next_sentence_label (--objective none) adds no NSP numbers."""
         labels = batch["mlm_labels"]
         has = labels != IGNORE_INDEX
         mlm_correct = ((out.mlm_logits.argmax(-1) == labels) & has).sum()
-        nsp_correct = (out.nsp_logits.argmax(-1) == batch["next_sentence_label"]).sum()
-        n = float(batch["next_sentence_label"].shape[0])
-        scalars = torch.tensor([n, 1.0, n], dtype=torch.float64, device=self.sums.device)  # nsp_count micro seqs
+        n = float(batch["cu_seqlens"].numel() - 1 if "cu_seqlens" in batch else batch["input_ids"].shape[0])
+        if "next_sentence_label" in batch:
+            nsp_correct = (out.nsp_logits.argmax(-1) == batch["next_sentence_label"]).sum()
+            nsp_loss, nsp_count = out.nsp_loss.detach().double(), n
+        else:
+            nsp_correct, nsp_loss, nsp_count = has.new_zeros(()), has.new_zeros((), dtype=torch.float64), 0.0
+        scalars = torch.tensor([nsp_count, 1.0, n], dtype=torch.float64, device=self.sums.device)
         # non-padding tokens: a packed batch has no padding
         tokens = batch["attention_mask"].sum() if "attention_mask" in batch else batch["input_ids"].new_tensor(
             batch["input_ids"].numel())
         slots = float(batch["input_ids"].numel())  # token positions computed, padding included
         values = torch.cat([torch.stack([out.loss.detach().double(), out.mlm_loss.detach().double(),
-                                         out.nsp_loss.detach().double(), mlm_correct.double(),
+                                         nsp_loss, mlm_correct.double(),
                                          has.sum().double(), nsp_correct.double()]),
                             scalars, tokens.double().view(1), tokens.new_tensor([slots], dtype=torch.float64)])
         self.sums += values

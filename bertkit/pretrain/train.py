@@ -27,7 +27,7 @@ from bertkit.config import BertConfig
 from bertkit.data import EpochBatches, InstanceDataset, batch_loader, collate, collate_packed
 from bertkit.fileio import disk_errors, sha256_file
 from bertkit.formats import InstancesManifest, RunConfig, read_instances_manifest
-from bertkit.hf import load_pretrained
+from bertkit.hf import load_pretrained, repad_vocab
 from bertkit.model import BertForPreTraining
 from bertkit.optim import build_optimizer, build_scheduler, param_groups
 from bertkit.pretrain.checkpoints import (
@@ -133,7 +133,7 @@ def _pretrain(cfg: PretrainConfig, manifest, rank: int, world: int, local_rank: 
         while step < cfg.max_steps:
             step_loss = torch.zeros(2, dtype=torch.float64, device=device)  # [loss sum, stop requested]
             for k in range(gas):
-                batch = to_device(next(loader), device)
+                batch = for_objective(to_device(next(loader), device), manifest.objective)
                 try:
                     out = engine(**batch)
                     loss_k = out.loss * _injected_fault(step + 1)
@@ -173,7 +173,7 @@ def _pretrain(cfg: PretrainConfig, manifest, rank: int, world: int, local_rank: 
                 elapsed = time.perf_counter() - t0
                 m = meter.reduce()
                 record = {"step": step, "loss": m["loss"], "mlm_loss": m["mlm_loss"], "mlm_acc": m["mlm_acc"],
-                          "nsp_loss": m["nsp_loss"], "nsp_acc": m["nsp_acc"], "lr": current_lr(engine),
+                          **sentence_metrics(m, manifest.objective), "lr": current_lr(engine),
                           "grad_norm": as_float(engine.get_global_grad_norm()) or as_float(grad_norm),
                           "seq_per_s": m["sequences"] / elapsed, "tokens_per_s": m["tokens"] / elapsed,
                           "padding_efficiency": m["padding_efficiency"],
@@ -191,7 +191,8 @@ def _pretrain(cfg: PretrainConfig, manifest, rank: int, world: int, local_rank: 
                 t0, steps_in_interval = time.perf_counter(), 0
 
             if len(holdout) and cfg.eval_every and step % cfg.eval_every == 0:
-                ev = evaluate(engine, holdout, micro, rank, world, cfg.eval_batches, device, cfg.seed, cfg.unpadded)
+                ev = evaluate(engine, holdout, micro, rank, world, cfg.eval_batches, device, cfg.seed, cfg.unpadded,
+                              manifest.objective)
                 if ev:
                     log.write({"step": step, **ev})
                 t0 = time.perf_counter()
@@ -263,8 +264,9 @@ def say(message: str) -> None:
 
 
 def evaluate(engine, dataset, micro_batch: int, rank: int, world: int, max_batches: int, device, seed: int,
-             unpadded: bool = False):
-    """MLM/NSP loss and accuracy on the first max_batches micro batches (per rank) of the held-out instances."""
+             unpadded: bool = False, objective: str = "nsp"):
+    """MLM (and NSP/SOP) loss and accuracy on the first max_batches micro batches (per rank) of the held-out
+    instances."""
     micro_batch = min(micro_batch, len(dataset) // world)  # a small holdout still gets evaluated
     if micro_batch < 1:
         return None
@@ -279,10 +281,26 @@ def evaluate(engine, dataset, micro_batch: int, rank: int, world: int, max_batch
             if i >= min(max_batches, batches.per_epoch):
                 break
             batch = to_device((collate_packed if unpadded else collate)([dataset[k] for k in keys]), device)
+            batch = for_objective(batch, objective)
             meter.add(engine(**batch), batch)
     engine.module.train(was_training)
     r = meter.reduce()
-    return {f"eval_{k}": r[k] for k in ("loss", "mlm_loss", "nsp_loss", "mlm_acc", "nsp_acc")}
+    return {f"eval_{k}": v for k, v in {"loss": r["loss"], "mlm_loss": r["mlm_loss"], "mlm_acc": r["mlm_acc"],
+                                         **sentence_metrics(r, objective)}.items()}
+
+
+def for_objective(batch: dict, objective: str) -> dict:
+    """--objective none trains MLM alone: the model gets no sentence label, so it computes no NSP loss."""
+    if objective == "none":
+        batch.pop("next_sentence_label", None)
+    return batch
+
+
+def sentence_metrics(m: dict, objective: str) -> dict:
+    """The second task's loss and accuracy under its own name: nsp_* or sop_*; nothing for --objective none."""
+    if objective == "none":
+        return {}
+    return {f"{objective}_loss": m["nsp_loss"], f"{objective}_acc": m["nsp_acc"]}
 
 
 # ---------------------------------------------------------------- the pieces pretrain() is made of
@@ -354,6 +372,8 @@ def build_model(cfg: PretrainConfig, manifest: InstancesManifest, previous_run: 
         bert_cfg = BertConfig.preset(cfg.model, vocab_size=vocab_size)
     if cfg.dropout is not None:
         bert_cfg.hidden_dropout = bert_cfg.attention_dropout = cfg.dropout
+    if cfg.pad_vocab_to is not None and previous_run is None:
+        bert_cfg.vocab_pad_multiple = cfg.pad_vocab_to
     if bert_cfg.vocab_size != vocab_size:
         raise ConfigError(f"the model's vocabulary has {bert_cfg.vocab_size} tokens ({source if state else cfg.model})"
                           f" but {cfg.instances} was made with {vocab_size} (manifest vocab_size): use instances "
@@ -363,6 +383,7 @@ def build_model(cfg: PretrainConfig, manifest: InstancesManifest, previous_run: 
                           f"{bert_cfg.max_position_embeddings} positions")
     model = BertForPreTraining(bert_cfg)
     if state is not None:
+        state = repad_vocab(state, bert_cfg)  # --pad-vocab-to may differ from the source's padding
         missing, unexpected = model.load_state_dict(state, strict=False)
         if missing or unexpected:
             raise ConfigError(f"--init-from {cfg.init_from}: weights do not fit the pretraining model "
@@ -383,7 +404,8 @@ def to_device(batch: dict, device) -> dict:
 
 def out_of_memory(batch, step, k, gas, rank, unpadded, global_batch, micro) -> TrainingError:
     """The error for an out-of-memory micro batch: where, its shape, and what to change."""
-    b, ids = batch["next_sentence_label"].shape[0], batch["input_ids"]
+    ids = batch["input_ids"]
+    b = batch["cu_seqlens"].numel() - 1 if "cu_seqlens" in batch else ids.shape[0]
     shape = f"{b} packed sequences, {ids.numel()} tokens" if unpadded else f"{b} sequences x {ids.shape[1]} tokens"
     return TrainingError(f"out of memory at step {step + 1}, micro batch {k + 1} of {gas} on rank {rank}: {shape}. "
                          f"Try --micro-batch {max(1, micro // 2)} with the same --global-batch {global_batch} (more "

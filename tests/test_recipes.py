@@ -1,0 +1,185 @@
+"""Beyond BERT's 2018 recipe, each a switch with BERT's recipe the default: --objective sop|none, masking rate and
+80/10/10 shares, --pad-vocab-to, packed fine-tuning."""
+import json
+import math
+import random
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from bertkit.cli import main
+from bertkit.pipelines.make_instances import InstancesConfig, build_pairs, full_sentences, make_instances
+from tests.helpers import TINY, doc_of, layout, toy_vocab, write_corpus
+
+CLS, SEP = 10_000, 10_001  # ids outside the layout's tokens
+
+
+def test_sop_pairs_are_one_documents_segments_in_or_out_of_order():
+    docs = [[5, 7, 3, 9, 4], [6, 6], [12], [3, 3, 3, 3, 3, 3, 3], [40]]
+    tokens, seg_start, doc_seg = layout(docs)
+    pairs, skipped = build_pairs(seg_start, doc_seg, np.random.default_rng(0),
+                                 InstancesConfig(max_seq_length=20, objective="sop", short_seq_prob=0.3))
+    assert skipped == 0 and len(pairs["a_lo"]) > 5
+    for a_lo, a_hi, b_lo, b_hi, swapped in zip(*(pairs[k] for k in ("a_lo", "a_hi", "b_lo", "b_hi", "not_next"))):
+        assert doc_of(a_lo, seg_start, doc_seg) == doc_of(b_hi - 1, seg_start, doc_seg)  # one document
+        assert (a_lo == b_hi) if swapped else (b_lo == a_hi)  # B right after A, or right before it
+    many, _ = build_pairs(*layout([[4] * 6] * 400)[1:], np.random.default_rng(1),
+                          InstancesConfig(max_seq_length=20, objective="sop"))
+    assert abs(many["not_next"].mean() - 0.5) < 0.05
+
+
+def test_full_sentences_pack_documents_with_a_sep_between_them():
+    docs = [[5, 7, 3], [6, 6], [30], [2, 2, 2, 2]]
+    tokens, seg_start, doc_seg = layout(docs)
+    ids, offsets = full_sentences(tokens, seg_start, doc_seg, np.random.default_rng(0), 24, CLS, SEP, np.int64)
+    rows = [ids[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:])]
+    assert all(len(r) <= 24 and r[0] == CLS and r[-1] == SEP and r[-2] != SEP for r in rows)
+    # every token exactly once, but the 30-token segment cut to the 22 a row holds
+    inner = [t for r in rows for t in r[1:-1] if t != SEP]
+    assert sorted(inner) == [t for t in range(len(tokens)) if not 27 + 22 <= t < 57]
+    # between [SEP]s a row holds one document's tokens in order
+    for r in rows:
+        runs = " ".join(map(str, r[1:-1])).split(str(SEP))
+        for run in (list(map(int, x.split())) for x in runs if x.strip()):
+            assert len({doc_of(t, seg_start, doc_seg) for t in run}) == 1 and run == sorted(run)
+    # and a row boundary never falls without one inside a document unless the row is full
+    assert any(SEP in r[1:-1] for r in rows)
+
+
+@pytest.fixture(scope="module")
+def toy_corpus(tmp_path_factory):
+    rng = random.Random(0)
+    words = [f"w{i}" for i in range(120)]
+    docs = [[" ".join(rng.choices(words, k=rng.randint(4, 12))) for _ in range(rng.randint(2, 9))] for _ in range(90)]
+    root = tmp_path_factory.mktemp("recipes")
+    write_corpus(root / "corpus", [docs[:80]], [docs[80:]])
+    (root / "vocab.txt").write_text("\n".join(toy_vocab()) + "\n")
+    (root / "model.json").write_text(json.dumps(TINY))
+    return root
+
+
+def test_masking_rate_and_shares_are_switches(toy_corpus):
+    from bertkit.fileio import read_arrow
+
+    cfg = InstancesConfig(max_seq_length=64, masked_lm_prob=0.3, mask_replace=(0.5, 0.3, 0.2), dupe=4)
+    assert cfg.max_predictions == math.ceil(64 * 0.3) and InstancesConfig().max_predictions == 20
+    m = make_instances(toy_corpus / "corpus", toy_corpus / "vocab.txt", toy_corpus / "m30", cfg, progress=False)
+    s = m.stats
+    assert abs(s["selected_fraction"] - s["expected_selected_fraction"]) < 1e-12
+    counts = s["train_counts"]
+    assert 0.28 < counts["selected"] / counts["tokens"] < 0.32  # 30% of each row's tokens, rounded per row
+    assert abs(s["mask_share"] - 0.5) < 0.03 and abs(s["kept_share"] - 0.3) < 0.03
+    assert abs(s["random_share"] - 0.2) < 0.03
+    assert m.mask_replace == [0.5, 0.3, 0.2] and m.max_predictions == 20
+    mask_id = toy_vocab().index("[MASK]")
+    only = make_instances(toy_corpus / "corpus", toy_corpus / "vocab.txt", toy_corpus / "all-mask",
+                          InstancesConfig(max_seq_length=64, mask_replace=(1, 0, 0), dupe=1), progress=False)
+    rows = read_arrow(toy_corpus / "all-mask" / only.shards[0].file).to_pydict()
+    assert all(ids[p] == mask_id for ids, pos in zip(rows["input_ids"], rows["masked_positions"]) for p in pos)
+    r = CliRunner().invoke(main, ["make-instances", str(toy_corpus / "corpus"), "--tokenizer",
+                                  str(toy_corpus / "vocab.txt"), "--out", str(toy_corpus / "bad"), "--mask-replace",
+                                  "0.8,0.1"])
+    assert r.exit_code != 0 and "three shares" in r.output
+
+
+def run_config(toy_corpus, instances, out, **kw):
+    from bertkit.pretrain import PretrainConfig
+
+    args = dict(instances=str(instances), out=str(out), model=str(toy_corpus / "model.json"), micro_batch=8,
+                max_steps=4, log_every=1, eval_every=2, eval_batches=1, progress=False, num_workers=0,
+                report_to="none")
+    return PretrainConfig(**{**args, **kw})
+
+
+@pytest.mark.parametrize("objective", ["sop", "none"])
+def test_objectives_train_evaluate_and_export(toy_corpus, objective, clean_dist_env):
+    import transformers
+
+    from bertkit.pretrain import export, pretrain
+
+    inst = toy_corpus / f"inst-{objective}"
+    m = make_instances(toy_corpus / "corpus", toy_corpus / "vocab.txt", inst,
+                       InstancesConfig(max_seq_length=32, objective=objective, mode="dynamic"), progress=False)
+    assert m.objective == objective
+    run = toy_corpus / f"run-{objective}"
+    pretrain(run_config(toy_corpus, inst, run))
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    keys = set().union(*records)
+    if objective == "sop":
+        assert {"sop_loss", "sop_acc", "eval_sop_acc"} <= keys and not any(k.startswith("nsp") for k in keys)
+    else:
+        assert not any("nsp" in k or "sop" in k for k in keys) and "eval_mlm_acc" in keys
+        ref = [r["loss"] for r in records if "loss" in r]
+        assert ref == pytest.approx([r["mlm_loss"] for r in records if "loss" in r])  # MLM alone
+    out = export(run, toy_corpus / f"export-{objective}")
+    config = json.loads((out / "config.json").read_text())
+    assert config["bertkit"]["objective"] == objective
+    expected = "BertForMaskedLM" if objective == "none" else "BertForPreTraining"
+    assert config["architectures"] == [expected]
+    _, info = getattr(transformers, expected).from_pretrained(str(out), output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    r = CliRunner().invoke(main, ["fill-mask", "--model", str(out), "w1 w2 [MASK] w3"])
+    assert r.exit_code == 0, r.output
+
+
+def test_pad_vocab_to_64(toy_corpus, clean_dist_env):
+    import transformers
+
+    from bertkit.pretrain import export, load_run_state_dict, pretrain
+
+    inst = toy_corpus / "inst-pad"
+    make_instances(toy_corpus / "corpus", toy_corpus / "vocab.txt", inst, InstancesConfig(max_seq_length=32, dupe=1),
+                   progress=False)
+    run = toy_corpus / "run-pad"
+    pretrain(run_config(toy_corpus, inst, run, pad_vocab_to=64))
+    state, _, _ = load_run_state_dict(run)
+    vocab = len(toy_vocab())
+    rows = state["bert.embeddings.word_embeddings.weight"].shape[0]
+    assert rows % 64 == 0 and rows >= vocab and torch.all(state["bert.embeddings.word_embeddings.weight"][vocab:] == 0)
+    out = export(run, toy_corpus / "export-pad")
+    model = transformers.BertForPreTraining.from_pretrained(str(out))
+    assert model.bert.embeddings.word_embeddings.weight.shape[0] == vocab  # export trims the padding
+
+
+@pytest.mark.parametrize("task", ["classify", "ner"])
+def test_packed_finetuning_matches_padded(tmp_path, task):
+    from bertkit.config import BertConfig
+    from bertkit.finetune.classify import finetune_classify
+    from bertkit.finetune.ner import finetune_ner
+    from bertkit.finetune.train import TrainConfig
+    from bertkit.hf import save_pretrained
+    from bertkit.model import BertForPreTraining
+
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(27)]
+    (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    torch.manual_seed(0)
+    cfg = BertConfig.preset("tiny", vocab_size=len(vocab), hidden_dropout=0.0, attention_dropout=0.0)
+    save_pretrained(BertForPreTraining(cfg), tmp_path / "model", tokenizer_dir=tmp_path)
+    rng = random.Random(0)
+    if task == "classify":
+        rows = ["text\tlabel"] + [" ".join(f"w{rng.randrange(27)}" for _ in range(rng.randint(2, 12))) + f"\t{i % 2}"
+                                  for i in range(48)]
+        (tmp_path / "train.tsv").write_text("\n".join(rows) + "\n")
+    else:
+        sents = [[(f"w{rng.randrange(27)}", rng.choice(["O", "B-PER", "I-PER"])) for _ in range(rng.randint(2, 10))]
+                 for _ in range(48)]
+        (tmp_path / "train.txt").write_text("\n\n".join("\n".join(f"{w} X X {t}" for w, t in s) for s in sents) + "\n")
+
+    def losses(unpadded):
+        out = tmp_path / f"out-{unpadded}"
+        tc = TrainConfig(out_dir=str(out), epochs=2, batch_size=8, learning_rate=1e-3, save_model=False, log_every=1,
+                         report_to="none", unpadded=unpadded)
+        if task == "classify":
+            finetune_classify(tmp_path / "model", tmp_path / "train.tsv", tmp_path / "train.tsv", tc, text_a="text",
+                              max_seq_length=16)
+        else:
+            finetune_ner(tmp_path / "model", tmp_path / "train.txt", tmp_path / "train.txt", tc, max_seq_length=16)
+        records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        return [r["loss"] for r in records if "loss" in r], [r["padding_efficiency"] for r in records if "loss" in r]
+
+    padded, eff_padded = losses(False)
+    packed, eff_packed = losses(True)
+    assert packed == pytest.approx(padded, rel=1e-5, abs=1e-6)
+    assert all(e == 1.0 for e in eff_packed) and min(eff_padded) < 0.9
