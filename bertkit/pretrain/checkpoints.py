@@ -6,13 +6,19 @@ A checkpoint is written as checkpoints/global_stepN.partial on every rank; when 
 global_stepN. Only such a complete checkpoint counts: --resume, --init-from and export take the newest one whose
 files still verify, and say which newer ones they skipped and why; pruning (--keep-last) counts only complete ones,
 so it never deletes the only good checkpoint.
+
+On several nodes the run folder must be one folder every node sees (a shared file system): every rank writes its
+own files (ZeRO shards, rng_rank{global rank}.pt) into the same checkpoint folder, and global rank 0 alone writes
+everything else (the lock, config.json, metrics, checkpoint.json, the rename, `latest`, pruning).
 """
 import contextlib
 import io
 import os
 import random
 import shutil
+import socket
 import sys
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -23,6 +29,7 @@ from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoin
 
 from bertkit.config import BertConfig
 from bertkit.fileio import (
+    LOCK_FILE,
     FolderLockedError,
     atomic_write_bytes,
     atomic_write_json,
@@ -133,20 +140,53 @@ def choose_checkpoint(run_dir, rank: int, say=None) -> Chosen:
 
 @contextlib.contextmanager
 def run_folder_lock(run_dir: Path, rank: int):
-    """Rank 0 holds RUN/.bertkit.lock for the whole run; when another process holds it, every rank stops."""
+    """Global rank 0 holds RUN/.bertkit.lock for the whole run; when another process holds it, every rank stops.
+    Every other rank must then see that lock: a run folder that is not shared by all nodes stops here, not at the
+    first checkpoint."""
     with contextlib.ExitStack() as stack:
-        error = None
+        error, holder = None, None
         if rank == 0:
             try:
                 stack.enter_context(folder_lock(run_dir, "pretrain", lambda m: print(m, file=sys.stderr)))
+                holder = {"host": socket.gethostname(), "pid": os.getpid()}
             except FolderLockedError as e:
                 error = str(e)
-        box = [error]
+        box = [error, holder]
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.broadcast_object_list(box, src=0)
+            if box[0] is None:
+                box[0] = _unshared_run_folder(run_dir, box[1])
         if box[0]:
             raise ConfigError(box[0])
         yield
+
+
+def _unshared_run_folder(run_dir: Path, holder: dict) -> str | None:
+    """None when every rank sees rank 0's lock in run_dir, else the error every rank raises."""
+    def sees_lock():
+        lock = read_json_or_none(run_dir / LOCK_FILE)
+        return isinstance(lock, dict) and {k: lock.get(k) for k in holder} == holder
+    me = None if wait_until(sees_lock) else f"{dist.get_rank()} (on {socket.gethostname()})"
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, me)
+    blind = [who for who in everyone if who is not None]
+    if not blind:
+        return None
+    return (f"{run_dir} is not one folder for every rank: rank(s) {', '.join(blind)} do not see the lock "
+            f"{LOCK_FILE} that rank 0 holds there (on {holder['host']}). With several nodes, --out must be on a file "
+            "system every node sees, at the same path")
+
+
+def wait_until(ready, seconds: float = 60.0) -> bool:
+    """Poll ready() for up to `seconds`: a file another node just wrote can show up late on a network file system
+    (cached directory attributes). Returns at once when it is already true."""
+    deadline = time.monotonic() + seconds
+    while not ready():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.5)
+    return True
+
 
 def prepare_run_dir(cfg: PretrainConfig, manifest: InstancesManifest, chosen: Chosen) -> RunConfig | None:
     """The previous run's config when resuming from `chosen` (checked against the instances), else None."""
@@ -225,41 +265,60 @@ def seed_rank(seed: int, rank: int) -> None:
 
 # ---------------------------------------------------------------- save and load
 
-def save_checkpoint(engine, run_dir: Path, step: int, rank: int, local_rank: int, keep_last: int,
+def save_checkpoint(engine, run_dir: Path, step: int, rank: int, keep_last: int,
                     skipped_micro_batches: int = 0) -> Path:
-    """Every rank writes global_stepN.partial; then (after a barrier) checkpoint.json, written last, lists every file
-    with its checksum, the folder is renamed, `latest` points at it, and older complete checkpoints beyond
-    keep_last are pruned."""
+    """Every rank writes its files into global_stepN.partial; after a barrier, global rank 0 alone finalizes it
+    (finalize_checkpoint). One finalizer, not one per node: on a shared folder a second one could rmtree the folder
+    the first had just renamed. The other ranks wait for rank 0's outcome, so a failure there stops every rank."""
     ckpt = run_dir / CHECKPOINTS
-    tag, tmp = f"global_step{step}", f"global_step{step}.partial"
+    tmp = f"global_step{step}.partial"
     client = {"global_step": step, "skipped_micro_batches": skipped_micro_batches}
     engine.save_checkpoint(str(ckpt), tag=tmp, client_state=client, save_latest=False)
     (ckpt / tmp).mkdir(parents=True, exist_ok=True)
     buffer = io.BytesIO()
     torch.save(rng_state(), buffer)
     atomic_write_bytes(ckpt / tmp / f"rng_rank{rank}.pt", buffer.getvalue())
-    dist.barrier()
-    if local_rank == 0:  # on a shared file system every node's local rank 0 writes the same marker
-        folder = ckpt / tmp
-        files = {p.relative_to(folder).as_posix(): file_entry(p) for p in sorted(folder.rglob("*"))
-                 if p.is_file() and p.name != CHECKPOINT_MARKER}
-        marker = CheckpointMarker(step=step, world_size=dist.get_world_size(), files=files,
-                                  skipped_micro_batches=skipped_micro_batches)
-        atomic_write_json(folder / CHECKPOINT_MARKER, asdict(marker))
-        if (ckpt / tag).exists():
-            shutil.rmtree(ckpt / tag)
+    dist.barrier()  # every rank's files are written (and closed) before rank 0 lists them
+    world = dist.get_world_size()
+    failure = None
+    if rank == 0:
         try:
-            os.replace(ckpt / tmp, ckpt / tag)
-        except FileNotFoundError:  # another node's local rank 0 renamed it on a shared file system
-            pass
-        atomic_write_bytes(ckpt / LATEST, tag.encode())
-        complete = [s for s in checkpoint_steps(ckpt) if read_marker(ckpt / f"global_step{s}") is not None]
-        for old in complete[:-keep_last] if keep_last > 0 else []:
-            shutil.rmtree(ckpt / f"global_step{old}", ignore_errors=True)
-        for partial in ckpt.glob("*.partial"):
-            shutil.rmtree(partial, ignore_errors=True)
-    dist.barrier()
-    return ckpt / tag
+            finalize_checkpoint(ckpt, step, world, keep_last, skipped_micro_batches)
+        except BaseException as e:
+            failure = e
+    box = [None if failure is None else f"{type(failure).__name__}: {failure}"]
+    if world > 1:
+        dist.broadcast_object_list(box, src=0)  # also the barrier: nobody goes on before the rename
+    if failure is not None:
+        raise failure
+    if box[0]:
+        raise TrainingError(f"rank 0 could not finish checkpoint global_step{step} in {ckpt} ({box[0]}); "
+                            "see rank 0's message")
+    return ckpt / f"global_step{step}"
+
+
+def finalize_checkpoint(ckpt: Path, step: int, world: int, keep_last: int, skipped_micro_batches: int) -> None:
+    """Rank 0: checkpoint.json (written last) lists every file with its checksum; the folder is renamed, `latest`
+    points at it, and older complete checkpoints beyond keep_last are pruned."""
+    tag, folder = f"global_step{step}", ckpt / f"global_step{step}.partial"
+    expected = [folder / f"rng_rank{r}.pt" for r in range(world)]  # each rank writes its own after its shards
+    if not wait_until(lambda: all(p.is_file() for p in expected)):
+        missing = ", ".join(p.name for p in expected if not p.is_file())
+        raise TrainingError(f"{folder}: {missing} never appeared here; every rank must write into the same folder: "
+                            "with several nodes, --out must be on a file system every node sees")
+    files = {p.relative_to(folder).as_posix(): file_entry(p) for p in sorted(folder.rglob("*"))
+             if p.is_file() and p.name != CHECKPOINT_MARKER}
+    marker = CheckpointMarker(step=step, world_size=world, files=files, skipped_micro_batches=skipped_micro_batches)
+    atomic_write_json(folder / CHECKPOINT_MARKER, asdict(marker))
+    if (ckpt / tag).exists():
+        shutil.rmtree(ckpt / tag)
+    os.replace(folder, ckpt / tag)
+    atomic_write_bytes(ckpt / LATEST, tag.encode())
+    complete = [s for s in checkpoint_steps(ckpt) if read_marker(ckpt / f"global_step{s}") is not None]
+    for old in complete[:-keep_last] if keep_last > 0 else []:
+        shutil.rmtree(ckpt / f"global_step{old}", ignore_errors=True)
+    for partial in ckpt.glob("*.partial"):
+        shutil.rmtree(partial, ignore_errors=True)
 
 
 def load_checkpoint(engine, run_dir: Path, chosen: Chosen) -> tuple[int, int, Path]:

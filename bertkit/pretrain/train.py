@@ -55,13 +55,13 @@ def pretrain(cfg: PretrainConfig) -> dict:
         parse_report_to(cfg.report_to or "none")
     except ReportError as e:
         raise ConfigError(str(e)) from None
-    rank, world, local_rank, device = init_distributed()
+    rank, world, _, device = init_distributed()  # rank: the global rank, on every node; it decides who writes
     with run_folder_lock(Path(cfg.out), rank), \
             disk_errors(cfg.out, "free space (or fix the disk), then resume with --resume"):
-        return _pretrain(cfg, manifest, rank, world, local_rank, device)
+        return _pretrain(cfg, manifest, rank, world, device)
 
 
-def _pretrain(cfg: PretrainConfig, manifest, rank: int, world: int, local_rank: int, device) -> dict:
+def _pretrain(cfg: PretrainConfig, manifest, rank: int, world: int, device) -> dict:
     run_dir = Path(cfg.out)
     on_cuda = device.type == "cuda"
     kernels.use(cfg.kernels)
@@ -199,7 +199,7 @@ def _pretrain(cfg: PretrainConfig, manifest, rank: int, world: int, local_rank: 
 
             stopping = step_loss[1].item() > 0
             if step % cfg.save_every == 0 or step == cfg.max_steps or stopping:
-                last_ckpt = save_checkpoint(engine, run_dir, step, rank, local_rank, cfg.keep_last, skipped)
+                last_ckpt = save_checkpoint(engine, run_dir, step, rank, cfg.keep_last, skipped)
                 t0 = time.perf_counter()
             if stopping:
                 if rank == 0:
@@ -313,7 +313,9 @@ def _free_port() -> int:
 
 def init_distributed():
     """Join the launcher's process group, or make a group of one (`bertkit pretrain` without a launcher).
-    Returns (rank, world size, local rank, device)."""
+    Returns (global rank, world size, local rank, device). On several nodes every node's launcher numbers its own
+    ranks from LOCAL_RANK 0: the local rank only picks this node's GPU; who writes what is decided by the global
+    rank (and the data a rank reads by the global rank and world size)."""
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_SIZE="1")
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
