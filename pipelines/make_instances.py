@@ -9,12 +9,12 @@ this module runs them per work unit (a run of documents of one shard), in parall
   one Arrow file per (unit, pass), written atomically.
 
 Each (split, unit, pass) has its own generator seeded by (seed, split, unit, pass) and units depend only on the
-corpus, so the output is the same bytes whatever --workers is, and a killed run resumes by redoing only the files
-that are missing. Memory is one unit's tokens plus one pass of its instances, never corpus x dupe.
+corpus, so the output is the same bytes whatever --workers or --engine is (pipelines/engine.py runs the units here,
+in a process pool or as Ray tasks), and a killed run resumes by redoing only the files that are missing. Memory is
+one unit's tokens plus one pass of its instances, never corpus x dupe.
 `--compat google` (pipelines/google_compat.py) instead replays the reference's random calls exactly.
 """
 import math
-import multiprocessing
 import shutil
 from array import array
 from bisect import bisect_left
@@ -51,6 +51,7 @@ from bertkit.formats import (
     write_manifest,
 )
 from bertkit.masking import mask_batch
+from bertkit.pipelines.engine import Engine, check_available, check_engine, check_shared_path
 from bertkit.pipelines.google_compat import make_instances_google
 from bertkit.pipelines.instance_io import (
     empty_stats,
@@ -84,7 +85,9 @@ class InstancesConfig:
     seed: int = 12345
     whole_word_mask: bool = False
     mode: str = "static"               # "static": masked here; "dynamic": unmasked pairs, masked by the loader
-    workers: int = 1
+    workers: int = 1                   # processes (--engine local); the output does not depend on it
+    engine: str = "local"              # local | ray: where the work units run; the output does not depend on it
+    ray_address: str | None = None     # --engine ray: head node host:port; None: a reachable cluster, else a local one
     compat: str | None = None          # "google": single process, the reference's exact random calls
     # Each improvement over the reference is on by default; these restore the reference's behaviour.
     random_from_whole_vocab: bool = False   # random replacements may draw [PAD], [CLS], [unused..] ...
@@ -133,11 +136,16 @@ class InstancesConfig:
             raise InstancesError(f"--max-predictions {self.max_predictions}: must be at least 1")
         if self.workers < 1:
             raise InstancesError(f"--workers {self.workers}: must be at least 1")
+        check_engine(self.engine, InstancesError)
+        if self.compat == "google" and self.engine != "local":
+            raise InstancesError("--compat google replays one random stream in one process, in memory: use "
+                                 "--engine local")
 
     def identity(self) -> dict:
-        """The options that decide the output bytes (not workers): a resumed run must match them."""
+        """The options that decide the output bytes (not workers, not the engine): a resumed run must match them."""
         d = asdict(self)
-        d.pop("workers")
+        for run_only in ("workers", "engine", "ray_address"):
+            d.pop(run_only)
         d["dupe"] = self.passes
         d["mask_replace"] = list(self.mask_replace)  # as JSON keeps it
         return d
@@ -508,6 +516,9 @@ def make_instances(corpus_dir, tokenizer_dir, out, config: InstancesConfig | Non
     rewrites only damaged files when run again on a finished folder."""
     config = config or InstancesConfig()
     config.check()
+    for path, what in ((corpus_dir, "corpus"), (tokenizer_dir, "--tokenizer"), (out, "--out")):
+        check_shared_path(path, what)
+    check_available(config.engine)
     corpus_dir, out = Path(corpus_dir), Path(out)
     with folder_lock(out, "make-instances", tqdm.write), \
             disk_errors(out, "free space (or fix the disk), then run the same command again to resume"):
@@ -581,21 +592,13 @@ def _run_units(train, holdout, tokenizer_dir, out: Path, config: InstancesConfig
         tasks += [{"split": split, "unit_index": u, "n_units": len(units), "path": str(paths[k]), "row_lo": lo,
                    "row_hi": hi, "out": str(out), "tokenizer": str(tokenizer_dir), "config": asdict(config)}
                   for u, (k, lo, hi) in enumerate(units)]
-    results = []
     bar = tqdm(total=len(tasks), desc="make-instances", unit="unit", disable=not progress)
-    if config.workers == 1 or len(tasks) == 1:
-        with single_threaded_tokenizers():   # one worker = one core
-            for t in tasks:
-                results.append(process_unit(t))
-                bar.update(1)
-    else:
-        # spawn: no fork of a parent whose tokenizers/arrow thread pools are already running; each worker is one
-        # core (the environment is inherited), --workers sets the parallelism
-        with single_threaded_tokenizers(), \
-                multiprocessing.get_context("spawn").Pool(min(config.workers, len(tasks))) as pool:
-            for r in pool.imap(process_unit, tasks):
-                results.append(r)
-                bar.update(1)
+    # one worker = one core: tokenizers' thread pool off here and in the workers (spawned: they inherit the
+    # environment, and no fork of a parent whose tokenizers/arrow thread pools are already running); Ray tasks
+    # set it themselves
+    with single_threaded_tokenizers(), Engine(config.engine, config.workers, config.ray_address) as engine:
+        results = list(engine.map(process_unit, [(t,) for t in tasks], on_done=lambda i, r: bar.update(1),
+                                  context="spawn"))
     bar.close()
     entries = [e for r in results for e in r]
     order = {"train": 0, "holdout": 1}

@@ -1,23 +1,29 @@
 """prepare-corpus: raw text files -> cleaned, sentence-split, deduplicated documents in Arrow shards.
 
-How it runs (and why it is byte-identical for any --workers and resumable after a kill):
-  1. Each input file is one task. A worker streams it (bounded memory), cleans and splits its documents and writes
-     them to OUT/.work/part-NNNNN.arrow, then OUT/.work/part-NNNNN.json with the file's counts. Both are written
+How it runs (and why it is byte-identical for any --workers or --engine and resumable after a kill):
+  1. Each input file is one task (pipelines/engine.py runs them: in this process, a local pool, or on a Ray
+     cluster). A task streams its file (bounded memory), cleans and splits its documents and writes them to
+     OUT/.work/part-NNNNN.arrow, then OUT/.work/part-NNNNN.json with the file's counts. Both are written
      atomically; the .json marks the part done, so a restarted run redoes only unfinished files.
-  2. The main process merges the parts strictly in input order as they become ready: drops exact duplicates
-     (first occurrence wins), sends each document to train or holdout by a hash of its text, and cuts shards of
-     --shard-size. Every decision depends only on the ordered document stream, never on timing or worker count.
-     After a kill the merge is simply redone from the parts (it is cheap next to segmentation); shard files are
-     deterministic, so rewriting them changes nothing.
-  3. manifest.json is written with "complete": true, then OUT/.work is removed.
+  2. Duplicates are found by P partition tasks: task p reads the id column of every part in input order, keeps the
+     ids with id % P == p, and records the rows that repeat an earlier id (first occurrence wins) in
+     OUT/.work/dedup-PPPPP-ppppp.npy. Duplicates share their id, hence their partition, so P never changes which
+     rows are dropped; no process holds more than 1/P of the ids.
+  3. The main process merges the parts strictly in input order: skips the recorded duplicates, sends each document
+     to train or holdout by a hash of its text, and cuts shards of --shard-size. Every decision depends only on the
+     ordered document stream, never on timing, worker count or engine. After a kill the merge is simply redone from
+     the parts (it is cheap next to segmentation); shard files are deterministic, so rewriting them changes nothing.
+  4. manifest.json is written with "complete": true, then OUT/.work is removed.
 """
 import hashlib
+import io
+import math
 import os
 import re
 import shutil
+import socket
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, TimeoutError as FutureTimeout
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -28,6 +34,7 @@ import pyarrow.compute as pc
 from bertkit import __version__
 from bertkit.fileio import (
     atomic_write_arrow,
+    atomic_write_bytes,
     atomic_write_json,
     checksum_file,
     disk_errors,
@@ -47,11 +54,13 @@ from bertkit.formats import (
     write_manifest,
 )
 from bertkit.pipelines import corpus_readers as readers
-from bertkit.pipelines.sentences import clean_text, detect_language, split_sentences
+from bertkit.pipelines.engine import Engine, check_available, check_engine, check_shared_path
+from bertkit.pipelines.sentences import check_splitter, clean_text, detect_language, split_sentences
 
 PART_SCHEMA = CORPUS_SCHEMA.append(pa.field("nbytes", pa.int64(), nullable=False))  # text bytes, for shard cuts
 PART_BATCH_ROWS = 1000
 SHARD_NAME = re.compile(r"^(shard|holdout)-\d{5}\.arrow$")
+DEDUP_ROWS_PER_PARTITION = 4_000_000   # ~100 MB of ids, positions and sort space per dedup task
 
 
 @dataclass
@@ -59,11 +68,15 @@ class CorpusConfig:
     format: str = "auto"           # auto | wikiextractor | lines | paragraphs | jsonl | parquet | arrow
     text_field: str = "text"       # JSON Lines field / Parquet or Arrow column holding the text
     language: str = "auto"         # sentencex language code, or auto (per document: Hangul -> ko, kana -> ja, else en)
+    splitter: str = "sentencex"    # sentencex | kss | kiwi (the last two for Korean documents; pipelines/sentences.py)
     min_chars: int = 50            # drop documents with fewer characters (sentences joined)
     min_sentences: int = 1         # drop documents with fewer sentences
     holdout: float = 0.01          # fraction of documents in the held-out split, chosen by a hash of the text
     shard_size: int = 64 << 20     # bytes of text per shard (approximate; a shard ends after the row crossing it)
-    workers: int = 1               # processes; the output does not depend on it
+    workers: int = 1               # processes (--engine local); the output does not depend on it
+    engine: str = "local"          # local | ray: where the tasks run; the output does not depend on it
+    ray_address: str | None = None  # --engine ray: head node host:port; None: a reachable cluster, else a local one
+    dedup_partitions: int | None = None  # dedup tasks; None: one per 4 M documents. Never changes the output
     overwrite: bool = False        # replace an existing output (or unfinished run) made with other options
     strict: bool = False           # fail (after writing the output) if any input had a problem
     progress: bool = True          # tqdm bar on stderr
@@ -77,12 +90,16 @@ class CorpusConfig:
             raise ValueError(f"shard_size must be between 1 KB and 1 GB, not {self.shard_size}")
         if self.workers < 1:
             raise ValueError(f"workers must be >= 1, not {self.workers}")
+        check_engine(self.engine)
+        check_splitter(self.splitter)
+        if self.dedup_partitions is not None and self.dedup_partitions < 1:
+            raise ValueError(f"dedup_partitions must be >= 1, not {self.dedup_partitions}")
         if self.min_chars < 0 or self.min_sentences < 0:
             raise ValueError("min_chars and min_sentences must be >= 0")
 
     def output_options(self) -> dict:
         """The options that change the output; a resumed run must use the same ones."""
-        skip = {"workers", "overwrite", "strict", "progress"}
+        skip = {"workers", "engine", "ray_address", "dedup_partitions", "overwrite", "strict", "progress"}
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
 
 
@@ -147,8 +164,8 @@ def build_sentences(raw: readers.RawDoc, config: CorpusConfig, removed: dict) ->
         return []
     language = config.language if config.language != "auto" else detect_language(" ".join(lines[:3]))
     if raw.kind == "join":
-        return split_sentences(" ".join(lines), language)
-    return [s for line in lines for s in split_sentences(line, language)]
+        return split_sentences(" ".join(lines), language, config.splitter)
+    return [s for line in lines for s in split_sentences(line, language, config.splitter)]
 
 
 def document_id(sentences: list[str]) -> str:
@@ -181,8 +198,10 @@ class _PartWriter:
     """Streams one file's documents to an Arrow IPC stream file; renamed into place only when complete."""
 
     def __init__(self, path: Path):
-        # a per-process temp name: two processes on the same part (a straggler of a killed run) never mix bytes
-        self.path, self.tmp = path, path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        # a per-process temp name: two processes on the same part (a straggler of a killed run, a Ray retry on
+        # another node) never mix bytes
+        self.path = path
+        self.tmp = path.with_name(f"{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
         self.sink = pa.OSFile(str(self.tmp), "wb")
         self.writer = pa.ipc.new_stream(self.sink, PART_SCHEMA)
         self.rows = {name: [] for name in PART_SCHEMA.names}
@@ -302,6 +321,77 @@ def process_file(index: int, path: str, source: str, options: dict, part: str) -
 _local_progress = None  # in-process (workers=1) progress callback
 
 
+# ------------------------------------------------------------------------------------------ duplicates (P tasks)
+
+_HEX = np.full(256, 255, dtype=np.uint8)
+_HEX[np.frombuffer(b"0123456789abcdef", np.uint8)] = np.arange(16)
+_HEX[np.frombuffer(b"ABCDEF", np.uint8)] = np.arange(10, 16)
+
+
+def id_keys(ids: pa.Array) -> np.ndarray:
+    """Document ids -> their value as uint64 (int(id, 16), the key duplicates are found by); vectorised for the
+    16-hex-digit ids that process_file writes."""
+    if isinstance(ids, pa.ChunkedArray):
+        ids = ids.combine_chunks()
+    if len(ids) and pa.types.is_string(ids.type) and ids.null_count == 0:
+        offsets = np.frombuffer(ids.buffers()[1], np.int32)[ids.offset: ids.offset + len(ids) + 1]
+        if np.all(np.diff(offsets) == 16):
+            nibbles = _HEX[np.frombuffer(ids.buffers()[2], np.uint8)[offsets[0]: offsets[-1]].reshape(-1, 16)]
+            if not (nibbles == 255).any():
+                keys = np.zeros(len(ids), dtype=np.uint64)
+                for j in range(16):
+                    keys = (keys << np.uint64(4)) | nibbles[:, j]
+                return keys
+    return np.array([int(x, 16) for x in ids.to_pylist()], dtype=np.uint64)
+
+
+def dedup_file(work: Path, partition: int, partitions: int) -> Path:
+    return work / f"dedup-{partitions:05d}-{partition:05d}.npy"
+
+
+def find_duplicates(parts: list[str], partition: int, partitions: int, out: str) -> dict:
+    """Task: the positions (row numbers in the concatenation of the parts, in input order) of the documents whose
+    id is in this partition (id % partitions == partition) and already occurred earlier: exactly the rows the
+    one-set rule "skip an id seen before" drops, since equal ids fall in the same partition. Written atomically as
+    a sorted int64 .npy, then a .json record (its presence marks the partition done)."""
+    keys, positions, start = [], [], 0
+    for part in parts:
+        with pa.memory_map(part, "r") as source:  # only the id column's pages are touched
+            for batch in pa.ipc.open_stream(source):
+                k = id_keys(batch.column(C.ID))
+                mine = np.flatnonzero(k % np.uint64(partitions) == partition)
+                keys.append(k[mine])
+                positions.append(mine.astype(np.int64) + start)
+                start += batch.num_rows
+    keys = np.concatenate(keys) if keys else np.zeros(0, np.uint64)
+    positions = np.concatenate(positions) if positions else np.zeros(0, np.int64)
+    order = np.argsort(keys, kind="stable")  # stable: among equal ids, input order, so the first one is kept
+    ordered = keys[order]
+    repeat = np.zeros(len(keys), dtype=bool)
+    repeat[1:] = ordered[1:] == ordered[:-1]
+    duplicates = np.sort(positions[order][repeat])
+    buffer = io.BytesIO()
+    np.save(buffer, duplicates)
+    out = Path(out)
+    atomic_write_bytes(out, buffer.getvalue())
+    record = {"partition": partition, "partitions": partitions, "rows": start, "duplicates": len(duplicates)}
+    atomic_write_json(out.with_suffix(".json"), record)
+    return record
+
+
+def _run_dedup(engine: Engine, parts: list[Path], total_rows: int, partitions: int, work: Path) -> list[Path]:
+    """The P dedup tasks (a finished one, from a killed run, is reused); returns their .npy files."""
+    files = [dedup_file(work, p, partitions) for p in range(partitions)]
+    todo = []
+    for p, path in enumerate(files):
+        record = read_json_or_none(path.with_suffix(".json"))
+        if not (record and path.is_file() and record.get("rows") == total_rows):
+            todo.append(p)
+    for _ in engine.map(find_duplicates, [([str(x) for x in parts], p, partitions, str(files[p])) for p in todo]):
+        pass
+    return files
+
+
 # ------------------------------------------------------------------------------------------ merge (main process)
 
 class ShardWriter:
@@ -345,23 +435,33 @@ class ShardWriter:
 
 
 class Merger:
-    """Deduplicates and splits the ordered stream of parts into the train and holdout shard writers."""
+    """Splits the ordered stream of parts into the train and holdout shard writers, skipping the rows that the dedup
+    tasks found to repeat an earlier document. Memory: one batch, one shard being filled, and the duplicate lists
+    memory-mapped (only the slice of the current batch is read)."""
 
-    def __init__(self, out: Path, config: CorpusConfig):
+    def __init__(self, out: Path, config: CorpusConfig, duplicates: list[Path]):
         self.config = config
-        self.seen: set[int] = set()
+        self.duplicates = [np.load(p, mmap_mode="r") for p in duplicates]  # sorted row positions, one per partition
+        self.position = 0  # rows of the parts merged so far
         self.train = ShardWriter(out, "train", config.shard_size)
         self.holdout = ShardWriter(out, "holdout", config.shard_size)
+
+    def _skipped(self, rows: int) -> np.ndarray:
+        lo, hi = self.position, self.position + rows
+        skip = np.zeros(rows, dtype=bool)
+        for d in self.duplicates:
+            skip[np.asarray(d[np.searchsorted(d, lo): np.searchsorted(d, hi)]) - lo] = True
+        self.position = hi
+        return skip
 
     def add_part(self, part: Path):
         with pa.memory_map(str(part), "r") as source:
             for batch in pa.ipc.open_stream(source):
                 keep, held = [], []
+                skip = self._skipped(batch.num_rows)
                 for i, doc_id in enumerate(batch.column(C.ID).to_pylist()):
-                    key = int(doc_id, 16)
-                    if key in self.seen:
+                    if skip[i]:
                         continue  # exact duplicate of an earlier document
-                    self.seen.add(key)
                     (held if is_holdout(doc_id, self.config.holdout) else keep).append(i)
                 table = pa.Table.from_batches([batch])
                 if keep:
@@ -389,6 +489,10 @@ def prepare_corpus(inputs, out, config: CorpusConfig | None = None) -> CorpusMan
     config = config or CorpusConfig()
     if isinstance(inputs, (str, os.PathLike)):
         inputs = [inputs]
+    for path in inputs:
+        check_shared_path(path, "input")
+    check_shared_path(out, "--out")
+    check_available(config.engine)
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise CorpusError(f"{out}: exists and is not a folder; --out must be a folder")
@@ -456,25 +560,15 @@ def _prepare_corpus(inputs, out: Path, config: CorpusConfig) -> CorpusManifest:
         _say(f"resuming: {len(done)} of {len(files)} input files already processed")
 
     args = lambda i: (i, str(files[i].path), files[i].source, asdict(config), str(parts[i]))  # noqa: E731
-    executor, queue, futures = None, None, {}
-    if config.workers > 1 and len(todo) > 1:
-        # fork where there is one (Linux): workers start in milliseconds and a caller's script needs no
-        # `if __name__ == "__main__"` guard; started before the progress bar's thread exists
-        import multiprocessing
+    # fork where there is one (Linux): workers start in milliseconds and a caller's script needs no
+    # `if __name__ == "__main__"` guard. The pool starts (in engine.map) before the progress bar's thread exists.
+    import multiprocessing
 
-        methods = multiprocessing.get_all_start_methods()
-        ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-        queue = ctx.Queue()
-        executor = ProcessPoolExecutor(min(config.workers, len(todo)), mp_context=ctx,
-                                       initializer=_init_worker, initargs=(queue,))
-        futures = {i: executor.submit(process_file, *args(i)) for i in todo}
-
-    total_bytes = sum(f.path.stat().st_size for f in files)
-    bar = tqdm(total=total_bytes, unit="B", unit_scale=True, unit_divisor=1024, desc="prepare-corpus",
-               disable=not config.progress, file=sys.stderr, dynamic_ncols=True)
+    context = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    local_pool = config.engine == "local" and config.workers > 1 and len(todo) > 1
+    queue = multiprocessing.get_context(context).Queue() if local_pool else None  # workers' progress
     counters = {"docs": 0}
-    bar.update(sum(done[i]["fingerprint"]["bytes"] for i in done))
-    counters["docs"] += sum(done[i]["documents"] for i in done)
+    bar = None
 
     def advance(nbytes, ndocs):
         counters["docs"] += ndocs
@@ -482,45 +576,43 @@ def _prepare_corpus(inputs, out: Path, config: CorpusConfig) -> CorpusManifest:
         elapsed = max(bar.format_dict["elapsed"], 1e-9)
         bar.set_postfix_str(f"{counters['docs']:,} docs, {counters['docs'] / elapsed:,.0f} docs/s", refresh=False)
 
-    merger = Merger(out, config)
+    # a Ray task reports when it finishes (the local ones report as they read, through the queue or in-process)
+    finished = (lambda i, stats: advance(stats["fingerprint"]["bytes"], stats["documents"])) \
+        if config.engine == "ray" else None
     results = {}
     global _local_progress
-    _local_progress = advance if executor is None else None
     try:
-        for i in range(len(files)):
-            if i in done:
-                stats = done[i]
-            elif i in futures:
-                while True:
-                    try:
-                        stats = futures[i].result(timeout=0.1)
-                        break
-                    except FutureTimeout:
-                        pass
-                    finally:
-                        _drain(queue, advance)
-            else:
-                stats = process_file(*args(i))
-            results[i] = stats
-            for message in stats.get("messages", []):
-                _say(f"warning: {message}")
-            if stats["error"]:
-                _say(f"error: {stats['error']}")
-            merger.add_part(parts[i])
-        _drain(queue, advance)
+        with Engine(config.engine, config.workers, config.ray_address) as engine:
+            stream = engine.map(process_file, [args(i) for i in todo], on_done=finished,
+                                on_wait=lambda: _drain(queue, advance), context=context,
+                                initializer=_init_worker if local_pool else None, initargs=(queue,))
+            total_bytes = sum(f.path.stat().st_size for f in files)
+            bar = tqdm(total=total_bytes, unit="B", unit_scale=True, unit_divisor=1024, desc="prepare-corpus",
+                       disable=not config.progress, file=sys.stderr, dynamic_ncols=True)
+            bar.update(sum(done[i]["fingerprint"]["bytes"] for i in done))
+            counters["docs"] += sum(done[i]["documents"] for i in done)
+            _local_progress = advance if config.engine == "local" and not local_pool else None
+            for i in range(len(files)):
+                stats = done[i] if i in done else next(stream)
+                results[i] = stats
+                for message in stats.get("messages", []):
+                    _say(f"warning: {message}")
+                if stats["error"]:
+                    _say(f"error: {stats['error']}")
+            _drain(queue, advance)
+            total_rows = sum(results[i]["documents"] for i in range(len(files)))
+            partitions = config.dedup_partitions or max(1, math.ceil(total_rows / DEDUP_ROWS_PER_PARTITION))
+            bar.set_postfix_str(f"{counters['docs']:,} docs; finding duplicates ({partitions} task(s))")
+            duplicates = _run_dedup(engine, parts, total_rows, partitions, work)
+        bar.set_postfix_str(f"{counters['docs']:,} docs; merging")
+        merger = Merger(out, config, duplicates)
+        for part in parts:
+            merger.add_part(part)
         entries = merger.close()
-    except BaseException as e:
-        if executor is not None:
-            executor.shutdown(wait=False, cancel_futures=True)
-        if type(e).__name__ == "BrokenProcessPool":
-            raise CorpusError(f"a worker process died ({e}); out of memory? Re-run the same command to resume "
-                              f"(finished files are kept), perhaps with fewer --workers") from e
-        raise
     finally:
         _local_progress = None
-        bar.close()
-    if executor is not None:
-        executor.shutdown()
+        if bar is not None:
+            bar.close()
 
     manifest = _manifest(files, results, merger, entries, config, fingerprint, input_problems, skipped,
                          started)

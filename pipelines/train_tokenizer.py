@@ -6,11 +6,19 @@ Output folder:
   tokenizer.json            the whole pipeline (normalizer, pre-tokenizer, WordPiece, [CLS]/[SEP] template)
   tokenizer_config.json, special_tokens_map.json   for transformers' AutoTokenizer
   manifest.json             settings, corpus checksum, vocab_sha256, held-out statistics; written last
+
+The passes over all of the text (the alphabet, character counts, the sample's size) are one task per shard, run by
+pipelines/engine.py (here, in --workers processes, or on a Ray cluster); the trainer (tokenizers, Rust) runs here.
 """
+import contextlib
 import hashlib
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import xxhash
 from tokenizers import pre_tokenizers
 
 from bertkit.fileio import (
@@ -33,6 +41,8 @@ from bertkit.formats import (
     read_tokenizer_manifest,
     write_manifest,
 )
+from bertkit.pipelines.engine import Engine, check_available, check_engine, check_shared_path
+from bertkit.pipelines.instance_io import single_threaded_tokenizers
 from bertkit.pipelines.korean import PRETOKENIZERS, training_words
 from bertkit.tokenization import (
     CLS,
@@ -54,6 +64,8 @@ from bertkit.tokenization import (
 
 STAGE = "train-tokenizer"
 MODEL_MAX_LENGTH = 512
+SAMPLE_BUCKETS = 1 << 20   # --sample-bytes: documents fall in buckets by a hash of their id; the sample is the
+                           # first buckets, as many as fit (so it does not depend on shard or task order)
 
 
 @dataclass
@@ -67,7 +79,12 @@ class TokenizerConfig:
     vocab_file: str | None = None      # use this vocab.txt instead of training one
     pretokenize: str = "none"          # none | mecab | kiwi: cut Korean words at morpheme boundaries while training
                                        # (pipelines/korean.py); the tokenizer written still reads raw text
+    sample_bytes: int | None = None    # learn the merges on at most this much text (documents chosen by a hash of
+                                       # their id); the alphabet still comes from all of it. None: all the text
     stats_sentences: int = 100_000     # held-out sentences measured for the manifest's statistics
+    workers: int = 1                   # processes for the per-shard passes (--engine local); never changes the output
+    engine: str = "local"              # local | ray: where the per-shard passes run; never changes the output
+    ray_address: str | None = None     # --engine ray: head node host:port; None: a reachable cluster, else a local one
     overwrite: bool = False            # replace a folder made from another corpus or with other settings
     progress: bool = True
 
@@ -84,10 +101,16 @@ class TokenizerConfig:
             raise TokenizerError(f"pretokenize must be one of {PRETOKENIZERS}, not {self.pretokenize!r}")
         if self.pretokenize != "none" and self.vocab_file is not None:
             raise TokenizerError("--pretokenize shapes a trained vocabulary; it does nothing with --vocab")
+        if self.sample_bytes is not None and self.sample_bytes < 1:
+            raise TokenizerError("sample_bytes must be a positive number of bytes, or None for all the text")
+        if self.workers < 1:
+            raise TokenizerError(f"workers must be at least 1, not {self.workers}")
+        check_engine(self.engine, TokenizerError)
 
 
-def _sentence_batches(shards, progress: bool, desc: str, limit: int | None = None):
-    """Yield lists of sentences, shard by shard, in file order (deterministic)."""
+def _sentence_batches(shards, progress: bool, desc: str, limit: int | None = None, sample: int | None = None):
+    """Yield lists of sentences, shard by shard, in file order (deterministic); with `sample`, only the documents
+    whose sample bucket is below it."""
     from tqdm import tqdm
 
     docs = sum(read_arrow(p).num_rows for p in shards)
@@ -96,7 +119,8 @@ def _sentence_batches(shards, progress: bool, desc: str, limit: int | None = Non
         for path in shards:
             table = read_arrow(path)
             for batch in table.to_batches(max_chunksize=2000):
-                sentences = batch.column(C.SENTENCES).flatten().to_pylist()
+                rows = batch if sample is None else batch.filter(pa.array(sample_buckets(batch.column(C.ID)) < sample))
+                sentences = rows.column(C.SENTENCES).flatten().to_pylist()
                 if left is not None:
                     sentences = sentences[:left]
                     left -= len(sentences)
@@ -108,12 +132,12 @@ def _sentence_batches(shards, progress: bool, desc: str, limit: int | None = Non
 
 
 def _run_trainer(shards, config: TokenizerConfig, vocab_size: int, specials: list[str], desc: str,
-                 initial_alphabet: list[str] | None = None) -> list[str]:
-    """One tokenizers WordPiece training over the shards; the vocabulary in id order."""
+                 initial_alphabet: list[str] | None = None, sample: int | None = None) -> list[str]:
+    """One tokenizers WordPiece training over the shards (or their sample); the vocabulary in id order."""
     from tokenizers.trainers import WordPieceTrainer
 
     tok = build_tokenizer(None, lowercase=config.lowercase, strip_accents=config.strip_accents)
-    batches = _sentence_batches(shards, config.progress, desc)
+    batches = _sentence_batches(shards, config.progress, desc, sample=sample)
     if config.pretokenize != "none":  # words already normalised and split by training_words: split on spaces only
         normalizer, pre_tokenizer = tok.normalizer, tok.pre_tokenizer
         tok.normalizer, tok.pre_tokenizer = None, pre_tokenizers.WhitespaceSplit()
@@ -149,25 +173,91 @@ def _char_counts(shards, config: TokenizerConfig, alphabet_tokens: list[str]) ->
     return chars
 
 
+def sample_buckets(ids) -> np.ndarray:
+    """Each document's --sample-bytes bucket: a hash of its id (not the id's own digits, which also decide the
+    held-out split), so the sample is the same whatever the shards, the engine or the order of work."""
+    return np.array([xxhash.xxh3_64_intdigest(i.encode("utf-8")) % SAMPLE_BUCKETS for i in ids.to_pylist()],
+                    dtype=np.int64)
+
+
+def scan_shard(path: str, options: dict, alphabet_tokens: list[str] | None, sample: bool) -> dict:
+    """Task, one per shard. Without alphabet_tokens: the shard's alphabet (a trainer pass without merges, as
+    _train's first pass) and, with `sample`, its text bytes per sample bucket. With alphabet_tokens: how often each
+    character occurs (for --limit-alphabet)."""
+    config = TokenizerConfig(**{**options, "progress": False})
+    table = read_arrow(path)
+    if alphabet_tokens is not None:
+        return {"counts": _char_counts([path], config, alphabet_tokens), "rows": table.num_rows}
+    found = _run_trainer([path], config, len(SPECIAL_TOKENS), list(SPECIAL_TOKENS), "")
+    result = {"tokens": found[len(SPECIAL_TOKENS):], "rows": table.num_rows, "buckets": None}
+    if sample:
+        sentences = table.column(C.SENTENCES).combine_chunks()
+        sizes = pc.binary_length(sentences.flatten()).to_numpy(zero_copy_only=False).astype(np.int64)
+        cum = np.concatenate([[0], np.cumsum(sizes)])
+        offsets = sentences.offsets.to_numpy().astype(np.int64)
+        doc_bytes = cum[offsets[1:] - offsets[0]] - cum[offsets[:-1] - offsets[0]]   # UTF-8 text bytes per document
+        buckets, where = np.unique(sample_buckets(table.column(C.ID)), return_inverse=True)
+        result["buckets"] = (buckets, np.bincount(where, weights=doc_bytes, minlength=len(buckets)).astype(np.int64))
+    return result
+
+
+def _per_shard(shards, config: TokenizerConfig, desc: str, alphabet_tokens=None, sample=False):
+    """Yield scan_shard's result for every shard, in shard order, from the configured engine (the caller folds
+    them as they come, so the main process never holds one result per shard)."""
+    from tqdm import tqdm
+
+    options = asdict(config)
+    pool = config.engine == "local" and config.workers > 1   # one process, one core
+    docs = sum(read_arrow(p).num_rows for p in shards)
+    with tqdm(total=docs, unit="doc", desc=desc, disable=not config.progress) as bar, \
+            single_threaded_tokenizers() if pool else contextlib.nullcontext(), \
+            Engine(config.engine, config.workers, config.ray_address) as engine:
+        tasks = [(str(p), options, alphabet_tokens, sample) for p in shards]
+        yield from engine.map(scan_shard, tasks, on_done=lambda i, r: bar.update(r["rows"]))
+
+
+def _sample_threshold(per_bucket: np.ndarray, sample_bytes: int, corpus_dir) -> int:
+    """The number of buckets (from bucket 0) whose documents hold at most sample_bytes of text together."""
+    cumulative = np.cumsum(per_bucket)
+    threshold = int(np.searchsorted(cumulative, sample_bytes, side="right"))
+    if threshold == 0 or cumulative[threshold - 1] == 0:
+        raise TokenizerError(f"{corpus_dir}: --sample-bytes {sample_bytes} is smaller than the first documents of "
+                             f"the sample ({int(per_bucket[per_bucket > 0][0])} bytes); raise it")
+    return threshold
+
+
 def _train(corpus_dir, config: TokenizerConfig) -> list[str]:
     """Train the vocabulary; deterministic for a given corpus and config.
 
     tokenizers' trainer gives each `##c` piece an id in hash-map order and breaks ties between equally frequent
-    merges by those ids, so two runs can differ. A first pass (no merges) finds the alphabet and its `##` forms;
-    the second pass gets them, sorted, as the first entries of the vocabulary, which fixes every id and so every
-    tie-break. The --limit-alphabet cut is made here too, by (count, character), for the same reason.
+    merges by those ids, so two runs can differ. A first pass (no merges; a task per shard, whose alphabets are
+    united) finds the alphabet and its `##` forms; the second pass gets them, sorted, as the first entries of the
+    vocabulary, which fixes every id and so every tie-break. The --limit-alphabet cut is made here too, by
+    (count, character), for the same reason. With --sample-bytes the second pass reads only the sample, given the
+    whole corpus' alphabet, so a character outside the sample is still in the vocabulary.
     """
     shards = corpus_shards(corpus_dir, "train")
     if not shards:
         raise TokenizerError(f"{corpus_dir}: the corpus has no training shards; nothing to train on")
     n_special = len(SPECIAL_TOKENS)
-    alphabet = _run_trainer(shards, config, n_special, list(SPECIAL_TOKENS), "train-tokenizer: alphabet")
-    if len(alphabet) <= n_special:
+    sampling = config.sample_bytes is not None
+    found, per_bucket = set(), np.zeros(SAMPLE_BUCKETS if sampling else 0, dtype=np.int64)
+    for scan in _per_shard(shards, config, "train-tokenizer: alphabet", sample=sampling):
+        found.update(scan["tokens"])
+        if sampling:
+            buckets, nbytes = scan["buckets"]
+            per_bucket[buckets] += nbytes
+    if not found:
         raise TokenizerError(f"{corpus_dir}: the training shards hold no text; nothing to train on")
-    chars = sorted(t for t in alphabet[n_special:] if not t.startswith(CONTINUATION) or len(t) == 1)
-    continued = {t for t in alphabet[n_special:] if t not in chars}
+    chars = sorted(t for t in found if not t.startswith(CONTINUATION) or len(t) == 1)
+    continued = {t for t in found if t not in chars}
+    sample = _sample_threshold(per_bucket, config.sample_bytes, corpus_dir) if sampling else None
     if config.limit_alphabet is not None and len(chars) > config.limit_alphabet:
-        counts = _char_counts(shards, config, alphabet)
+        alphabet = list(SPECIAL_TOKENS) + sorted(found)  # any order: ids only index the counts
+        counts = {}
+        for scan in _per_shard(shards, config, "train-tokenizer: counting characters", alphabet_tokens=alphabet):
+            for c, n in scan["counts"].items():
+                counts[c] = counts.get(c, 0) + n
         chars = sorted(sorted(chars, key=lambda c: (-counts[c], c))[: config.limit_alphabet])
     pieces = [CONTINUATION + c for c in chars if CONTINUATION + c in continued]
     if n_special + len(chars) + len(pieces) > config.vocab_size:
@@ -175,9 +265,10 @@ def _train(corpus_dir, config: TokenizerConfig) -> list[str]:
             f"{corpus_dir}: the corpus' characters alone (with their ## forms) need {len(chars) + len(pieces)} "
             f"vocabulary entries, more than --vocab-size {config.vocab_size} allows. Raise --vocab-size, or keep "
             f"only the most frequent characters with --limit-alphabet N (the rest become [UNK]).")
+    fixed = config.limit_alphabet is not None or sampling
     tokens = _run_trainer(shards, config, config.vocab_size, list(SPECIAL_TOKENS) + pieces,
-                          "train-tokenizer: training",
-                          initial_alphabet=chars if config.limit_alphabet is not None else None)
+                          "train-tokenizer: training" + (" (sample)" if sampling else ""),
+                          initial_alphabet=chars if fixed else None, sample=sample)
     # trainer order: specials, ## pieces, characters, merges; write the familiar one: characters before ## pieces
     head = n_special + len(pieces)
     if tokens[:head] != list(SPECIAL_TOKENS) + pieces or tokens[head: head + len(chars)] != chars:
@@ -232,8 +323,10 @@ def _hf_files(config: TokenizerConfig) -> tuple[dict, dict]:
 
 def _settings(config: TokenizerConfig) -> dict:
     s = asdict(config)
-    for run_only in ("progress", "stats_sentences", "overwrite"):
+    for run_only in ("progress", "stats_sentences", "overwrite", "workers", "engine", "ray_address"):
         s.pop(run_only)
+    if s["sample_bytes"] is None:  # all the text: the settings (and so a finished folder) read as before
+        s.pop("sample_bytes")
     s.update(special_tokens=list(SPECIAL_TOKENS), continuing_subword_prefix=CONTINUATION,
              max_input_chars_per_word=MAX_CHARS_PER_WORD)
     return s
@@ -255,6 +348,10 @@ def train_tokenizer(corpus_dir, out, config: TokenizerConfig | None = None) -> T
     """
     config = replace(config) if config else TokenizerConfig()  # resolved below; the caller's copy is untouched
     config.check()
+    for path, what in ((corpus_dir, "corpus"), (out, "--out"), (config.vocab_file, "--vocab")):
+        if path is not None:
+            check_shared_path(path, what)
+    check_available(config.engine)
     out = Path(out)
     if corpus_dir is None and config.vocab_file is None:
         raise TokenizerError("train_tokenizer needs a corpus folder to train on, or a vocab_file to use")

@@ -120,7 +120,7 @@ def test_the_korean_quick_start_runs_as_written(shared_data, tmp_path):
     """Every command of README.ko.md's quick start, as written, on one file of the Korean sample with a tiny
     model and 30 steps (the block's variables carry the sizes)."""
     script = quickstart_block()
-    assert "--pretokenize mecab" in script and "fill-mask" in script and "finetune classify" in script
+    assert all(flag in script for flag in ("--pretokenize mecab", "--splitter kss", "fill-mask", "finetune classify"))
     (tmp_path / "ko").mkdir()
     (tmp_path / "ko" / "wiki_02").symlink_to(shared_data / KO_WIKI / "wiki_02")
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
@@ -131,6 +131,74 @@ def test_the_korean_quick_start_runs_as_written(shared_data, tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = tmp_path / "out"
     assert json.loads((out / "tokenizer" / "manifest.json").read_text())["settings"]["pretokenize"] == "mecab"
+    assert json.loads((out / "corpus" / "manifest.json").read_text())["options"]["splitter"] == "kss"
     assert "대한민국의 수도는 [MASK]이다." in done.stdout and re.search(r"^\s+1\. \S+", done.stdout, re.M)
     summary = json.loads((out / "finetune" / "metrics.json").read_text())
     assert summary["task"] == "classify" and "accuracy" in summary["best"]
+
+
+GOLD = REPO / "benchmarks" / "data" / "ko_sentence_gold.jsonl"
+
+
+def boundary_f1(rows, split) -> float:
+    """Sentence-start offsets (in non-space characters) of a splitter against the hand-annotated gold set."""
+    def starts(sentences):
+        pos, out = 0, set()
+        for s in sentences:
+            out.add(pos)
+            pos += len(re.sub(r"\s", "", s))
+        return out - {0}
+    tp = fp = fn = 0
+    for r in rows:
+        gold, pred = starts(r["sentences"]), starts(split(r["text"]))
+        tp, fp, fn = tp + len(gold & pred), fp + len(pred - gold), fn + len(gold - pred)
+    return 2 * tp / (2 * tp + fp + fn)
+
+
+@pytest.mark.parametrize("splitter, at_least", [("kss", 0.95), ("kiwi", 0.89)])
+def test_korean_splitters_beat_sentencex_on_the_gold_set(splitter, at_least):
+    pytest.importorskip("kss", reason="the korean extra (kss) is not installed")
+    from bertkit.pipelines.sentences import split_sentences
+
+    rows = [json.loads(line) for line in GOLD.read_text(encoding="utf-8").splitlines()][::2]  # half: kss is slow
+    baseline = boundary_f1(rows, lambda t: split_sentences(t, "ko"))
+    korean = boundary_f1(rows, lambda t: split_sentences(t, "ko", splitter))
+    assert korean >= at_least and korean > baseline + 0.01, (splitter, korean, baseline)
+
+
+def test_prepare_corpus_splitter_applies_to_korean_documents_only(tmp_path):
+    pytest.importorskip("kss", reason="the korean extra (kss) is not installed")
+    from bertkit.fileio import read_arrow
+    from bertkit.formats import corpus_shards, read_corpus_manifest
+
+    ko = "그는 “끝났다.”라고 말했다. 그 뒤 1990년에 서울로 돌아왔다. 그곳에서 연구를 이어갔다."
+    en = "He said it was over. Then in 1990 he returned to Seoul. There he went on with his research."
+    (tmp_path / "in.txt").write_text(f"{ko}\n\n{en}\n", encoding="utf-8")
+    docs = {}
+    for splitter in ("sentencex", "kss"):
+        out = tmp_path / splitter
+        r = CliRunner().invoke(main, ["prepare-corpus", str(tmp_path / "in.txt"), "--out", str(out), "--holdout", "0",
+                                      "--min-chars", "10", "--splitter", splitter, "--no-progress", "-j", "1"])
+        assert r.exit_code == 0, r.output
+        docs[splitter] = [d for p in corpus_shards(out, "train") for d in read_arrow(p).column("sentences").to_pylist()]
+        assert read_corpus_manifest(out).options["splitter"] == splitter
+    from bertkit.pipelines.sentences import korean_splitter, split_sentences
+    expected_ko = [s.strip() for s in korean_splitter("kss")(ko)]
+    assert expected_ko == ["그는 “끝났다.”라고 말했다.", "그 뒤 1990년에 서울로 돌아왔다.", "그곳에서 연구를 이어갔다."]
+    assert expected_ko in docs["kss"] and split_sentences(en, "en") in docs["kss"]
+    assert [d for d in docs["kss"] if d[0].startswith("He")] == [d for d in docs["sentencex"] if d[0].startswith("He")]
+
+
+def test_a_missing_splitter_says_how_to_install_it(tmp_path, monkeypatch):
+    from bertkit.pipelines.sentences import korean_splitter
+
+    (tmp_path / "in.txt").write_text("한국어 문장이다. 두 번째 문장이다.\n", encoding="utf-8")
+    korean_splitter.cache_clear()
+    monkeypatch.setitem(sys.modules, "kss", None)
+    try:
+        r = CliRunner().invoke(main, ["prepare-corpus", str(tmp_path / "in.txt"), "--out", str(tmp_path / "c"),
+                                      "--splitter", "kss", "--no-progress"])
+    finally:
+        korean_splitter.cache_clear()
+    assert r.exit_code != 0 and "pip install 'bertkit[korean]'" in r.output and "Traceback" not in r.output
+    assert not (tmp_path / "c").exists()

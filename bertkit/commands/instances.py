@@ -2,6 +2,7 @@
 import click
 
 from bertkit.commands import default_workers
+from bertkit.pipelines.engine import ENGINE_HELP, ENGINES, RAY_ADDRESS_HELP
 
 
 @click.command("make-instances")
@@ -30,6 +31,8 @@ from bertkit.commands import default_workers
               help="static: masked here; dynamic: unmasked pairs, masked by the pretraining loader each epoch.")
 @click.option("--workers", "-j", default=default_workers(), show_default="CPUs, at most 8",
               type=click.IntRange(min=1), help="Processes; the output is byte-identical for any number.")
+@click.option("--engine", type=click.Choice(ENGINES), default="local", show_default=True, help=ENGINE_HELP)
+@click.option("--ray-address", default=None, metavar="HOST:PORT", help=RAY_ADDRESS_HELP)
 @click.option("--compat", type=click.Choice(["google"]), default=None,
               help="Replay google-research/bert's create_pretraining_data.py exactly (single process, in memory).")
 @click.option("--random-from-whole-vocab", is_flag=True,
@@ -42,8 +45,8 @@ from bertkit.commands import default_workers
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 def make_instances(corpus_dir, tokenizer_dir, out, max_seq_length, max_predictions, masked_lm_prob, mask_replace,
                    objective, short_seq_prob,
-                   dupe, seed, whole_word_mask, mode, workers, compat, random_from_whole_vocab, wwm_decide_per_piece,
-                   same_doc_notnext, no_progress):
+                   dupe, seed, whole_word_mask, mode, workers, engine, ray_address, compat, random_from_whole_vocab,
+                   wwm_decide_per_piece, same_doc_notnext, no_progress):
     """Make MLM + NSP pretraining instances from a prepare-corpus folder (google-research/bert's rules).
 
     Re-running the same command resumes an interrupted run: finished files are kept, the rest redone.
@@ -53,24 +56,29 @@ def make_instances(corpus_dir, tokenizer_dir, out, max_seq_length, max_predictio
       bertkit make-instances corpus/ --tokenizer tok/ --out instances/
       bertkit make-instances corpus/ --tokenizer tok/ --out inst-dyn/ --mode dynamic
       bertkit make-instances corpus/ --tokenizer vocab.txt --out inst-google/ --compat google
+      bertkit make-instances /shared/corpus/ --tokenizer /shared/tok/ --out /shared/inst/ --engine ray
     """
     from bertkit.fileio import FolderError
     from bertkit.formats import FormatError
+    from bertkit.pipelines.engine import EngineError
     from bertkit.pipelines.make_instances import InstancesConfig, make_instances as run
 
     try:
         shares = tuple(float(x) for x in mask_replace.split(","))
     except ValueError:
         raise click.BadParameter(f"{mask_replace!r}: three numbers such as 0.8,0.1,0.1", param_hint="--mask-replace")
+    if ray_address and engine != "ray":
+        raise click.UsageError("--ray-address is for --engine ray")
     config = InstancesConfig(max_seq_length=max_seq_length, max_predictions=max_predictions,
                              masked_lm_prob=masked_lm_prob, mask_replace=shares, objective=objective,
                              short_seq_prob=short_seq_prob, dupe=dupe, seed=seed,
-                             whole_word_mask=whole_word_mask, mode=mode, workers=workers, compat=compat,
+                             whole_word_mask=whole_word_mask, mode=mode, workers=workers, engine=engine,
+                             ray_address=ray_address, compat=compat,
                              random_from_whole_vocab=random_from_whole_vocab,
                              wwm_decide_per_piece=wwm_decide_per_piece, same_doc_notnext=same_doc_notnext)
     try:
         manifest = run(corpus_dir, tokenizer_dir, out, config, progress=not no_progress)
-    except (FormatError, FolderError) as e:
+    except (FormatError, FolderError, EngineError) as e:
         raise click.ClickException(str(e))
     s = manifest.stats
     line = (f"make-instances: {s['instances'].get('train', 0):,} train + {s['instances'].get('holdout', 0):,} "

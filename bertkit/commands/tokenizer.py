@@ -3,6 +3,9 @@ import os
 
 import click
 
+from bertkit.commands import default_workers
+from bertkit.pipelines.engine import ENGINE_HELP, ENGINES, RAY_ADDRESS_HELP
+
 
 @click.command("train-tokenizer")
 @click.argument("corpus_dir", required=False, type=click.Path(file_okay=False))
@@ -28,12 +31,20 @@ import click
 @click.option("--pretokenize", type=click.Choice(["none", "mecab", "kiwi"]), default="none", show_default=True,
               help="Korean: cut words at morpheme boundaries (MeCab-ko or Kiwi) while training the vocabulary, as "
                    "KLUE-BERT did; the tokenizer still reads raw text. Needs pip install 'bertkit[korean]'.")
+@click.option("--sample-bytes", default=None, metavar="SIZE",
+              help="Learn the merges on at most this much text (e.g. 10GB), documents chosen by a hash of their id; "
+                   "the alphabet still comes from all of the text. Default: all of it.")
 @click.option("--stats-sentences", default=100_000, show_default=True,
               help="Held-out sentences measured for the [UNK] rate and pieces per word.")
+@click.option("--workers", "-j", default=default_workers(), show_default="CPUs, at most 8", type=click.IntRange(min=1),
+              help="Processes for the passes over every shard (the alphabet); the output is the same for any number.")
+@click.option("--engine", type=click.Choice(ENGINES), default="local", show_default=True, help=ENGINE_HELP)
+@click.option("--ray-address", default=None, metavar="HOST:PORT", help=RAY_ADDRESS_HELP)
 @click.option("--overwrite", is_flag=True, help="Replace an OUT made from another corpus or with other settings.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 def train_tokenizer(corpus_dir, out, vocab_size, lowercase, strip_accents, min_frequency, limit_alphabet,
-                    vocab_file, pretokenize, stats_sentences, overwrite, no_progress):
+                    vocab_file, pretokenize, sample_bytes, stats_sentences, workers, engine, ray_address, overwrite,
+                    no_progress):
     """Train a BERT WordPiece vocabulary on CORPUS_DIR (a prepare-corpus folder; default ./corpus).
 
     OUT gets vocab.txt, tokenizer.json, tokenizer_config.json, special_tokens_map.json and manifest.json;
@@ -45,9 +56,12 @@ def train_tokenizer(corpus_dir, out, vocab_size, lowercase, strip_accents, min_f
       bertkit train-tokenizer corpus/ --out tokenizer/
       bertkit train-tokenizer corpus/ --out tokenizer/ --cased --vocab-size 32000
       bertkit train-tokenizer corpus/ --out bbu/ --vocab bert-base-uncased/vocab.txt
+      bertkit train-tokenizer /shared/corpus/ --out /shared/tok/ --sample-bytes 10GB --engine ray
     """
     from bertkit.fileio import FolderError
     from bertkit.formats import FormatError
+    from bertkit.pipelines.engine import EngineError
+    from bertkit.pipelines.prepare_corpus import parse_size
     from bertkit.pipelines.train_tokenizer import TokenizerConfig, train_tokenizer as run
     from bertkit.tokenization import TokenizerError
 
@@ -58,13 +72,20 @@ def train_tokenizer(corpus_dir, out, vocab_size, lowercase, strip_accents, min_f
                                    "or --vocab FILE to use an existing vocabulary")
     if lowercase is None and vocab_file is None:
         lowercase = True
+    if ray_address and engine != "ray":
+        raise click.UsageError("--ray-address is for --engine ray")
+    try:
+        sample_bytes = None if sample_bytes is None else parse_size(sample_bytes)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--sample-bytes")
     config = TokenizerConfig(vocab_size=vocab_size, lowercase=lowercase, strip_accents=strip_accents,
                              min_frequency=min_frequency, limit_alphabet=limit_alphabet, vocab_file=vocab_file,
-                             pretokenize=pretokenize,
-                             stats_sentences=stats_sentences, overwrite=overwrite, progress=not no_progress)
+                             pretokenize=pretokenize, sample_bytes=sample_bytes, stats_sentences=stats_sentences,
+                             workers=workers, engine=engine, ray_address=ray_address, overwrite=overwrite,
+                             progress=not no_progress)
     try:
         m = run(corpus_dir, out, config)
-    except (TokenizerError, FormatError, FolderError) as e:
+    except (TokenizerError, FormatError, FolderError, EngineError) as e:
         raise click.ClickException(str(e)) from None
     case = f"uncased, strip accents: {m.settings['strip_accents']}" if m.settings["lowercase"] else "cased"
     click.echo(f"{out}: {m.vocab_size} tokens ({m.source}, {case}), vocab sha256 {m.vocab_sha256[:12]}")
