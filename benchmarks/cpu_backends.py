@@ -9,23 +9,12 @@ Times are the best of 5 runs. Prints a table, writes benchmarks/results/cpu_back
 """
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from record import run_info, write_result  # noqa: E402
-
-
-def best_ms(fn, repeats=5):
-    fn()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return 1e3 * min(times)
+from record import best_ms, run_info, write_result  # noqa: E402
 
 
 def fwd_bwd(fn, leaf, *args):

@@ -3,7 +3,8 @@
 
 For each vocabulary: [UNK] rate and pieces per word (train-tokenizer's own statistics), the share of pieces of
 Korean words that straddle a morpheme boundary (against MeCab-ko and against Kiwi), and held-out MLM accuracy after
-the same small pretraining budget (the transfer benchmark's pretraining code, benchmarks/pretrain_transfer.py).
+the same small pretraining budget (the transfer benchmark's pretraining code, benchmarks/pretrain_transfer.py), also
+on [MASK] positions only against each vocabulary's unigram baseline (the targets differ between vocabularies).
 
     python benchmarks/korean_vocab.py [--steps 800] [--vocab-size 12000]
 
@@ -16,7 +17,17 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
-from pretrain_transfer import BUDGETS, SHARED, curves, done, pretrain_run, say  # noqa: E402
+from pretrain_transfer import (  # noqa: E402
+    BUDGETS,
+    KO_FILL_MASK,
+    SHARED,
+    curves,
+    done,
+    fill_mask,
+    masked_only_accuracy,
+    pretrain_run,
+    say,
+)
 from record import run_info, write_result  # noqa: E402
 
 MODES = ("none", "mecab", "kiwi")
@@ -55,7 +66,8 @@ def main(argv=None):
             make_instances(corpus, tok_dir, inst, InstancesConfig(max_seq_length=128, mode="dynamic", dupe=1,
                                                                   workers=2), progress=False)
         run = args.work / f"run-{mode}"
-        pretrain_run(inst, run, budget, args.steps, "cpu")
+        export_dir = pretrain_run(inst, run, budget, args.steps, "cpu")
+        masked = masked_only_accuracy(export_dir, inst)
         stats = read_tokenizer_manifest(tok_dir).stats
         tok = load_tokenizer(tok_dir)
         c = curves(run)
@@ -63,14 +75,19 @@ def main(argv=None):
                      "pieces_per_word": stats["pieces_per_word"],
                      "crossing_share_mecab": crossing_share(tok, held_out, "mecab")["crossing_share"],
                      "crossing_share_kiwi": crossing_share(tok, held_out, "kiwi")["crossing_share"],
-                     "eval_mlm_acc": c["eval_mlm_acc"][-1], "eval_nsp_acc": c["eval_nsp_acc"][-1],
+                     "eval_mlm_acc": c["eval_mlm_acc"][-1], "eval_nsp_acc": c["eval_nsp_acc"][-1], **masked,
+                     "fill_mask": fill_mask(export_dir, KO_FILL_MASK),
                      "curve": c, "held_out_sentences": stats["sentences"]})
     print(f"\n{'pretokenize':12} {'[UNK]/word':>10} {'pieces/word':>11} {'cross (mecab)':>13} {'cross (kiwi)':>12} "
-          f"{'MLM acc':>8} {'NSP acc':>8}")
+          f"{'MLM acc':>8} {'[MASK] acc':>10} {'unigram':>8} {'NSP acc':>8}")
     for r in rows:
         print(f"{r['pretokenize']:12} {100 * r['unk_word_rate']:9.3f}% {r['pieces_per_word']:11.3f} "
               f"{100 * r['crossing_share_mecab']:12.1f}% {100 * r['crossing_share_kiwi']:11.1f}% "
-              f"{100 * r['eval_mlm_acc']:7.1f}% {100 * r['eval_nsp_acc']:7.1f}%")
+              f"{100 * r['eval_mlm_acc']:7.1f}% {100 * r['masked_only_acc']:9.1f}% {100 * r['unigram_acc']:7.1f}% "
+              f"{100 * r['eval_nsp_acc']:7.1f}%")
+    for r in rows:
+        for ex in r["fill_mask"]:
+            print(f"{r['pretokenize']:6} {ex['text']}  ->  {ex['top5'][0]}")
     write_result("korean_vocab", {**run_info("korean_vocab"), "steps": args.steps, "vocab_size": args.vocab_size,
                                   "preset": budget.preset, "rows": rows})
 

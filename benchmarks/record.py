@@ -29,3 +29,16 @@ def write_result(name: str, result: dict) -> Path:
     out.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
     print(f"wrote {out}")
     return out
+
+
+def best_ms(fn, repeats: int = 5, warmup: int = 1) -> float:
+    """Milliseconds of the fastest of `repeats` calls after `warmup` untimed ones (the least disturbed by a shared
+    machine)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return 1e3 * min(times)
