@@ -20,7 +20,6 @@ import math
 import os
 import resource
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -29,6 +28,9 @@ import time
 from pathlib import Path
 
 from record import run_info, write_result  # benchmarks/record.py: the script's folder is on sys.path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from sessions import kill_session  # noqa: E402  tests/sessions.py: the tests stop their clusters the same way
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -200,25 +202,8 @@ def start_cluster(nodes: int, temp: str):
 
 def stop_cluster(procs, temp):
     """SIGKILL every process of the sessions started here (Ray workers leave the process group, not the session)."""
-    sids = {p.pid for p in procs}
-    for _ in range(100):
-        alive = []
-        for entry in os.listdir("/proc"):
-            try:
-                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-                if int(fields[3]) in sids and fields[0] != "Z":
-                    alive.append(int(entry))
-            except (OSError, ValueError, IndexError):
-                pass
-        if not alive:
-            break
-        for pid in alive:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        time.sleep(0.05)
     for p in procs:
+        kill_session(p.pid)
         p.wait()
     shutil.rmtree(temp, ignore_errors=True)
 

@@ -166,8 +166,9 @@ def test_korean_splitters_beat_sentencex_on_the_gold_set(splitter, at_least):
     assert korean >= at_least and korean > baseline + 0.01, (splitter, korean, baseline)
 
 
-def test_prepare_corpus_splitter_applies_to_korean_documents_only(tmp_path):
-    pytest.importorskip("kss", reason="the korean extra (kss) is not installed")
+@pytest.mark.parametrize("splitter, module", [("kss", "kss"), ("kiwi", "kiwipiepy")])
+def test_prepare_corpus_splitter_applies_to_korean_documents_only(tmp_path, splitter, module):
+    pytest.importorskip(module, reason=f"the korean extra ({module}) is not installed")
     from bertkit.fileio import read_arrow
     from bertkit.formats import corpus_shards, read_corpus_manifest
 
@@ -175,18 +176,21 @@ def test_prepare_corpus_splitter_applies_to_korean_documents_only(tmp_path):
     en = "He said it was over. Then in 1990 he returned to Seoul. There he went on with his research."
     (tmp_path / "in.txt").write_text(f"{ko}\n\n{en}\n", encoding="utf-8")
     docs = {}
-    for splitter in ("sentencex", "kss"):
-        out = tmp_path / splitter
+    for name in ("sentencex", splitter):
+        out = tmp_path / name
         r = CliRunner().invoke(main, ["prepare-corpus", str(tmp_path / "in.txt"), "--out", str(out), "--holdout", "0",
-                                      "--min-chars", "10", "--splitter", splitter, "--no-progress", "-j", "1"])
+                                      "--min-chars", "10", "--splitter", name, "--no-progress", "-j", "1"])
         assert r.exit_code == 0, r.output
-        docs[splitter] = [d for p in corpus_shards(out, "train") for d in read_arrow(p).column("sentences").to_pylist()]
-        assert read_corpus_manifest(out).options["splitter"] == splitter
-    from bertkit.pipelines.sentences import korean_splitter, split_sentences
-    expected_ko = [s.strip() for s in korean_splitter("kss")(ko)]
-    assert expected_ko == ["그는 “끝났다.”라고 말했다.", "그 뒤 1990년에 서울로 돌아왔다.", "그곳에서 연구를 이어갔다."]
-    assert expected_ko in docs["kss"] and split_sentences(en, "en") in docs["kss"]
-    assert [d for d in docs["kss"] if d[0].startswith("He")] == [d for d in docs["sentencex"] if d[0].startswith("He")]
+        docs[name] = [d for p in corpus_shards(out, "train") for d in read_arrow(p).column("sentences").to_pylist()]
+        assert read_corpus_manifest(out).options["splitter"] == name
+    from bertkit.pipelines.sentences import split_sentences
+    # sentencex splits inside the quotation; the Korean splitters keep it whole (the gold set's rule)
+    korean = {name: [d for d in found if d[0].startswith("그")] for name, found in docs.items()}
+    assert korean[splitter] == [["그는 “끝났다.”라고 말했다.", "그 뒤 1990년에 서울로 돌아왔다.",
+                                 "그곳에서 연구를 이어갔다."]]
+    assert korean["sentencex"][0][:2] == ["그는 “끝났다.”", "라고 말했다."]
+    english = [d for d in docs[splitter] if d[0].startswith("He")]
+    assert english == [split_sentences(en, "en")] == [d for d in docs["sentencex"] if d[0].startswith("He")]
 
 
 def test_a_missing_splitter_says_how_to_install_it(tmp_path, monkeypatch):

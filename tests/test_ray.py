@@ -29,6 +29,7 @@ from bertkit.pipelines.make_instances import InstancesConfig, make_instances
 from bertkit.pipelines.prepare_corpus import CorpusConfig, prepare_corpus
 from bertkit.pipelines.train_tokenizer import TokenizerConfig, sample_buckets, train_tokenizer
 from tests.helpers import BIN, REPO, free_port, write_corpus
+from tests.sessions import kill_session, session_alive
 
 # the small settings every run here uses (CI has 2 cores)
 CORPUS = dict(shard_size=256 << 10, holdout=0.02)
@@ -62,38 +63,6 @@ def bertkit(*args, check=True, **env):
 
 
 # ---------------------------------------------------------------- a two-node cluster on 127.0.0.1
-
-def session_members(sid: int) -> list[int]:
-    """The live processes of a session (Ray's workers leave their process group, not their session)."""
-    members = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-                if int(fields[3]) == sid and fields[0] != "Z":
-                    members.append(int(entry))
-            except (OSError, ValueError, IndexError):
-                pass
-    return members
-
-
-def session_alive(sid: int) -> bool:
-    return bool(session_members(sid))
-
-
-def kill_session(sid: int) -> None:
-    """SIGKILL every process of a session this file started, again until none is left (one may be forking)."""
-    for _ in range(100):
-        members = session_members(sid)
-        if not members:
-            return
-        for pid in members:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        time.sleep(0.05)
-
 
 def remove_temp(path: str) -> None:
     for _ in range(20):  # a Ray process killed a moment ago may still be closing files
@@ -446,34 +415,14 @@ def test_engine_ray_without_ray_says_how_to_install_it(tmp_path, monkeypatch):
 
 # ---------------------------------------------------------------- examples/cluster/slurm_data_stages.sh
 
-KILL_SESSION = '''
-def kill_session(sid):
-    for _ in range(100):  # until the session is empty (a process may be forking)
-        members = []
-        for entry in os.listdir("/proc"):
-            try:
-                fields = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()
-                if int(fields[3]) == sid and fields[0] != "Z":
-                    members.append(int(entry))
-            except (OSError, ValueError, IndexError):
-                pass
-        if not members:
-            return
-        for pid in members:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        time.sleep(0.05)
-'''
-
 SRUN = '''#!{python}
 """srun for a fake allocation on this machine (nodes: SLURM_JOB_NODELIST, comma-separated): runs the command once per
 node asked for (--nodes N, or -w NODE), with SLURM_NODEID / SLURM_PROCID set, each copy in its own session, written
 to $SLURM_SHIM_STATE. `ray stop` ends those sessions, i.e. the Ray nodes this allocation started (the real one would
 stop every Ray process of the machine)."""
-import os, signal, subprocess, sys, time
-''' + KILL_SESSION + '''
+import os, subprocess, sys
+sys.path.insert(0, "{tests}")
+from sessions import kill_session  # tests/sessions.py
 args, count, where = sys.argv[1:], None, None
 while args and args[0].startswith("-"):
     name, _, value = args.pop(0).partition("=")
@@ -512,7 +461,7 @@ def test_slurm_script_runs_the_stages_on_a_two_node_allocation(shared_data, tmp_
     shims = tmp_path / "bin"
     shims.mkdir()
     for name, text in (("srun", SRUN), ("scontrol", SCONTROL)):
-        (shims / name).write_text(text.replace("{python}", sys.executable))
+        (shims / name).write_text(text.replace("{python}", sys.executable).replace("{tests}", str(REPO / "tests")))
         (shims / name).chmod(0o755)
     raw = tmp_path / "raw"
     raw.mkdir()
