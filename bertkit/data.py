@@ -84,6 +84,21 @@ class InstanceDataset:
                                                decide_per_piece=m.reference_behaviour.wwm_decide_per_piece,
                                                mask_replace=m.mask_replace)
 
+    @property
+    def mask_id(self) -> int | None:
+        """The [MASK] id, from the vocabulary make-instances copied beside the shards (None without one)."""
+        if self.spec is not None:
+            return self.spec.mask_id
+        vocab_file = self.dir / "vocab.txt"
+        if not vocab_file.is_file():
+            return None
+        from bertkit.tokenization import read_vocab
+
+        try:
+            return read_vocab(vocab_file).index("[MASK]")
+        except ValueError:
+            return None
+
     def __len__(self) -> int:
         return int(self.starts[-1])
 

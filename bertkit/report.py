@@ -109,7 +109,8 @@ def pretrain_report(run_dir: Path) -> str:
     records = read_metrics(run_dir)
     figures = [f for f in (
         _line_plot(records, "loss", ["loss", "mlm_loss", "nsp_loss", "eval_loss", "eval_mlm_loss", "eval_nsp_loss"]),
-        _line_plot(records, "accuracy", ["mlm_acc", "nsp_acc", "eval_mlm_acc", "eval_nsp_acc"]),
+        _line_plot(records, "accuracy", ["mlm_acc", "mlm_mask_acc", "nsp_acc", "eval_mlm_acc", "eval_mlm_mask_acc",
+                                         "eval_nsp_acc"]),
         _line_plot(records, "learning rate", ["lr"]),
         _line_plot(records, "gradient norm", ["grad_norm"], logy=True),
         _line_plot(records, "throughput (sequences/s)", ["seq_per_s"]),

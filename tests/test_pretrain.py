@@ -183,8 +183,9 @@ def test_tensorboard_gets_every_logged_scalar(instances, tmp_path, clean_dist_en
     assert got.keys() == expected.keys()
     assert all(got[k] == pytest.approx(v, rel=1e-6) for k, v in expected.items())
     tags = {tag for tag, _ in got}
-    assert {"train/loss", "train/mlm_acc", "train/nsp_acc", "train/lr", "train/grad_norm", "perf/seq_per_s",
-            "perf/tokens_per_s", "perf/padding_efficiency", "eval/mlm_acc", "eval/nsp_acc", "eval/loss"} <= tags
+    assert {"train/loss", "train/mlm_acc", "train/mlm_mask_acc", "train/nsp_acc", "train/lr", "train/grad_norm",
+            "perf/seq_per_s", "perf/tokens_per_s", "perf/padding_efficiency", "eval/mlm_acc", "eval/mlm_mask_acc",
+            "eval/nsp_acc", "eval/loss"} <= tags
     assert all(0 < got["perf/padding_efficiency", r["step"]] <= 1 for r in records if "loss" in r)
 
 
@@ -211,3 +212,39 @@ def test_torch_kernels_log_the_same_losses_as_the_reference(instances, tmp_path,
             assert ours == pytest.approx(ref, rel=1e-5)
     finally:
         kernels.use("auto")
+
+
+def test_mask_accuracy_counts_only_the_positions_that_read_mask(tmp_path):
+    """mlm_acc counts every chosen position (a kept token is right by copying); mlm_mask_acc only those whose input
+    is [MASK], the same for a padded and a packed batch."""
+    import torch.distributed as dist
+
+    from bertkit.model import PreTrainingOutput
+    from bertkit.pretrain.metrics import Meter
+
+    if not dist.is_initialized():  # Meter.reduce sums over ranks: a group of one
+        dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    M = 4
+    ids = torch.tensor([[2, M, 7, M, 3, 0], [2, 9, M, 8, 3, 0]])
+    pos = torch.tensor([[1, 2, 3, 0], [1, 2, 3, 0]])             # the last slot is padding
+    labels = torch.tensor([[5, 7, 6, -100], [9, 5, 11, -100]])   # [MASK] kept [MASK] | kept [MASK] random
+    guess = torch.tensor([[5, 7, 1, 0], [9, 1, 11, 0]])          # right: 5 (mask), 7 (copied), 9 (copied), 11
+    zero = torch.zeros(())
+
+    def out(g):
+        return PreTrainingOutput(zero, zero, zero, torch.nn.functional.one_hot(g, 12).float(), torch.zeros(2, 2))
+
+    padded = {"input_ids": ids, "attention_mask": (ids > 0).long(), "mlm_positions": pos, "mlm_labels": labels,
+              "next_sentence_label": torch.zeros(2, dtype=torch.long)}
+    keep = labels.flatten() != -100
+    packed = {"input_ids": ids[:, :5].reshape(-1), "cu_seqlens": torch.tensor([0, 5, 10], dtype=torch.int32),
+              "mlm_positions": (pos + torch.tensor([[0], [5]])).flatten()[keep], "mlm_labels": labels.flatten()[keep],
+              "next_sentence_label": torch.zeros(2, dtype=torch.long)}
+    for batch, g in ((padded, guess), (packed, guess.flatten()[keep])):
+        meter = Meter("cpu", mask_id=M)
+        meter.add(out(g), batch)
+        r = meter.reduce()
+        assert r["mlm_acc"] == pytest.approx(4 / 6) and r["mlm_mask_acc"] == pytest.approx(1 / 3)
+    meter = Meter("cpu")  # no [MASK] id: no such number
+    meter.add(out(guess), padded)
+    assert "mlm_mask_acc" not in meter.reduce()

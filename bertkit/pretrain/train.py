@@ -124,7 +124,7 @@ def _pretrain(cfg: PretrainConfig, manifest, rank: int, world: int, device) -> d
                          config={"pretrain": asdict(cfg), "resolved": asdict(settings), "model": bert_cfg.to_dict()})
     except ReportError as e:
         raise ConfigError(str(e)) from None
-    meter = Meter(device)
+    meter = Meter(device, train.mask_id)
     peak = peak_flops()
     n_params = sum(p.numel() for p in model.parameters())
     record, t0, steps_in_interval, grad_norm = {}, time.perf_counter(), 0, None
@@ -173,6 +173,7 @@ def _pretrain(cfg: PretrainConfig, manifest, rank: int, world: int, device) -> d
                 elapsed = time.perf_counter() - t0
                 m = meter.reduce()
                 record = {"step": step, "loss": m["loss"], "mlm_loss": m["mlm_loss"], "mlm_acc": m["mlm_acc"],
+                          **({"mlm_mask_acc": m["mlm_mask_acc"]} if "mlm_mask_acc" in m else {}),
                           **sentence_metrics(m, manifest.objective), "lr": current_lr(engine),
                           "grad_norm": as_float(engine.get_global_grad_norm()) or as_float(grad_norm),
                           "seq_per_s": m["sequences"] / elapsed, "tokens_per_s": m["tokens"] / elapsed,
@@ -273,7 +274,7 @@ def evaluate(engine, dataset, micro_batch: int, rank: int, world: int, max_batch
     batches = EpochBatches(len(dataset), micro_batch, seed, rank, world, shuffle=False)
     if batches.per_epoch == 0:
         return None
-    meter = Meter(device)
+    meter = Meter(device, dataset.mask_id)
     was_training = engine.module.training
     engine.module.eval()
     with torch.no_grad():
@@ -286,6 +287,7 @@ def evaluate(engine, dataset, micro_batch: int, rank: int, world: int, max_batch
     engine.module.train(was_training)
     r = meter.reduce()
     return {f"eval_{k}": v for k, v in {"loss": r["loss"], "mlm_loss": r["mlm_loss"], "mlm_acc": r["mlm_acc"],
+                                         **{k: r[k] for k in ("mlm_mask_acc",) if k in r},
                                          **sentence_metrics(r, objective)}.items()}
 
 
