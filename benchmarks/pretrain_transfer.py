@@ -9,6 +9,8 @@ on the Korean WikiExtractor sample with its own vocabulary and reports held-out 
     python benchmarks/pretrain_transfer.py                    # CPU: preset tiny, about an hour on 2 cores
     python benchmarks/pretrain_transfer.py --device cuda      # GPU: preset small, a bigger budget (see CUDA below)
     python benchmarks/pretrain_transfer.py --only report      # tables and plot from the results so far
+    python benchmarks/pretrain_transfer.py --only long --long-steps 16000            # a longer run, its fine-tunes
+    python benchmarks/pretrain_transfer.py --only finetune --inits random --tasks sst2 --finetune-lr 5e-4
 
 Every step is skipped when its output exists, so a killed run is resumed by running it again (--work keeps the
 stages' folders; it defaults outside the repository, since CoNLL-2003 may not be copied into it). Prints tables,
@@ -145,6 +147,8 @@ def curves(run: Path) -> dict:
     return {"steps": [s for s in steps if "eval_mlm_acc" in by_step[s]],
             "eval_mlm_acc": [by_step[s]["eval_mlm_acc"] for s in steps if "eval_mlm_acc" in by_step[s]],
             "eval_nsp_acc": [by_step[s]["eval_nsp_acc"] for s in steps if "eval_nsp_acc" in by_step[s]],
+            # [MASK] positions only (runs from before the trainer logged it have none)
+            "eval_mlm_mask_acc": [by_step[s].get("eval_mlm_mask_acc") for s in steps if "eval_mlm_acc" in by_step[s]],
             "train_steps": [s for s in steps if "loss" in by_step[s]],
             "train_loss": [by_step[s]["loss"] for s in steps if "loss" in by_step[s]]}
 
@@ -238,10 +242,17 @@ def conll_subsample(work: Path, n: int) -> Path:
 
 
 def task_metric(task: str) -> str:
+    task = task.split()[0]  # "sst2 lr 0.0005": a row fine-tuned at another learning rate
     return "f1" if task == "ner" else GLUE[task]
 
 
 # ---------------------------------------------------------------- report
+
+def inits(rows: list[dict]) -> list[str]:
+    """The starting points in the table: random, the main run, then the longer runs by length."""
+    longer = sorted({k for r in rows for k in r if k.startswith("pretrained-")}, key=lambda k: int(k.split("-")[1]))
+    return ["random", "pretrained", *longer]
+
 
 def summarize(results: dict) -> list[dict]:
     rows = []
@@ -250,22 +261,25 @@ def summarize(results: dict) -> list[dict]:
         for init, scores in by_init.items():
             row[init] = {"mean": statistics.mean(scores), "sd": statistics.stdev(scores) if len(scores) > 1 else 0.0,
                          "seeds": scores}
-        for init in ("pretrained", "pretrained-long"):
-            if "random" in row and init in row:
+        for init in [k for k in list(row) if k.startswith("pretrained")]:
+            if "random" in row:
                 row["difference" + init[len("pretrained"):]] = row[init]["mean"] - row["random"]["mean"]
         rows.append(row)
     return rows
 
 
 def print_table(rows: list[dict]):
-    print(f"\n{'task':6} {'metric':9} {'random init':>16} {'bertkit-pretrained':>19} {'difference':>11} "
-          f"{'pretrained longer':>18} {'difference':>11}")
+    columns = inits(rows)
+    print(f"\n{'task':14} {'metric':9} " + " ".join(f"{c:>16}" + ("" if c == "random" else f" {'diff':>6}")
+                                                  for c in columns))
     for r in rows:
-        cell = {k: f"{100 * r[k]['mean']:6.1f} ± {100 * r[k]['sd']:4.1f}" if k in r else "-"
-                for k in ("random", "pretrained", "pretrained-long")}
-        diff = {k: f"{100 * r[k]:+.1f}" if k in r else "-" for k in ("difference", "difference-long")}
-        print(f"{r['task']:6} {r['metric']:9} {cell['random']:>16} {cell['pretrained']:>19} {diff['difference']:>11} "
-              f"{cell['pretrained-long']:>18} {diff['difference-long']:>11}")
+        cells = []
+        for c in columns:
+            cells.append(f"{100 * r[c]['mean']:6.1f} ± {100 * r[c]['sd']:4.1f}" if c in r else "-")
+            if c != "random":
+                d = "difference" + c[len("pretrained"):]
+                cells[-1] = f"{cells[-1]:>16} {100 * r[d]:+6.1f}" if d in r else f"{cells[-1]:>16} {'-':>6}"
+        print(f"{r['task']:14} {r['metric']:9} " + " ".join(f"{c:>16}" for c in cells))
 
 
 def plot(results: dict, path: Path):
@@ -283,12 +297,13 @@ def plot(results: dict, path: Path):
     axes[1].set(title="held-out NSP accuracy (English)", xlabel="pretraining step", ylabel="%")
     rows = summarize(results)
     x = range(len(rows))
-    for k, (init, color) in enumerate((("random", "tab:gray"), ("pretrained", "tab:blue"),
-                                       ("pretrained-long", "tab:green"))):
+    columns = inits(rows)
+    width = 0.8 / len(columns)
+    for k, init in enumerate(columns):
         means = [100 * r[init]["mean"] if init in r else 0 for r in rows]
         sds = [100 * r[init]["sd"] if init in r else 0 for r in rows]
-        axes[2].bar([i + 0.27 * k for i in x], means, 0.27, yerr=sds, color=color, label=init)
-    axes[2].set_xticks([i + 0.27 for i in x], [f"{r['task']}\n{r['metric']}" for r in rows])
+        axes[2].bar([i + width * k for i in x], means, width, yerr=sds, label=init)
+    axes[2].set_xticks([i + 0.4 - width / 2 for i in x], [f"{r['task']}\n{r['metric']}" for r in rows])
     axes[2].set(title="fine-tuned (dev), mean ± sd over seeds", ylabel="%")
     for ax in axes:
         ax.legend()
@@ -306,10 +321,22 @@ def main(argv=None):
     ap.add_argument("--tasks", nargs="+", default=["sst2", "mrpc", "rte", "cola", "stsb", "ner"])
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     ap.add_argument("--only", choices=["en", "ko", "finetune", "long", "report"], default=None)
+    ap.add_argument("--inits", nargs="+", choices=["pretrained", "random"], default=["pretrained", "random"],
+                    help="which starting points the main fine-tunes use")
+    ap.add_argument("--finetune-lr", type=float, default=None,
+                    help="fine-tuning learning rate (default: the budget's); another rate gets its own table rows")
+    ap.add_argument("--long-steps", type=int, default=None,
+                    help="steps of the longer dynamic run (default: the budget's); each length keeps its own folder")
     args = ap.parse_args(argv)
     if not SHARED.is_dir():
         raise SystemExit(f"needs the shared data ({SHARED}; set BERTKIT_SHARED_DATA)")
     budget = BUDGETS[args.device]
+    default_lr = budget.finetune_lr
+    if args.finetune_lr:
+        budget.finetune_lr = args.finetune_lr
+    # another fine-tuning learning rate: its own folders and table rows ("sst2 lr 0.0005")
+    lr_tag = "" if budget.finetune_lr == default_lr else f" lr {budget.finetune_lr:g}"
+    folder_tag = lr_tag.replace(" lr ", "-lr")
     args.work.mkdir(parents=True, exist_ok=True)
     state_file = args.work / "results.json"
     results = json.loads(state_file.read_text()) if state_file.is_file() else {"curves": {}, "finetune": {}}
@@ -333,29 +360,34 @@ def main(argv=None):
         models = {"pretrained": exports[best], "random": random_init(exports[best], args.work / "en-random")}
         if args.only != "en":
             for task in args.tasks:
-                for init, model in models.items():
+                for init, model in [(i, models[i]) for i in args.inits]:
                     for seed in args.seeds:
-                        out = args.work / "finetune" / f"{task}-{init}-{seed}"
+                        out = args.work / "finetune" / f"{task}-{init}-{seed}{folder_tag}"
                         t0 = time.time()
                         summary = finetune_one(task, model, out, seed, budget, args.work)
                         score = summary["best"][task_metric(task)]
-                        results["finetune"].setdefault(task, {}).setdefault(init, {})[str(seed)] = score
+                        results["finetune"].setdefault(task + lr_tag, {}).setdefault(init, {})[str(seed)] = score
                         say(f"{task} {init} seed {seed}: {task_metric(task)} {score:.4f} "
                             f"({time.time() - t0:.0f} s)")
                         save()
-    if args.only in (None, "long") and budget.long_steps:
+    long_steps = args.long_steps or budget.long_steps
+    if args.only in (None, "long") and long_steps:
         en = prepare(args.work, "en", budget)
-        run = args.work / "en-run-dynamic-long"
-        export_dir = pretrain_run(en["dynamic"], run, budget, budget.long_steps, args.device)
-        results["curves"]["en-dynamic-long"] = curves(run)
-        results.setdefault("masked_only", {})["dynamic-long"] = masked_only_accuracy(export_dir, en["dynamic"])
+        run = args.work / f"en-run-dynamic-{long_steps}"
+        export_dir = pretrain_run(en["dynamic"], run, budget, long_steps, args.device)
+        results["curves"][f"en-dynamic-{long_steps}"] = curves(run)
+        results.setdefault("masked_only", {})[f"dynamic-{long_steps}"] = masked_only_accuracy(export_dir,
+                                                                                              en["dynamic"])
+        results[f"en_fill_mask_{long_steps}"] = fill_mask(export_dir, EN_FILL_MASK)
+        save()
         for task in [t for t in args.tasks if t in LONG_TASKS]:
             for seed in args.seeds:
-                summary = finetune_one(task, export_dir, args.work / "finetune" / f"{task}-long-{seed}", seed,
-                                       budget, args.work)
+                out = args.work / "finetune" / f"{task}-{long_steps}-{seed}{folder_tag}"
+                summary = finetune_one(task, export_dir, out, seed, budget, args.work)
                 score = summary["best"][task_metric(task)]
-                results["finetune"].setdefault(task, {}).setdefault("pretrained-long", {})[str(seed)] = score
-                say(f"{task} pretrained-long seed {seed}: {task_metric(task)} {score:.4f}")
+                by_init = results["finetune"].setdefault(task + lr_tag, {})
+                by_init.setdefault(f"pretrained-{long_steps}", {})[str(seed)] = score
+                say(f"{task} pretrained-{long_steps} seed {seed}: {task_metric(task)} {score:.4f}")
                 save()
     if args.only in (None, "ko"):
         ko = prepare(args.work, "ko", budget)
@@ -371,7 +403,7 @@ def main(argv=None):
                            for t, by in results["finetune"].items()}
     rows = summarize(results)
     print_table(rows)
-    for key in ("en_fill_mask", "ko_fill_mask"):
+    for key in [k for k in results if "fill_mask" in k]:
         for ex in results.get(key, []):
             print(f"{ex['text']}  ->  {ex['top5']}")
     record = {**run_info("pretrain_transfer"), "device": args.device, "budget": budget.__dict__,

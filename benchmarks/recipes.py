@@ -5,7 +5,7 @@ fine-tunes with the same seeds.
 Arms: nsp-15 (BERT's recipe: the transfer benchmark's dynamic run, reused), sop-15 (ALBERT's sentence order),
 none-15 (RoBERTa's full sentences, MLM only), nsp-30 (30% masking, Wettig et al. 2023).
 
-    python benchmarks/recipes.py [--tasks sst2 mrpc stsb] [--seeds 1 2 3] [--device cuda]
+    python benchmarks/recipes.py [--tasks sst2 mrpc stsb] [--seeds 1 2 3] [--device cuda] [--steps N]
     python benchmarks/recipes.py --speed      # CPU step times: --pad-vocab-to 64 and packed fine-tuning (SST-2)
 
 Resumable; prints tables; writes benchmarks/results/recipes.json (and recipes_speed.json).
@@ -52,14 +52,19 @@ def instances_for(work: Path, arm: str, en: dict) -> Path:
 
 def recipes(args):
     budget = BUDGETS[args.device]
+    steps = args.steps or budget.steps
     en = prepare(args.work, "en", budget)
-    state_file = args.work / "recipes.json"
+    # another length keeps its own runs and results; BERT's arm at a longer length is the transfer benchmark's
+    # --long-steps run (en-run-dynamic-N) and its fine-tunes, reused
+    suffix = "" if steps == budget.steps else f"-{steps}"
+    state_file = args.work / f"recipes{suffix}.json"
     results = json.loads(state_file.read_text()) if state_file.is_file() else {}
     transfer = args.work / "results.json"
     transfer_used_dynamic = transfer.is_file() and json.loads(transfer.read_text()).get("finetuned_from") == "dynamic"
     for arm in ARMS:
         run = args.work / ("en-run-dynamic" if arm == "nsp-15" else f"en-run-{arm}")
-        model = pretrain_run(instances_for(args.work, arm, en), run, budget, budget.steps, args.device)
+        run = run.with_name(run.name + suffix)
+        model = pretrain_run(instances_for(args.work, arm, en), run, budget, steps, args.device)
         entry = results.setdefault(arm, {"curve": curves(run), "scores": {}})
         entry["curve"] = curves(run)
         for task in args.tasks:
@@ -67,8 +72,10 @@ def recipes(args):
                 key = f"{task}/{seed}"
                 if key in entry["scores"]:
                     continue
-                out = args.work / "finetune" / f"{task}-{arm}-{seed}"
-                if arm == "nsp-15" and transfer_used_dynamic:  # the transfer benchmark's fine-tunes of this model
+                out = args.work / "finetune" / f"{task}-{arm}-{seed}{suffix}"
+                if arm == "nsp-15" and suffix:
+                    out = args.work / "finetune" / f"{task}-{steps}-{seed}"
+                elif arm == "nsp-15" and transfer_used_dynamic:  # the transfer benchmark's fine-tunes of this model
                     out = args.work / "finetune" / f"{task}-pretrained-{seed}"
                 t0 = time.time()
                 summary = finetune_one(task, model, out, seed, budget, args.work)
@@ -77,18 +84,21 @@ def recipes(args):
                 state_file.write_text(json.dumps(results, indent=1))
     rows = []
     for arm, entry in results.items():
-        row = {"arm": arm, **ARMS[arm], "eval_mlm_acc": entry["curve"]["eval_mlm_acc"][-1]}
+        row = {"arm": arm, **ARMS[arm], "steps": steps, "eval_mlm_acc": entry["curve"]["eval_mlm_acc"][-1],
+               "eval_mlm_mask_acc": (entry["curve"].get("eval_mlm_mask_acc") or [None])[-1]}
         for task in args.tasks:
             scores = [v for k, v in entry["scores"].items() if k.startswith(task + "/")]
             row[task] = {"mean": statistics.mean(scores), "sd": statistics.stdev(scores) if len(scores) > 1 else 0.0,
                          "seeds": scores}
         rows.append(row)
-    print(f"\n{'arm':8} {'MLM acc':>8} " + " ".join(f"{t + ' ' + task_metric(t):>18}" for t in args.tasks))
+    print(f"\n{'arm':8} {'MLM acc':>8} {'[MASK] acc':>10} " + " ".join(f"{t + ' ' + task_metric(t):>18}"
+                                                                      for t in args.tasks))
     for r in rows:
         cells = " ".join(f"{100 * r[t]['mean']:10.1f} ± {100 * r[t]['sd']:4.1f}" for t in args.tasks)
-        print(f"{r['arm']:8} {100 * r['eval_mlm_acc']:7.1f}% {cells}")
-    write_result("recipes", {**run_info("recipes"), "budget": budget.__dict__, "tasks": args.tasks,
-                             "seeds": args.seeds, "rows": rows})
+        mask = f"{100 * r['eval_mlm_mask_acc']:9.1f}%" if r["eval_mlm_mask_acc"] is not None else f"{'-':>10}"
+        print(f"{r['arm']:8} {100 * r['eval_mlm_acc']:7.1f}% {mask} {cells}")
+    write_result("recipes" + suffix.replace("-", "_"), {**run_info("recipes"), "budget": budget.__dict__,
+                                                        "tasks": args.tasks, "seeds": args.seeds, "rows": rows})
 
 
 def speed(args):
@@ -164,6 +174,9 @@ def main(argv=None):
     ap.add_argument("--work", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "bertkit-transfer")
     ap.add_argument("--tasks", nargs="+", default=["sst2", "mrpc", "stsb"])
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    ap.add_argument("--steps", type=int, default=None,
+                    help="pretraining steps per arm (default: the budget's); past the unigram plateau the arms can "
+                         "differ by more than noise (BERT's arm reuses pretrain_transfer.py --long-steps N)")
     ap.add_argument("--speed", action="store_true")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="the transfer benchmark's budget to use")
     args = ap.parse_args(argv)
