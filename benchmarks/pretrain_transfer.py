@@ -261,8 +261,8 @@ def summarize(results: dict) -> list[dict]:
         for init, scores in by_init.items():
             row[init] = {"mean": statistics.mean(scores), "sd": statistics.stdev(scores) if len(scores) > 1 else 0.0,
                          "seeds": scores}
-        for init in [k for k in list(row) if k.startswith("pretrained")]:
-            if "random" in row:
+        if "random" in row:
+            for init in [k for k in list(row) if k.startswith("pretrained")]:
                 row["difference" + init[len("pretrained"):]] = row[init]["mean"] - row["random"]["mean"]
         rows.append(row)
     return rows

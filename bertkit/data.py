@@ -11,6 +11,7 @@
   `collate_packed` lays the rows end to end instead (no padding at all) for the varlen attention kernel.
 """
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -84,7 +85,7 @@ class InstanceDataset:
                                                decide_per_piece=m.reference_behaviour.wwm_decide_per_piece,
                                                mask_replace=m.mask_replace)
 
-    @property
+    @cached_property  # read once: evaluate() asks at every --eval-every
     def mask_id(self) -> int | None:
         """The [MASK] id, from the vocabulary make-instances copied beside the shards (None without one)."""
         if self.spec is not None:

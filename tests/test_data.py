@@ -140,3 +140,12 @@ def test_dynamic_loader_keeps_the_reference_flags_of_make_instances(tmp_path):
     atomic_write_json(d / "manifest.json", manifest)
     spec = InstanceDataset(d, "train").spec
     assert spec.random_ids.tolist() == list(range(len(toy_vocab()))) and spec.decide_per_piece
+
+
+@pytest.mark.parametrize("mode", ["static", "dynamic"])
+def test_mask_id_comes_from_the_copied_vocabulary(tmp_path, mode):
+    path = make_instances_dir(tmp_path / mode, n=16, holdout=4, mode=mode)
+    assert InstanceDataset(path, "train").mask_id == toy_vocab().index("[MASK]")
+    if mode == "static":  # static rows need no vocabulary: without one there is no [MASK] accuracy, not an error
+        (path / "vocab.txt").unlink()
+        assert InstanceDataset(path, "train").mask_id is None

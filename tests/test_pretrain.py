@@ -222,7 +222,8 @@ def test_mask_accuracy_counts_only_the_positions_that_read_mask(tmp_path):
     from bertkit.model import PreTrainingOutput
     from bertkit.pretrain.metrics import Meter
 
-    if not dist.is_initialized():  # Meter.reduce sums over ranks: a group of one
+    made_group = not dist.is_initialized()
+    if made_group:  # Meter.reduce sums over ranks: a group of one, gone again after the test
         dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     M = 4
     ids = torch.tensor([[2, M, 7, M, 3, 0], [2, 9, M, 8, 3, 0]])
@@ -240,11 +241,15 @@ def test_mask_accuracy_counts_only_the_positions_that_read_mask(tmp_path):
     packed = {"input_ids": ids[:, :5].reshape(-1), "cu_seqlens": torch.tensor([0, 5, 10], dtype=torch.int32),
               "mlm_positions": (pos + torch.tensor([[0], [5]])).flatten()[keep], "mlm_labels": labels.flatten()[keep],
               "next_sentence_label": torch.zeros(2, dtype=torch.long)}
-    for batch, g in ((padded, guess), (packed, guess.flatten()[keep])):
-        meter = Meter("cpu", mask_id=M)
-        meter.add(out(g), batch)
-        r = meter.reduce()
-        assert r["mlm_acc"] == pytest.approx(4 / 6) and r["mlm_mask_acc"] == pytest.approx(1 / 3)
-    meter = Meter("cpu")  # no [MASK] id: no such number
-    meter.add(out(guess), padded)
-    assert "mlm_mask_acc" not in meter.reduce()
+    try:
+        for batch, g in ((padded, guess), (packed, guess.flatten()[keep])):
+            meter = Meter("cpu", mask_id=M)
+            meter.add(out(g), batch)
+            r = meter.reduce()
+            assert r["mlm_acc"] == pytest.approx(4 / 6) and r["mlm_mask_acc"] == pytest.approx(1 / 3)
+        meter = Meter("cpu")  # no [MASK] id: no such number
+        meter.add(out(guess), padded)
+        assert "mlm_mask_acc" not in meter.reduce()
+    finally:
+        if made_group:
+            dist.destroy_process_group()

@@ -173,7 +173,7 @@ def _pretrain(cfg: PretrainConfig, manifest, rank: int, world: int, device) -> d
                 elapsed = time.perf_counter() - t0
                 m = meter.reduce()
                 record = {"step": step, "loss": m["loss"], "mlm_loss": m["mlm_loss"], "mlm_acc": m["mlm_acc"],
-                          **({"mlm_mask_acc": m["mlm_mask_acc"]} if "mlm_mask_acc" in m else {}),
+                          **{k: m[k] for k in ("mlm_mask_acc",) if k in m},
                           **sentence_metrics(m, manifest.objective), "lr": current_lr(engine),
                           "grad_norm": as_float(engine.get_global_grad_norm()) or as_float(grad_norm),
                           "seq_per_s": m["sequences"] / elapsed, "tokens_per_s": m["tokens"] / elapsed,
