@@ -133,10 +133,10 @@ class Engine:
                                        initializer=initializer, initargs=initargs)
         futures = [executor.submit(fn, *task) for task in tasks]
         self._on_error.append(lambda: executor.shutdown(wait=False, cancel_futures=True))
-        return self._pool_results(executor, futures, on_done, on_wait)
+        return self._pool_results(executor, futures, on_done, on_wait, context)
 
     @staticmethod
-    def _pool_results(executor, futures, on_done, on_wait):
+    def _pool_results(executor, futures, on_done, on_wait, context):
         try:
             for i, future in enumerate(futures):
                 while True:
@@ -154,8 +154,11 @@ class Engine:
         except BaseException as e:   # also GeneratorExit: the stage stopped reading
             executor.shutdown(wait=False, cancel_futures=True)
             if type(e).__name__ == "BrokenProcessPool":
+                # a spawned worker imports the caller's script anew: unguarded, the script's stage call runs again
+                script = (" From a Python script, call bertkit under `if __name__ == \"__main__\":` (each worker "
+                          "process imports the script anew)." if context == "spawn" else "")
                 raise EngineError(f"a worker process died ({e}); out of memory? Re-run the same command to resume "
-                                  f"(finished work is kept), perhaps with fewer --workers") from e
+                                  f"(finished work is kept), perhaps with fewer --workers.{script}") from e
             raise
         executor.shutdown()
 

@@ -37,3 +37,21 @@ def test_a_killed_prepare_corpus_worker(tmp_path):
     assert "a worker process died" in err and "Re-run the same command to resume" in err
     resumed = prepare_corpus([tmp_path / "in"], out, CorpusConfig(workers=2, **cfg))
     assert [s.checksum for s in resumed.shards] == [s.checksum for s in clean.shards]
+
+
+def test_an_unguarded_script_is_told_about_the_main_guard(tmp_path):
+    """Spawned workers import the calling script again; without `if __name__ == "__main__":` its stage call runs in
+    each worker, which dies. The message says what to change rather than only guessing at memory."""
+    script = tmp_path / "unguarded.py"
+    script.write_text(f"import sys; sys.path.insert(0, {str(REPO)!r})\n"
+                      "from bertkit.pipelines.engine import Engine\n"
+                      "with Engine(workers=2) as engine:\n"
+                      "    print(list(engine.map(abs, [(-1,), (-2,)], context='spawn')))\n")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "a worker process died" in proc.stderr and 'if __name__ == "__main__":' in proc.stderr
+    guarded = tmp_path / "guarded.py"
+    guarded.write_text(script.read_text().replace("with Engine", "if __name__ == '__main__':\n  with Engine")
+                       .replace("\n    print", "\n      print"))
+    assert subprocess.run([sys.executable, str(guarded)], capture_output=True, text=True,
+                          timeout=120).stdout.strip() == "[1, 2]"
