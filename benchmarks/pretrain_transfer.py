@@ -147,10 +147,12 @@ def curves(run: Path) -> dict:
     return {"steps": [s for s in steps if "eval_mlm_acc" in by_step[s]],
             "eval_mlm_acc": [by_step[s]["eval_mlm_acc"] for s in steps if "eval_mlm_acc" in by_step[s]],
             "eval_nsp_acc": [by_step[s]["eval_nsp_acc"] for s in steps if "eval_nsp_acc" in by_step[s]],
+            "eval_sop_acc": [by_step[s]["eval_sop_acc"] for s in steps if "eval_sop_acc" in by_step[s]],
             # [MASK] positions only (runs from before the trainer logged it have none)
             "eval_mlm_mask_acc": [by_step[s].get("eval_mlm_mask_acc") for s in steps if "eval_mlm_acc" in by_step[s]],
             "train_steps": [s for s in steps if "loss" in by_step[s]],
-            "train_loss": [by_step[s]["loss"] for s in steps if "loss" in by_step[s]]}
+            "train_loss": [by_step[s]["loss"] for s in steps if "loss" in by_step[s]],
+            "seq_per_s": statistics.median(by_step[s]["seq_per_s"] for s in steps if "seq_per_s" in by_step[s])}
 
 
 def masked_only_accuracy(model_dir: Path, instances: Path, rows: int = 400, seed: int = 0) -> dict:

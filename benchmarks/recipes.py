@@ -85,18 +85,25 @@ def recipes(args):
     rows = []
     for arm, entry in results.items():
         row = {"arm": arm, **ARMS[arm], "steps": steps, "eval_mlm_acc": entry["curve"]["eval_mlm_acc"][-1],
-               "eval_mlm_mask_acc": (entry["curve"].get("eval_mlm_mask_acc") or [None])[-1]}
+               "eval_mlm_mask_acc": (entry["curve"].get("eval_mlm_mask_acc") or [None])[-1],
+               # NSP's or SOP's held-out accuracy; none for MLM alone
+               "eval_sentence_acc": (entry["curve"].get("eval_nsp_acc") or entry["curve"].get("eval_sop_acc")
+                                     or [None])[-1],
+               "seq_per_s": entry["curve"].get("seq_per_s")}
         for task in args.tasks:
             scores = [v for k, v in entry["scores"].items() if k.startswith(task + "/")]
             row[task] = {"mean": statistics.mean(scores), "sd": statistics.stdev(scores) if len(scores) > 1 else 0.0,
                          "seeds": scores}
         rows.append(row)
-    print(f"\n{'arm':8} {'MLM acc':>8} {'[MASK] acc':>10} " + " ".join(f"{t + ' ' + task_metric(t):>18}"
-                                                                      for t in args.tasks))
+    def percent(x, width):
+        return f"{100 * x:{width - 1}.1f}%" if x is not None else f"{'-':>{width}}"
+
+    print(f"\n{'arm':8} {'MLM acc':>8} {'[MASK] acc':>10} {'NSP/SOP':>8} {'seq/s':>6} "
+          + " ".join(f"{t + ' ' + task_metric(t):>18}" for t in args.tasks))
     for r in rows:
         cells = " ".join(f"{100 * r[t]['mean']:10.1f} ± {100 * r[t]['sd']:4.1f}" for t in args.tasks)
-        mask = f"{100 * r['eval_mlm_mask_acc']:9.1f}%" if r["eval_mlm_mask_acc"] is not None else f"{'-':>10}"
-        print(f"{r['arm']:8} {100 * r['eval_mlm_acc']:7.1f}% {mask} {cells}")
+        print(f"{r['arm']:8} {percent(r['eval_mlm_acc'], 8)} {percent(r['eval_mlm_mask_acc'], 10)} "
+              f"{percent(r['eval_sentence_acc'], 8)} {r['seq_per_s'] or 0:6.0f} {cells}")
     write_result("recipes" + suffix.replace("-", "_"), {**run_info("recipes"), "budget": budget.__dict__,
                                                         "tasks": args.tasks, "seeds": args.seeds, "rows": rows})
 
