@@ -5,8 +5,10 @@ accuracy on [MASK] positions every 100 steps (a benchmark: it reads results, it 
 
     python benchmarks/pretrain_transfer.py --only en     # makes the instances (--work, default /tmp/bertkit-transfer)
     python benchmarks/reference_training.py [--steps 200]
+    python benchmarks/reference_training.py --lrs 3e-4 5e-4 1e-3 3e-3 1e-2 --steps 500   # bertkit alone, per rate
 
-Each model trains in its own process with one thread. Prints a table; writes benchmarks/results/reference_training.json.
+Each model trains in its own process with one thread. Prints a table; writes benchmarks/results/reference_training.json
+(the learning-rate sweep: reference_training_lr.json).
 """
 import argparse
 import json
@@ -79,12 +81,41 @@ def train(which: str, instances: Path, steps: int, lr: float, every: int) -> lis
     return rows
 
 
+def child(which: str, lr: float, args) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, __file__, "--one", which, "--work", str(args.work), "--steps",
+                             str(args.steps), "--lr", str(lr), "--every", str(args.every)],
+                            stdout=subprocess.PIPE, text=True)
+
+
+def result(name: str, proc: subprocess.Popen) -> list[dict]:
+    out, _ = proc.communicate()
+    if proc.returncode:
+        raise SystemExit(f"{name} run failed (exit {proc.returncode})")
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def lr_sweep(args, instances: Path) -> None:
+    """Is another learning rate a way out of the plateau? bertkit's loop at each rate, same batches and seed."""
+    curves = {}
+    for i in range(0, len(args.lrs), 2):  # two one-thread runs at a time: one per core
+        running = {lr: child("bertkit", lr, args) for lr in args.lrs[i:i + 2]}
+        curves.update({lr: result(f"lr {lr:g}", proc) for lr, proc in running.items()})
+    print(f"\n{'lr':>7} " + " ".join(f"{'step ' + str(r['step']):>15}" for r in curves[args.lrs[0]]))
+    for lr, rows in curves.items():
+        print(f"{lr:7g} " + " ".join(f"{r['mlm_loss']:6.3f} {100 * r['mask_acc']:5.2f}%  " for r in rows))
+    print("(each cell: MLM loss and [MASK]-only accuracy over the last --every steps)")
+    write_result("reference_training_lr", {**run_info("reference_training_lr"), "instances": str(instances),
+                                           "steps": args.steps, "micro_batch": 32, "model": TINY,
+                                           "curves": {f"{lr:g}": rows for lr, rows in curves.items()}})
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "bertkit-transfer")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--every", type=int, default=100)
+    ap.add_argument("--lrs", type=float, nargs="+", help="train bertkit alone at each learning rate (two at a time)")
     ap.add_argument("--one", choices=["bertkit", "transformers"], help=argparse.SUPPRESS)  # a child process
     args = ap.parse_args(argv)
     instances = args.work / "en-dynamic"
@@ -93,16 +124,10 @@ def main(argv=None):
         return
     if not (instances / "manifest.json").is_file():
         raise SystemExit(f"{instances}: run `python benchmarks/pretrain_transfer.py --only en` first")
-    children = {which: subprocess.Popen([sys.executable, __file__, "--one", which, "--work", str(args.work),
-                                         "--steps", str(args.steps), "--lr", str(args.lr), "--every",
-                                         str(args.every)], stdout=subprocess.PIPE, text=True)
-                for which in ("bertkit", "transformers")}
-    curves = {}
-    for which, child in children.items():
-        out, _ = child.communicate()
-        if child.returncode:
-            raise SystemExit(f"{which} run failed (exit {child.returncode})")
-        curves[which] = json.loads(out.strip().splitlines()[-1])
+    if args.lrs:
+        return lr_sweep(args, instances)
+    children = {which: child(which, args.lr, args) for which in ("bertkit", "transformers")}
+    curves = {which: result(which, proc) for which, proc in children.items()}
     print(f"\n{'step':>5} {'MLM loss bertkit':>17} {'transformers':>13} {'[MASK] acc bertkit':>19} "
           f"{'transformers':>13}")
     for a, b in zip(curves["bertkit"], curves["transformers"]):
