@@ -290,7 +290,7 @@ def plot(results: dict, path: Path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    fig, axes = plt.subplots(1, 3, figsize=(18, 4), width_ratios=(1, 1, 1.6))
     for name, c in results["curves"].items():
         axes[0].plot(c["steps"], [100 * a for a in c["eval_mlm_acc"]], marker="o", label=name)
         if name.startswith("en"):
@@ -305,7 +305,10 @@ def plot(results: dict, path: Path):
         means = [100 * r[init]["mean"] if init in r else 0 for r in rows]
         sds = [100 * r[init]["sd"] if init in r else 0 for r in rows]
         axes[2].bar([i + width * k for i in x], means, width, yerr=sds, label=init)
-    axes[2].set_xticks([i + 0.4 - width / 2 for i in x], [f"{r['task']}\n{r['metric']}" for r in rows])
+    # a row fine-tuned at another rate ("sst2 lr 0.0005") on two short lines, as the others are
+    labels = [r["task"].replace(" lr ", "\nlr ") if " lr " in r["task"] else f"{r['task']}\n{r['metric']}"
+              for r in rows]
+    axes[2].set_xticks([i + 0.4 - width / 2 for i in x], labels)
     axes[2].set(title="fine-tuned (dev), mean ± sd over seeds", ylabel="%")
     for ax in axes:
         ax.legend()
