@@ -6,6 +6,7 @@ Arms: nsp-15 (BERT's recipe: the transfer benchmark's dynamic run, reused), sop-
 none-15 (RoBERTa's full sentences, MLM only), nsp-30 (30% masking, Wettig et al. 2023).
 
     python benchmarks/recipes.py [--tasks sst2 mrpc stsb] [--seeds 1 2 3] [--device cuda] [--steps N]
+    python benchmarks/recipes.py --tasks sst2 stsb --finetune-lr 5e-4   # the same arms fine-tuned at another rate
     python benchmarks/recipes.py --speed      # CPU step times: --pad-vocab-to 64 and packed fine-tuning (SST-2)
 
 Resumable; prints tables; writes benchmarks/results/recipes.json (and recipes_speed.json).
@@ -15,6 +16,7 @@ import json
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -61,6 +63,10 @@ def recipes(args):
     results = json.loads(state_file.read_text()) if state_file.is_file() else {}
     transfer = args.work / "results.json"
     transfer_used_dynamic = transfer.is_file() and json.loads(transfer.read_text()).get("finetuned_from") == "dynamic"
+    # another fine-tuning rate: its own folders and rows ("sst2 lr 0.0005"), as in the transfer benchmark
+    finetune_budget = replace(budget, finetune_lr=args.finetune_lr or budget.finetune_lr)
+    lr_tag = "" if finetune_budget.finetune_lr == budget.finetune_lr else f" lr {finetune_budget.finetune_lr:g}"
+    folder_tag = lr_tag.replace(" lr ", "-lr")
     for arm in ARMS:
         run = args.work / ("en-run-dynamic" if arm == "nsp-15" else f"en-run-{arm}")
         run = run.with_name(run.name + suffix)
@@ -69,19 +75,21 @@ def recipes(args):
         entry["curve"] = curves(run)
         for task in args.tasks:
             for seed in args.seeds:
-                key = f"{task}/{seed}"
+                key = f"{task}{lr_tag}/{seed}"
                 if key in entry["scores"]:
                     continue
-                out = args.work / "finetune" / f"{task}-{arm}-{seed}{suffix}"
+                out = args.work / "finetune" / f"{task}-{arm}-{seed}{suffix}{folder_tag}"
                 if arm == "nsp-15" and suffix:
-                    out = args.work / "finetune" / f"{task}-{steps}-{seed}"
+                    out = args.work / "finetune" / f"{task}-{steps}-{seed}{folder_tag}"
                 elif arm == "nsp-15" and transfer_used_dynamic:  # the transfer benchmark's fine-tunes of this model
-                    out = args.work / "finetune" / f"{task}-pretrained-{seed}"
+                    out = args.work / "finetune" / f"{task}-pretrained-{seed}{folder_tag}"
                 t0 = time.time()
-                summary = finetune_one(task, model, out, seed, budget, args.work)
+                summary = finetune_one(task, model, out, seed, finetune_budget, args.work)
                 entry["scores"][key] = summary["best"][task_metric(task)]
-                say(f"{arm} {task} seed {seed}: {entry['scores'][key]:.4f} ({time.time() - t0:.0f} s)")
+                say(f"{arm} {task}{lr_tag} seed {seed}: {entry['scores'][key]:.4f} ({time.time() - t0:.0f} s)")
                 state_file.write_text(json.dumps(results, indent=1))
+    # every task and rate fine-tuned so far, in the order first met
+    tasks = list(dict.fromkeys(key.rsplit("/", 1)[0] for entry in results.values() for key in entry["scores"]))
     rows = []
     for arm, entry in results.items():
         row = {"arm": arm, **ARMS[arm], "steps": steps, "eval_mlm_acc": entry["curve"]["eval_mlm_acc"][-1],
@@ -90,22 +98,25 @@ def recipes(args):
                "eval_sentence_acc": (entry["curve"].get("eval_nsp_acc") or entry["curve"].get("eval_sop_acc")
                                      or [None])[-1],
                "seq_per_s": entry["curve"].get("seq_per_s")}
-        for task in args.tasks:
+        for task in tasks:
             scores = [v for k, v in entry["scores"].items() if k.startswith(task + "/")]
-            row[task] = {"mean": statistics.mean(scores), "sd": statistics.stdev(scores) if len(scores) > 1 else 0.0,
-                         "seeds": scores}
+            if scores:
+                row[task] = {"mean": statistics.mean(scores), "seeds": scores,
+                             "sd": statistics.stdev(scores) if len(scores) > 1 else 0.0}
         rows.append(row)
+
     def percent(x, width):
         return f"{100 * x:{width - 1}.1f}%" if x is not None else f"{'-':>{width}}"
 
     print(f"\n{'arm':8} {'MLM acc':>8} {'[MASK] acc':>10} {'NSP/SOP':>8} {'seq/s':>6} "
-          + " ".join(f"{t + ' ' + task_metric(t):>18}" for t in args.tasks))
+          + " ".join(f"{t + ' ' + task_metric(t):>18}" for t in tasks))
     for r in rows:
-        cells = " ".join(f"{100 * r[t]['mean']:10.1f} ± {100 * r[t]['sd']:4.1f}" for t in args.tasks)
+        cells = " ".join(f"{100 * r[t]['mean']:10.1f} ± {100 * r[t]['sd']:4.1f}" if t in r else f"{'-':>18}"
+                         for t in tasks)
         print(f"{r['arm']:8} {percent(r['eval_mlm_acc'], 8)} {percent(r['eval_mlm_mask_acc'], 10)} "
               f"{percent(r['eval_sentence_acc'], 8)} {r['seq_per_s'] or 0:6.0f} {cells}")
     write_result("recipes" + suffix.replace("-", "_"), {**run_info("recipes"), "budget": budget.__dict__,
-                                                        "tasks": args.tasks, "seeds": args.seeds, "rows": rows})
+                                                        "tasks": tasks, "seeds": args.seeds, "rows": rows})
 
 
 def speed(args):
@@ -184,6 +195,8 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=None,
                     help="pretraining steps per arm (default: the budget's); past the unigram plateau the arms can "
                          "differ by more than noise (BERT's arm reuses pretrain_transfer.py --long-steps N)")
+    ap.add_argument("--finetune-lr", type=float, default=None,
+                    help="fine-tuning learning rate (default: the budget's); another rate gets its own rows")
     ap.add_argument("--speed", action="store_true")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="the transfer benchmark's budget to use")
     args = ap.parse_args(argv)
