@@ -23,7 +23,7 @@ import random
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -243,6 +243,14 @@ def conll_subsample(work: Path, n: int) -> Path:
     return path
 
 
+def finetune_rate(budget: Budget, lr: float | None) -> tuple[Budget, str, str]:
+    """The budget to fine-tune with at `lr` (None: the budget's own), and the tags that keep another rate's results
+    apart: " lr 0.0005" on table rows, "-lr0.0005" on fine-tuning folders (both empty at the budget's rate)."""
+    tuned = replace(budget, finetune_lr=lr or budget.finetune_lr)
+    row_tag = "" if tuned.finetune_lr == budget.finetune_lr else f" lr {tuned.finetune_lr:g}"
+    return tuned, row_tag, row_tag.replace(" lr ", "-lr")
+
+
 def task_metric(task: str) -> str:
     task = task.split()[0]  # "sst2 lr 0.0005": a row fine-tuned at another learning rate
     return "f1" if task == "ner" else GLUE[task]
@@ -336,12 +344,7 @@ def main(argv=None):
     if not SHARED.is_dir():
         raise SystemExit(f"needs the shared data ({SHARED}; set BERTKIT_SHARED_DATA)")
     budget = BUDGETS[args.device]
-    default_lr = budget.finetune_lr
-    if args.finetune_lr:
-        budget.finetune_lr = args.finetune_lr
-    # another fine-tuning learning rate: its own folders and table rows ("sst2 lr 0.0005")
-    lr_tag = "" if budget.finetune_lr == default_lr else f" lr {budget.finetune_lr:g}"
-    folder_tag = lr_tag.replace(" lr ", "-lr")
+    finetune_budget, lr_tag, folder_tag = finetune_rate(budget, args.finetune_lr)
     args.work.mkdir(parents=True, exist_ok=True)
     state_file = args.work / "results.json"
     results = json.loads(state_file.read_text()) if state_file.is_file() else {"curves": {}, "finetune": {}}
@@ -369,7 +372,7 @@ def main(argv=None):
                     for seed in args.seeds:
                         out = args.work / "finetune" / f"{task}-{init}-{seed}{folder_tag}"
                         t0 = time.time()
-                        summary = finetune_one(task, model, out, seed, budget, args.work)
+                        summary = finetune_one(task, model, out, seed, finetune_budget, args.work)
                         score = summary["best"][task_metric(task)]
                         results["finetune"].setdefault(task + lr_tag, {}).setdefault(init, {})[str(seed)] = score
                         say(f"{task} {init} seed {seed}: {task_metric(task)} {score:.4f} "
@@ -388,7 +391,7 @@ def main(argv=None):
         for task in [t for t in args.tasks if t in LONG_TASKS]:
             for seed in args.seeds:
                 out = args.work / "finetune" / f"{task}-{long_steps}-{seed}{folder_tag}"
-                summary = finetune_one(task, export_dir, out, seed, budget, args.work)
+                summary = finetune_one(task, export_dir, out, seed, finetune_budget, args.work)
                 score = summary["best"][task_metric(task)]
                 by_init = results["finetune"].setdefault(task + lr_tag, {})
                 by_init.setdefault(f"pretrained-{long_steps}", {})[str(seed)] = score

@@ -16,7 +16,6 @@ import json
 import statistics
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -27,6 +26,7 @@ from pretrain_transfer import (  # noqa: E402
     curves,
     done,
     finetune_one,
+    finetune_rate,
     prepare,
     pretrain_run,
     say,
@@ -63,10 +63,7 @@ def recipes(args):
     results = json.loads(state_file.read_text()) if state_file.is_file() else {}
     transfer = args.work / "results.json"
     transfer_used_dynamic = transfer.is_file() and json.loads(transfer.read_text()).get("finetuned_from") == "dynamic"
-    # another fine-tuning rate: its own folders and rows ("sst2 lr 0.0005"), as in the transfer benchmark
-    finetune_budget = replace(budget, finetune_lr=args.finetune_lr or budget.finetune_lr)
-    lr_tag = "" if finetune_budget.finetune_lr == budget.finetune_lr else f" lr {finetune_budget.finetune_lr:g}"
-    folder_tag = lr_tag.replace(" lr ", "-lr")
+    finetune_budget, lr_tag, folder_tag = finetune_rate(budget, args.finetune_lr)
     for arm in ARMS:
         run = args.work / ("en-run-dynamic" if arm == "nsp-15" else f"en-run-{arm}")
         run = run.with_name(run.name + suffix)

@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -42,16 +43,12 @@ def test_a_killed_prepare_corpus_worker(tmp_path):
 def test_an_unguarded_script_is_told_about_the_main_guard(tmp_path):
     """Spawned workers import the calling script again; without `if __name__ == "__main__":` its stage call runs in
     each worker, which dies. The message says what to change rather than only guessing at memory."""
-    script = tmp_path / "unguarded.py"
-    script.write_text(f"import sys; sys.path.insert(0, {str(REPO)!r})\n"
-                      "from bertkit.pipelines.engine import Engine\n"
-                      "with Engine(workers=2) as engine:\n"
-                      "    print(list(engine.map(abs, [(-1,), (-2,)], context='spawn')))\n")
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
-    assert proc.returncode != 0
-    assert "a worker process died" in proc.stderr and 'if __name__ == "__main__":' in proc.stderr
-    guarded = tmp_path / "guarded.py"
-    guarded.write_text(script.read_text().replace("with Engine", "if __name__ == '__main__':\n  with Engine")
-                       .replace("\n    print", "\n      print"))
-    assert subprocess.run([sys.executable, str(guarded)], capture_output=True, text=True,
-                          timeout=120).stdout.strip() == "[1, 2]"
+    head = f"import sys; sys.path.insert(0, {str(REPO)!r})\nfrom bertkit.pipelines.engine import Engine\n"
+    run = "with Engine(workers=2) as engine:\n    print(list(engine.map(abs, [(-1,), (-2,)], context='spawn')))\n"
+    (tmp_path / "unguarded.py").write_text(head + run)
+    (tmp_path / "guarded.py").write_text(head + "if __name__ == '__main__':\n" + textwrap.indent(run, "    "))
+    unguarded, guarded = (subprocess.run([sys.executable, str(tmp_path / name)], capture_output=True, text=True,
+                                         timeout=120) for name in ("unguarded.py", "guarded.py"))
+    assert unguarded.returncode != 0
+    assert "a worker process died" in unguarded.stderr and 'if __name__ == "__main__":' in unguarded.stderr
+    assert guarded.returncode == 0 and guarded.stdout.strip() == "[1, 2]"
