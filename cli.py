@@ -9,7 +9,7 @@ for arg in list(sys.argv[1:]):
         if "=" in arg:
             os.environ.setdefault("LOCAL_RANK", arg.split("=", 1)[1])
 
-from bertkit.cli import main  # noqa: E402
+from bertkit.cli import entry  # noqa: E402
 
 if __name__ == "__main__":
-    main()
+    entry()

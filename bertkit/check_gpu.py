@@ -140,7 +140,7 @@ def _layer_norm_case(hidden, dtype_name, p, device, small) -> CaseResult:
     results = {}
     for name, cast, compute in (("exact", dtype, torch.float64), ("torch", dtype, dtype)):
         leaves = [t.to(cast).to(compute).requires_grad_() for t in (x, res, w, b)]
-        y = add_layer_norm_reference(leaves[0], leaves[1], leaves[2], leaves[3], 1e-12, p, mask)
+        y = add_layer_norm_reference(leaves[0], leaves[1], leaves[2], leaves[3], 1e-12, p, dropout_mask=mask)
         y.backward(dy.to(compute))
         results[name] = [y.detach()] + [t.grad for t in leaves]
     xs, rs, ws, bs = (t.to(dtype) for t in (x, res, w, b))

@@ -31,5 +31,18 @@ for command in (prepare_corpus, train_tokenizer, make_instances, fill_mask, pret
     main.add_command(command)
 
 
+def entry():
+    """The console script: `main`, then, in a process that made a process group (pretrain, finetune under a
+    launcher), an exit that skips the interpreter's C++ teardown (bertkit.distributed explains why)."""
+    try:
+        main()
+    except SystemExit as e:  # click ends every command so, with the command's code
+        from bertkit.distributed import exit_now, made_group_here
+
+        if made_group_here():
+            exit_now(e.code if isinstance(e.code, int) else 0 if e.code is None else 1)
+        raise
+
+
 if __name__ == "__main__":
-    main()
+    entry()

@@ -28,6 +28,10 @@ class BertConfig:
     pad_token_id: int = 0
     classifier_dropout: float | None = None  # None: use hidden_dropout (as HF does)
     vocab_pad_multiple: int = 8              # embedding rows rounded up to this (pretrain --pad-vocab-to); never in HF
+    embedding_size: int | None = None        # None: hidden_size; else embeddings of this width projected to hidden
+                                             # (ELECTRA's generator reads the discriminator's embeddings so)
+    norm: str = "post"                       # post: BERT's LayerNorm after each residual add; pre: before each
+                                             # sub-layer, plus a final one (MegatronBERT's; HF model_type megatron-bert)
 
     def __post_init__(self):
         if self.hidden_size % self.num_heads:
@@ -36,6 +40,12 @@ class BertConfig:
             raise ValueError(f"vocab_size must be positive, got {self.vocab_size}")
         if self.vocab_pad_multiple < 1:
             raise ValueError(f"vocab_pad_multiple must be positive, got {self.vocab_pad_multiple}")
+        if self.norm not in ("post", "pre"):
+            raise ValueError(f"norm must be 'post' or 'pre', got {self.norm!r}")
+
+    @property
+    def embedding_width(self) -> int:
+        return self.embedding_size or self.hidden_size
 
     @property
     def head_dim(self) -> int:
@@ -62,8 +72,11 @@ class BertConfig:
 
     def to_hf_dict(self) -> dict:
         """The fields of a transformers BertConfig (config.json), without architectures/labels."""
+        if self.embedding_width != self.hidden_size:
+            raise ValueError(f"embeddings of width {self.embedding_width} projected to {self.hidden_size} have no BERT "
+                             "form in transformers; an ELECTRA generator is written by bertkit.electra.write_hf")
         return {
-            "model_type": "bert",
+            "model_type": "bert" if self.norm == "post" else "megatron-bert",
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
             "num_hidden_layers": self.num_layers,
@@ -83,14 +96,15 @@ class BertConfig:
 
     @classmethod
     def from_hf_dict(cls, d: dict, source: str = "config.json") -> "BertConfig":
-        """Read an HF BERT config.json dict; refuses settings this model does not implement."""
+        """Read an HF BERT (or pre-LN MegatronBERT) config.json dict; refuses settings this model does not implement."""
         model_type = d.get("model_type")
         archs = d.get("architectures") or []
         # configs from before HF wrote model_type (and google-research's bert_config.json) have none
-        if model_type not in ("bert", None) or not all(a.startswith("Bert") for a in archs):
+        prefix = {"megatron-bert": "MegatronBert", "electra": "Electra"}.get(model_type, "Bert")
+        if model_type not in ("bert", "megatron-bert", "electra", None) or not all(a.startswith(prefix) for a in archs):
             raise ValueError(
-                f"{source}: model_type is {model_type!r} (architectures {archs}), not 'bert'; "
-                "bertkit loads BERT checkpoints only"
+                f"{source}: model_type is {model_type!r} (architectures {archs}), not 'bert', 'megatron-bert' or "
+                "'electra'; bertkit loads BERT-family checkpoints only"
             )
         unsupported = {
             "hidden_act": (d.get("hidden_act", "gelu"), ("gelu",)),
@@ -115,6 +129,8 @@ class BertConfig:
             initializer_range=d.get("initializer_range", 0.02),
             pad_token_id=d.get("pad_token_id") or 0,
             classifier_dropout=d.get("classifier_dropout"),
+            norm="pre" if model_type == "megatron-bert" else "post",
+            embedding_size=None if d.get("embedding_size") in (None, d["hidden_size"]) else d["embedding_size"],
         )
 
     @classmethod

@@ -248,3 +248,12 @@ def batch_loader(dataset: InstanceDataset, batches, num_workers: int = 0, pad_mu
                                        num_workers=num_workers, persistent_workers=False,
                                        prefetch_factor=4 if num_workers else None,
                                        worker_init_fn=_ignore_stop_signals if num_workers else None)
+
+
+def close_loader(loader) -> None:
+    """Stop a batch_loader iterator's worker processes now, whatever state the run is in. The workers ignore SIGTERM
+    (see _ignore_stop_signals), so a loader that outlives its loop (held by an exception's traceback) would leave
+    them to interpreter exit, which would wait on them forever."""
+    shutdown = getattr(loader, "_shutdown_workers", None)  # only multi-process iterators have workers
+    if shutdown is not None:
+        shutdown()

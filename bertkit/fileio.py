@@ -11,6 +11,7 @@ import errno
 import hashlib
 import json
 import os
+import shutil
 import socket
 import sys
 import tempfile
@@ -199,13 +200,82 @@ def _alive(holder: dict) -> bool:
     return started is None or holder.get("process_start") in (None, started)
 
 
+class FolderNotOwnedError(FolderError):
+    """A command was pointed at a folder that holds something else: another stage's output or the user's files."""
+
+
+# the command that wrote a folder, from the files it writes (a manifest's stage, a run's config.json) or, for a run
+# that was killed, its lock
+OUTPUT_KINDS = {"prepare-corpus": "a corpus", "train-tokenizer": "a tokenizer", "make-instances": "an instances",
+                "pretrain": "a pretraining run", "export": "an exported model", "finetune": "a fine-tuning"}
+
+
+# the work folders a killed stage leaves before its manifest exists
+WORK_FOLDERS = {".work": "prepare-corpus", ".parts": "make-instances"}
+
+
+def folder_kind(folder) -> str | None:
+    """Which command's output `folder` is (a key of OUTPUT_KINDS); "" for a folder holding anything else; None when
+    it does not exist or holds only hidden files (bertkit's lock, a scheduler's notes, .DS_Store)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return None
+    for name, key in (("manifest.json", "stage"), ("config.json", "stage"), (LOCK_FILE, "what")):
+        d = read_json_or_none(folder / name) if (folder / name).is_file() else None
+        if isinstance(d, dict) and d.get(key) in OUTPUT_KINDS:
+            return d[key]
+    for name, kind in WORK_FOLDERS.items():
+        if (folder / name).is_dir():
+            return kind
+    if not any(not p.name.startswith(".") for p in folder.iterdir()):
+        return None
+    summary = read_json_or_none(folder / "metrics.json") if (folder / "metrics.json").is_file() else None
+    if isinstance(summary, dict) and "task" in summary and "settings" in summary:
+        return "finetune"
+    return ""
+
+
+def check_folder_owned(folder, what: str) -> None:
+    """Refuse to write `what`'s output into a folder that holds anything but `what`'s own (new, empty, or the same
+    command's output to resume or overwrite), naming what is there. Nothing is created."""
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise FolderNotOwnedError(f"{folder}: exists and is not a folder; give {what} a new or empty folder")
+    kind = folder_kind(folder)
+    if kind is None or kind == what:
+        return
+    if kind:
+        there = f"{OUTPUT_KINDS[kind]} folder ({kind}'s output)"
+    else:
+        names = sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))
+        there = "files no bertkit command wrote there (" + ", ".join(names[:5]) + \
+            (f" and {len(names) - 5} more" if len(names) > 5 else "") + ")"
+    raise FolderNotOwnedError(f"{folder} holds {there}; {what} writes only into a new or empty folder or its own "
+                              "output. Choose another folder")
+
+
 @contextlib.contextmanager
 def folder_lock(folder, what: str, say=None):
-    """Hold FOLDER/.bertkit.lock (host, pid, what, since) while writing the folder. A second writer stops at once
-    with FolderLockedError saying who holds it; a lock left by a dead process on this host is taken over (`say` is
-    told). Liveness comes from the process table, never from clocks, so clock skew cannot expire a live lock."""
+    """Hold FOLDER/.bertkit.lock (host, pid, what, since) while writing the folder. The folder must be new, empty or
+    `what`'s own output (check_folder_owned). A second writer stops at once with FolderLockedError saying who
+    holds it; a lock left by a dead process on this host is taken over (`say` is told). Liveness comes from the
+    process table, never from clocks, so clock skew cannot expire a live lock. A folder made here and left empty by
+    a failed command is removed again."""
     folder = Path(folder)
+    check_folder_owned(folder, what)
+    created = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
+    try:
+        with _locked(folder, what, say):
+            yield
+    except BaseException:
+        if created and not any(p.name != LOCK_FILE for p in folder.iterdir()):
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
+
+
+@contextlib.contextmanager
+def _locked(folder: Path, what: str, say):
     path = folder / LOCK_FILE
     me = {"host": socket.gethostname(), "pid": os.getpid(), "process_start": _process_start(os.getpid()),
           "what": what, "since": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": " ".join(sys.argv)[:500]}

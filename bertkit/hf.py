@@ -47,6 +47,16 @@ HEAD_OF_ARCHITECTURE = {
     "BertForTokenClassification": "token_classification",
     "BertForQuestionAnswering": "question_answering",
 }
+HEAD_OF_ARCHITECTURE.update({"Megatron" + k: v for k, v in HEAD_OF_ARCHITECTURE.items()})  # pre-LN: MegatronBert*
+HEAD_OF_ARCHITECTURE.update({  # ELECTRA: the discriminator's replaced-token head has no bertkit form (unused)
+    "ElectraModel": None, "ElectraForPreTraining": None, "ElectraForMaskedLM": "pretraining",
+    "ElectraForSequenceClassification": "sequence_classification",
+    "ElectraForTokenClassification": "token_classification", "ElectraForQuestionAnswering": "question_answering"})
+# ELECTRA's generator head under BERT's names (its decoder is tied to the word embeddings, as BERT's)
+ELECTRA_HEAD = {"generator_predictions.dense.": "cls.predictions.transform.dense.",
+                "generator_predictions.LayerNorm.": "cls.predictions.transform.LayerNorm.",
+                "generator_lm_head.bias": "cls.predictions.bias",
+                "generator_lm_head.weight": "cls.predictions.decoder.weight"}
 LAYER_PARTS = {
     "attn_out": "attention.output.dense",
     "attn_norm": "attention.output.LayerNorm",
@@ -54,6 +64,8 @@ LAYER_PARTS = {
     "ffn_out": "output.dense",
     "ffn_norm": "output.LayerNorm",
 }
+# pre-LN (MegatronBERT): the LayerNorm before the attention, the one before the FFN, and the encoder's final one
+PRE_LN_PARTS = {**LAYER_PARTS, "attn_norm": "attention.ln", "ffn_norm": "ln"}
 HEAD_PARTS = {
     "mlm_dense": "cls.predictions.transform.dense",
     "mlm_norm": "cls.predictions.transform.LayerNorm",
@@ -76,8 +88,15 @@ def repad_vocab(state: dict, cfg: BertConfig) -> dict:
 
 
 # ---------------------------------------------------------------- names
-def hf_names(key: str) -> list[str]:
-    """HF tensor names for one of our (canonical, `bert.`-prefixed) parameter names; three for a fused QKV."""
+def architecture(model, masked_lm_only: bool = False) -> str:
+    """transformers' class name for a bertkit model: Bert* (post-LN) or MegatronBert* (pre-LN)."""
+    name = "BertForMaskedLM" if masked_lm_only else ARCHITECTURES[type(model)]
+    return "Megatron" + name if model.cfg.norm == "pre" else name
+
+
+def hf_names(key: str, norm: str = "post") -> list[str]:
+    """HF tensor names for one of our (canonical, `bert.`-prefixed) parameter names; three for a fused QKV.
+    norm "pre": MegatronBert's names for the LayerNorms."""
     if key == "mlm_bias":
         return ["cls.predictions.bias"]
     if not key.startswith("bert."):
@@ -89,7 +108,9 @@ def hf_names(key: str) -> list[str]:
         prefix = f"bert.encoder.layer.{i}."
         if module == "qkv":
             return [f"{prefix}attention.self.{name}.{leaf}" for name in ("query", "key", "value")]
-        return [f"{prefix}{LAYER_PARTS[module]}.{leaf}"]
+        return [f"{prefix}{(PRE_LN_PARTS if norm == 'pre' else LAYER_PARTS)[module]}.{leaf}"]
+    if parts[1] == "final_norm":
+        return [f"bert.encoder.ln.{parts[2]}"]
     if parts[1] == "pooler":
         return [f"bert.pooler.dense.{parts[2]}"]
     if parts[1:3] == ["embeddings", "norm"]:
@@ -109,7 +130,7 @@ def to_hf_state_dict(state: dict, cfg: BertConfig) -> dict:
     """Canonical bertkit tensors (parameters or their gradients) -> HF-named tensors."""
     out = {}
     for key, tensor in state.items():
-        names = hf_names(key)
+        names = hf_names(key, cfg.norm)
         if key in VOCAB_PADDED:
             tensor = tensor[: cfg.vocab_size]
         pieces = tensor.chunk(len(names), dim=0) if len(names) > 1 else [tensor]
@@ -119,10 +140,16 @@ def to_hf_state_dict(state: dict, cfg: BertConfig) -> dict:
 
 
 def _normalise_hf_keys(tensors: dict) -> dict:
-    """Put every encoder tensor under `bert.`; TF-era LayerNorm gamma/beta -> weight/bias."""
+    """Put every encoder tensor under `bert.` (ELECTRA's `electra.` too, and its generator head under BERT's MLM
+    head names); TF-era LayerNorm gamma/beta -> weight/bias."""
     out = {}
     for key, tensor in tensors.items():
-        if key.startswith(("embeddings.", "encoder.", "pooler.")):
+        if key.startswith("electra."):
+            key = "bert." + key[len("electra."):]
+        for theirs, ours in ELECTRA_HEAD.items():
+            if key.startswith(theirs):
+                key = ours + key[len(theirs):]
+        if key.startswith(("embeddings.", "embeddings_project.", "encoder.", "pooler.")):
             key = "bert." + key
         if key.endswith(".gamma"):
             key = key[: -len("gamma")] + "weight"
@@ -187,9 +214,9 @@ def read_checkpoint(path):
         raise ValueError(f"{path}: no tensor {word!r} (or 'embeddings.word_embeddings.weight'); "
                          f"not a BERT checkpoint? It has: {found}, ...")
     rows = tuple(tensors[word].shape)
-    if rows != (cfg.vocab_size, cfg.hidden_size):
+    if rows != (cfg.vocab_size, cfg.embedding_width):
         raise ValueError(f"{path}: tensor {word!r} has shape {rows} but config.json says "
-                         f"({cfg.vocab_size}, {cfg.hidden_size}) (vocab_size, hidden_size)")
+                         f"({cfg.vocab_size}, {cfg.embedding_width}) (vocab_size, embedding width)")
     if (path / "vocab.txt").is_file():
         n = _count_lines(path / "vocab.txt")
         if n != cfg.vocab_size:
@@ -247,7 +274,7 @@ def load_pretrained(path, head: str | None = "auto", num_labels: int | None = No
     state = _canonical_state(model)
     loaded, missing, used = {}, [], set()
     for key, current in state.items():
-        names = hf_names(key)
+        names = hf_names(key, cfg.norm)
         absent = [n for n in names if n not in tensors]
         if absent:
             if key.startswith("bert.") and not (key.startswith("bert.pooler.")):
@@ -294,7 +321,8 @@ def save_pretrained(model, out_dir, tokenizer_dir=None, extra_config: dict | Non
     """Write `model` as an HF BERT folder: config.json, model.safetensors, and the tokenizer files.
 
     transformers' matching class (BertModel / BertForPreTraining / BertForSequenceClassification /
-    BertForTokenClassification / BertForQuestionAnswering) loads it with no missing or unexpected keys.
+    BertForTokenClassification / BertForQuestionAnswering; MegatronBert* for a pre-LN model) loads it with no
+    missing or unexpected keys.
     masked_lm_only (a BertForPreTraining trained without NSP): written as BertForMaskedLM, without the untrained
     next-sentence head and pooler. extra_config entries (e.g. id2label, label2id, finetuning task) are merged
     into config.json.
@@ -304,14 +332,7 @@ def save_pretrained(model, out_dir, tokenizer_dir=None, extra_config: dict | Non
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if tokenizer_dir is not None:
-        tokenizer_dir = Path(tokenizer_dir)
-        if not (tokenizer_dir / "vocab.txt").is_file() and not (tokenizer_dir / "tokenizer.json").is_file():
-            raise FileNotFoundError(f"{tokenizer_dir}: no vocab.txt or tokenizer.json to copy beside the model")
-        if (tokenizer_dir / "vocab.txt").is_file():
-            n = _count_lines(tokenizer_dir / "vocab.txt")
-            if n != cfg.vocab_size:
-                raise ValueError(f"{tokenizer_dir / 'vocab.txt'} has {n} tokens but the model's word embeddings "
-                                 f"have shape ({cfg.vocab_size}, {cfg.hidden_size}): wrong tokenizer folder?")
+        check_tokenizer_dir(cfg, tokenizer_dir)  # before anything is written
 
     hf = to_hf_state_dict(_canonical_state(model), cfg)
     if isinstance(model, BertModel):  # HF's BertModel files carry no `bert.` prefix
@@ -322,7 +343,7 @@ def save_pretrained(model, out_dir, tokenizer_dir=None, extra_config: dict | Non
         hf = {k: v for k, v in hf.items() if not k.startswith(("cls.seq_relationship.", "bert.pooler."))}
 
     config = cfg.to_hf_dict()
-    config["architectures"] = ["BertForMaskedLM" if masked_lm_only else ARCHITECTURES[type(model)]]
+    config["architectures"] = [architecture(model, masked_lm_only)]
     num_labels = getattr(model, "num_labels", None)
     if num_labels is not None:
         config["id2label"] = {str(i): f"LABEL_{i}" for i in range(num_labels)}
@@ -341,7 +362,26 @@ def save_pretrained(model, out_dir, tokenizer_dir=None, extra_config: dict | Non
         atomic_write_bytes(out_dir / "pytorch_model.bin", buffer.getvalue())
     atomic_write_json(out_dir / "config.json", config)
     if tokenizer_dir is not None:
-        for name in TOKENIZER_FILES:
-            if (tokenizer_dir / name).is_file() and (tokenizer_dir / name).resolve() != (out_dir / name).resolve():
-                shutil.copyfile(tokenizer_dir / name, out_dir / name)
+        copy_tokenizer_files(cfg, tokenizer_dir, out_dir)
     return out_dir
+
+
+def check_tokenizer_dir(cfg: BertConfig, tokenizer_dir) -> None:
+    """A tokenizer folder whose vocabulary fits the model's embeddings, or the error saying what is wrong."""
+    tokenizer_dir = Path(tokenizer_dir)
+    if not (tokenizer_dir / "vocab.txt").is_file() and not (tokenizer_dir / "tokenizer.json").is_file():
+        raise FileNotFoundError(f"{tokenizer_dir}: no vocab.txt or tokenizer.json to copy beside the model")
+    if (tokenizer_dir / "vocab.txt").is_file():
+        n = _count_lines(tokenizer_dir / "vocab.txt")
+        if n != cfg.vocab_size:
+            raise ValueError(f"{tokenizer_dir / 'vocab.txt'} has {n} tokens but the model's word embeddings "
+                             f"have shape ({cfg.vocab_size}, {cfg.embedding_width}): wrong tokenizer folder?")
+
+
+def copy_tokenizer_files(cfg: BertConfig, tokenizer_dir, out_dir) -> None:
+    """The tokenizer files beside a model, after checking the vocabulary fits its embeddings."""
+    check_tokenizer_dir(cfg, tokenizer_dir)
+    tokenizer_dir, out_dir = Path(tokenizer_dir), Path(out_dir)
+    for name in TOKENIZER_FILES:
+        if (tokenizer_dir / name).is_file() and (tokenizer_dir / name).resolve() != (out_dir / name).resolve():
+            shutil.copyfile(tokenizer_dir / name, out_dir / name)

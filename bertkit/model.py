@@ -1,4 +1,6 @@
 """BERT (Devlin et al. 2019): embeddings, post-LN encoder, pooler, and the pretraining / fine-tuning heads.
+With BertConfig.norm == "pre", the encoder is pre-LN as in MegatronBERT (no embedding LayerNorm, a LayerNorm before
+each sub-layer, one after the last layer); HF loads it as MegatronBert*.
 
 Attention and the (dropout + residual + LayerNorm) sub-layer exits go through `bertkit.kernels`, whose backend
 (--kernels) is our Triton kernels on CUDA and PyTorch's own ops elsewhere by default. Inputs are right-padded
@@ -52,17 +54,20 @@ class Embeddings(nn.Module):
         super().__init__()
         self.cfg = cfg
         # rows past vocab_size are padding for fast matmuls: zero, never an input, never predicted
-        self.word_embeddings = nn.Embedding(cfg.padded_vocab_size, cfg.hidden_size)
-        self.position_embeddings = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
-        self.token_type_embeddings = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
-        self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        width = cfg.embedding_width
+        self.word_embeddings = nn.Embedding(cfg.padded_vocab_size, width)
+        self.position_embeddings = nn.Embedding(cfg.max_position_embeddings, width)
+        self.token_type_embeddings = nn.Embedding(cfg.type_vocab_size, width)
+        # pre-LN normalises at the first layer's input instead (MegatronBERT has no embedding LayerNorm)
+        self.norm = nn.LayerNorm(width, eps=cfg.layer_norm_eps) if cfg.norm == "post" else None
 
     def forward(self, input_ids, token_type_ids, position_ids=None):
         positions = position_ids if position_ids is not None else torch.arange(input_ids.shape[-1],
                                                                                device=input_ids.device)
         x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
         x = x + self.position_embeddings(positions)
-        x = kernels.add_layer_norm(x, None, self.norm.weight, self.norm.bias, self.cfg.layer_norm_eps, 0.0)
+        if self.norm is not None:
+            x = kernels.add_layer_norm(x, None, self.norm.weight, self.norm.bias, self.cfg.layer_norm_eps, 0.0)
         return F.dropout(x, self.cfg.hidden_dropout, self.training)
 
 
@@ -98,6 +103,31 @@ class Layer(nn.Module):
         return kernels.add_layer_norm(f, x, self.ffn_norm.weight, self.ffn_norm.bias, cfg.layer_norm_eps, hidden_p)
 
 
+class PreLNLayer(Layer):
+    """Pre-LN layer (MegatronBERT): x += Attn(LN(x)); x += FFN(LN(x)), with attn_norm before the attention and
+    ffn_norm before the FFN. Each residual add is fused with the LayerNorm that follows it (add_layer_norm's prenorm
+    mode), so the layer takes the residual stream x and the previous layer's FFN output not yet added (`branch`;
+    None at the first layer) and returns (x, its own FFN output)."""
+
+    def forward(self, x, lengths, cu_seqlens=None, max_seqlen=None, branch=None):
+        cfg = self.cfg
+        attn_p = cfg.attention_dropout if self.training else 0.0
+        hidden_p = cfg.hidden_dropout if self.training else 0.0
+        w, b, eps = self.attn_norm.weight, self.attn_norm.bias, cfg.layer_norm_eps
+        if branch is None:
+            n = kernels.add_layer_norm(x, None, w, b, eps, 0.0)
+        else:
+            n, x = kernels.add_layer_norm(branch, x, w, b, eps, hidden_p, prenorm=True)
+        q, k, v = self.qkv(n).view(*n.shape[:-1], 3, cfg.num_heads, cfg.head_dim).unbind(-3)
+        if cu_seqlens is None:
+            a = kernels.attention(q, k, v, lengths, attn_p, None)
+        else:
+            a = kernels.attention_varlen(q, k, v, cu_seqlens, max_seqlen, attn_p, None)
+        n, x = kernels.add_layer_norm(self.attn_out(a.reshape(x.shape)), x, self.ffn_norm.weight, self.ffn_norm.bias,
+                                      eps, hidden_p, prenorm=True)
+        return x, self.ffn_out(F.gelu(self.ffn_in(n)))
+
+
 def init_weights(module: nn.Module, cfg: BertConfig) -> None:
     """BERT's initialisation: N(0, initializer_range) weights, zero biases, unit LayerNorm."""
     for m in module.modules():
@@ -129,17 +159,25 @@ def packed_position_ids(cu_seqlens, total_tokens):
 
 
 class BertModel(nn.Module):
-    def __init__(self, cfg: BertConfig, add_pooling_layer: bool = True):
+    """embeddings=False: no embedding module of its own; forward then takes inputs_embeds (ELECTRA's generator and
+    discriminator read shared embeddings). Embeddings narrower or wider than hidden_size (cfg.embedding_size) are
+    projected (embeddings_project, as in ELECTRA)."""
+
+    def __init__(self, cfg: BertConfig, add_pooling_layer: bool = True, embeddings: bool = True):
         super().__init__()
         self.cfg = cfg
-        self.embeddings = Embeddings(cfg)
-        self.layers = nn.ModuleList(Layer(cfg) for _ in range(cfg.num_layers))
+        self.embeddings = Embeddings(cfg) if embeddings else None
+        self.embeddings_project = nn.Linear(cfg.embedding_width, cfg.hidden_size) \
+            if cfg.embedding_width != cfg.hidden_size else None
+        pre = cfg.norm == "pre"
+        self.layers = nn.ModuleList((PreLNLayer if pre else Layer)(cfg) for _ in range(cfg.num_layers))
+        self.final_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps) if pre else None
         self.pooler = nn.Linear(cfg.hidden_size, cfg.hidden_size) if add_pooling_layer else None
         self.gradient_checkpointing = False  # recompute each layer in backward: less memory, ~30% more compute
         init_weights(self, cfg)
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None,
-                position_ids=None, cu_seqlens=None, max_seqlen=None) -> EncoderOutput:
+                position_ids=None, cu_seqlens=None, max_seqlen=None, inputs_embeds=None) -> EncoderOutput:
         """Padded: input_ids (B, S) + attention_mask. Packed: input_ids (T,) + cu_seqlens (B+1,) + max_seqlen;
         then last_hidden_state is (T, H) and the pooler reads each sequence's first ([CLS]) token."""
         packed = cu_seqlens is not None
@@ -154,15 +192,32 @@ class BertModel(nn.Module):
         if packed and position_ids is None:
             position_ids = packed_position_ids(cu_seqlens, input_ids.shape[0])
         lengths = None if packed else sequence_lengths(input_ids, attention_mask)
-        x = self.embeddings(input_ids, token_type_ids, position_ids)
-        for layer in self.layers:
-            if self.gradient_checkpointing and self.training:
-                x = checkpoint(layer, x, lengths, cu_seqlens, max_seqlen, use_reentrant=False)
-            else:
-                x = layer(x, lengths, cu_seqlens, max_seqlen)
+        x = self.embeddings(input_ids, token_type_ids, position_ids) if inputs_embeds is None else inputs_embeds
+        if self.embeddings_project is not None:
+            x = self.embeddings_project(x)
+        x = self._pre_ln(x, lengths, cu_seqlens, max_seqlen) if self.final_norm is not None else \
+            self._post_ln(x, lengths, cu_seqlens, max_seqlen)
         cls = x[cu_seqlens[:-1]] if packed else x[:, 0]
         pooled = torch.tanh(self.pooler(cls)) if self.pooler is not None else None
         return EncoderOutput(x, pooled)
+
+    def _run(self, layer, *args):
+        if self.gradient_checkpointing and self.training:
+            return checkpoint(layer, *args, use_reentrant=False)
+        return layer(*args)
+
+    def _post_ln(self, x, lengths, cu_seqlens, max_seqlen):
+        for layer in self.layers:
+            x = self._run(layer, x, lengths, cu_seqlens, max_seqlen)
+        return x
+
+    def _pre_ln(self, x, lengths, cu_seqlens, max_seqlen):
+        branch = None
+        for layer in self.layers:
+            x, branch = self._run(layer, x, lengths, cu_seqlens, max_seqlen, branch)
+        p = self.cfg.hidden_dropout if self.training else 0.0
+        return kernels.add_layer_norm(branch, x, self.final_norm.weight, self.final_norm.bias, self.cfg.layer_norm_eps,
+                                      p)
 
 
 class BertForPreTraining(nn.Module):
@@ -172,8 +227,8 @@ class BertForPreTraining(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.bert = BertModel(cfg)
-        self.mlm_dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
-        self.mlm_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.mlm_dense = nn.Linear(cfg.hidden_size, cfg.embedding_width)  # back to the (tied) embeddings' width
+        self.mlm_norm = nn.LayerNorm(cfg.embedding_width, eps=cfg.layer_norm_eps)
         self.mlm_bias = nn.Parameter(torch.zeros(cfg.padded_vocab_size))
         self.nsp = nn.Linear(cfg.hidden_size, 2)
         init_weights(self.mlm_dense, cfg)

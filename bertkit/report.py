@@ -108,9 +108,11 @@ def pretrain_report(run_dir: Path) -> str:
     run = read_run_config(run_dir)
     records = read_metrics(run_dir)
     figures = [f for f in (
-        _line_plot(records, "loss", ["loss", "mlm_loss", "nsp_loss", "eval_loss", "eval_mlm_loss", "eval_nsp_loss"]),
-        _line_plot(records, "accuracy", ["mlm_acc", "mlm_mask_acc", "nsp_acc", "eval_mlm_acc", "eval_mlm_mask_acc",
-                                         "eval_nsp_acc"]),
+        # the second task is NSP, SOP or (ELECTRA) the discriminator's replaced-token detection
+        _line_plot(records, "loss", [f"{split}{k}" for split in ("", "eval_") for k in (
+            "loss", "mlm_loss", "nsp_loss", "sop_loss", "disc_loss")]),
+        _line_plot(records, "accuracy", [f"{split}{k}" for split in ("", "eval_") for k in (
+            "mlm_acc", "mlm_mask_acc", "nsp_acc", "sop_acc", "rtd_acc", "rtd_f1")]),
         _line_plot(records, "learning rate", ["lr"]),
         _line_plot(records, "gradient norm", ["grad_norm"], logy=True),
         _line_plot(records, "throughput (sequences/s)", ["seq_per_s"]),

@@ -6,8 +6,9 @@ attention(q, k, v, lengths, dropout_p, softmax_scale)
 attention_varlen(q, k, v, cu_seqlens, max_seqlen, dropout_p, softmax_scale)
     q, k, v: (total_tokens, heads, head_dim); cu_seqlens: (batch + 1,) int32; max_seqlen: a Python int bucket
     (an upper bound on every sequence's length; it is never read back from the GPU).
-add_layer_norm(x, residual, weight, bias, eps, dropout_p)
-    LayerNorm(dropout(x) + residual) over the last dim; residual may be None.
+add_layer_norm(x, residual, weight, bias, eps, dropout_p, prenorm=False)
+    LayerNorm(dropout(x) + residual) over the last dim; residual may be None. prenorm=True returns the sum too,
+    (LayerNorm(h), h): a pre-LN encoder's residual stream h and the next sub-layer's input, from one fused pass.
 
 Backends, chosen with `use(name)` (the CLI's --kernels) or the BERTKIT_KERNELS environment variable:
   triton     our kernels (kernels/attention.py, kernels/layer_norm.py; torch.library ops bertkit::flash_attn_fwd/bwd,
@@ -91,8 +92,8 @@ def attention_varlen(q, k, v, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_sca
     return _FUNCTIONS[resolve(q.device)][1](q, k, v, cu_seqlens, max_seqlen, dropout_p, softmax_scale)
 
 
-def add_layer_norm(x, residual, weight, bias, eps=1e-12, dropout_p=0.0):
-    return _FUNCTIONS[resolve(x.device)][2](x, residual, weight, bias, eps, dropout_p)
+def add_layer_norm(x, residual, weight, bias, eps=1e-12, dropout_p=0.0, prenorm=False):
+    return _FUNCTIONS[resolve(x.device)][2](x, residual, weight, bias, eps, dropout_p, prenorm)
 
 
 __all__ = ["BACKENDS", "BackendError", "add_layer_norm", "attention", "attention_varlen", "backend", "resolve", "use"]

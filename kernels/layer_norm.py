@@ -1,4 +1,6 @@
-"""Fused (dropout(x) + residual) -> LayerNorm in Triton, forward and backward.
+"""Fused (dropout(x) + residual) -> LayerNorm in Triton, forward and backward, for both orders: post-LN (BERT) uses
+the normalised rows; pre-LN (prenorm=True) also uses the sum h as the residual stream, whose incoming gradient the
+backward adds to LayerNorm's in the same pass.
 
 Forward: each program normalises a tile of BLOCK_M rows x the whole hidden dim in fp32, and saves the per-row mean
 and 1/std plus the pre-norm sum h (in the input dtype; it is what PyTorch's add + layer_norm would save too).
@@ -65,13 +67,14 @@ def _add_ln_fwd(
 @triton.jit(do_not_specialize=["n_rows", "rows_per_program"])
 def _add_ln_bwd(
     DY, H,          # (n_rows, N): the output's gradient and the forward's pre-norm sum
+    DH_IN,          # (n_rows, N): h's own incoming gradient (pre-LN's residual stream; read only with HAS_DH_IN)
     W, MEAN, RSTD,  # (N,) weight; (n_rows,) fp32 statistics from the forward
     DH, DX,         # (n_rows, N) out: the residual's gradient and x's (x's only with DROPOUT)
     DW_PART, DB_PART,  # (programs, N) fp32 out: per-program partial sums of dW and dB
     SEED,           # (1,) int64
-    n_rows, N, rows_per_program, stride_dy, stride_h, stride_dh, stride_dx,  # row strides; columns contiguous
+    n_rows, N, rows_per_program, stride_dy, stride_h, stride_dh, stride_dx, stride_dh_in,  # row strides
     threshold, dropout_scale,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DROPOUT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DROPOUT: tl.constexpr, HAS_DH_IN: tl.constexpr,
 ):
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
@@ -97,6 +100,8 @@ def _add_ln_bwd(
         c1 = tl.sum(xhat * wdy, 1) / N
         c2 = tl.sum(wdy, 1) / N
         dh = (wdy - (xhat * c1[:, None] + c2[:, None])) * rstd[:, None]
+        if HAS_DH_IN:
+            dh += tl.load(DH_IN + rows64[:, None] * stride_dh_in + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         dw_acc += tl.sum(dy * xhat, 0)
         db_acc += tl.sum(dy, 0)
         tl.store(DH + rows64[:, None] * stride_dh + cols[None, :], dh.to(DH.dtype.element_ty), mask=mask)
@@ -192,9 +197,9 @@ def add_ln_forward(x, residual, weight, bias, seed, eps, dropout_p, y=None, h=No
     return y, h, mean, rstd
 
 
-def add_ln_backward(dy, h, weight, mean, rstd, seed, dropout_p, dh=None, dx=None):
+def add_ln_backward(dy, h, weight, mean, rstd, seed, dropout_p, dh=None, dx=None, dh_in=None):
     """Returns (dh, dx, dweight, dbias): dh is the residual's gradient; dx is x's gradient with dropout, else an
-    empty tensor (x's gradient is dh then)."""
+    empty tensor (x's gradient is dh then). dh_in: h's own incoming gradient (prenorm), added to dh."""
     n = h.shape[-1]
     dy2 = _rows(dy, n)
     h2 = _rows(h, n)
@@ -210,11 +215,12 @@ def add_ln_backward(dy, h, weight, mean, rstd, seed, dropout_p, dh=None, dx=None
     db_part = torch.empty((programs, n), dtype=torch.float32, device=h.device)
     dh2 = dh.view(-1, n)
     dx2 = dx.view(-1, n) if dropout else dh2
+    dh_in2 = _rows(dh_in, n) if dh_in is not None else dy2
     _add_ln_bwd[(programs,)](
-        dy2, h2, weight, mean, rstd, dh2, dx2, dw_part, db_part, seed if dropout else mean,
-        n_rows, n, rows_per_program, dy2.stride(0), h2.stride(0), dh2.stride(0), dx2.stride(0),
+        dy2, h2, dh_in2, weight, mean, rstd, dh2, dx2, dw_part, db_part, seed if dropout else mean,
+        n_rows, n, rows_per_program, dy2.stride(0), h2.stride(0), dh2.stride(0), dx2.stride(0), dh_in2.stride(0),
         *threshold_and_scale(dropout_p),
-        BLOCK_M=block_m, BLOCK_N=block_n, DROPOUT=dropout, num_warps=warps,
+        BLOCK_M=block_m, BLOCK_N=block_n, DROPOUT=dropout, HAS_DH_IN=dh_in is not None, num_warps=warps,
     )
     return dh, dx, dw_part.sum(0).to(weight.dtype), db_part.sum(0).to(weight.dtype)
 
@@ -252,13 +258,13 @@ def _(x, residual, weight, bias, seed, eps, dropout_p):
 
 @torch.library.custom_op("bertkit::add_layer_norm_bwd", mutates_args=())
 def add_ln_bwd_op(dy: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, mean: torch.Tensor,
-                  rstd: torch.Tensor, seed: torch.Tensor, dropout_p: float
+                  rstd: torch.Tensor, seed: torch.Tensor, dropout_p: float, dh_in: torch.Tensor | None = None
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return add_ln_backward(dy, h, weight, mean, rstd, seed, dropout_p)
+    return add_ln_backward(dy, h, weight, mean, rstd, seed, dropout_p, dh_in=dh_in)
 
 
 @add_ln_bwd_op.register_fake
-def _(dy, h, weight, mean, rstd, seed, dropout_p):
+def _(dy, h, weight, mean, rstd, seed, dropout_p, dh_in=None):
     return (torch.empty_like(h, memory_format=torch.contiguous_format),
             h.new_empty(h.shape if dropout_p > 0.0 else (0,)), torch.empty_like(weight), torch.empty_like(weight))
 
@@ -272,9 +278,11 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(h if store_h else x, weight, mean, rstd, seed)
 
 
-def _backward(ctx, dy, _dh, _dmean, _drstd):
+def _backward(ctx, dy, dh_in, _dmean, _drstd):
     h, weight, mean, rstd, seed = ctx.saved_tensors
-    dh, dx, dw, db = add_ln_bwd_op(dy, h, weight, mean, rstd, seed, ctx.dropout_p)
+    # dh_in: the gradient of the returned sum h, which a pre-LN model uses as its residual stream (None otherwise)
+    use_dh_in = dh_in is not None and dh_in.numel() > 0
+    dh, dx, dw, db = add_ln_bwd_op(dy, h, weight, mean, rstd, seed, ctx.dropout_p, dh_in if use_dh_in else None)
     grad_x = dx if ctx.dropout_p > 0.0 else dh
     return grad_x, (dh if ctx.has_residual else None), dw, db, None, None, None
 
@@ -282,10 +290,13 @@ def _backward(ctx, dy, _dh, _dmean, _drstd):
 torch.library.register_autograd("bertkit::add_layer_norm_fwd", _backward, setup_context=_setup_context)
 
 
-def add_layer_norm_triton(x, residual, weight, bias, eps=1e-12, dropout_p=0.0):
-    """LayerNorm(dropout(x) + residual) over the last dim; residual may be None."""
+def add_layer_norm_triton(x, residual, weight, bias, eps=1e-12, dropout_p=0.0, prenorm=False):
+    """LayerNorm(dropout(x) + residual) over the last dim; residual may be None. prenorm: (LayerNorm(h), h) with
+    h = dropout(x) + residual (a pre-LN encoder's residual stream; then residual is required)."""
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"add_layer_norm: dropout_p must be in [0, 1), got {dropout_p}")
+    if prenorm and residual is None:
+        raise ValueError("add_layer_norm: prenorm returns the sum with the residual, so it needs one")
     seed = draw_seed(x.device) if dropout_p > 0.0 else weight  # any tensor: never read when p == 0
-    y, _, _, _ = add_ln_fwd_op(x, residual, weight, bias, seed, float(eps), float(dropout_p))
-    return y
+    y, h, _, _ = add_ln_fwd_op(x, residual, weight, bias, seed, float(eps), float(dropout_p))
+    return (y, h) if prenorm else y

@@ -46,8 +46,9 @@ def attention_varlen_reference(q, k, v, cu_seqlens, max_seqlen, dropout_p=0.0, s
     return out
 
 
-def add_layer_norm_reference(x, residual, weight, bias, eps=1e-12, dropout_p=0.0, dropout_mask=None):
+def add_layer_norm_reference(x, residual, weight, bias, eps=1e-12, dropout_p=0.0, prenorm=False, dropout_mask=None):
     """LayerNorm(dropout(x) + residual): BERT's post-LN sub-layer output. residual may be None.
+    prenorm: returns (LayerNorm(h), h) with h = dropout(x) + residual, the residual stream of a pre-LN encoder.
 
     dropout_mask (x's shape, bool), when given, replaces the random draw (tests pass the kernels' own mask)."""
     if dropout_mask is not None:
@@ -56,4 +57,5 @@ def add_layer_norm_reference(x, residual, weight, bias, eps=1e-12, dropout_p=0.0
         x = F.dropout(x, p=dropout_p)
     if residual is not None:
         x = x + residual
-    return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+    y = F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+    return (y, x) if prenorm else y

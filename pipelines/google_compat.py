@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
-from tqdm import tqdm
 
 from bertkit.fileio import atomic_write_arrow, checksum_file, read_arrow
 from bertkit.formats import CorpusColumns, instances_file_name
@@ -27,6 +26,7 @@ from bertkit.pipelines.instance_io import (
     tokenize_documents,
     word_encoder,
 )
+from bertkit.progress import tqdm
 
 
 class Instance(NamedTuple):

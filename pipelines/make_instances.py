@@ -16,6 +16,7 @@ one unit's tokens plus one pass of its instances, never corpus x dupe.
 """
 import math
 import shutil
+import sys
 from array import array
 from bisect import bisect_left
 from dataclasses import asdict, dataclass
@@ -24,7 +25,6 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute  # noqa: F401  (pa.compute)
-from tqdm import tqdm
 
 from bertkit.fileio import (
     LOCK_FILE,
@@ -64,6 +64,7 @@ from bertkit.pipelines.instance_io import (
     tokenize_documents,
     word_encoder,
 )
+from bertkit.progress import tqdm
 
 MAX_POSITIONS = 512          # BERT's position embeddings
 SPLIT_CODE = {"train": 0, "holdout": 1}
@@ -555,6 +556,11 @@ def _make_instances(corpus_dir: Path, tokenizer_dir, out: Path, config: Instance
         entries = _run_units(train, holdout, tokenizer_dir, out, config, progress)
 
     stats = summarize(entries, config)
+    if config.objective == "nsp" and stats["not_next_share"] > 0.6:
+        tqdm.write(f"warning: {stats['not_next_share']:.0%} of the pairs are NotNext (about 50 % expected): "
+                   f"--max-seq-length {config.max_seq_length} leaves {config.max_seq_length - 3} tokens for two "
+                   "segments, too few for most pairs of sentences; 64 or more keeps next-sentence prediction "
+                   "meaningful", file=sys.stderr)
     if stats["instances"].get("train", 0) == 0:
         raise InstancesError(f"{corpus_dir}: no instance could be made: the corpus has no non-empty document "
                              f"(every sentence tokenized to nothing)")

@@ -478,7 +478,7 @@ class Merger:
 # ------------------------------------------------------------------------------------------ the stage
 
 def _say(message: str):
-    from tqdm import tqdm
+    from bertkit.progress import tqdm
 
     tqdm.write(message, file=sys.stderr)
 
@@ -502,7 +502,7 @@ def prepare_corpus(inputs, out, config: CorpusConfig | None = None) -> CorpusMan
 
 
 def _prepare_corpus(inputs, out: Path, config: CorpusConfig) -> CorpusManifest:
-    from tqdm import tqdm
+    from bertkit.progress import tqdm
 
     started = time.time()
     skipped = []
@@ -519,10 +519,7 @@ def _prepare_corpus(inputs, out: Path, config: CorpusConfig) -> CorpusManifest:
                    "inputs": [[f.source, str(f.path.resolve()), *file_fingerprint(f.path).values()] for f in files]}
     work = out / ".work"
     manifest_path = out / MANIFEST
-    previous = read_json_or_none(manifest_path)
-    if previous is not None and previous.get("stage") != "prepare-corpus":
-        raise CorpusError(f"{out}: holds the output of another stage ({previous.get('stage')!r}); "
-                          f"choose another --out (not even --overwrite replaces it)")
+    previous = read_json_or_none(manifest_path)  # another stage's folder never gets here (folder_lock refuses it)
     if previous and previous.get("stage") == "prepare-corpus" and previous.get("fingerprint") == fingerprint \
             and previous.get("complete") and not config.overwrite:
         shutil.rmtree(work, ignore_errors=True)

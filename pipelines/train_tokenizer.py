@@ -111,7 +111,7 @@ class TokenizerConfig:
 def _sentence_batches(shards, progress: bool, desc: str, limit: int | None = None, sample: int | None = None):
     """Yield lists of sentences, shard by shard, in file order (deterministic); with `sample`, only the documents
     whose sample bucket is below it."""
-    from tqdm import tqdm
+    from bertkit.progress import tqdm
 
     docs = sum(read_arrow(p).num_rows for p in shards)
     left = limit
@@ -204,7 +204,7 @@ def scan_shard(path: str, options: dict, alphabet_tokens: list[str] | None, samp
 def _per_shard(shards, config: TokenizerConfig, desc: str, alphabet_tokens=None, sample=False):
     """Yield scan_shard's result for every shard, in shard order, from the configured engine (the caller folds
     them as they come, so the main process never holds one result per shard)."""
-    from tqdm import tqdm
+    from bertkit.progress import tqdm
 
     options = asdict(config)
     pool = config.engine == "local" and config.workers > 1   # one process, one core

@@ -149,3 +149,18 @@ def finish(proc, timeout=180):
     out, _ = proc.communicate(timeout=timeout)
     assert proc.returncode == 0, out[-4000:]
     return out
+
+
+def quick_finetune(model_dir: Path, out: Path) -> dict:
+    """One epoch of `finetune classify` from a model folder on 32 two-word rows made from its own vocabulary: does
+    fine-tuning start from it? Returns the summary."""
+    from bertkit.finetune.classify import finetune_classify
+    from bertkit.finetune.train import TrainConfig
+
+    vocab = (Path(model_dir) / "vocab.txt").read_text().split()
+    rows = ["text\tlabel"] + [f"{vocab[10 + i % 50]} {vocab[20 + (i * 7) % 50]}\t{i % 2}" for i in range(32)]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "train.tsv").write_text("\n".join(rows) + "\n")
+    return finetune_classify(model_dir, out / "train.tsv", out / "train.tsv",
+                             TrainConfig(out_dir=str(out / "run"), epochs=1, batch_size=8, save_model=False),
+                             text_a="text", label="label", max_seq_length=16)

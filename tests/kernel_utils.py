@@ -170,17 +170,18 @@ def compile_attention_kernel(kind, config, head_dim=64, dropout=True, varlen=Tru
 
 
 def compile_layer_norm_kernels(hidden, dropout=True):
-    """{"ln_fwd": ..., "ln_bwd": ...}: the residual-add LayerNorm kernels in their tile for `hidden`, bf16,
-    compiled for sm_90."""
+    """{"ln_fwd": ..., "ln_bwd": ..., "ln_bwd_prenorm": ...}: the residual-add LayerNorm kernels in their tile for
+    `hidden`, bf16, compiled for sm_90 (the pre-LN backward also adds the residual stream's incoming gradient)."""
     import importlib
 
     ln = importlib.import_module("bertkit.kernels.layer_norm")
     block_m, block_n, warps = ln._tile(hidden)
-    pointers = {name: "*bf16" for name in ["X", "R", "W", "B", "Y", "H", "DY", "DH", "DX"]}
+    pointers = {name: "*bf16" for name in ["X", "R", "W", "B", "Y", "H", "DY", "DH", "DX", "DH_IN"]}
     pointers.update(MEAN="*fp32", RSTD="*fp32", SEED="*i64", DW_PART="*fp32", DB_PART="*fp32")
     tile = dict(BLOCK_M=block_m, BLOCK_N=block_n)
     return {name: compile_for_gpu(kernel, pointers, ("eps", "dropout_scale"), {**tile, **constexprs}, warps,
                                   divisible=LAYER_NORM_DIVISIBLE)
             for name, kernel, constexprs in [
                 ("ln_fwd", ln._add_ln_fwd, dict(HAS_RESIDUAL=True, DROPOUT=dropout, STORE_H=True)),
-                ("ln_bwd", ln._add_ln_bwd, dict(DROPOUT=dropout))]}
+                ("ln_bwd", ln._add_ln_bwd, dict(DROPOUT=dropout, HAS_DH_IN=False)),
+                ("ln_bwd_prenorm", ln._add_ln_bwd, dict(DROPOUT=dropout, HAS_DH_IN=True))]}

@@ -20,7 +20,7 @@ from tests.kernel_utils import (
     run_file_under_interpreter,
 )
 
-INTERPRETER_CASES = 10
+INTERPRETER_CASES = 13
 
 
 @pytest.mark.slow
@@ -40,7 +40,7 @@ def _inputs(rows, hidden, dtype, residual, gen, device="cpu", strided=False):
 
 def _reference(x, r, w, b, dy, eps, p=0.0, mask=None):
     leaves = [t.detach().double().requires_grad_() if t is not None else None for t in (x, r, w, b)]
-    y = add_layer_norm_reference(*leaves, eps, p, mask)
+    y = add_layer_norm_reference(*leaves, eps, p, dropout_mask=mask)
     y.backward(dy.double())
     return y.detach(), [t.grad if t is not None else None for t in leaves]
 
@@ -82,6 +82,35 @@ def test_matches_reference(dtype, rows, hidden, residual, p):
     assert rel_err(db, ref_db) <= tol
     if p > 0:
         assert torch.equal(grad_x == 0, ~mask | (dh == 0))  # dropped elements get exactly zero gradient
+
+
+@interpreter_only
+@pytest.mark.parametrize("dtype,p", [(torch.float32, 0.0), (torch.float16, 0.0), (torch.float32, 0.15)])
+def test_prenorm_returns_the_sum_and_takes_its_gradient(dtype, p):
+    """Pre-LN: (LayerNorm(h), h) with h = dropout(x) + residual from one pass; backward adds h's own incoming gradient
+    (the residual stream's) to LayerNorm's, in the kernel. Against the reference with the kernel's dropout mask."""
+    from bertkit import kernels
+    from bertkit.kernels.common import draw_seed
+    from bertkit.kernels.layer_norm import add_layer_norm_triton, ln_dropout_mask
+
+    gen = torch.Generator().manual_seed(7)
+    x, r, w, b = _inputs(2 * 13, 160, dtype, True, gen)
+    leaves = [t.view(2, 13, 160).requires_grad_() if t.dim() == 2 else t.requires_grad_() for t in (x, r, w, b)]
+    dy, dh = (torch.randn(2, 13, 160, generator=gen, dtype=torch.float64).to(dtype) for _ in range(2))
+    torch.manual_seed(3)  # the seed the op draws, drawn again below for the reference's mask
+    y, h = add_layer_norm_triton(*leaves, 1e-12, p, prenorm=True)
+    torch.manual_seed(3)
+    mask = ln_dropout_mask(draw_seed("cpu"), 26, 160, p).view(2, 13, 160) if p > 0 else None
+    torch.autograd.backward([y, h], [dy, dh])
+    ref = [t.detach().double().requires_grad_() for t in leaves]
+    ref_y, ref_h = add_layer_norm_reference(*ref, 1e-12, p, prenorm=True, dropout_mask=mask)
+    torch.autograd.backward([ref_y, ref_h], [dy.double(), dh.double()])
+    tol = TOLERANCE[dtype]
+    assert rel_err(y, ref_y) <= tol and rel_err(h, ref_h) <= tol
+    for leaf, r64 in zip(leaves, ref):
+        assert rel_err(leaf.grad, r64.grad) <= tol
+    with pytest.raises(ValueError, match="needs one"):
+        kernels.add_layer_norm(leaves[0], None, leaves[2], leaves[3], 1e-12, 0.0, prenorm=True)
 
 
 @interpreter_only

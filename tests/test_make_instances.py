@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 from click.testing import CliRunner
 
-from bertkit.fileio import checksum_file, read_arrow, sha256_file
+from bertkit.fileio import FolderNotOwnedError, checksum_file, read_arrow, sha256_file
 from bertkit.formats import InstancesError, instance_schema
 from bertkit.pipelines import google_compat
 from bertkit.pipelines.make_instances import InstancesConfig, assemble, build_pairs, make_instances, truncation_amounts
@@ -511,7 +511,7 @@ def test_bad_inputs_are_clear_errors(tmp_path, small_corpus, vocab, shared_data)
         make_instances(empty, vocab, tmp_path / "o4", InstancesConfig(workers=1))
     (tmp_path / "occupied").mkdir()
     (tmp_path / "occupied" / "x.txt").write_text("x")
-    with pytest.raises(InstancesError, match="not a make-instances output"):
+    with pytest.raises(FolderNotOwnedError, match=r"holds files no bertkit command wrote there \(x.txt\)"):
         make_instances(small_corpus, vocab, tmp_path / "occupied")
 
 
@@ -577,3 +577,14 @@ def test_english_statistics_match_the_rules(english_instances):
     st = m.stats
     assert abs(st["not_next_share"] - n_notnext / n_rows) < 1e-12 and abs(st["mask_share"] - n_mask / n_sel) < 2e-4
     assert sum(st["length_histogram"]["counts"]) == n_rows and len(st["instances_per_pass"]) == 10
+
+
+def test_a_length_with_no_room_for_two_segments_is_warned_about(tmp_path, small_corpus, vocab, capsys):
+    """--max-seq-length 8 leaves 5 tokens for A and B: most pairs come out NotNext, which make-instances says."""
+    m = make_instances(small_corpus, vocab, tmp_path / "short", InstancesConfig(max_seq_length=8, workers=1),
+                       progress=False)
+    assert m.stats["not_next_share"] > 0.6
+    assert "of the pairs are NotNext" in capsys.readouterr().err
+    make_instances(small_corpus, vocab, tmp_path / "long", InstancesConfig(max_seq_length=128, workers=1),
+                   progress=False)
+    assert "NotNext" not in capsys.readouterr().err

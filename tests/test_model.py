@@ -34,12 +34,14 @@ def randomise(model, seed=0):
 
 
 def hf_twin(model, hf_class, **config_extra):
-    """The HF model with `model`'s weights (through the checkpoint name mapping)."""
-    hf_cfg = transformers.BertConfig(**model.cfg.to_hf_dict(), **config_extra)
+    """The HF model with `model`'s weights (through the checkpoint name mapping); a pre-LN model's twin is a
+    MegatronBert one."""
+    config_class = transformers.MegatronBertConfig if model.cfg.norm == "pre" else transformers.BertConfig
+    hf_cfg = config_class(**{k: v for k, v in model.cfg.to_hf_dict().items() if k != "model_type"}, **config_extra)
     hf_cfg._attn_implementation = "eager"
     hf = hf_class(hf_cfg)
     state = to_hf_state_dict(_canonical_state(model), model.cfg)
-    if hf_class is transformers.BertModel:
+    if hf_class in (transformers.BertModel, transformers.MegatronBertModel):
         state = {k[len("bert."):]: v for k, v in state.items()}
     missing, unexpected = hf.load_state_dict(state, strict=False)
     assert not unexpected

@@ -1,4 +1,5 @@
 """One module per stage's click command(s); bertkit/cli.py gathers them into the `bertkit` group."""
+import math
 import os
 
 import click
@@ -21,3 +22,23 @@ def default_workers() -> int:
     """Worker processes for the parallel stages: the CPUs this process may use, at most 8."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(1, min(8, cpus))
+
+
+class Real(click.FloatRange):
+    """A finite float within a range: click's FloatRange lets "nan" through (every comparison with nan is false)."""
+
+    def convert(self, value, param, ctx):
+        number = click.FLOAT.convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return super().convert(number, param, ctx)
+
+
+def count(minimum: int = 1) -> click.IntRange:
+    """A whole number of things (steps, sequences, workers...): at least `minimum`."""
+    return click.IntRange(min=minimum)
+
+
+POSITIVE = Real(0, min_open=True)        # rates, weights, epochs
+NON_NEGATIVE = Real(0)                   # decays, thresholds that 0 switches off
+PROBABILITY = Real(0, 1)

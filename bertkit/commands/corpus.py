@@ -1,7 +1,7 @@
 """`bertkit prepare-corpus`: maps flags onto pipelines.prepare_corpus.CorpusConfig and runs the stage."""
 import click
 
-from bertkit.commands import default_workers
+from bertkit.commands import Real, default_workers
 from bertkit.pipelines.engine import ENGINE_HELP, ENGINES, RAY_ADDRESS_HELP
 
 
@@ -23,7 +23,7 @@ from bertkit.pipelines.engine import ENGINE_HELP, ENGINES, RAY_ADDRESS_HELP
 @click.option("--min-chars", default=50, show_default=True, type=click.IntRange(min=0), help="Drop shorter documents.")
 @click.option("--min-sentences", default=1, show_default=True, type=click.IntRange(min=0),
               help="Drop documents with fewer sentences.")
-@click.option("--holdout", default=0.01, show_default=True, type=click.FloatRange(0, 1, max_open=True),
+@click.option("--holdout", default=0.01, show_default=True, type=Real(0, 1, max_open=True),
               help="Fraction of documents held out (chosen by a hash of the text: stable across runs).")
 @click.option("--shard-size", default="64MB", show_default=True, help="Text bytes per shard, e.g. 64MB, 512KB.")
 @click.option("--workers", "-j", default=default_workers(), show_default="CPUs, at most 8", type=click.IntRange(min=1),

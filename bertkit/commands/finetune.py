@@ -8,7 +8,7 @@ import functools
 
 import click
 
-from bertkit.commands import kernels_option, report_to_option
+from bertkit.commands import NON_NEGATIVE, POSITIVE, PROBABILITY, Real, count, kernels_option, report_to_option
 
 
 def common_options(default_lr: float, default_epochs: float, default_batch: int, default_max_len: int):
@@ -18,21 +18,23 @@ def common_options(default_lr: float, default_epochs: float, default_batch: int,
                          help="HF BERT folder or `bertkit export` folder (weights + vocab/tokenizer)."),
             click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
                          help="Output folder: metrics.json, best/ (HF model), predictions."),
-            click.option("--epochs", default=default_epochs, show_default=True, type=float),
-            click.option("--batch-size", default=default_batch, show_default=True, help="Global train batch."),
-            click.option("--eval-batch-size", default=64, show_default=True),
+            click.option("--epochs", default=default_epochs, show_default=True, type=POSITIVE),
+            click.option("--batch-size", default=default_batch, show_default=True, type=count(1),
+                         help="Global train batch."),
+            click.option("--eval-batch-size", default=64, show_default=True, type=count(1)),
             click.option("--learning-rate", "--lr", "learning_rate", default=default_lr, show_default=True,
-                         type=float),
-            click.option("--weight-decay", default=0.01, show_default=True, type=float),
-            click.option("--warmup-ratio", default=0.1, show_default=True, type=float,
+                         type=POSITIVE),
+            click.option("--weight-decay", default=0.01, show_default=True, type=NON_NEGATIVE),
+            click.option("--warmup-ratio", default=0.1, show_default=True, type=PROBABILITY,
                          help="Fraction of steps with linear warmup; linear decay to 0 after."),
-            click.option("--max-grad-norm", default=1.0, show_default=True, type=float),
-            click.option("--seed", default=42, show_default=True),
-            click.option("--max-seq-length", default=default_max_len, show_default=True),
+            click.option("--max-grad-norm", default=1.0, show_default=True, type=NON_NEGATIVE, help="0: no clipping."),
+            click.option("--seed", default=42, show_default=True, type=count(0)),
+            click.option("--max-seq-length", default=default_max_len, show_default=True, type=click.IntRange(8, 512)),
             click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N."),
             kernels_option,
             report_to_option,
-            click.option("--log-every", default=10, show_default=True, help="Steps between OUT/metrics.jsonl records."),
+            click.option("--log-every", default=10, show_default=True, type=count(1),
+                         help="Steps between OUT/metrics.jsonl records."),
             click.option("--unpadded", is_flag=True,
                          help="Pack each training batch end to end (varlen attention): no compute on padding. "
                               "classify, glue and ner."),
@@ -90,19 +92,19 @@ def finetune():
               help="SQuAD JSON to train on; leave out to only predict.")
 @click.option("--predict-file", required=True, type=click.Path(exists=True, dir_okay=False))
 @click.option("--version-2", is_flag=True, help="SQuAD 2.0: unanswerable questions, null answers.")
-@click.option("--window-step", default=128, show_default=True,
+@click.option("--window-step", default=128, show_default=True, type=count(1),
               help="Tokens between the starts of consecutive context windows (run_squad.py's doc_stride; "
                    "NOT HF's `stride`, which is the overlap = window length - step).")
-@click.option("--max-query-length", default=64, show_default=True)
-@click.option("--n-best-size", default=20, show_default=True)
-@click.option("--max-answer-length", default=30, show_default=True, help="In tokens.")
-@click.option("--null-score-diff-threshold", default=0.0, show_default=True, type=float,
+@click.option("--max-query-length", default=64, show_default=True, type=count(1))
+@click.option("--n-best-size", default=20, show_default=True, type=count(1))
+@click.option("--max-answer-length", default=30, show_default=True, type=count(1), help="In tokens.")
+@click.option("--null-score-diff-threshold", default=0.0, show_default=True, type=Real(),
               help="v2: answer \"\" when null score - best span score exceeds this.")
 @click.option("--train-articles", default=None, help="Article range of --train-file to use, e.g. 0:24.")
 @click.option("--predict-articles", default=None, help="Article range of --predict-file, e.g. 24:.")
-@click.option("--every-nth-train-question", default=1, show_default=True,
+@click.option("--every-nth-train-question", default=1, show_default=True, type=count(1),
               help="Train on every n-th question only (a quick deterministic subset).")
-@click.option("--every-nth-predict-question", default=1, show_default=True,
+@click.option("--every-nth-predict-question", default=1, show_default=True, type=count(1),
               help="Predict and score every n-th question only.")
 @friendly_errors
 def squad(**kw):

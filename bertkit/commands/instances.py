@@ -1,7 +1,7 @@
 """`bertkit make-instances`: maps flags onto pipelines.make_instances.InstancesConfig and runs the stage."""
 import click
 
-from bertkit.commands import default_workers
+from bertkit.commands import PROBABILITY, Real, count, default_workers
 from bertkit.pipelines.engine import ENGINE_HELP, ENGINES, RAY_ADDRESS_HELP
 
 
@@ -11,21 +11,22 @@ from bertkit.pipelines.engine import ENGINE_HELP, ENGINES, RAY_ADDRESS_HELP
               help="train-tokenizer output folder, HF model folder, or a vocab.txt.")
 @click.option("--out", "-o", default="instances", show_default=True, type=click.Path(file_okay=False),
               help="Output folder (the default is where pretrain looks).")
-@click.option("--max-seq-length", default=128, show_default=True, type=int, help="Tokens per instance, 8..512.")
-@click.option("--max-predictions", default=None, type=int, show_default="20 at 0.15, else max-seq-length x rate",
+@click.option("--max-seq-length", default=128, show_default=True, type=click.IntRange(8, 512),
+              help="Tokens per instance, 8..512.")
+@click.option("--max-predictions", default=None, type=count(1), show_default="20 at 0.15, else max-seq-length x rate",
               help="Most masked positions per instance.")
-@click.option("--masked-lm-prob", default=0.15, show_default=True, type=float,
+@click.option("--masked-lm-prob", default=0.15, show_default=True, type=Real(0, 1, min_open=True, max_open=True),
               help="Share of tokens to predict (BERT 0.15; 0.3-0.4 helped larger models in Wettig et al. 2023).")
 @click.option("--mask-replace", default="0.8,0.1,0.1", show_default=True,
               help="Shares of the chosen tokens replaced by [MASK], kept, replaced by a random token.")
 @click.option("--objective", type=click.Choice(["nsp", "sop", "none"]), default="nsp", show_default=True,
               help="nsp: BERT's next-sentence pairs; sop: ALBERT's sentence order (same document, swapped for "
                    "the negative); none: RoBERTa's full sentences across documents, MLM only.")
-@click.option("--short-seq-prob", default=0.1, show_default=True, type=float,
+@click.option("--short-seq-prob", default=0.1, show_default=True, type=PROBABILITY,
               help="Probability that a document's target length is drawn in [2, max-seq-length - 3].")
-@click.option("--dupe", default=None, type=int, show_default="10 static, 1 dynamic",
+@click.option("--dupe", default=None, type=count(1), show_default="10 static, 1 dynamic",
               help="Passes over the corpus, each with new pairs and masks.")
-@click.option("--seed", default=12345, show_default=True, type=int)
+@click.option("--seed", default=12345, show_default=True, type=count(0))
 @click.option("--whole-word-mask", is_flag=True, help="Mask whole words (a ## piece joins the word before it).")
 @click.option("--mode", type=click.Choice(["static", "dynamic"]), default="static", show_default=True,
               help="static: masked here; dynamic: unmasked pairs, masked by the pretraining loader each epoch.")

@@ -3,7 +3,22 @@ import os
 
 import click
 
-from bertkit.commands import kernels_option, report_to_option
+from bertkit.commands import NON_NEGATIVE, POSITIVE, Real, count, kernels_option, report_to_option
+
+
+class Duration(click.ParamType):
+    """A length of time as 2h, 30m, 1h30m or 90s; the value is in seconds."""
+    name = "duration"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, (int, float)):
+            return float(value)
+        from bertkit.pretrain.budget import parse_duration
+
+        try:
+            return parse_duration(value)
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
 
 
 @click.command("pretrain")
@@ -13,35 +28,55 @@ from bertkit.commands import kernels_option, report_to_option
               help="Run folder (checkpoints, metrics).")
 @click.option("--model", default="base", show_default=True,
               help="Preset (tiny mini small medium base large) or an HF config.json / model folder.")
-@click.option("--max-steps", default=10000, show_default=True, type=int, help="Optimizer steps.")
-@click.option("--micro-batch", type=int, help="Sequences per rank per forward  [default: 32].")
-@click.option("--global-batch", type=int, help="Sequences per optimizer step (sets gradient accumulation) "
+@click.option("--max-steps", type=click.IntRange(min=1),
+              help="Optimizer steps  [default: 10000; with --time-budget: until the time is spent; with "
+                   "--schedule-from: the steps recorded there].")
+@click.option("--time-budget", type=Duration(),
+              help="Train for this long (2h, 30m, 1h30m): warmup and decay follow the clock, then save and stop. "
+                   "The run records its schedule, and --resume counts the time already used.")
+@click.option("--schedule-from", type=click.Path(exists=True, file_okay=False),
+              help="Replay the schedule a --time-budget run recorded (RUN/schedule.json), step for step.")
+@click.option("--micro-batch", type=count(1), help="Sequences per rank per forward  [default: 32].")
+@click.option("--global-batch", type=count(1), help="Sequences per optimizer step (sets gradient accumulation) "
                                                "[default: micro batch x ranks].")
 @click.option("--zero-stage", type=click.IntRange(0, 3),
               help="DeepSpeed ZeRO stage  [default: 0 with LAMB (per-layer trust ratios), 2 with AdamW].")
 @click.option("--precision", type=click.Choice(["auto", "fp32", "bf16", "fp16"]),
               help="auto = bf16 on GPUs that have it, else fp16 (dynamic loss scaling); fp32 on the CPU.")
 @click.option("--optimizer", type=click.Choice(["lamb", "adamw"]), help="[default: lamb]")
-@click.option("--lr", type=float, help="Peak learning rate  [default: 1e-3].")
-@click.option("--weight-decay", type=float, help="[default: 0.01; never on biases and LayerNorm]")
-@click.option("--grad-clip", type=float, help="Global gradient-norm clipping  [default: 1.0].")
+@click.option("--lr", type=POSITIVE, help="Peak learning rate  [default: 1e-3].")
+@click.option("--weight-decay", type=NON_NEGATIVE, help="[default: 0.01; never on biases and LayerNorm]")
+@click.option("--grad-clip", type=NON_NEGATIVE, help="Global gradient-norm clipping; 0: none  [default: 1.0].")
 @click.option("--schedule", type=click.Choice(["linear", "poly"]), default="linear", show_default=True,
               help="Warmup then linear decay (BERT), or polynomial decay with power 0.5 (NVIDIA).")
-@click.option("--warmup", type=float, default=0.01, show_default=True,
-              help="Warmup: a fraction of --max-steps when < 1, else a number of steps.")
+@click.option("--warmup", type=NON_NEGATIVE, default=0.01, show_default=True,
+              help="Warmup: a fraction of --max-steps (or of --time-budget) when < 1, else a number of steps.")
 @click.option("--deepspeed-config", type=click.Path(dir_okay=False, exists=True),
               help="A DeepSpeed JSON config; it wins where the flags are silent, a contradiction is an error.")
 @click.option("--init-from", type=click.Path(exists=True),
               help="Start from these weights (phase 2): an export folder or a run folder (its latest checkpoint).")
 @click.option("--resume", is_flag=True, help="Continue the run in --out from its latest checkpoint, exactly.")
-@click.option("--save-every", default=1000, show_default=True, type=int)
-@click.option("--keep-last", default=3, show_default=True, type=int, help="Checkpoints kept.")
-@click.option("--log-every", default=10, show_default=True, type=int)
-@click.option("--eval-every", default=1000, show_default=True, type=int, help="Held-out evaluation; 0 = never.")
-@click.option("--eval-batches", default=20, show_default=True, type=int)
-@click.option("--seed", default=42, show_default=True, type=int)
-@click.option("--num-workers", default=1, show_default=True, type=int, help="Loader processes per rank.")
-@click.option("--dropout", type=float, help="Override the model's hidden and attention dropout.")
+@click.option("--save-every", default=1000, show_default=True, type=count(1))
+@click.option("--keep-last", default=3, show_default=True, type=count(1), help="Checkpoints kept.")
+@click.option("--log-every", default=10, show_default=True, type=count(1))
+@click.option("--eval-every", default=1000, show_default=True, type=count(0), help="Held-out evaluation; 0 = never.")
+@click.option("--eval-batches", default=20, show_default=True, type=count(1))
+@click.option("--seed", default=42, show_default=True, type=count(0))
+@click.option("--num-workers", default=1, show_default=True, type=count(0), help="Loader processes per rank.")
+@click.option("--dropout", type=Real(0, 1, max_open=True),
+              help="Override the model's hidden and attention dropout.")
+@click.option("--objective", type=click.Choice(["mlm", "electra"]),
+              help="mlm: masked LM alone (the instances' NSP/SOP labels unused); electra: replaced-token detection "
+                   "(Clark et al. 2020: a small generator fills the masked positions, the discriminator labels every "
+                   "token; exported as ElectraForPreTraining + generator/ ElectraForMaskedLM)  [default: the "
+                   "instances' objective].")
+@click.option("--generator-size", type=Real(0, 1, min_open=True), default=0.25, show_default=True,
+              help="ELECTRA: the generator's width as a fraction of the discriminator's (the paper: 1/4 to 1/3).")
+@click.option("--disc-weight", type=POSITIVE, default=50.0, show_default=True,
+              help="ELECTRA: loss = generator MLM + this x discriminator loss (the paper's lambda).")
+@click.option("--norm", type=click.Choice(["post", "pre"]),
+              help="LayerNorm after each residual add (post, BERT's) or before each sub-layer (pre, MegatronBERT's: "
+                   "stable with less warmup; exported as MegatronBertForPreTraining)  [default: the model's, post].")
 @click.option("--pad-vocab-to", type=click.IntRange(min=1), default=None, show_default="8",
               help="Round the embedding and decoder rows up to this multiple (64: MosaicBERT, ModernBERT); the extra "
                    "rows are never predicted and export trims them.")
@@ -53,9 +88,9 @@ from bertkit.commands import kernels_option, report_to_option
 @click.option("--on-spike", type=click.Choice(["none", "stop", "rollback"]), default="none", show_default=True,
               help="A loss above --spike-factor x the median of the last --spike-window losses: ignore, stop or "
                    "roll back (PaLM's recipe).")
-@click.option("--spike-factor", type=float, default=4.0, show_default=True)
-@click.option("--spike-window", type=int, default=100, show_default=True)
-@click.option("--max-rollbacks", type=int, default=3, show_default=True, help="Then the run stops.")
+@click.option("--spike-factor", type=Real(1, min_open=True), default=4.0, show_default=True)
+@click.option("--spike-window", type=count(2), default=100, show_default=True)
+@click.option("--max-rollbacks", type=count(0), default=3, show_default=True, help="Then the run stops.")
 @kernels_option
 @report_to_option
 @click.option("--progress/--no-progress", default=True, show_default=True)
@@ -76,6 +111,8 @@ def pretrain(**flags):
         raise click.ClickException(str(e)) from e
     if result.get("checkpoint") and os.environ.get("RANK", "0") == "0":
         click.echo(f"step {result['step']}: checkpoint {result['checkpoint']}", err=True)
+    if result.get("stopped_by_signal"):  # saved, but not finished: 130 / 143 as shells expect, so `&& export` waits
+        raise SystemExit(128 + int(result["stopped_by_signal"]))
 
 
 @click.command("export")

@@ -3,7 +3,7 @@ import os
 
 import click
 
-from bertkit.commands import default_workers
+from bertkit.commands import count, default_workers
 from bertkit.pipelines.engine import ENGINE_HELP, ENGINES, RAY_ADDRESS_HELP
 
 
@@ -11,7 +11,8 @@ from bertkit.pipelines.engine import ENGINE_HELP, ENGINES, RAY_ADDRESS_HELP
 @click.argument("corpus_dir", required=False, type=click.Path(file_okay=False))
 @click.option("--out", default="tokenizer", show_default=True, type=click.Path(file_okay=False),
               help="Tokenizer folder to write (the default is where make-instances looks).")
-@click.option("--vocab-size", default=30522, show_default=True, help="Target vocabulary size, special tokens included.")
+@click.option("--vocab-size", default=30522, show_default=True, type=count(16),
+              help="Target vocabulary size, special tokens included.")
 @click.option("--uncased/--cased", "lowercase", default=None,
               help="Lower-case and strip Latin accents (default), or keep case and accents. "
                    "With --vocab, the default is guessed from the vocabulary (capitals in it mean cased).")
@@ -21,8 +22,9 @@ from bertkit.pipelines.engine import ENGINE_HELP, ENGINES, RAY_ADDRESS_HELP
                    "kana voicing marks (used when training); all: original BERT (NFD, drop every combining mark; "
                    "splits Hangul into jamo); none: lower-case only. auto: latin when training; with --vocab, all "
                    "if the vocabulary was built that way (Hangul as jamo, kana without voicing marks), else latin.")
-@click.option("--min-frequency", default=2, show_default=True, help="Least count of a pair to be merged.")
-@click.option("--limit-alphabet", type=int, default=None,
+@click.option("--min-frequency", default=2, show_default=True, type=count(1),
+              help="Least count of a pair to be merged.")
+@click.option("--limit-alphabet", type=count(1), default=None,
               help="Keep only the N most frequent characters (others become [UNK]). Default: keep every "
                    "character of the corpus, so rare Hangul syllables and Hanja are not lost.")
 @click.option("--vocab", "vocab_file", type=click.Path(dir_okay=False, exists=True), default=None,
@@ -34,7 +36,7 @@ from bertkit.pipelines.engine import ENGINE_HELP, ENGINES, RAY_ADDRESS_HELP
 @click.option("--sample-bytes", default=None, metavar="SIZE",
               help="Learn the merges on at most this much text (e.g. 10GB), documents chosen by a hash of their id; "
                    "the alphabet still comes from all of the text. Default: all of it.")
-@click.option("--stats-sentences", default=100_000, show_default=True,
+@click.option("--stats-sentences", default=100_000, show_default=True, type=count(0),
               help="Held-out sentences measured for the [UNK] rate and pieces per word.")
 @click.option("--workers", "-j", default=default_workers(), show_default="CPUs, at most 8", type=click.IntRange(min=1),
               help="Processes for the passes over every shard (the alphabet); the output is the same for any number.")

@@ -14,13 +14,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from bertkit import kernels
-from bertkit.fileio import atomic_write_json
+from bertkit.distributed import destroy_at_exit
+from bertkit.fileio import atomic_write_json, check_folder_owned
 from bertkit.formats import IGNORE_INDEX
 from bertkit.hf import save_pretrained
 from bertkit.optim import build_scheduler, param_groups
+from bertkit.progress import tqdm
 from bertkit.runlog import RunLog, default_report_to
 
 
@@ -158,6 +159,7 @@ def train(model, train_rows: list, evaluate, best_metric: str, cfg: TrainConfig,
         if device.type == "cuda":
             torch.cuda.set_device(device)
         torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        destroy_at_exit()
     set_seed(cfg.seed)
     model.to(device)
     net = model
@@ -174,6 +176,7 @@ def train(model, train_rows: list, evaluate, best_metric: str, cfg: TrainConfig,
                                           "total_steps": total_steps, "warmup_steps": warmup},
                "best_metric": best_metric, "epochs": []}
     if rank == 0:
+        check_folder_owned(out_dir, "finetune")  # a new or empty folder, or an earlier fine-tuning's
         out_dir.mkdir(parents=True, exist_ok=True)
     log = RunLog(out_dir, rank == 0, cfg.report_to or default_report_to(), config=summary["settings"])
     step = 0

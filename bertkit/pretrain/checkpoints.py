@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-from bertkit.config import BertConfig
+from bertkit.electra import build, write_hf
 from bertkit.fileio import (
     LOCK_FILE,
     FolderLockedError,
@@ -54,7 +54,6 @@ from bertkit.formats import (
     write_run_config,
 )
 from bertkit.hf import save_pretrained
-from bertkit.model import BertForPreTraining
 from bertkit.pretrain.config import ConfigError, DeepSpeedSettings, PretrainConfig, TrainingError
 
 LATEST = "latest"   # DeepSpeed's pointer, still written; bertkit chooses by checkpoint.json
@@ -214,16 +213,18 @@ def check_resume(run: RunConfig, cfg: PretrainConfig, settings: DeepSpeedSetting
         raise ConfigError(f"--resume: the run used {run.world_size} rank(s), this launch has {world}; "
                           "resume with the same number")
     before = {"seed": run.pretrain["seed"], "micro_batch": run.resolved["micro_batch"],
-              "global_batch": run.resolved["global_batch"]}
-    now = {"seed": cfg.seed, "micro_batch": settings.micro_batch, "global_batch": settings.global_batch}
+              "global_batch": run.resolved["global_batch"], "time_budget": run.pretrain.get("time_budget"),
+              "objective": run.objective}
+    now = {"seed": cfg.seed, "micro_batch": settings.micro_batch, "global_batch": settings.global_batch,
+           "time_budget": cfg.time_budget, "objective": cfg.effective_objective(run.objective)}
     changed = [f"{k} {before[k]} -> {now[k]}" for k in before if before[k] != now[k]]
     if changed:
-        raise ConfigError(f"--resume: {', '.join(changed)}; the run's data order depends on these, so resume "
-                          "with the values it started with (see its config.json)")
+        raise ConfigError(f"--resume: {', '.join(changed)}; the run's data order and schedule depend on these, so "
+                          "resume with the values it started with (see its config.json)")
 
 
-def write_run_folder(cfg: PretrainConfig, settings: DeepSpeedSettings, ds_config: dict, bert_cfg: BertConfig,
-                     init_source: str, manifest: InstancesManifest, world: int, kernels: str) -> None:
+def write_run_folder(cfg: PretrainConfig, settings: DeepSpeedSettings, ds_config: dict, model: dict,
+                     init_source: str, manifest: InstancesManifest, world: int, kernels: str, objective: str) -> None:
     """config.json, deepspeed_config.json and the tokenizer files (rank 0)."""
     run_dir = Path(cfg.out)
     tok_dir = run_dir / RUN_TOKENIZER
@@ -233,10 +234,10 @@ def write_run_folder(cfg: PretrainConfig, settings: DeepSpeedSettings, ds_config
             shutil.copyfile(Path(cfg.instances) / name, tok_dir / name)
     atomic_write_json(run_dir / DEEPSPEED_CONFIG, ds_config)
     write_run_config(run_dir, RunConfig(
-        stage="pretrain", pretrain=asdict(cfg), resolved=asdict(settings), model=bert_cfg.to_dict(),
+        stage="pretrain", pretrain=asdict(cfg), resolved=asdict(settings), model=model,
         init_from=init_source, instances=str(Path(cfg.instances).resolve()), vocab_size=manifest.vocab_size,
         vocab_sha256=manifest.vocab_sha256, max_seq_length=manifest.max_seq_length, world_size=world,
-        deepspeed=ds_config, kernels=kernels, objective=manifest.objective))
+        deepspeed=ds_config, kernels=kernels, objective=objective))
 
 
 # ---------------------------------------------------------------- RNG state
@@ -371,9 +372,11 @@ def load_run_state_dict(run_dir, tag: str | None = None, say=None) -> tuple[dict
 
 def export(run_dir, out_dir, tag: str | None = None, say=None) -> Path:
     """Write the HF format (config.json, model.safetensors, tokenizer files) of a run's checkpoint (`tag`, or the
-    newest one that verifies), and manifest.json with every file's checksum, written last."""
+    newest one that verifies), and manifest.json with every file's checksum, written last. An ELECTRA run: the
+    discriminator (ElectraForPreTraining) in out_dir, the generator (ElectraForMaskedLM) in out_dir/generator."""
     state, run, tag = load_run_state_dict(run_dir, tag, say)
-    model = BertForPreTraining(BertConfig.from_dict(run.model))
+    model = build(run.model, run.objective)
+    electra = run.objective == "electra"
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise TrainingError(f"{run_dir} ({tag}): checkpoint does not fit the model "
@@ -382,10 +385,16 @@ def export(run_dir, out_dir, tag: str | None = None, say=None) -> Path:
     extra = {"bertkit": {"run": str(Path(run_dir).resolve()), "checkpoint": tag, "vocab_sha256": run.vocab_sha256,
                          "objective": run.objective}}
     out_dir = Path(out_dir)
-    (out_dir / MANIFEST).unlink(missing_ok=True)  # not a finished export until the new manifest is written
-    save_pretrained(model, out_dir, tokenizer_dir=tok if (tok / "vocab.txt").is_file() else None, extra_config=extra,
-                    masked_lm_only=run.objective == "none")
-    files = {p.name: file_entry(p) for p in sorted(out_dir.iterdir()) if p.is_file() and p.name != MANIFEST}
-    write_manifest(out_dir, ExportManifest(stage="export", complete=True, run=str(Path(run_dir).resolve()),
-                                           checkpoint=tag, files=files))
+    with folder_lock(out_dir, "export"):  # a new or empty folder, or an earlier export; never another's folder
+        (out_dir / MANIFEST).unlink(missing_ok=True)  # not a finished export until the new manifest is written
+        tokenizer = tok if (tok / "vocab.txt").is_file() else None
+        if electra:  # the discriminator here, the generator in generator/
+            write_hf(model, out_dir, tokenizer)
+        else:
+            save_pretrained(model, out_dir, tokenizer_dir=tokenizer, extra_config=extra,
+                            masked_lm_only=run.objective == "none")
+        files = {p.relative_to(out_dir).as_posix(): file_entry(p) for p in sorted(out_dir.rglob("*"))
+                 if p.is_file() and p.name not in (MANIFEST, LOCK_FILE)}
+        write_manifest(out_dir, ExportManifest(stage="export", complete=True, run=str(Path(run_dir).resolve()),
+                                               checkpoint=tag, files=files))
     return out_dir

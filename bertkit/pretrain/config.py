@@ -17,7 +17,10 @@ class PretrainConfig:
     instances: str
     out: str
     model: str = "base"                   # preset (tiny ... large) or an HF config.json / model folder
-    max_steps: int = 10000                # optimizer steps
+    max_steps: int | None = None          # optimizer steps; None: 10,000, or no limit with time_budget, or the
+                                          # recorded steps with schedule_from
+    time_budget: float | None = None      # seconds (--time-budget 2h): the schedule follows the clock; stop when spent
+    schedule_from: str | None = None      # a time-budgeted run folder whose recorded schedule is replayed
     # None below = "not given": the --deepspeed-config value is used, else DeepSpeedSettings' default
     micro_batch: int | None = None        # sequences per rank per forward
     global_batch: int | None = None       # sequences per optimizer step; None = micro_batch * ranks
@@ -30,7 +33,7 @@ class PretrainConfig:
     betas: tuple = (0.9, 0.999)
     eps: float = 1e-6
     schedule: str = "linear"              # linear (BERT paper) | poly (power 0.5, NVIDIA's recipe)
-    warmup: float = 0.01                  # < 1: fraction of max_steps; >= 1: steps
+    warmup: float = 0.01                  # < 1: fraction of max_steps (or of the time budget); >= 1: steps
     deepspeed_config: str | None = None
     init_from: str | None = None          # phase 2: start from an export or a run folder's latest checkpoint
     resume: bool = False
@@ -42,6 +45,10 @@ class PretrainConfig:
     seed: int = 42
     num_workers: int = 1
     dropout: float | None = None          # overrides the model's hidden and attention dropout
+    norm: str | None = None               # post (BERT) | pre (MegatronBERT's pre-LN); None: the model's own (post)
+    objective: str | None = None          # None: the instances' (MLM + NSP/SOP, or MLM); mlm: MLM alone; electra
+    generator_size: float = 0.25          # ELECTRA: the generator's width as a fraction of the discriminator's
+    disc_weight: float = 50.0             # ELECTRA: loss = generator MLM + disc_weight x discriminator
     pad_vocab_to: int | None = None       # embedding/decoder rows rounded up to this multiple (default 8); 64 is
                                           # MosaicBERT's and ModernBERT's. Export trims them
     unpadded: bool = False                # packed batches (varlen attention): no compute on padding
@@ -63,11 +70,24 @@ class PretrainConfig:
             raise ConfigError(f"--on-spike {self.on_spike!r}: choose none, stop or rollback")
         if self.spike_factor <= 1 or self.spike_window < 2:
             raise ConfigError("--spike-factor must be above 1 and --spike-window at least 2")
+        if self.time_budget is not None and self.schedule_from:
+            raise ConfigError("--time-budget and --schedule-from: give one (--schedule-from replays a budgeted run)")
+        if self.time_budget is not None and not (self.time_budget > 0 and 0 <= self.warmup < 1):
+            raise ConfigError("--time-budget needs a budget above 0 and --warmup as a fraction of it (below 1)")
+        if self.objective not in (None, "mlm", "electra"):
+            raise ConfigError(f"--objective {self.objective!r}: choose mlm or electra (or leave it to the instances)")
+        if not (0 < self.generator_size <= 1 and self.disc_weight > 0):
+            raise ConfigError("--generator-size must be in (0, 1] and --disc-weight above 0")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ConfigError(f"--max-steps {self.max_steps}: give at least 1")
     progress: bool = True
 
-    @property
-    def warmup_steps(self) -> int:
-        return int(self.warmup * self.max_steps) if self.warmup < 1 else int(self.warmup)
+    def effective_objective(self, instances_objective: str) -> str:
+        """What the run trains: nsp | sop | none (MLM alone) | electra."""
+        return {"mlm": "none", "electra": "electra"}.get(self.objective, instances_objective)
+
+    def warmup_steps(self, max_steps: int) -> int:
+        return int(self.warmup * max_steps) if self.warmup < 1 else int(self.warmup)
 
 
 @dataclass

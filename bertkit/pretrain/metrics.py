@@ -5,6 +5,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from bertkit.electra import rtd_metrics
 from bertkit.formats import IGNORE_INDEX
 from bertkit.runlog import RunLog
 
@@ -33,7 +34,8 @@ class Meter:
     the model predicts from context or is still in the unigram plateau MLM training starts in."""
 
     NAMES = ("loss", "mlm_loss", "nsp_loss", "mlm_correct", "mlm_count", "nsp_correct", "nsp_count", "micro",
-             "sequences", "tokens", "slots", "mask_correct", "mask_count")
+             "sequences", "tokens", "slots", "mask_correct", "mask_count",
+             "disc_loss", "rtd_correct", "rtd_count", "rtd_tp", "rtd_fp", "rtd_fn")  # the last six: ELECTRA's
 
     def __init__(self, device, mask_id: int | None = None):
         self.sums = torch.zeros(len(self.NAMES), dtype=torch.float64, device=device)
@@ -68,7 +70,7 @@ class Meter:
                                          nsp_loss, mlm_correct.double(),
                                          has.sum().double(), nsp_correct.double()]),
                             scalars, tokens.double().view(1), tokens.new_tensor([slots], dtype=torch.float64),
-                            torch.stack([mask_correct, mask_count])])
+                            torch.stack([mask_correct, mask_count]), electra_sums(out, self.sums)])
         self.sums += values
 
     def reduce(self) -> dict:
@@ -85,7 +87,17 @@ class Meter:
              "padding_efficiency": s["tokens"] / max(s["slots"], 1)}
         if s["mask_count"]:
             r["mlm_mask_acc"] = s["mask_correct"] / s["mask_count"]
+        if s["rtd_count"]:
+            r.update(disc_loss=s["disc_loss"] / micro, **rtd_metrics(*(s[k] for k in (
+                "rtd_correct", "rtd_count", "rtd_tp", "rtd_fp", "rtd_fn"))))
         return r
+
+
+def electra_sums(out, like: torch.Tensor) -> torch.Tensor:
+    """[discriminator loss, replaced-token detection counts] of an ELECTRA output; zeros for any other model."""
+    if getattr(out, "rtd", None) is None:
+        return like.new_zeros(6)
+    return torch.cat([out.disc_loss.detach().double().view(1), out.rtd.to(like.device)])
 
 
 class MetricsLog:
@@ -96,7 +108,7 @@ class MetricsLog:
         self.log = RunLog(run_dir, enabled, report_to, config)
         self.bar = None
         if enabled and progress:
-            from tqdm import tqdm
+            from bertkit.progress import tqdm
 
             self.bar = tqdm(total=total, initial=initial, desc="pretrain", unit="step", dynamic_ncols=True)
 

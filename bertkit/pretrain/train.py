@@ -21,15 +21,19 @@ import deepspeed.ops
 import torch
 import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
+from torch.optim.lr_scheduler import LambdaLR
 
 from bertkit import kernels
 from bertkit.config import BertConfig
-from bertkit.data import EpochBatches, InstanceDataset, batch_loader, collate, collate_packed
+from bertkit.data import EpochBatches, InstanceDataset, batch_loader, close_loader, collate, collate_packed
+from bertkit.distributed import destroy_at_exit
+from bertkit.electra import ElectraForPreTraining, describe
 from bertkit.fileio import disk_errors, sha256_file
 from bertkit.formats import InstancesManifest, RunConfig, read_instances_manifest
 from bertkit.hf import load_pretrained, repad_vocab
 from bertkit.model import BertForPreTraining
 from bertkit.optim import build_optimizer, build_scheduler, param_groups
+from bertkit.pretrain.budget import BudgetSchedule, plan_schedule
 from bertkit.pretrain.checkpoints import (
     check_resume,
     choose_checkpoint,
@@ -48,7 +52,8 @@ from bertkit.runlog import ReportError, default_report_to, parse_report_to
 
 
 def pretrain(cfg: PretrainConfig) -> dict:
-    """Train; returns the last logged metrics (plus "step" and "checkpoint")."""
+    """Train; returns the last logged metrics (plus "step", "checkpoint" and "stopped_by_signal": the signal number
+    that stopped the run early, or None)."""
     manifest = read_instances_manifest(cfg.instances)
     cfg.check()
     try:
@@ -67,38 +72,33 @@ def _pretrain(cfg: PretrainConfig, manifest, rank: int, world: int, device) -> d
     kernels.use(cfg.kernels)
     try:
         backend = kernels.resolve(device)  # logged with the run; the weights never depend on it
-    except kernels.BackendError as e:
+        budget, max_steps = plan_schedule(cfg)  # budget: --time-budget / --schedule-from, else None
+    except (kernels.BackendError, ValueError) as e:
         raise ConfigError(str(e)) from None
     chosen = choose_checkpoint(run_dir, rank, say) if cfg.resume else None
     previous_run = prepare_run_dir(cfg, manifest, chosen)
-
-    # settings: flags + the user's DeepSpeed config
-    ds_config, settings = resolve_deepspeed_config(cfg, world, read_user_deepspeed_config(cfg), on_cuda,
-                                                   on_cuda and torch.cuda.is_bf16_supported(),
-                                                   source=str(cfg.deepspeed_config))
-    if settings.optimizer == "lamb" and settings.zero_stage >= 1 and rank == 0:
-        print(f"warning: LAMB under ZeRO stage {settings.zero_stage} sees flat partitions, so its trust ratio is "
-              "per partition, not per layer; use --zero-stage 0 for layer-wise LAMB, or --optimizer adamw",
-              file=sys.stderr, flush=True)
-    if previous_run is not None:
-        check_resume(previous_run, cfg, settings, world)
+    ds_config, settings = resolve_settings(cfg, world, rank, on_cuda, previous_run)
+    objective = cfg.effective_objective(previous_run.objective if previous_run else manifest.objective)
+    if objective == "electra" and manifest.objective in ("nsp", "sop") and rank == 0:
+        say(f"note: ELECTRA trains replaced-token detection only; the instances' {manifest.objective.upper()} "
+            "labels are not used")
 
     # model, optimizer, engine
     torch.manual_seed(cfg.seed)  # same initial weights on every rank
-    model, bert_cfg, init_source = build_model(cfg, manifest, previous_run)
+    model, bert_cfg, init_source = build_model(cfg, manifest, previous_run, objective)
     optimizer = build_optimizer(settings.optimizer, param_groups(model, settings.weight_decay), settings.lr,
                                 cfg.betas, cfg.eps, on_cuda)
-    scheduler = None if "scheduler" in ds_config else build_scheduler(optimizer, cfg.max_steps, cfg.warmup_steps,
-                                                                      cfg.schedule)
-    engine, _, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
-                                                   config=ds_config, dist_init_required=False)
+    scheduler = None if "scheduler" in ds_config else LambdaLR(optimizer, budget) if budget else \
+        build_scheduler(optimizer, max_steps, cfg.warmup_steps(max_steps), cfg.schedule)
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
+                                           config=ds_config, dist_init_required=False)
     if rank == 0:
-        write_run_folder(cfg, settings, ds_config, bert_cfg, init_source, manifest, world, backend)
+        write_run_folder(cfg, settings, ds_config, describe(model), init_source, manifest, world, backend, objective)
     dist.barrier()
 
     step, skipped, last_ckpt = 0, 0, None  # skipped: micro batches passed over by divergence rollbacks
     if cfg.resume:
-        step, skipped, last_ckpt = load_checkpoint(engine, run_dir, chosen)
+        step, skipped, last_ckpt = load_checkpoint(engine, run_dir, chosen)  # restores the budget's time used too
     else:
         seed_rank(cfg.seed, rank)
 
@@ -110,30 +110,24 @@ def _pretrain(cfg: PretrainConfig, manifest, rank: int, world: int, device) -> d
     if sampler.per_epoch == 0:
         raise ConfigError(f"{cfg.instances}: {len(train)} training instances cannot fill one micro batch of "
                           f"{micro} on each of {world} rank(s); lower --micro-batch")
-    sampler.start_epoch, sampler.start = divmod(step * gas + skipped, sampler.per_epoch)
-    loader = iter(batch_loader(train, sampler, cfg.num_workers, unpadded=cfg.unpadded))
-    if cfg.resume:
-        restore_rng(last_ckpt, rank)  # after the loader: making it draws from torch's generator
-    divergence = Divergence(cfg)
-
+    loader = open_loader(train, sampler, step * gas + skipped, cfg)
     stop = StopFlag()
     old_handlers = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    log = None
     try:
-        log = MetricsLog(run_dir, rank == 0, cfg.max_steps, step, cfg.progress,
-                         cfg.report_to or default_report_to(),
+        if cfg.resume:
+            restore_rng(last_ckpt, rank)  # after the loader: making it draws from torch's generator
+        divergence = Divergence(cfg)
+        log = MetricsLog(run_dir, rank == 0, max_steps, step, cfg.progress, cfg.report_to or default_report_to(),
                          config={"pretrain": asdict(cfg), "resolved": asdict(settings), "model": bert_cfg.to_dict()})
-    except ReportError as e:
-        raise ConfigError(str(e)) from None
-    meter = Meter(device, train.mask_id)
-    peak = peak_flops()
-    n_params = sum(p.numel() for p in model.parameters())
-    record, t0, steps_in_interval, grad_norm = {}, time.perf_counter(), 0, None
-    engine.train()
-    try:
-        while step < cfg.max_steps:
-            step_loss = torch.zeros(2, dtype=torch.float64, device=device)  # [loss sum, stop requested]
+        meter = Meter(device, train.mask_id)
+        record, t0, steps_in_interval, grad_norm = {}, time.perf_counter(), 0, None
+        clock0 = time.perf_counter() - (budget.used_s if budget else 0.0)  # a resumed budget counts time used
+        engine.train()
+        while not finished(step, max_steps, budget):
+            step_loss = torch.zeros(3, dtype=torch.float64, device=device)  # [loss sum, stop requested, seconds]
             for k in range(gas):
-                batch = for_objective(to_device(next(loader), device), manifest.objective)
+                batch = for_objective(to_device(next(loader), device), objective)
                 try:
                     out = engine(**batch)
                     loss_k = out.loss * _injected_fault(step + 1)
@@ -148,17 +142,16 @@ def _pretrain(cfg: PretrainConfig, manifest, rank: int, world: int, device) -> d
             step += 1
             steps_in_interval += 1
             step_loss[1] = 1.0 if stop.signal is not None else 0.0
-            dist.all_reduce(step_loss)  # every rank sees the same loss and stop request, so all stop together
-            loss = step_loss[0].item() / world
+            step_loss[2] = time.perf_counter() - clock0
+            dist.all_reduce(step_loss)  # every rank sees the same loss, stop request and clock: all act together
+            loss, seconds = step_loss[0].item() / world, step_loss[2].item() / world
+            if budget:
+                budget.used_s = seconds
             if problem := divergence.check(loss, step, last_ckpt):  # every rank sees the same loss: same decision
-                chosen = choose_checkpoint(run_dir, rank, say)
-                if chosen.tag is None:
-                    raise TrainingError(f"{problem} at step {step}, and no checkpoint verifies to roll back to")
                 bad_step, consumed = step, step * gas + skipped
-                step, _, last_ckpt = load_checkpoint(engine, run_dir, chosen)
-                skipped = consumed - step * gas  # resume the data after the bad step: its window is skipped
-                sampler.start_epoch, sampler.start = divmod(step * gas + skipped, sampler.per_epoch)
-                loader = iter(batch_loader(train, sampler, cfg.num_workers, unpadded=cfg.unpadded))
+                step, skipped, last_ckpt, chosen = roll_back(engine, run_dir, rank, bad_step, consumed, gas, problem)
+                close_loader(loader)
+                loader = open_loader(train, sampler, step * gas + skipped, cfg)
                 restore_rng(last_ckpt, rank)
                 meter.reduce()  # drop the sums of the rolled-back steps
                 log.write({"step": bad_step, "rollback_to": step, "rollback_reason": problem,
@@ -169,49 +162,87 @@ def _pretrain(cfg: PretrainConfig, manifest, rank: int, world: int, device) -> d
                 t0, steps_in_interval = time.perf_counter(), 0
                 continue
 
-            if step % cfg.log_every == 0 or step == cfg.max_steps:
-                elapsed = time.perf_counter() - t0
-                m = meter.reduce()
-                record = {"step": step, "loss": m["loss"], "mlm_loss": m["mlm_loss"], "mlm_acc": m["mlm_acc"],
-                          **{k: m[k] for k in ("mlm_mask_acc",) if k in m},
-                          **sentence_metrics(m, manifest.objective), "lr": current_lr(engine),
-                          "grad_norm": as_float(engine.get_global_grad_norm()) or as_float(grad_norm),
-                          "seq_per_s": m["sequences"] / elapsed, "tokens_per_s": m["tokens"] / elapsed,
-                          "padding_efficiency": m["padding_efficiency"],
-                          "epoch": (step * gas) // sampler.per_epoch, "kernels": backend}
-                if settings.precision == "fp16":
-                    record["loss_scale"] = as_float(getattr(engine.optimizer, "cur_scale", None)
-                                                    or getattr(engine.optimizer, "loss_scale", None))
-                    record["skipped_steps"] = int(engine.skipped_steps)
-                if peak:
-                    seq = batch["max_seqlen"] if cfg.unpadded else batch["input_ids"].shape[1]
-                    flops = training_flops(n_params, bert_cfg.num_layers, bert_cfg.hidden_size, seq, m["tokens"])
-                    record["mfu"] = flops / elapsed / (peak * world)
+            last = finished(step, max_steps, budget)
+            if step % cfg.log_every == 0 or last:
+                record = train_record(meter.reduce(), time.perf_counter() - t0, step, seconds, engine, grad_norm,
+                                      settings, objective, sampler.per_epoch, backend, batch, model, cfg)
                 log.write(record)
                 log.advance(steps_in_interval, {"loss": f"{record['loss']:.3f}", "seq/s": f"{record['seq_per_s']:.0f}"})
                 t0, steps_in_interval = time.perf_counter(), 0
 
             if len(holdout) and cfg.eval_every and step % cfg.eval_every == 0:
                 ev = evaluate(engine, holdout, micro, rank, world, cfg.eval_batches, device, cfg.seed, cfg.unpadded,
-                              manifest.objective)
+                              objective)
                 if ev:
-                    log.write({"step": step, **ev})
+                    log.write({"step": step, "elapsed_s": seconds, **ev})
                 t0 = time.perf_counter()
 
             stopping = step_loss[1].item() > 0
-            if step % cfg.save_every == 0 or step == cfg.max_steps or stopping:
+            if step % cfg.save_every == 0 or last or stopping:
                 last_ckpt = save_checkpoint(engine, run_dir, step, rank, cfg.keep_last, skipped)
+                if budget and rank == 0:
+                    budget.record(run_dir, step)
                 t0 = time.perf_counter()
             if stopping:
                 if rank == 0:
                     print(f"\nstopped by signal at step {step}; saved {last_ckpt}. Continue with --resume.",
                           flush=True)
                 break
+        if budget and budget.spent() and rank == 0:
+            print(f"\ntime budget of {budget.budget_s:.0f} s spent after {step} steps; saved {last_ckpt}",
+                  flush=True)
+    except ReportError as e:
+        raise ConfigError(str(e)) from None
     finally:
-        log.close()
+        close_loader(loader)  # its workers ignore SIGTERM: left to interpreter exit, they would hang it
+        if log is not None:
+            log.close()
         for s, h in old_handlers.items():
             signal.signal(s, h)
-    return {**record, "step": step, "checkpoint": str(last_ckpt) if last_ckpt else None}
+    return {**record, "step": step, "checkpoint": str(last_ckpt) if last_ckpt else None,
+            "stopped_by_signal": stop.signal}
+
+
+def finished(step: int, max_steps: int | None, budget: BudgetSchedule | None) -> bool:
+    return (max_steps is not None and step >= max_steps) or (budget is not None and budget.spent())
+
+
+def open_loader(train, sampler: EpochBatches, consumed: int, cfg: PretrainConfig):
+    """This rank's batches from micro batch `consumed` (counted over epochs) on."""
+    sampler.start_epoch, sampler.start = divmod(consumed, sampler.per_epoch)
+    return iter(batch_loader(train, sampler, cfg.num_workers, unpadded=cfg.unpadded))
+
+
+def roll_back(engine, run_dir: Path, rank: int, bad_step: int, consumed: int, gas: int, problem: str):
+    """Reload the newest checkpoint that verifies; the data goes on after the bad step (its window is skipped).
+    Returns (step, skipped micro batches, checkpoint path, the chosen checkpoint)."""
+    chosen = choose_checkpoint(run_dir, rank, say)
+    if chosen.tag is None:
+        raise TrainingError(f"{problem} at step {bad_step}, and no checkpoint verifies to roll back to")
+    step, _, last_ckpt = load_checkpoint(engine, run_dir, chosen)
+    return step, consumed - step * gas, last_ckpt, chosen
+
+
+def train_record(m: dict, interval_s: float, step: int, elapsed_s: float, engine, grad_norm, settings, objective,
+                 per_epoch: int, backend: str, batch: dict, model, cfg: PretrainConfig) -> dict:
+    """One training log record from the Meter's sums over the interval."""
+    record = {"step": step, "loss": m["loss"], "mlm_loss": m["mlm_loss"], "mlm_acc": m["mlm_acc"],
+              **{k: m[k] for k in ("mlm_mask_acc",) if k in m}, **sentence_metrics(m, objective),
+              "lr": current_lr(engine), "grad_norm": as_float(engine.get_global_grad_norm()) or as_float(grad_norm),
+              "seq_per_s": m["sequences"] / interval_s, "tokens_per_s": m["tokens"] / interval_s,
+              "padding_efficiency": m["padding_efficiency"], "epoch": (step * settings.grad_accum) // per_epoch,
+              "elapsed_s": elapsed_s, "kernels": backend}
+    if settings.precision == "fp16":
+        record["loss_scale"] = as_float(getattr(engine.optimizer, "cur_scale", None)
+                                        or getattr(engine.optimizer, "loss_scale", None))
+        record["skipped_steps"] = int(engine.skipped_steps)
+    if peak := peak_flops():
+        seq = batch["max_seqlen"] if cfg.unpadded else batch["input_ids"].shape[1]
+        bert_cfg = model.cfg
+        flops = training_flops(sum(p.numel() for p in model.parameters()), bert_cfg.num_layers,
+                               bert_cfg.hidden_size, seq, m["tokens"])
+        record["mfu"] = flops / interval_s / (peak * dist.get_world_size())
+    return record
 
 
 class Divergence:
@@ -292,14 +323,18 @@ def evaluate(engine, dataset, micro_batch: int, rank: int, world: int, max_batch
 
 
 def for_objective(batch: dict, objective: str) -> dict:
-    """--objective none trains MLM alone: the model gets no sentence label, so it computes no NSP loss."""
-    if objective == "none":
+    """MLM alone (instances made with --objective none, or pretrain --objective mlm) and ELECTRA: the model gets no
+    sentence label, so it computes no NSP loss."""
+    if objective in ("none", "electra"):
         batch.pop("next_sentence_label", None)
     return batch
 
 
 def sentence_metrics(m: dict, objective: str) -> dict:
-    """The second task's loss and accuracy under its own name: nsp_* or sop_*; nothing for --objective none."""
+    """The second task's metrics under its own name: nsp_* or sop_*; ELECTRA's discriminator loss and replaced-token
+    detection accuracy and F1; nothing for MLM alone."""
+    if objective == "electra":
+        return {k: m[k] for k in ("disc_loss", "rtd_acc", "rtd_f1")}
     if objective == "none":
         return {}
     return {f"{objective}_loss": m["nsp_loss"], f"{objective}_acc": m["nsp_acc"]}
@@ -327,13 +362,31 @@ def init_distributed():
         # DeepSpeed's CPU backend compiles a shared-memory op (~1 min) used only by inference all-reduce;
         # training's collectives go through gloo either way, so skip building it.
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-    deepspeed.init_distributed(dist_backend=acc.communication_backend_name())
+    made_here = not dist.is_initialized()
+    deepspeed.init_distributed(dist_backend=acc.communication_backend_name())  # or adopts the caller's group
+    if made_here:
+        destroy_at_exit()
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     device = torch.device("cpu")
     if acc.device_name() == "cuda":
         acc.set_device(local_rank)
         device = torch.device(acc.device_name(local_rank))
     return dist.get_rank(), dist.get_world_size(), local_rank, device
+
+
+def resolve_settings(cfg: PretrainConfig, world: int, rank: int, on_cuda: bool, previous_run):
+    """(DeepSpeed config, DeepSpeedSettings): the flags merged with the user's DeepSpeed config, checked against the
+    run being resumed."""
+    ds_config, settings = resolve_deepspeed_config(cfg, world, read_user_deepspeed_config(cfg), on_cuda,
+                                                   on_cuda and torch.cuda.is_bf16_supported(),
+                                                   source=str(cfg.deepspeed_config))
+    if settings.optimizer == "lamb" and settings.zero_stage >= 1 and rank == 0:
+        print(f"warning: LAMB under ZeRO stage {settings.zero_stage} sees flat partitions, so its trust ratio is "
+              "per partition, not per layer; use --zero-stage 0 for layer-wise LAMB, or --optimizer adamw",
+              file=sys.stderr, flush=True)
+    if previous_run is not None:
+        check_resume(previous_run, cfg, settings, world)
+    return ds_config, settings
 
 
 def read_user_deepspeed_config(cfg: PretrainConfig) -> dict | None:
@@ -345,20 +398,27 @@ def read_user_deepspeed_config(cfg: PretrainConfig) -> dict | None:
         raise ConfigError(f"--deepspeed-config {cfg.deepspeed_config}: cannot read it ({e})") from e
 
 
-def build_model(cfg: PretrainConfig, manifest: InstancesManifest, previous_run: RunConfig | None):
+def build_model(cfg: PretrainConfig, manifest: InstancesManifest, previous_run: RunConfig | None,
+                objective: str = "nsp"):
     """(model, BertConfig, init source description): the run's own shape on --resume (weights come from the
-    checkpoint), --init-from's weights, an HF config, or a preset sized to the instances' vocabulary."""
+    checkpoint), --init-from's weights, an HF config, or a preset sized to the instances' vocabulary. ELECTRA
+    (objective "electra") builds the generator and discriminator pair, the BertConfig being the discriminator's."""
     vocab_size = manifest.vocab_size
-    state, source = None, "random initialisation"
+    state, source, init_model = None, "random initialisation", {}
     if previous_run is not None:
         bert_cfg = BertConfig.from_dict(previous_run.model)
     elif cfg.init_from:
         init = Path(cfg.init_from)
         if (init / "checkpoints").is_dir():
             state, run, tag = load_run_state_dict(init, say=say)
-            bert_cfg = BertConfig.from_dict(run.model)
+            if (run.objective == "electra") != (objective == "electra"):
+                raise ConfigError(f"--init-from {init}: an {run.objective} run cannot start this {objective} run")
+            bert_cfg, init_model = BertConfig.from_dict(run.model), run.model
             source = f"{init} ({tag})"
             init_sha = run.vocab_sha256
+        elif objective == "electra":
+            raise ConfigError(f"--init-from {init}: ELECTRA continues from its run folder (the one with "
+                              "checkpoints/), which holds both the generator and the discriminator")
         else:
             loaded = load_pretrained(init, head="pretraining")
             bert_cfg, state, source = loaded.cfg, loaded.state_dict(), str(init)
@@ -376,6 +436,12 @@ def build_model(cfg: PretrainConfig, manifest: InstancesManifest, previous_run: 
         bert_cfg = BertConfig.preset(cfg.model, vocab_size=vocab_size)
     if cfg.dropout is not None:
         bert_cfg.hidden_dropout = bert_cfg.attention_dropout = cfg.dropout
+    if cfg.norm is not None and cfg.norm != bert_cfg.norm:
+        if state is not None or previous_run is not None:
+            origin = source if state is not None else "the run being resumed"
+            raise ConfigError(f"--norm {cfg.norm}: the weights this run starts from ({origin}) are "
+                              f"{bert_cfg.norm}-LN; drop --norm")
+        bert_cfg.norm = cfg.norm
     if cfg.pad_vocab_to is not None and previous_run is None:
         bert_cfg.vocab_pad_multiple = cfg.pad_vocab_to
     if bert_cfg.vocab_size != vocab_size:
@@ -385,7 +451,10 @@ def build_model(cfg: PretrainConfig, manifest: InstancesManifest, previous_run: 
     if manifest.max_seq_length > bert_cfg.max_position_embeddings:
         raise ConfigError(f"{cfg.instances} has sequences of {manifest.max_seq_length} tokens but the model has only "
                           f"{bert_cfg.max_position_embeddings} positions")
-    model = BertForPreTraining(bert_cfg)
+    # ELECTRA's generator: the resumed (or --init-from) run's own, else from the flags
+    recorded = (previous_run.model if previous_run else init_model).get("electra")
+    generator = recorded or {"generator_size": cfg.generator_size, "disc_weight": cfg.disc_weight}
+    model = ElectraForPreTraining(bert_cfg, **generator) if objective == "electra" else BertForPreTraining(bert_cfg)
     if state is not None:
         state = repad_vocab(state, bert_cfg)  # --pad-vocab-to may differ from the source's padding
         missing, unexpected = model.load_state_dict(state, strict=False)

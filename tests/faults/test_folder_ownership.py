@@ -1,0 +1,107 @@
+"""No command writes into a folder it does not own: each writes into a new or empty folder or its own earlier output
+(to resume or overwrite), and refuses anything else naming what is there, leaving it untouched; a refused run
+leaves no empty folder behind (bertkit.fileio.check_folder_owned, used by every writer)."""
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from bertkit.cli import main
+from bertkit.fileio import folder_kind
+from tests.helpers import TINY, make_instances_dir, write_corpus
+
+
+def snapshot(folder):
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def stages(tmp_path_factory):
+    """A corpus, an instances folder, a short run and its export, made once."""
+    from bertkit.pretrain import PretrainConfig, export, pretrain
+
+    root = tmp_path_factory.mktemp("owned")
+    corpus = write_corpus(root / "corpus", [[["a b c d e f g h.", "i j k l m n o p."]] * 3])
+    inst = make_instances_dir(root / "inst", n=64, holdout=8, max_len=32)
+    (root / "model.json").write_text(json.dumps(TINY))
+    with pytest.MonkeyPatch.context() as mp:
+        for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+            mp.delenv(k, raising=False)
+        pretrain(PretrainConfig(instances=str(inst), out=str(root / "run"), model=str(root / "model.json"),
+                                max_steps=2, micro_batch=8, optimizer="adamw", num_workers=0, eval_every=0,
+                                save_every=2, progress=False, report_to="none"))
+    export(root / "run", root / "export")
+    user = root / "user-model"
+    user.mkdir()
+    (user / "config.json").write_text('{"model_type": "bert", "note": "mine"}')
+    return {"corpus": corpus, "instances": inst, "run": root / "run", "export": root / "export", "user": user}
+
+
+def test_each_folder_is_told_apart(stages):
+    assert [folder_kind(stages[k]) for k in ("corpus", "instances", "run", "export", "user")] == \
+        ["prepare-corpus", "make-instances", "pretrain", "export", ""]
+
+
+@pytest.mark.parametrize("target", ["corpus", "instances", "run", "user"])
+def test_export_refuses_a_folder_it_does_not_own(stages, target):
+    before = snapshot(stages[target])
+    r = CliRunner().invoke(main, ["export", str(stages["run"]), "--out", str(stages[target])])
+    assert r.exit_code == 1 and isinstance(r.exception, SystemExit), r.output
+    assert str(stages[target]) in r.output and "Choose another folder" in r.output
+    assert {"corpus": "a corpus folder", "instances": "an instances folder", "run": "a pretraining run folder",
+            "user": "files no bertkit command wrote there (config.json)"}[target] in r.output
+    assert snapshot(stages[target]) == before
+
+
+def test_export_again_into_its_own_folder(stages):
+    r = CliRunner().invoke(main, ["export", str(stages["run"]), "--out", str(stages["export"])])
+    assert r.exit_code == 0, r.output
+
+
+@pytest.mark.parametrize("command", [
+    ["prepare-corpus", "{corpus}", "--out", "{target}"],
+    ["train-tokenizer", "{corpus}", "--out", "{target}"],
+    ["make-instances", "{corpus}", "--tokenizer", "{instances}", "--out", "{target}"],
+])
+@pytest.mark.parametrize("target", ["instances", "run", "export"])
+def test_the_data_stages_refuse_other_stages_folders(stages, command, target):
+    if command[0] == "make-instances" and target == "instances":
+        return  # its own kind: resuming or overwriting is make-instances' own business
+    before = snapshot(stages[target])
+    args = [a.format(corpus=stages["corpus"], instances=stages["instances"], target=stages[target]) for a in command]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 1 and isinstance(r.exception, SystemExit), r.output
+    assert "Choose another folder" in r.output
+    assert snapshot(stages[target]) == before
+
+
+def test_pretrain_refuses_an_export_and_finetune_refuses_a_run(stages, tmp_path, clean_dist_env):
+    from bertkit.finetune.train import TrainConfig
+    from tests.helpers import quick_finetune
+
+    before = snapshot(stages["export"])
+    r = CliRunner().invoke(main, ["pretrain", "--instances", str(stages["instances"]), "--out", str(stages["export"]),
+                                  "--model", "tiny", "--max-steps", "1", "--no-progress"])
+    assert r.exit_code == 1 and "an exported model folder" in r.output, r.output
+    assert snapshot(stages["export"]) == before
+    from bertkit.fileio import FolderNotOwnedError
+
+    with pytest.raises(FolderNotOwnedError, match="a pretraining run folder"):
+        quick_finetune_into(stages["export"], stages["run"], tmp_path, TrainConfig)
+    assert quick_finetune(stages["export"], tmp_path / "ft")["epochs"]
+
+
+def quick_finetune_into(model, out, tmp_path, TrainConfig):
+    from bertkit.finetune.classify import finetune_classify
+
+    (tmp_path / "t.tsv").write_text("text\tlabel\na b\t0\nc d\t1\n")
+    return finetune_classify(model, tmp_path / "t.tsv", tmp_path / "t.tsv",
+                             TrainConfig(out_dir=str(out), epochs=1, batch_size=2, save_model=False),
+                             text_a="text", label="label", max_seq_length=8)
+
+
+def test_a_refused_run_leaves_no_empty_folder(stages, tmp_path):
+    out = tmp_path / "new" / "corpus"
+    r = CliRunner().invoke(main, ["prepare-corpus", str(tmp_path / "no-such-input"), "--out", str(out)])
+    assert r.exit_code != 0
+    assert not out.exists()
