@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # CPU benchmarks (`make bench`). GPU ones (attention, layer_norm, pretrain_step on CUDA) exit cleanly without CUDA.
-# Not here (an hour or more on 2 cores, run by hand): pretrain_transfer.py, recipes.py, korean_vocab.py,
-# reference_training.py (it needs pretrain_transfer.py's instances).
+# Not here (an hour or more on 2 cores, run by hand): pretrain_transfer.py, recipes.py, korean_vocab.py, budget.py,
+# stress_exit.py, reference_training.py (it needs pretrain_transfer.py's instances).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for b in prepare_corpus sentence_splitters korean_splitters make_instances scale_out pretrain_step cpu_backends \

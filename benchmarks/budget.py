@@ -1,0 +1,221 @@
+"""Which recipe turns a fixed amount of CPU time into the most useful model? Quality against wall-clock (a benchmark).
+
+Every arm pretrains on the transfer benchmark's English corpus and tokenizer (benchmarks/pretrain_transfer.py
+prepares them) for the same wall-clock budget with `pretrain --time-budget`, one arm at a time, on this machine;
+then, from its export: the held-out MLM loss and [MASK]-only accuracy on one fixed yardstick (the same 400 held-out
+rows of 128 tokens, 15 % masked, for every arm; ELECTRA's is its small generator's), and a quick probe (SST-2 and
+STS-B fine-tunes, one seed, lr 5e-4, the transfer benchmark's settings; ELECTRA's from its discriminator).
+The peer arm is what a user of transformers' run_mlm.py gets in the same time:
+its own pipeline (BertTokenizerFast loaded from our tokenizer folder, group_texts-style chunks of 128 tokens,
+DataCollatorForLanguageModeling, BertForMaskedLM) in a plain loop, on the same budget-aware schedule.
+
+    python benchmarks/budget.py --budget 30m                     # the screening arms, one after another
+    python benchmarks/budget.py --budget 30m --arms tiny-mlm-d0 peer
+    python benchmarks/budget.py --report                         # table and plot from the results so far
+
+Each finished arm is appended to benchmarks/results/budget.json (keyed by arm and budget), so a killed benchmark
+continues with the next arm; `--work` keeps the stages' folders (default outside the repository). Every arm records
+the load average before and after it: compare arms only where it stayed near 2 (this benchmark alone on 2 cores).
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+from pretrain_transfer import BUDGETS, finetune_one, masked_only_accuracy, prepare, say, task_metric  # noqa: E402
+from record import RESULTS, run_info  # noqa: E402
+
+PROBE_TASKS = ("sst2", "stsb")
+PROBE_LR = 5e-4
+
+
+@dataclass
+class Arm:
+    preset: str = "tiny"
+    lr: float = 1e-3
+    dropout: float | None = None       # None: the preset's 0.1
+    objective: str = "nsp"             # nsp | sop | none (MLM only)
+    masked_lm_prob: float = 0.15
+    seq: int = 128
+    micro_batch: int = 32
+    warmup: float = 0.05
+    extra: list = field(default_factory=list)  # more pretrain flags (--norm pre, --objective electra, ...)
+
+
+ARMS = {
+    "tiny-electra-d0": Arm(objective="none", dropout=0.0, extra=["--objective", "electra"]),
+    "tiny-mlm-d0": Arm(objective="none", dropout=0.0),
+    "tiny-pre-mlm-d0": Arm(objective="none", dropout=0.0, lr=2e-3, extra=["--norm", "pre"]),
+    "tiny-bert": Arm(),                                             # BERT's recipe, the transfer benchmark's
+    "mini-mlm-d0": Arm(preset="mini", objective="none", dropout=0.0, lr=5e-4),
+    "tiny-mlm-d0-lr3e-3": Arm(objective="none", dropout=0.0, lr=3e-3),
+    "tiny-mlm-d0-seq64": Arm(objective="none", dropout=0.0, seq=64, micro_batch=64),
+    "tiny-mlm-d0-mask30": Arm(objective="none", dropout=0.0, masked_lm_prob=0.3),
+    "tiny-sop-d0": Arm(objective="sop", dropout=0.0),
+    "tiny-bert-d0": Arm(dropout=0.0),
+    "peer": Arm(objective="none", dropout=0.1),                     # transformers' own pipeline, BERT-tiny shape
+}
+
+
+def instances_for(work: Path, en: dict, arm: Arm) -> Path:
+    from bertkit.pipelines.make_instances import InstancesConfig, make_instances
+
+    out = work / f"inst-{arm.objective}-{arm.masked_lm_prob:g}-{arm.seq}"
+    if not (out / "manifest.json").is_file():
+        say(f"make-instances {out.name}")
+        make_instances(en["corpus"], en["tokenizer"], out,
+                       InstancesConfig(max_seq_length=arm.seq, mode="dynamic", dupe=1, workers=2,
+                                       objective=arm.objective, masked_lm_prob=arm.masked_lm_prob), progress=False)
+    return out
+
+
+def pretrain_arm(name: str, arm: Arm, instances: Path, run: Path, budget_s: float) -> Path:
+    """`bertkit pretrain --time-budget` in its own process (resumed if killed), then export."""
+    export_dir = run.parent / f"{run.name}-export"
+    if (export_dir / "model.safetensors").is_file():
+        return export_dir
+    steps_per_eval = {"tiny": 250, "mini": 100}.get(arm.preset, 100) * 128 // arm.seq
+    cmd = [str(Path(sys.executable).parent / "bertkit"), "pretrain", "--instances", str(instances), "--out", str(run),
+           "--model", arm.preset, "--time-budget", f"{budget_s:.0f}s", "--micro-batch", str(arm.micro_batch),
+           "--optimizer", "adamw", "--lr", str(arm.lr), "--warmup", str(arm.warmup), "--eval-every",
+           str(steps_per_eval), "--eval-batches", "10", "--save-every", str(10 * steps_per_eval), "--keep-last", "1",
+           "--log-every", "50", "--report-to", "none", "--no-progress", *arm.extra]
+    if arm.dropout is not None:
+        cmd += ["--dropout", str(arm.dropout)]
+    if (run / "checkpoints" / "latest").is_file():
+        cmd.append("--resume")
+    say(f"pretrain {name}: {' '.join(cmd[2:])}")
+    subprocess.run(cmd, check=True)
+    subprocess.run([cmd[0], "export", str(run), "--out", str(export_dir)], check=True)
+    return export_dir
+
+
+def peer_arm(arm: Arm, en: dict, out: Path, budget_s: float) -> Path:
+    """transformers' own MLM pipeline, as run_mlm.py builds it, for the same wall-clock budget."""
+    if (out / "model.safetensors").is_file():
+        return out
+    subprocess.run([sys.executable, str(REPO / "benchmarks" / "budget_peer.py"), "--corpus", str(en["corpus"]),
+                    "--tokenizer", str(en["tokenizer"]), "--out", str(out), "--budget-s", str(budget_s),
+                    "--lr", str(arm.lr), "--micro-batch", str(arm.micro_batch), "--seq", str(arm.seq),
+                    "--warmup", str(arm.warmup), "--dropout", str(arm.dropout)], check=True)
+    return out
+
+
+def curve(run: Path) -> list[dict]:
+    """The held-out evaluations against the run's clock (from metrics.jsonl; a resumed run's later lines win)."""
+    by_step = {}
+    for line in (run / "metrics.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        if "eval_mlm_loss" in r:
+            by_step[r["step"]] = {k: r[k] for k in ("step", "elapsed_s", "eval_mlm_loss", "eval_mlm_mask_acc",
+                                                    "eval_disc_loss", "eval_rtd_acc", "eval_rtd_f1") if k in r}
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def load() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+def run_arm(name: str, arm: Arm, args, en: dict) -> dict:
+    tag = f"{name}-{args.budget_s:.0f}s"
+    load_before, t0 = load(), time.time()
+    if name == "peer":
+        model = peer_arm(arm, en, args.work / f"{tag}-export", args.budget_s)
+        points = json.loads((model / "curve.json").read_text())
+        info = json.loads((model / "run.json").read_text())
+    else:
+        run = args.work / tag
+        model = pretrain_arm(name, arm, instances_for(args.work, en, arm), run, args.budget_s)
+        points = curve(run)
+        schedule = json.loads((run / "schedule.json").read_text())
+        config = json.loads((run / "config.json").read_text())
+        info = {"steps": schedule["steps"], "time_used_s": schedule["time_used_s"],
+                "sequences": schedule["steps"] * config["resolved"]["global_batch"]}
+    load_after_pretraining = load()
+    electra = "electra" in arm.extra  # its MLM is the generator's (export/generator); it fine-tunes the discriminator
+    yardstick = masked_only_accuracy(model / "generator" if electra else model, en["dynamic"])
+    probe = {}
+    for task in PROBE_TASKS:
+        budget = BUDGETS["cpu"]
+        summary = finetune_one(task, model, args.work / "probe" / f"{tag}-{task}", 1,
+                               type(budget)(**{**asdict(budget), "finetune_lr": PROBE_LR}), args.work)
+        probe[task] = summary["best"][task_metric(task)]
+        say(f"{name} probe {task}: {probe[task]:.4f}")
+    return {"arm": name, "budget_s": args.budget_s, "settings": asdict(arm), **info, "curve": points,
+            "yardstick": yardstick, "probe": probe, "probe_lr": PROBE_LR,
+            "load_before": load_before, "load_after_pretraining": load_after_pretraining,
+            "wall_s": round(time.time() - t0), **{k: v for k, v in run_info("budget").items() if k == "commit"}}
+
+
+def report(results: dict):
+    rows = sorted(results["arms"].values(), key=lambda r: (r["budget_s"], r["yardstick"]["loss"]))
+    print(f"\n{'arm':22} {'budget':>7} {'steps':>7} {'held-out MLM loss':>18} {'[MASK] acc':>10} "
+          f"{'SST-2':>6} {'STS-B':>6} {'load':>9}")
+    for r in rows:
+        print(f"{r['arm']:22} {r['budget_s'] / 60:6.0f}m {r['steps']:7d} {r['yardstick']['loss']:18.3f} "
+              f"{100 * r['yardstick']['masked_only_acc']:9.1f}% {100 * r['probe']['sst2']:6.1f} "
+              f"{100 * r['probe']['stsb']:6.1f} {r['load_before']:4.1f}/{r['load_after_pretraining']:3.1f}")
+    if rows:
+        plot(rows, RESULTS / "budget.png")
+
+
+def plot(rows: list[dict], path: Path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(15, 4.5), width_ratios=(1.3, 1))
+    for r in rows:
+        pts = [p for p in r["curve"] if p.get("eval_mlm_loss") is not None]
+        axes[0].plot([p["elapsed_s"] / 60 for p in pts], [p["eval_mlm_loss"] for p in pts], marker=".",
+                     label=f"{r['arm']} ({r['budget_s'] / 60:.0f} min)")
+    axes[0].set(title="held-out MLM loss (each arm's own instances)", xlabel="minutes on 2 CPU cores",
+                ylabel="loss (nats)")
+    names = [f"{r['arm']}\n{r['budget_s'] / 60:.0f} min" for r in rows]
+    for k, task in enumerate(PROBE_TASKS):
+        axes[1].bar([i + 0.4 * k for i in range(len(rows))], [100 * r["probe"][task] for r in rows], 0.4,
+                    label=f"{task} ({task_metric(task)})")
+    axes[1].set_xticks([i + 0.2 for i in range(len(rows))], names, fontsize=7, rotation=30, ha="right")
+    axes[1].set(title=f"probe: fine-tuned once (seed 1, lr {PROBE_LR:g})", ylabel="%")
+    for ax in axes:
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path}")
+
+
+def main(argv=None):
+    from bertkit.pretrain.budget import parse_duration
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--budget", default="30m", help="wall-clock pretraining time per arm (30m, 2h)")
+    ap.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
+    ap.add_argument("--work", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "bertkit-budget")
+    ap.add_argument("--report", action="store_true", help="only print the table and draw the plot")
+    args = ap.parse_args(argv)
+    args.budget_s = parse_duration(args.budget)
+    path = RESULTS / "budget.json"
+    results = json.loads(path.read_text()) if path.is_file() else {"arms": {}}
+    if not args.report:
+        args.work.mkdir(parents=True, exist_ok=True)
+        en = prepare(args.work, "en", BUDGETS["cpu"])
+        for name in args.arms:
+            key = f"{name}@{args.budget_s:.0f}s"
+            if key in results["arms"]:
+                continue
+            results["arms"][key] = run_arm(name, ARMS[name], args, en)
+            results.update({k: v for k, v in run_info("budget").items() if k != "commit"})
+            path.write_text(json.dumps(results, indent=1) + "\n")
+    report(results)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""The peer arm of benchmarks/budget.py: masked-LM pretraining as transformers' run_mlm.py builds it, for a wall-clock
+budget. Its own pipeline throughout: our tokenizer folder loaded as a BertTokenizerFast, each document tokenized with
+its special tokens, the token lists concatenated and cut into blocks (run_mlm's group_texts), batches masked by
+DataCollatorForLanguageModeling (15 %, 80/10/10), BertForMaskedLM (the BERT-tiny shape by default), AdamW with
+no decay on biases and LayerNorm (as Trainer), clipping at 1.0, and the same budget-aware schedule bertkit's arms get
+(warmup, then linear decay to 0 when the time is spent; run_mlm.py itself has only step schedules). One process, the
+machine's threads. Writes the model (HF format, with the tokenizer files), curve.json and run.json to --out.
+"""
+import argparse
+import json
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--corpus", type=Path, required=True)
+    ap.add_argument("--tokenizer", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--budget-s", type=float, required=True)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--micro-batch", type=int, default=32)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--warmup", type=float, default=0.05)
+    ap.add_argument("--dropout", type=float, default=0.1)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--hidden", type=int, default=128)
+    ap.add_argument("--eval-every-s", type=float, default=120)
+    ap.add_argument("--seed", type=int, default=42)
+    args = ap.parse_args()
+
+    import datasets
+    import pyarrow as pa
+    import transformers
+
+    from bertkit.pretrain.budget import lr_at
+
+    torch.manual_seed(args.seed)
+    tok = transformers.BertTokenizerFast.from_pretrained(args.tokenizer)
+
+    def split(name):  # our corpus folder's documents as plain text, one row each (run_mlm's --train_file lines)
+        texts = []
+        for path in sorted(args.corpus.glob(f"{name}-*.arrow")):
+            with pa.memory_map(str(path)) as source:
+                texts += [" ".join(s) for s in pa.ipc.open_file(source).read_all().column("sentences").to_pylist()]
+        return datasets.Dataset.from_dict({"text": texts})
+
+    def group_texts(batch):
+        ids = [i for row in batch["input_ids"] for i in row]
+        n = len(ids) // args.seq * args.seq
+        return {"input_ids": [ids[k:k + args.seq] for k in range(0, n, args.seq)]}
+
+    def blocks(name):
+        ds = split(name).map(lambda b: tok(b["text"]), batched=True, remove_columns=["text"])
+        return ds.map(group_texts, batched=True, remove_columns=ds.column_names)
+
+    train, holdout = blocks("shard"), blocks("holdout")
+    collator = transformers.DataCollatorForLanguageModeling(tok, mlm_probability=0.15)
+    model = transformers.BertForMaskedLM(transformers.BertConfig(
+        vocab_size=tok.vocab_size, hidden_size=args.hidden, num_hidden_layers=args.layers,
+        num_attention_heads=max(1, args.hidden // 64), intermediate_size=4 * args.hidden,
+        hidden_dropout_prob=args.dropout, attention_probs_dropout_prob=args.dropout, layer_norm_eps=1e-12))
+    no_decay = [p for n, p in model.named_parameters() if n.endswith("bias") or "LayerNorm" in n]
+    decay = [p for n, p in model.named_parameters() if not (n.endswith("bias") or "LayerNorm" in n)]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=args.lr, betas=(0.9, 0.999), eps=1e-6)
+    torch.manual_seed(args.seed)  # the held-out masking: the same draws at every evaluation
+    eval_batches = [collator([holdout[i] for i in range(k, min(k + args.micro_batch, len(holdout)))])
+                    for k in range(0, min(len(holdout), 10 * args.micro_batch), args.micro_batch)]
+
+    def evaluate():
+        model.eval()
+        with torch.no_grad():
+            losses = [model(**b).loss.item() for b in eval_batches]
+        model.train()
+        return sum(losses) / len(losses)
+
+    curve, step, seen, t0, next_eval = [], 0, 0, time.perf_counter(), args.eval_every_s
+    gen = torch.Generator().manual_seed(args.seed)
+    order = torch.randperm(len(train), generator=gen).tolist()
+    model.train()
+    while (elapsed := time.perf_counter() - t0) < args.budget_s:
+        for g in opt.param_groups:
+            g["lr"] = args.lr * lr_at(elapsed / args.budget_s, args.warmup, "linear")
+        if len(order) < args.micro_batch:
+            order = torch.randperm(len(train), generator=gen).tolist()
+        batch = collator([train[i] for i in order[:args.micro_batch]])
+        del order[:args.micro_batch]
+        loss = model(**batch).loss
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step, seen = step + 1, seen + args.micro_batch
+        if elapsed >= next_eval:
+            curve.append({"step": step, "elapsed_s": round(elapsed, 1), "eval_mlm_loss": evaluate()})
+            print(f"peer step {step}: {curve[-1]}", flush=True)
+            next_eval += args.eval_every_s
+    curve.append({"step": step, "elapsed_s": round(time.perf_counter() - t0, 1), "eval_mlm_loss": evaluate()})
+    args.out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(args.out)
+    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (args.tokenizer / name).is_file():
+            shutil.copyfile(args.tokenizer / name, args.out / name)
+    (args.out / "curve.json").write_text(json.dumps(curve, indent=1))
+    (args.out / "run.json").write_text(json.dumps({"steps": step, "time_used_s": round(time.perf_counter() - t0, 1),
+                                                   "sequences": seen, "train_blocks": len(train)}))
+
+
+if __name__ == "__main__":
+    main()
