@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save
 
 from bertkit.config import BertConfig
 from bertkit.fileio import atomic_write_bytes, atomic_write_json
-from bertkit.formats import TOKENIZER_FILES, DamagedFileError
+from bertkit.formats import TOKENIZER_FILES, DamagedFileError, FormatError
 from bertkit.model import (
     BertForPreTraining,
     BertForQuestionAnswering,
@@ -29,6 +29,11 @@ from bertkit.model import (
 )
 
 log = logging.getLogger(__name__)
+
+
+class ModelFolderError(FormatError):
+    """A model folder bertkit cannot load (no config.json, a config that is not BERT-family, weights that do not fit
+    it); the message names the file and what is wrong."""
 
 ARCHITECTURES = {
     BertModel: "BertModel",
@@ -179,22 +184,39 @@ def read_weights(path) -> dict:
     if (path / "model.safetensors").is_file():
         tensors = _load_safetensors(path / "model.safetensors")
     elif (path / "model.safetensors.index.json").is_file():
-        index = json.loads((path / "model.safetensors.index.json").read_text())
+        index_file = path / "model.safetensors.index.json"
+        index = _read_json(index_file)
+        shards = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(shards, dict) or not all(isinstance(v, str) for v in shards.values()):
+            raise ModelFolderError(f"{index_file}: no 'weight_map' of tensor names to shard files")
         tensors = {}
-        for shard in sorted(set(index["weight_map"].values())):
+        for shard in sorted(set(shards.values())):
+            if not (path / shard).is_file():
+                raise ModelFolderError(f"{index_file}: names the shard {shard}, which is not in {path}")
             tensors.update(_load_safetensors(path / shard))
     elif (path / "pytorch_model.bin").is_file():
         try:
             tensors = torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
         except Exception as e:  # pickled code, not plain tensors: refuse rather than execute it
-            raise ValueError(f"{path / 'pytorch_model.bin'}: cannot be read as plain tensors "
-                             f"(torch.load weights_only=True): {e}") from e
-        if "state_dict" in tensors and isinstance(tensors["state_dict"], dict):
+            raise ModelFolderError(f"{path / 'pytorch_model.bin'}: cannot be read as plain tensors "
+                                   f"(torch.load weights_only=True): {e}") from e
+        if isinstance(tensors, dict) and isinstance(tensors.get("state_dict"), dict):
             tensors = tensors["state_dict"]
+        if not isinstance(tensors, dict) or not all(torch.is_tensor(t) for t in tensors.values()):
+            raise ModelFolderError(f"{path / 'pytorch_model.bin'}: not a dictionary of tensors")
     else:
-        raise FileNotFoundError(f"{path}: no model.safetensors or pytorch_model.bin; is this an HF model folder? "
-                                "(bertkit exports write model.safetensors beside config.json)")
+        raise ModelFolderError(f"{path}: no model.safetensors or pytorch_model.bin; is this an HF model folder? "
+                               "(bertkit exports write model.safetensors beside config.json)")
     return {k: v.float() if v.is_floating_point() else v for k, v in tensors.items()}
+
+
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise ModelFolderError(f"{path}: byte {e.start} is not UTF-8; not a JSON file") from None
+    except json.JSONDecodeError as e:
+        raise ModelFolderError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
 
 
 def read_checkpoint(path):
@@ -202,26 +224,34 @@ def read_checkpoint(path):
     path = Path(path)
     config_path = path / "config.json"
     if not config_path.is_file():
-        raise FileNotFoundError(f"{config_path} not found: load_pretrained needs an HF-format BERT folder "
-                                "(config.json + model.safetensors); export a bertkit training run first")
-    hf_config = json.loads(config_path.read_text(encoding="utf-8"))
-    cfg = BertConfig.from_hf_dict(hf_config, source=str(config_path))
+        raise ModelFolderError(f"{config_path} not found: load_pretrained needs an HF-format BERT folder "
+                               "(config.json + model.safetensors); export a bertkit training run first")
+    hf_config = _read_json(config_path)
+    if not isinstance(hf_config, dict):
+        raise ModelFolderError(f"{config_path}: not a JSON object of settings")
+    try:
+        cfg = BertConfig.from_hf_dict(hf_config, source=str(config_path))
+    except KeyError as e:
+        raise ModelFolderError(f"{config_path}: no {e.args[0]!r}; not a BERT-family config.json") from None
+    except (ValueError, TypeError) as e:
+        message = str(e) if str(config_path) in str(e) else f"{config_path}: {e}"
+        raise ModelFolderError(message) from None
     tensors = _normalise_hf_keys(read_weights(path))
 
     word = "bert.embeddings.word_embeddings.weight"
     if word not in tensors:
         found = ", ".join(sorted(tensors)[:5])
-        raise ValueError(f"{path}: no tensor {word!r} (or 'embeddings.word_embeddings.weight'); "
-                         f"not a BERT checkpoint? It has: {found}, ...")
+        raise ModelFolderError(f"{path}: no tensor {word!r} (or 'embeddings.word_embeddings.weight'); "
+                               f"not a BERT checkpoint? It has: {found}, ...")
     rows = tuple(tensors[word].shape)
     if rows != (cfg.vocab_size, cfg.embedding_width):
-        raise ValueError(f"{path}: tensor {word!r} has shape {rows} but config.json says "
-                         f"({cfg.vocab_size}, {cfg.embedding_width}) (vocab_size, embedding width)")
+        raise ModelFolderError(f"{path}: tensor {word!r} has shape {rows} but config.json says "
+                               f"({cfg.vocab_size}, {cfg.embedding_width}) (vocab_size, embedding width)")
     if (path / "vocab.txt").is_file():
         n = _count_lines(path / "vocab.txt")
         if n != cfg.vocab_size:
-            raise ValueError(f"{path / 'vocab.txt'} has {n} tokens but tensor {word!r} has shape {rows}: "
-                             "the vocabulary does not match the embeddings")
+            raise ModelFolderError(f"{path / 'vocab.txt'} has {n} tokens but tensor {word!r} has shape {rows}: "
+                                   "the vocabulary does not match the embeddings")
     return cfg, hf_config, tensors
 
 
@@ -257,7 +287,7 @@ def load_pretrained(path, head: str | None = "auto", num_labels: int | None = No
         elif saved_head == head and hf_config.get("id2label"):
             num_labels = len(hf_config["id2label"])
         else:
-            raise ValueError(f"{path} has no classifier; pass num_labels to build a {head} head")
+            raise ModelFolderError(f"{path} has no classifier; pass num_labels to build a {head} head")
     model = build_model(cfg, head, num_labels)
 
     # tied decoder: HF files may carry it; it must be the embedding matrix, and its bias the MLM bias
@@ -278,8 +308,8 @@ def load_pretrained(path, head: str | None = "auto", num_labels: int | None = No
         absent = [n for n in names if n not in tensors]
         if absent:
             if key.startswith("bert.") and not (key.startswith("bert.pooler.")):
-                raise ValueError(f"{path}: checkpoint lacks tensor {absent[0]!r} (needed for {key!r}); "
-                                 "is it a BERT checkpoint with this config.json?")
+                raise ModelFolderError(f"{path}: checkpoint lacks tensor {absent[0]!r} (needed for {key!r}); "
+                                       "is it a BERT checkpoint with this config.json?")
             missing.extend(absent)
             loaded[key] = current
             continue
@@ -290,8 +320,8 @@ def load_pretrained(path, head: str | None = "auto", num_labels: int | None = No
         expected[0] //= len(names)
         for n, t in zip(names, pieces):
             if list(t.shape) != expected:
-                raise ValueError(f"{path}: tensor {n!r} has shape {tuple(t.shape)}, "
-                                 f"expected {tuple(expected)} for this config.json / head")
+                raise ModelFolderError(f"{path}: tensor {n!r} has shape {tuple(t.shape)}, "
+                                       f"expected {tuple(expected)} for this config.json / head")
         tensor = torch.cat(pieces, 0) if len(pieces) > 1 else pieces[0]
         if key in VOCAB_PADDED:
             tensor = torch.cat([tensor, current[cfg.vocab_size:].zero_()], 0)
@@ -301,8 +331,8 @@ def load_pretrained(path, head: str | None = "auto", num_labels: int | None = No
     # the NSP classifier and the pooler are cheap to retrain; the MLM head, classifiers and QA outputs are the head
     essential = [n for n in missing if not n.startswith(("cls.seq_relationship.", "bert.pooler."))]
     if essential and require_head:
-        raise ValueError(f"{path} has no {head} head: it lacks {', '.join(essential)} "
-                         f"(config.json architectures: {hf_config.get('architectures')})")
+        raise ModelFolderError(f"{path} has no {head} head: it lacks {', '.join(essential)} "
+                               f"(config.json architectures: {hf_config.get('architectures')})")
     if isinstance(model, BertModel):
         loaded = {k[len("bert."):]: v for k, v in loaded.items()}
     model.load_state_dict(loaded, strict=True)

@@ -5,6 +5,7 @@ line or file never costs the rest. They raise InputError only when the file as a
 """
 import bz2
 import codecs
+import errno
 import glob
 import gzip
 import io
@@ -77,7 +78,13 @@ def expand_inputs(inputs, exclude: Path | None = None, skipped: list[Path] | Non
     exclude = exclude.resolve() if exclude else None
 
     def add(path: Path, source: str):
-        key = path.resolve()
+        try:
+            key = path.resolve(strict=True)
+        except (RuntimeError, OSError) as e:  # a symlink loop (RuntimeError before Python 3.13), a dangling link
+            why = "a symbolic link loop" if isinstance(e, RuntimeError) or e.errno == errno.ELOOP else \
+                "a link to nothing" if isinstance(e, FileNotFoundError) else e.strerror
+            problems.append(f"{path}: cannot be read ({why}); skipped")
+            return
         if exclude and (key == exclude or exclude in key.parents):
             return
         if key in seen:

@@ -629,9 +629,13 @@ def _prepare_corpus(inputs, out: Path, config: CorpusConfig) -> CorpusManifest:
     _say(_summary(manifest, out))
     if config.holdout > 0 and manifest.totals["holdout_documents"] == 0:
         _say(f"warning: the holdout split is empty ({written} documents x --holdout {config.holdout} < 1)")
-    if config.strict and manifest.errors:
-        raise CorpusError(f"{len(manifest.errors)} input problem(s) and --strict: see the messages above "
-                          f"(the output in {out} is complete otherwise)")
+    # --strict fails on any input problem: a file that could not be read, and any line or row skipped or repaired
+    # in one that could (bad JSON, a missing field, undecodable bytes)
+    line_problems = sum(n for i in manifest.inputs for n in (i["problems"] or {}).values())
+    if config.strict and (manifest.errors or line_problems):
+        raise CorpusError(f"{len(manifest.errors)} unreadable input(s) and {line_problems} problem line(s) or "
+                          f"row(s), with --strict: see the messages above (the output in {out} is complete "
+                          "otherwise)")
     return manifest
 
 

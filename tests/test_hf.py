@@ -10,7 +10,7 @@ from safetensors.torch import load_file, save_file
 from bertkit import model as bm
 from bertkit.cli import main as cli
 from bertkit.config import BertConfig
-from bertkit.hf import load_pretrained, save_pretrained
+from bertkit.hf import ModelFolderError, load_pretrained, save_pretrained
 
 transformers = pytest.importorskip("transformers")
 
@@ -249,7 +249,7 @@ def test_bad_checkpoints_name_the_tensor_and_both_shapes(tmp_path):
     (d / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="lacks tensor 'bert.encoder.layer.1.output.dense.weight'"):
         load_pretrained(d)
-    with pytest.raises(FileNotFoundError, match="config.json not found"):
+    with pytest.raises(ModelFolderError, match="config.json not found"):
         load_pretrained(tmp_path / "tok")
     with pytest.raises(ValueError, match="vocab.txt has 40 tokens but the model's word embeddings have shape "
                                          r"\(61, 16\)"):

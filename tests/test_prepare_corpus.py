@@ -518,3 +518,18 @@ def test_huge_lines_and_blocks_are_cut_so_memory_stays_bounded(tmp_path, monkeyp
     assert len(blocks) > 5 and sum(len(b) for b in blocks) == 60  # cut into several documents, nothing lost
     assert "long.txt:1: line longer than 64 bytes" in " ".join(m.inputs[0]["messages"])
     assert m.inputs[1]["problems"]["long_document"] == len(blocks) - 1
+
+
+def test_strict_fails_on_skipped_rows_and_a_symlink_loop_is_a_message(tmp_path):
+    """--strict fails on any input problem, a bad JSON Lines row included (the output is still written); two
+    symbolic links pointing at each other are an input problem, not a crash."""
+    (tmp_path / "in").mkdir()
+    good = json.dumps({"text": "A sentence that is long enough to be kept as a document of its own here."})
+    (tmp_path / "in" / "rows.jsonl").write_text(good + "\n{not json\n" + good.replace("A sentence", "Another") + "\n")
+    (tmp_path / "in" / "a").symlink_to(tmp_path / "in" / "b")
+    (tmp_path / "in" / "b").symlink_to(tmp_path / "in" / "a")
+    m = prepare_corpus([tmp_path / "in"], tmp_path / "out", cfg(min_chars=10))
+    assert m.totals["documents"] == 2 and any("symbolic link loop" in e for e in m.errors)
+    with pytest.raises(CorpusError, match="problem line"):
+        prepare_corpus([tmp_path / "in" / "rows.jsonl"], tmp_path / "strict", cfg(min_chars=10, strict=True))
+    assert read_corpus_manifest(tmp_path / "strict").totals["documents"] == 2

@@ -71,12 +71,15 @@ def friendly_errors(f):
         from bertkit.fileio import FolderError
         from bertkit.finetune.classify import DataError
         from bertkit.finetune.squad import SquadFormatError
+        from bertkit.formats import FormatError
         from bertkit.kernels import BackendError
         from bertkit.runlog import ReportError
+        from bertkit.tokenization import TokenizerError
 
         try:
             return f(*args, **kwargs)
-        except (DataError, SquadFormatError, BackendError, ReportError, FolderError) as e:
+        except (DataError, SquadFormatError, BackendError, ReportError, FolderError, FormatError,
+                TokenizerError) as e:  # FormatError: a model folder that cannot be loaded (bertkit.hf)
             raise click.ClickException(str(e)) from None
     return run
 

@@ -21,7 +21,7 @@ def fill_mask(model_dir, top_k, device, kernels, texts):
     from bertkit import kernels as backends
     from bertkit.fill_mask import fill_mask_predictions
     from bertkit.hf import load_pretrained
-    from bertkit.tokenization import load_tokenizer
+    from bertkit.tokenization import TokenizerError, load_tokenizer
 
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -32,11 +32,17 @@ def fill_mask(model_dir, top_k, device, kernels, texts):
         raise click.ClickException(str(e)) from None
     try:
         model = load_pretrained(model_dir, head="pretraining", require_head=True)
-    except (ValueError, FileNotFoundError) as e:
+    except ValueError as e:  # ModelFolderError, DamagedFileError: the file and what is wrong
         hint = ("; fill-mask needs a model pretrained with masked-LM, not an encoder-only or fine-tuned checkpoint"
                 if "head" in str(e) else "")
-        raise click.ClickException(f"{e}{hint}") from e
-    tokenizer = load_tokenizer(model_dir)
+        raise click.ClickException(f"{e}{hint}") from None
+    try:
+        tokenizer = load_tokenizer(model_dir)
+    except TokenizerError as e:
+        raise click.ClickException(
+            f"{model_dir}: its tokenizer cannot be read ({e}). fill-mask reads the tokenizer from the model folder: "
+            "`bertkit export` puts vocab.txt and tokenizer.json there; for another model, copy its tokenizer "
+            "files in") from None
     model.to(device)
     try:
         predictions = fill_mask_predictions(model, tokenizer, texts, top_k, device)

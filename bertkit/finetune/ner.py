@@ -5,6 +5,7 @@ pieces are ignored by the loss (IGNORE_INDEX) and at prediction time. Scores are
 from dataclasses import dataclass
 from pathlib import Path
 
+from bertkit.fileio import not_utf8_message
 from bertkit.finetune import metrics as M
 from bertkit.finetune.classify import DataError
 from bertkit.formats import IGNORE_INDEX
@@ -21,22 +22,27 @@ def read_conll(path) -> list:
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: no such file")
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise DataError(f"{path}:{line}: {not_utf8_message(data, path.name)}") from None
     sentences, words, tags, first = [], [], [], 0
-    with open(path, encoding="utf-8-sig") as f:
-        for n, raw in enumerate(f, 1):
-            fields = raw.split()
-            if not fields or fields[0] == "-DOCSTART-":
-                if words:
-                    sentences.append(TaggedSentence(first, words, tags))
-                words, tags = [], []
-                continue
-            if len(fields) < 2:
-                raise DataError(f"{path}:{n}: expected `word ... tag` (at least 2 whitespace-separated fields), "
-                                f"got {raw.strip()!r}")
-            if not words:
-                first = n
-            words.append(fields[0])
-            tags.append(fields[-1])
+    for n, raw in enumerate(text.split("\n"), 1):  # "\n" only: CoNLL words may hold other line breaks
+        fields = raw.split()
+        if not fields or fields[0] == "-DOCSTART-":
+            if words:
+                sentences.append(TaggedSentence(first, words, tags))
+            words, tags = [], []
+            continue
+        if len(fields) < 2:
+            raise DataError(f"{path}:{n}: expected `word ... tag` (at least 2 whitespace-separated fields), "
+                            f"got {raw.strip()!r}")
+        if not words:
+            first = n
+        words.append(fields[0])
+        tags.append(fields[-1])
     if words:
         sentences.append(TaggedSentence(first, words, tags))
     if not sentences:

@@ -52,45 +52,70 @@ def _line_of(raw: str, qid: str) -> int:
     return raw.count("\n", 0, pos) + 1 if pos >= 0 else 0
 
 
+def _field(obj: dict, key: str, kind: type, where, what: str, default=None):
+    """obj[key] if it is a `kind` (bools are not offsets), else SquadFormatError naming the file, the place and the
+    field; a missing key gives `default` when one is given."""
+    obj = obj if isinstance(obj, dict) else {}
+    if key not in obj and default is not None:
+        return default
+    value = obj.get(key)
+    if isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
+        return value
+    found = "missing" if key not in obj else f"a {type(value).__name__}"
+    raise SquadFormatError(f"{where()}: '{key}' is {found}, expected {what} (the official SQuAD JSON layout)")
+
+
 def read_squad(path, training: bool, version_2: bool = False, articles: slice | None = None,
                every_nth_question: int = 1):
     """-> (examples, dataset) where dataset is the file's `data` list (for the official evaluation), cut to
     `articles` and to every n-th question when given (a quick, deterministic subset; the dataset keeps only
     those questions so scores stay official)."""
     path = Path(path)
-    raw = path.read_text(encoding="utf-8")
+    counter = iter(range(10 ** 9))
+    try:
+        raw = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise SquadFormatError(f"{path}: byte {e.start} is not UTF-8; SQuAD files are UTF-8 JSON") from None
     if not raw.strip():
         raise SquadFormatError(f"{path}: the file is empty; expected the official SQuAD JSON ({{'data': [...]}})")
     try:
-        dataset = json.loads(raw)["data"]
+        top = json.loads(raw)
     except json.JSONDecodeError as e:
         raise SquadFormatError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
-    except (KeyError, TypeError):
-        raise SquadFormatError(f"{path}: no top-level 'data' list; expected the official SQuAD JSON") from None
+    dataset = _field(top, "data", list, lambda: f"{path}: the top level", "a list of articles")
     indices = list(range(len(dataset)))[articles] if articles is not None else range(len(dataset))
     dataset = [dataset[a] for a in indices]
-    if every_nth_question > 1:
-        counter = iter(range(10 ** 9))
-        dataset = [{**art, "paragraphs": [{**par, "qas": [qa for qa in par["qas"]
-                                                        if next(counter) % every_nth_question == 0]}
-                                         for par in art.get("paragraphs", [])]} for art in dataset]
     examples = []
     for a, article in zip(indices, dataset):
-        for paragraph in article.get("paragraphs", []):
-            context = paragraph["context"]
-            for qa in paragraph["qas"]:
-                qid = qa.get("id", "?")
+        def at(what, a=a):
+            return lambda: f"{path}: data[{a}]{what}"
+        article = _field({"article": article}, "article", dict, at(""), "an object")
+        paragraphs = _field(article, "paragraphs", list, at(""), "a list", default=[])
+        for p, paragraph in enumerate(paragraphs):
+            paragraph = _field({"paragraph": paragraph}, "paragraph", dict, at(f".paragraphs[{p}]"), "an object")
+            context = _field(paragraph, "context", str, at(f".paragraphs[{p}]"), "text")
+            qas = _field(paragraph, "qas", list, at(f".paragraphs[{p}]"), "a list of questions")
+            if every_nth_question > 1:  # a quick deterministic subset; the dataset keeps only those questions
+                qas = paragraph["qas"] = [qa for qa in qas if next(counter) % every_nth_question == 0]
+            for q, qa in enumerate(qas):
+                qa = _field({"question": qa}, "question", dict, at(f".paragraphs[{p}].qas[{q}]"), "an object")
+                qid = str(qa.get("id", "?"))
 
                 def where(qid=qid, a=a, title=article.get("title", "")):  # the line search is slow: errors only
                     return f"{path}:{_line_of(raw, qid)}: article {a} ({title!r}), question id {qid}"
                 if "question" not in qa or "id" not in qa:
                     raise SquadFormatError(f"{where()}: a question needs 'id' and 'question'")
+                question = _field(qa, "question", str, where, "text")
                 impossible = bool(qa.get("is_impossible", False))
                 if impossible and not version_2:
                     raise SquadFormatError(f"{where()}: is_impossible=true in a v1.1 run; pass --version-2")
                 answers = []
-                for ans in qa.get("answers", []):
-                    text, start = ans["text"], int(ans["answer_start"])
+                for k, ans in enumerate(_field(qa, "answers", list, where, "a list", default=[])):
+                    ans = _field({"answer": ans}, "answer", dict, lambda k=k: f"{where()}, answers[{k}]",
+                                 "an object")
+                    text = _field(ans, "text", str, lambda k=k: f"{where()}, answers[{k}]", "text")
+                    start = _field(ans, "answer_start", int, lambda k=k: f"{where()}, answers[{k}]",
+                                   "a character offset")
                     if context[start:start + len(text)] != text:
                         raise SquadFormatError(
                             f"{where()}: answer_start {start} does not point at the answer text {text!r} "
@@ -99,8 +124,7 @@ def read_squad(path, training: bool, version_2: bool = False, articles: slice | 
                 if training and not impossible and not answers:
                     raise SquadFormatError(f"{where()}: a training question has no answers "
                                            "(mark it is_impossible=true with --version-2, or drop it)")
-                examples.append(SquadExample(qid, qa["question"], context, answers, impossible,
-                                             article.get("title", "")))
+                examples.append(SquadExample(qid, question, context, answers, impossible, article.get("title", "")))
     if not examples:
         raise SquadFormatError(f"{path}: no questions found")
     return examples, dataset
