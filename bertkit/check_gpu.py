@@ -123,7 +123,8 @@ def _attention_case(head_dim, dtype_name, varlen, p, configs, device, small) -> 
                       {k: list(v) for k, v in configs.items()} | {"head_dim": head_dim}, errors, zeros_ok, passed)
 
 
-def _layer_norm_case(hidden, dtype_name, p, device, small) -> CaseResult:
+def _layer_norm_case(hidden, dtype_name, p, device, small, prenorm=False) -> CaseResult:
+    """prenorm: the pre-LN form, whose sum h is also an output with its own incoming gradient."""
     from bertkit.kernels.common import draw_seed
     from bertkit.kernels.layer_norm import _tile, add_ln_backward, add_ln_forward, ln_dropout_mask
     from bertkit.kernels.reference import add_layer_norm_reference
@@ -131,7 +132,8 @@ def _layer_norm_case(hidden, dtype_name, p, device, small) -> CaseResult:
     dtype = DTYPES[dtype_name]
     gen = torch.Generator(device=device).manual_seed(hidden + int(100 * p))
     rows = 37 if small else 32 * 128
-    x, res, dy = (torch.randn(rows, hidden, device=device, generator=gen, dtype=torch.float64) for _ in range(3))
+    x, res, dy, dh_in = (torch.randn(rows, hidden, device=device, generator=gen, dtype=torch.float64)
+                         for _ in range(4))
     w = 1 + 0.1 * torch.randn(hidden, device=device, generator=gen, dtype=torch.float64)
     b = 0.1 * torch.randn(hidden, device=device, generator=gen, dtype=torch.float64)
     seed = draw_seed(device)
@@ -140,17 +142,19 @@ def _layer_norm_case(hidden, dtype_name, p, device, small) -> CaseResult:
     results = {}
     for name, cast, compute in (("exact", dtype, torch.float64), ("torch", dtype, dtype)):
         leaves = [t.to(cast).to(compute).requires_grad_() for t in (x, res, w, b)]
-        y = add_layer_norm_reference(leaves[0], leaves[1], leaves[2], leaves[3], 1e-12, p, dropout_mask=mask)
-        y.backward(dy.to(compute))
+        y, h = add_layer_norm_reference(leaves[0], leaves[1], leaves[2], leaves[3], 1e-12, p, prenorm=True,
+                                        dropout_mask=mask)
+        torch.autograd.backward([y, h] if prenorm else [y], [dy.to(compute), dh_in.to(compute)][:1 + prenorm])
         results[name] = [y.detach()] + [t.grad for t in leaves]
     xs, rs, ws, bs = (t.to(dtype) for t in (x, res, w, b))
     y, h, mean, rstd = add_ln_forward(xs, rs, ws, bs, seed, 1e-12, p)
-    dh, dx, dw, db = add_ln_backward(dy.to(dtype), h, ws, mean, rstd, seed, p)
+    dh, dx, dw, db = add_ln_backward(dy.to(dtype), h, ws, mean, rstd, seed, p,
+                                     dh_in=dh_in.to(dtype) if prenorm else None)
     ours = {"y": y, "dx": dx if p > 0 else dh, "dresidual": dh, "dweight": dw, "dbias": db}
     errors = {k: [_max_err(o, e), _max_err(t, e)]
               for k, o, e, t in zip(ours, ours.values(), results["exact"], results["torch"])}
-    return CaseResult("layer_norm", dtype_name, "rows", p, {"hidden": hidden, "tile": list(_tile(hidden))},
-                      errors, True, _rule(errors))
+    return CaseResult("layer_norm", dtype_name, "rows", p, {"hidden": hidden, "tile": list(_tile(hidden)),
+                                                            "prenorm": prenorm}, errors, True, _rule(errors))
 
 
 def correctness(cfg: CheckConfig, device: str, progress=print) -> list[CaseResult]:
@@ -322,9 +326,13 @@ def verdict(cases: list[CaseResult], rows: list[dict]) -> tuple[str, str]:
 
 def check_gpu(cfg: CheckConfig, progress=print) -> dict:
     """Run the checks; returns (and writes to cfg.out) the report."""
-    from bertkit import kernels
+    import platform
 
-    report = {"torch": torch.__version__, "device": cfg.device, "config": asdict(cfg)}
+    from bertkit import __version__, kernels
+
+    report = {"bertkit": __version__, "torch": torch.__version__, "cuda_runtime": torch.version.cuda,
+              "python": platform.python_version(), "platform": platform.platform(), "device": cfg.device,
+              "config": asdict(cfg)}
     try:
         import triton
 

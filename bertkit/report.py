@@ -18,6 +18,9 @@ class ReportError(FormatError):
     pass
 
 
+GENERATOR = '<meta name="generator" content="bertkit report">'  # how a report knows its own earlier page
+
+
 def _plt():
     try:
         import matplotlib
@@ -93,7 +96,7 @@ def _page(title: str, figures: list, sections: list) -> str:
                      f"<figcaption>{html.escape(name)}</figcaption></figure>" for name, data in figures)
     body = "".join(f"<h2>{html.escape(heading)}</h2>{content}" for heading, content in sections)
     return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<html lang="en"><head><meta charset="utf-8">{GENERATOR}<title>{html.escape(title)}</title>
 <style>
 body {{ font-family: system-ui, sans-serif; margin: 2em; color: #222; }}
 figure {{ display: inline-block; margin: 0.5em; }} img {{ max-width: 100%; }}
@@ -174,5 +177,8 @@ def report(run_dir, out=None) -> Path:
     from bertkit.fileio import atomic_write_bytes
 
     out = Path(out) if out else run_dir / "report.html"
+    if out.exists() and (not out.is_file() or GENERATOR.encode() not in out.read_bytes()[:2048]):
+        raise ReportError(f"{out}: exists and is not a page bertkit report wrote; choose another --out (a report "
+                          "replaces only an earlier report)")
     atomic_write_bytes(out, page.encode("utf-8"))
     return out

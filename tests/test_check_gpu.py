@@ -81,3 +81,14 @@ print(r["failed"], r["passed"], r["kernels"])
     failed, passed, backend = r.stdout.split()[-3:]
     # the attention cases (padded, varlen; with and without dropout) fail, the LayerNorm ones pass
     assert (int(failed), int(passed), backend) == (4, 2, "torch")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: the real check applies")
+def test_json_on_stdout_is_the_report_to_attach(tmp_path):
+    r = subprocess.run([str(BIN / "bertkit"), "check-gpu", "--json", "--out", str(tmp_path / "r.json")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    report = json.loads(r.stdout)  # stdout holds the JSON alone; the progress lines went to stderr
+    assert report == json.loads((tmp_path / "r.json").read_text())
+    assert {"bertkit", "torch", "triton", "python", "platform", "device", "verdict"} <= set(report)
+    assert "verdict:" in r.stderr

@@ -70,9 +70,10 @@ def test_loss_is_generator_mlm_plus_lambda_times_discriminator():
     assert model.generator.embeddings is None and model.discriminator.embeddings is None
 
 
-def test_export_loads_in_transformers_and_agrees(tmp_path):
+@pytest.mark.parametrize("pad_vocab_to", [8, 64])  # --pad-vocab-to: padded rows never predicted, trimmed on export
+def test_export_loads_in_transformers_and_agrees(tmp_path, pad_vocab_to):
     torch.manual_seed(0)
-    cfg = tiny_config(hidden_dropout=0.0, attention_dropout=0.0)
+    cfg = tiny_config(hidden_dropout=0.0, attention_dropout=0.0, vocab_pad_multiple=pad_vocab_to)
     model = ElectraForPreTraining(cfg).eval()
     with torch.no_grad():
         for p in model.parameters():
@@ -180,3 +181,26 @@ def test_electra_on_two_ranks_trains_resumes_exports_fine_tunes_and_fills_masks(
     finish(launch(common(inst, tmp_path, tmp_path / "z3", max_steps=4, save_every=4, zero_stage=3) + flags))
     assert len(records(tmp_path / "z3")) >= 4
     export(tmp_path / "z3", tmp_path / "z3-export")
+
+
+def test_packed_batches_give_the_padded_losses(monkeypatch):
+    """--unpadded: the same rows end to end give the same generator and discriminator losses (sampling made
+    deterministic here: the two layouts draw their samples in different orders)."""
+    import bertkit.electra as electra
+
+    monkeypatch.setattr(electra, "sample", lambda logits: logits.argmax(-1))
+    torch.manual_seed(0)
+    model = ElectraForPreTraining(tiny_config(hidden_dropout=0.0, attention_dropout=0.0)).eval()
+    ids, types, mask, positions, labels = masked_batch(model.cfg)
+    padded = model(ids, types, mask, mlm_positions=positions, mlm_labels=labels)
+    lengths = mask.sum(1).tolist()
+    starts = [0, *torch.tensor(lengths).cumsum(0).tolist()]
+    valid = labels != -100
+    flat_pos = torch.cat([positions[i][valid[i]] + starts[i] for i in range(len(lengths))])
+    packed = model(torch.cat([ids[i, :n] for i, n in enumerate(lengths)]),
+                   torch.cat([types[i, :n] for i, n in enumerate(lengths)]),
+                   mlm_positions=flat_pos, mlm_labels=labels[valid],
+                   cu_seqlens=torch.tensor(starts, dtype=torch.int32), max_seqlen=max(lengths))
+    assert torch.allclose(packed.mlm_loss, padded.mlm_loss, atol=1e-5)
+    assert torch.allclose(packed.disc_loss, padded.disc_loss, atol=1e-5)
+    assert packed.rtd.tolist() == padded.rtd.tolist()

@@ -14,7 +14,10 @@ import click
 @click.option("--small", is_flag=True, help="Tiny shapes (for the CPU interpreter and tests), not BERT's.")
 @click.option("--out", default="check_gpu.json", show_default=True, type=click.Path(dir_okay=False),
               help="JSON report.")
-def check_gpu(device, dtypes, quick, no_timing, small, out):
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the JSON report (versions, device, every case) on stdout, to attach to a bug report as it "
+                   "is; the progress lines go to stderr.")
+def check_gpu(device, dtypes, quick, no_timing, small, out, as_json):
     """Check the Triton kernels on this GPU against float64 references and time them against PyTorch's SDPA and
     LayerNorm; prints a verdict and the --kernels to use. Exit status 1 when a kernel check fails.
 
@@ -27,5 +30,9 @@ def check_gpu(device, dtypes, quick, no_timing, small, out):
                       timing=not no_timing, small=small, out=out)
     if small:
         cfg.hiddens = (128, 768)
-    report = run(cfg, progress=lambda line: click.echo(line))
+    report = run(cfg, progress=lambda line: click.echo(line, err=as_json))
+    if as_json:
+        import json
+
+        click.echo(json.dumps(report, indent=1))
     sys.exit(1 if report.get("failed") else 0)

@@ -44,6 +44,9 @@ def fill_mask(model_dir, top_k, device, kernels, texts):
             "`bertkit export` puts vocab.txt and tokenizer.json there; for another model, copy its tokenizer "
             "files in") from None
     model.to(device)
+    from bertkit.kernel_guard import kernel_uses, resolve_guarded
+
+    resolve_guarded(device, kernel_uses(model, "fp32", False), say=lambda m: click.echo(m, err=True))
     try:
         predictions = fill_mask_predictions(model, tokenizer, texts, top_k, device)
     except ValueError as e:

@@ -20,6 +20,7 @@ from bertkit.distributed import destroy_at_exit
 from bertkit.fileio import atomic_write_json, check_folder_owned
 from bertkit.formats import IGNORE_INDEX
 from bertkit.hf import save_pretrained
+from bertkit.kernel_guard import kernel_uses, resolve_guarded
 from bertkit.optim import build_scheduler, param_groups
 from bertkit.progress import tqdm
 from bertkit.runlog import RunLog, default_report_to
@@ -154,7 +155,8 @@ def train(model, train_rows: list, evaluate, best_metric: str, cfg: TrainConfig,
     out_dir = Path(cfg.out_dir)
     device = pick_device(cfg.device, local_rank)
     kernels.use(cfg.kernels)
-    backend = kernels.resolve(device)
+    backend = resolve_guarded(device, kernel_uses(model, "fp32", cfg.unpadded),  # auto on a GPU: checked there first
+                              say=tqdm.write if rank == 0 else lambda m: m.startswith("warning") and tqdm.write(m))
     if world > 1 and not torch.distributed.is_initialized():
         if device.type == "cuda":
             torch.cuda.set_device(device)

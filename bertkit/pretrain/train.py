@@ -31,6 +31,7 @@ from bertkit.electra import ElectraForPreTraining, describe
 from bertkit.fileio import disk_errors, sha256_file
 from bertkit.formats import InstancesManifest, RunConfig, read_instances_manifest
 from bertkit.hf import load_pretrained, repad_vocab
+from bertkit.kernel_guard import kernel_uses, resolve_guarded
 from bertkit.model import BertForPreTraining
 from bertkit.optim import build_optimizer, build_scheduler, param_groups
 from bertkit.pretrain.budget import BudgetSchedule, plan_schedule
@@ -86,6 +87,8 @@ def _pretrain(cfg: PretrainConfig, manifest, rank: int, world: int, device) -> d
     # model, optimizer, engine
     torch.manual_seed(cfg.seed)  # same initial weights on every rank
     model, bert_cfg, init_source = build_model(cfg, manifest, previous_run, objective)
+    backend = resolve_guarded(device, kernel_uses(model, settings.precision, cfg.unpadded),  # auto on a GPU: checked
+                              say=say if rank == 0 else lambda m: m.startswith("warning") and say(m))
     optimizer = build_optimizer(settings.optimizer, param_groups(model, settings.weight_decay), settings.lr,
                                 cfg.betas, cfg.eps, on_cuda)
     scheduler = None if "scheduler" in ds_config else LambdaLR(optimizer, budget) if budget else \
@@ -386,6 +389,10 @@ def resolve_settings(cfg: PretrainConfig, world: int, rank: int, on_cuda: bool, 
               file=sys.stderr, flush=True)
     if previous_run is not None:
         check_resume(previous_run, cfg, settings, world)
+    if on_cuda and cfg.precision in (None, "auto") and rank == 0:
+        picked = "bf16 (this GPU has it)" if settings.precision == "bf16" else \
+            "fp16 with dynamic loss scaling (this GPU has no bf16)"
+        print(f"precision auto: {picked}", file=sys.stderr, flush=True)
     return ds_config, settings
 
 

@@ -105,3 +105,14 @@ def test_a_refused_run_leaves_no_empty_folder(stages, tmp_path):
     r = CliRunner().invoke(main, ["prepare-corpus", str(tmp_path / "no-such-input"), "--out", str(out)])
     assert r.exit_code != 0
     assert not out.exists()
+
+
+def test_report_replaces_only_its_own_page(stages):
+    user_file = stages["user"] / "config.json"
+    before = user_file.read_bytes()
+    r = CliRunner().invoke(main, ["report", str(stages["run"]), "--out", str(user_file)])
+    assert r.exit_code == 1 and "is not a page bertkit report wrote" in r.output, r.output
+    assert user_file.read_bytes() == before
+    for _ in range(2):  # the default page, written again over itself
+        r = CliRunner().invoke(main, ["report", str(stages["run"])])
+        assert r.exit_code == 0, r.output

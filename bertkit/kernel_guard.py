@@ -1,0 +1,131 @@
+"""`--kernels auto` on a GPU: trust the Triton kernels there only after checking them there.
+
+A user's first GPU run is the kernels' first run on that GPU (another architecture, another Triton, a driver quirk).
+So before the first step of a run that would use them, `choose_backend` checks, on the device, the configurations
+this run will use (attention forward and backward at its head size, padded or packed, with its dropout; the
+add+LayerNorm at its hidden size, post- or pre-LN, with its dropout; every shipped tile configuration), on small
+shapes, against float64 by check-gpu's rule (error at most 2x PyTorch's own in that precision, plus 1e-5; padded rows
+exact zeros). Pass: Triton, and the verdict is cached per (GPU, compute capability, torch, triton, bertkit,
+configuration) in the user's cache folder, so later runs skip the check. Fail, or any compile or launch error: the
+torch backend for this run and one warning line naming the failed check and `bertkit check-gpu` for details.
+`--kernels triton` (or BERTKIT_KERNELS=triton) stays forced: no check, no fallback.
+"""
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from bertkit import __version__
+
+
+@dataclass(frozen=True)
+class KernelUse:
+    """What a run asks of the kernels."""
+    head_dim: int
+    hidden: int
+    dtype: str            # fp32 | bf16 | fp16
+    varlen: bool          # packed batches (--unpadded)
+    dropout: float
+    prenorm: bool         # --norm pre
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("BERTKIT_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "bertkit")
+    return Path(root)
+
+
+def _versions(device) -> dict:
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        gpu, capability = props.name, f"{props.major}.{props.minor}"
+    else:  # the interpreter on the CPU (tests)
+        gpu, capability = f"{device.type} (Triton interpreter)", "-"
+    return {"gpu": gpu, "capability": capability, "torch": torch.__version__, "triton": triton_version,
+            "bertkit": __version__}
+
+
+def cache_key(versions: dict, use: KernelUse) -> str:
+    return json.dumps({**versions, **asdict(use)}, sort_keys=True)
+
+
+def run_checks(use: KernelUse, device) -> list:
+    """check-gpu's cases for what this run uses, on small shapes: every shipped attention tile configuration."""
+    from bertkit.check_gpu import _attention_case, _attention_configs, _layer_norm_case, _safe
+
+    dev, cases = str(device), []
+    for p in sorted({0.0, use.dropout}):
+        for configs in _attention_configs(use.head_dim, every=True):
+            cases.append(_safe(lambda: _attention_case(use.head_dim, use.dtype, use.varlen, p, configs, dev, True),
+                               "attention", use.dtype, "varlen" if use.varlen else "padded", p, configs))
+        cases.append(_safe(lambda: _layer_norm_case(use.hidden, use.dtype, p, dev, True, use.prenorm),
+                           "layer_norm", use.dtype, "rows", p, {"hidden": use.hidden}))
+    return cases
+
+
+def kernel_uses(model, precision: str, unpadded: bool) -> list[KernelUse]:
+    """What a model asks of the kernels: its encoder's shape (and for ELECTRA its generator's too)."""
+    cfgs = [model.cfg] + ([model.gen_cfg] if hasattr(model, "gen_cfg") else [])
+    return [KernelUse(c.head_dim, c.hidden_size, precision, unpadded, c.hidden_dropout or c.attention_dropout,
+                      c.norm == "pre") for c in cfgs]
+
+
+def resolve_guarded(device, uses: list[KernelUse], say=print) -> str:
+    """bertkit.kernels.resolve(device), except that `auto` on a CUDA device is checked there first
+    (choose_backend); the outcome is set for the rest of this process."""
+    from bertkit import kernels
+
+    backend = kernels.resolve(device)
+    if kernels.backend() == "auto" and backend == "triton" and torch.device(device).type == "cuda":
+        backend = "triton" if all(choose_backend(device, u, say) == "triton" for u in uses) else "torch"
+        kernels.use(backend)
+    return backend
+
+
+def choose_backend(device, use: KernelUse, say=print, checks=run_checks) -> str:
+    """"triton" or "torch" for --kernels auto on `device` (see the module docstring); `checks` is swappable for
+    tests. Every outcome is one line through `say` when a check runs or fails, none for a cached pass."""
+    device = torch.device(device)
+    versions = _versions(device)
+    key = cache_key(versions, use)
+    cache = cache_dir() / "kernel_checks.json"
+    try:
+        known = json.loads(cache.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if not isinstance(known, dict):
+        known = {}
+    if known.get(key, {}).get("passed") is True:
+        return "triton"
+    try:
+        cases = checks(use, device)
+        failed = [c for c in cases if not c.passed]
+    except Exception as e:  # noqa: BLE001  (compiler, driver and launch errors come in every type)
+        failed, cases = [f"{type(e).__name__}: {e}"[:300]], []
+    if failed:
+        first = failed[0]
+        what = first if isinstance(first, str) else (
+            f"{first.kernel} {first.layout} {first.dtype} dropout {first.dropout:g} {first.config}"
+            + (f": {first.message}" if first.message else ""))
+        say(f"warning: the Triton kernels failed their check on {versions['gpu']} ({what}); this run uses "
+            "--kernels torch (PyTorch's SDPA and LayerNorm). Details: bertkit check-gpu")
+        return "torch"
+    known[key] = {"passed": True, "cases": len(cases), **versions}
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        from bertkit.fileio import atomic_write_json
+
+        atomic_write_json(cache, known)
+    except OSError:
+        pass  # a read-only home: the check runs again next time
+    say(f"checked the Triton kernels on {versions['gpu']} ({len(cases)} cases, all within check-gpu's rule); "
+        f"cached in {cache}")
+    return "triton"
