@@ -222,6 +222,8 @@ def folder_kind(folder) -> str | None:
         return None
     for name, key in (("manifest.json", "stage"), ("config.json", "stage"), (LOCK_FILE, "what")):
         d = read_json_or_none(folder / name) if (folder / name).is_file() else None
+        if name == LOCK_FILE and isinstance(d, dict) and (d.get("host") != socket.gethostname() or _alive(d)):
+            continue  # a live writer (or one on another host): folder_lock says who holds the folder
         if isinstance(d, dict) and d.get(key) in OUTPUT_KINDS:
             return d[key]
     for name, kind in WORK_FOLDERS.items():

@@ -72,7 +72,7 @@ def _pretrain(cfg: PretrainConfig, manifest, rank: int, world: int, device) -> d
     on_cuda = device.type == "cuda"
     kernels.use(cfg.kernels)
     try:
-        backend = kernels.resolve(device)  # logged with the run; the weights never depend on it
+        kernels.resolve(device)  # a backend this device cannot run stops here, before anything is loaded
         budget, max_steps = plan_schedule(cfg)  # budget: --time-budget / --schedule-from, else None
     except (kernels.BackendError, ValueError) as e:
         raise ConfigError(str(e)) from None
@@ -87,7 +87,8 @@ def _pretrain(cfg: PretrainConfig, manifest, rank: int, world: int, device) -> d
     # model, optimizer, engine
     torch.manual_seed(cfg.seed)  # same initial weights on every rank
     model, bert_cfg, init_source = build_model(cfg, manifest, previous_run, objective)
-    backend = resolve_guarded(device, kernel_uses(model, settings.precision, cfg.unpadded),  # auto on a GPU: checked
+    # logged with the run (the weights never depend on it); auto on a GPU is checked there first
+    backend = resolve_guarded(device, kernel_uses(model, settings.precision, cfg.unpadded),
                               say=say if rank == 0 else lambda m: m.startswith("warning") and say(m))
     optimizer = build_optimizer(settings.optimizer, param_groups(model, settings.weight_decay), settings.lr,
                                 cfg.betas, cfg.eps, on_cuda)

@@ -76,8 +76,8 @@ def test_a_lock_left_by_a_dead_process_is_taken_over(tmp_path, capsys):
 def test_a_reused_pid_does_not_keep_a_dead_writers_lock(tmp_path):
     """The lock's process id now belongs to another process (this one): its start time tells them apart."""
     write_lock(tmp_path, pid=os.getpid(), process_start="1")  # not this process's start time
-    with folder_lock(tmp_path, "test"):
-        assert json.loads((tmp_path / LOCK_FILE).read_text())["what"] == "test"
+    with folder_lock(tmp_path, "prepare-corpus"):
+        assert json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == os.getpid()
 
 
 def test_a_live_writer_keeps_its_lock_whatever_the_clock_says(tmp_path):
@@ -87,11 +87,11 @@ def test_a_live_writer_keeps_its_lock_whatever_the_clock_says(tmp_path):
     for since in ("2099-01-01 00:00:00 UTC", "1999-01-01 00:00:00 UTC"):
         write_lock(tmp_path, pid=os.getpid(), process_start=_process_start(os.getpid()), since=since)
         with pytest.raises(FolderLockedError, match=f"process {os.getpid()} on this host .*since {since}"):
-            with folder_lock(tmp_path, "test"):
+            with folder_lock(tmp_path, "prepare-corpus"):
                 pass
     # and a dead writer's lock stamped in the future is still taken over
     write_lock(tmp_path, pid=dead_pid(), since="2099-01-01 00:00:00 UTC")
-    with folder_lock(tmp_path, "test"):
+    with folder_lock(tmp_path, "prepare-corpus"):
         pass
 
 
