@@ -60,6 +60,7 @@ ARMS = {
     "tiny-sop-d0": Arm(objective="sop", dropout=0.0),
     "tiny-bert-d0": Arm(dropout=0.0),
     "peer": Arm(objective="none", dropout=0.1),                     # transformers' own pipeline, BERT-tiny shape
+    "random": Arm(),                                                # no pretraining: the probe's floor
 }
 
 
@@ -107,6 +108,21 @@ def peer_arm(arm: Arm, en: dict, out: Path, budget_s: float) -> Path:
     return out
 
 
+def random_export(arm: Arm, en: dict, out: Path) -> Path:
+    import torch
+
+    from bertkit.config import BertConfig
+    from bertkit.hf import save_pretrained
+    from bertkit.model import BertForPreTraining
+    from bertkit.tokenization import read_vocab
+
+    if not (out / "model.safetensors").is_file():
+        torch.manual_seed(0)
+        cfg = BertConfig.preset(arm.preset, vocab_size=len(read_vocab(en["tokenizer"] / "vocab.txt")))
+        save_pretrained(BertForPreTraining(cfg), out, tokenizer_dir=en["tokenizer"])
+    return out
+
+
 def curve(run: Path) -> list[dict]:
     """The held-out evaluations against the run's clock (from metrics.jsonl; a resumed run's later lines win)."""
     by_step = {}
@@ -125,7 +141,9 @@ def load() -> float:
 def run_arm(name: str, arm: Arm, args, en: dict) -> dict:
     tag = f"{name}-{args.budget_s:.0f}s"
     load_before, t0 = load(), time.time()
-    if name == "peer":
+    if name == "random":  # BERT's initialisation, the same shape and tokenizer: what pretraining must beat
+        model, points, info = random_export(arm, en, args.work / "random-export"), [], {"steps": 0, "sequences": 0}
+    elif name == "peer":
         model = peer_arm(arm, en, args.work / f"{tag}-export", args.budget_s)
         points = json.loads((model / "curve.json").read_text())
         info = json.loads((model / "run.json").read_text())
@@ -147,7 +165,8 @@ def run_arm(name: str, arm: Arm, args, en: dict) -> dict:
                                type(budget)(**{**asdict(budget), "finetune_lr": PROBE_LR}), args.work)
         probe[task] = summary["best"][task_metric(task)]
         say(f"{name} probe {task}: {probe[task]:.4f}")
-    return {"arm": name, "budget_s": args.budget_s, "settings": asdict(arm), **info, "curve": points,
+    return {"arm": name, "budget_s": 0 if name == "random" else args.budget_s, "settings": asdict(arm), **info,
+            "curve": points,
             "yardstick": yardstick, "probe": probe, "probe_lr": PROBE_LR,
             "load_before": load_before, "load_after_pretraining": load_after_pretraining,
             "wall_s": round(time.time() - t0), **{k: v for k, v in run_info("budget").items() if k == "commit"}}
@@ -208,7 +227,7 @@ def main(argv=None):
         args.work.mkdir(parents=True, exist_ok=True)
         en = prepare(args.work, "en", BUDGETS["cpu"])
         for name in args.arms:
-            key = f"{name}@{args.budget_s:.0f}s"
+            key = f"{name}@{args.budget_s:.0f}s" if name != "random" else "random"
             if key in results["arms"]:
                 continue
             results["arms"][key] = run_arm(name, ARMS[name], args, en)
