@@ -90,17 +90,22 @@ class Layer(nn.Module):
         cfg = self.cfg
         attn_p = cfg.attention_dropout if self.training else 0.0
         hidden_p = cfg.hidden_dropout if self.training else 0.0
+        a = self.attend(x, lengths, cu_seqlens, max_seqlen, attn_p)
+        x = kernels.add_layer_norm(self.attn_out(a), x, self.attn_norm.weight, self.attn_norm.bias,
+                                   cfg.layer_norm_eps, hidden_p)
+        f = self.ffn_out(F.gelu(self.ffn_in(x)))  # GELU with erf, as in BERT
+        return kernels.add_layer_norm(f, x, self.ffn_norm.weight, self.ffn_norm.bias, cfg.layer_norm_eps, hidden_p)
+
+    def attend(self, x, lengths, cu_seqlens, max_seqlen, attn_p):
+        """Self-attention over x (padded with lengths, or packed), before the output projection."""
+        cfg = self.cfg
         # q, k, v stay strided views of one matmul's output; the kernel reads them in place
         q, k, v = self.qkv(x).view(*x.shape[:-1], 3, cfg.num_heads, cfg.head_dim).unbind(-3)
         if cu_seqlens is None:
             a = kernels.attention(q, k, v, lengths, attn_p, None)
         else:
             a = kernels.attention_varlen(q, k, v, cu_seqlens, max_seqlen, attn_p, None)
-        a = a.reshape(x.shape)
-        x = kernels.add_layer_norm(self.attn_out(a), x, self.attn_norm.weight, self.attn_norm.bias,
-                                   cfg.layer_norm_eps, hidden_p)
-        f = self.ffn_out(F.gelu(self.ffn_in(x)))  # GELU with erf, as in BERT
-        return kernels.add_layer_norm(f, x, self.ffn_norm.weight, self.ffn_norm.bias, cfg.layer_norm_eps, hidden_p)
+        return a.reshape(x.shape)
 
 
 class PreLNLayer(Layer):
@@ -118,13 +123,9 @@ class PreLNLayer(Layer):
             n = kernels.add_layer_norm(x, None, w, b, eps, 0.0)
         else:
             n, x = kernels.add_layer_norm(branch, x, w, b, eps, hidden_p, prenorm=True)
-        q, k, v = self.qkv(n).view(*n.shape[:-1], 3, cfg.num_heads, cfg.head_dim).unbind(-3)
-        if cu_seqlens is None:
-            a = kernels.attention(q, k, v, lengths, attn_p, None)
-        else:
-            a = kernels.attention_varlen(q, k, v, cu_seqlens, max_seqlen, attn_p, None)
-        n, x = kernels.add_layer_norm(self.attn_out(a.reshape(x.shape)), x, self.ffn_norm.weight, self.ffn_norm.bias,
-                                      eps, hidden_p, prenorm=True)
+        a = self.attend(n, lengths, cu_seqlens, max_seqlen, attn_p)
+        n, x = kernels.add_layer_norm(self.attn_out(a), x, self.ffn_norm.weight, self.ffn_norm.bias, eps, hidden_p,
+                                      prenorm=True)
         return x, self.ffn_out(F.gelu(self.ffn_in(n)))
 
 
