@@ -11,6 +11,12 @@ on the Korean WikiExtractor sample with its own vocabulary and reports held-out 
     python benchmarks/pretrain_transfer.py --only report      # tables and plot from the results so far
     python benchmarks/pretrain_transfer.py --only long --long-steps 16000            # a longer run, its fine-tunes
     python benchmarks/pretrain_transfer.py --only finetune --inits random --tasks sst2 --finetune-lr 5e-4
+    python benchmarks/pretrain_transfer.py --recipe budget --time-budget 2h   # pretrain --recipe budget for 2 hours
+
+With --recipe the English side is one run of `pretrain --recipe NAME --time-budget T` (dynamic masking), then
+every task fine-tuned from it and from random weights at each rate of --finetune-lrs with every seed; each start
+is scored at its best rate (all rates reported), and the Korean arm pretrains with the same recipe for
+--ko-time-budget. Results: benchmarks/results/pretrain_transfer_NAME.json and .png.
 
 Every step is skipped when its output exists, so a killed run is resumed by running it again (--work keeps the
 stages' folders; it defaults outside the repository, since CoNLL-2003 may not be copied into it). Prints tables,
@@ -59,6 +65,7 @@ BUDGETS = {
                    finetune_lr=1e-4, sst2_train=67349, conll_train=14041),
 }
 LONG_TASKS = ["sst2", "mrpc", "stsb"]
+FINETUNE_DROPOUT = 0.1  # BERT's, for every start: a model pretrained without dropout fine-tunes with it too
 GLUE = {"sst2": "accuracy", "mrpc": "f1", "rte": "accuracy", "cola": "matthews", "stsb": "pearson"}
 KO_FILL_MASK = ["대한민국의 수도는 [MASK]이다.", "세종대왕은 [MASK]을 창제하였다.", "한국어는 [MASK] 언어이다.",
                 "서울은 한국의 가장 큰 [MASK]이다."]
@@ -223,7 +230,7 @@ def finetune_one(task: str, model: Path, out: Path, seed: int, budget: Budget, w
         if "train_seconds" in summary:
             return summary
     cfg = TrainConfig(out_dir=str(out), epochs=3, batch_size=32, learning_rate=budget.finetune_lr, seed=seed,
-                      save_model=False)
+                      save_model=False, dropout=FINETUNE_DROPOUT)
     if task == "ner":
         return finetune_ner(model, conll_subsample(work, budget.conll_train), SHARED / "conll2003" / "valid.txt",
                             cfg)
@@ -328,6 +335,177 @@ def plot(results: dict, path: Path):
     fig.savefig(path, dpi=110)
 
 
+# ---------------------------------------------------------------- with a named recipe on a time budget
+
+def recipe_instances(corpus: Path, tokenizer: Path, out: Path, recipe: str) -> Path:
+    """make-instances --recipe NAME (the instances the recipe was measured on)."""
+    from bertkit.pipelines.make_instances import InstancesConfig, make_instances
+    from bertkit.recipes import RECIPES
+
+    if not done(out):
+        say(f"make-instances {out.name}")
+        make_instances(corpus, tokenizer, out, InstancesConfig(**RECIPES[recipe]["make-instances"], dupe=1, workers=2),
+                       progress=False)
+    return out
+
+
+def recipe_pretrain(instances: Path, run: Path, recipe: str, budget_s: float, budget: Budget, device: str) -> Path:
+    """`pretrain --recipe NAME --time-budget T` (resuming a killed run) and export; returns the export folder."""
+    from bertkit.pretrain import PretrainConfig, export, pretrain
+
+    export_dir = run.parent / f"{run.name}-export"
+    if (export_dir / "model.safetensors").is_file():
+        return export_dir
+    resume = (run / "checkpoints" / "latest").is_file()
+    say(f"pretrain {run.name}: {budget.preset}, recipe {recipe}, {budget_s / 60:.0f} min" +
+        (" (resumed)" if resume else ""))
+    cfg = PretrainConfig(instances=str(instances), out=str(run), model=budget.preset, recipe=recipe,
+                         time_budget=budget_s, eval_every=budget.eval_every,
+                         eval_batches=20, save_every=4 * budget.eval_every, keep_last=1, log_every=50,
+                         resume=resume, num_workers=1, progress=False, report_to="tensorboard",
+                         precision="bf16" if device == "cuda" else None)
+    result = pretrain(cfg)
+    if result.get("stopped_by_signal"):
+        raise SystemExit(f"{run.name} stopped at step {result['step']}; run the benchmark again to resume")
+    export(run, export_dir)
+    return export_dir
+
+
+def best_rate(by_lr: dict) -> dict:
+    """{lr: {seed: score}} -> the rate with the best mean over seeds, its mean, sd and scores, and every rate's."""
+    rates = {lr: {"mean": statistics.mean(scores.values()), "seeds": list(scores.values()),
+                  "sd": statistics.stdev(scores.values()) if len(scores) > 1 else 0.0}
+             for lr, scores in by_lr.items() if scores}
+    lr = max(rates, key=lambda k: rates[k]["mean"])
+    return {"lr": float(lr), **rates[lr], "rates": rates}
+
+
+def sweep_table(sweep: dict) -> list[dict]:
+    """One row per task: each start at its best rate, the difference, and whether the seeds' ranges are apart."""
+    rows = []
+    for task, by_init in sweep.items():
+        row = {"task": task, "metric": task_metric(task),
+               **{init: best_rate(by_lr) for init, by_lr in by_init.items()}}
+        if "pretrained" in row and "random" in row:
+            row["difference"] = row["pretrained"]["mean"] - row["random"]["mean"]
+            row["apart"] = min(row["pretrained"]["seeds"]) > max(row["random"]["seeds"])
+        rows.append(row)
+    return rows
+
+
+def print_sweep(rows: list[dict]):
+    print(f"\n{'task':6} {'metric':9} {'random (best lr)':>24} {'pretrained (best lr)':>24} {'diff':>6} apart"
+          "   every rate: random | pretrained")
+    for r in rows:
+        cells = [f"{100 * r[i]['mean']:5.1f} ± {100 * r[i]['sd']:4.1f} ({r[i]['lr']:g})" if i in r else "-"
+                 for i in ("random", "pretrained")]
+        rates = " | ".join(" ".join(f"{float(lr):g}:{100 * v['mean']:.1f}" for lr, v in r[i]["rates"].items())
+                           for i in ("random", "pretrained") if i in r)
+        diff = f"{100 * r['difference']:+6.1f}" if "difference" in r else f"{'-':>6}"
+        apart = "yes" if r.get("apart") else "no"
+        print(f"{r['task']:6} {r['metric']:9} {cells[0]:>24} {cells[1]:>24} {diff} {apart:5}   {rates}")
+    won = [r["task"] for r in rows if r.get("difference", 0) > 0]
+    apart = [r["task"] for r in rows if r.get("apart")]
+    print(f"pretrained beats random on {len(won)} of {len(rows)} tasks ({', '.join(won) or 'none'}); "
+          f"seeds' ranges apart on {len(apart)} ({', '.join(apart) or 'none'})")
+
+
+def plot_sweep(results: dict, rows: list[dict], path: Path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(15, 4.5), width_ratios=(1, 1.4))
+    for name, c in results["curves"].items():
+        minutes = [t / 60 for t in c["elapsed_s"]]
+        axes[0].plot(minutes, [100 * a for a in c["eval_mlm_mask_acc"]], marker=".", label=name)
+    axes[0].set(title="held-out [MASK] accuracy", xlabel="minutes on this machine", ylabel="%")
+    for k, init in enumerate(("random", "pretrained")):
+        xs = [i + 0.4 * k for i in range(len(rows))]
+        axes[1].bar(xs, [100 * r[init]["mean"] if init in r else 0 for r in rows], 0.4,
+                    yerr=[100 * r[init]["sd"] if init in r else 0 for r in rows], label=f"{init} (best lr)")
+    axes[1].set_xticks([i + 0.2 for i in range(len(rows))], [f"{r['task']}\n{r['metric']}" for r in rows])
+    axes[1].set(title="fine-tuned (dev), mean ± sd over seeds, each start at its best rate", ylabel="%")
+    for ax in axes:
+        ax.legend()
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def timed_curve(run: Path) -> dict:
+    """Held-out [MASK] accuracy and MLM loss against the run's clock."""
+    by_step = {}
+    for line in (run / "metrics.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        if "eval_mlm_loss" in r:
+            by_step[r["step"]] = r
+    points = [by_step[s] for s in sorted(by_step)]
+    return {key: [p.get(key) for p in points] for key in ("step", "elapsed_s", "eval_mlm_loss", "eval_mlm_mask_acc")}
+
+
+def recipe_main(args, budget: Budget):
+    from bertkit.pretrain.budget import parse_duration
+
+    budget_s, ko_budget_s = parse_duration(args.time_budget), parse_duration(args.ko_time_budget)
+    tag = f"{args.recipe}-{args.time_budget}"
+    state_file = args.work / f"results-{tag}.json"
+    results = json.loads(state_file.read_text()) if state_file.is_file() else {"curves": {}, "sweep": {}}
+
+    def save():
+        state_file.write_text(json.dumps(results, indent=1, ensure_ascii=False))
+
+    if args.only in (None, "en", "finetune"):
+        en = prepare(args.work, "en", budget)
+        run = args.work / f"en-run-{tag}"
+        instances = recipe_instances(en["corpus"], en["tokenizer"], args.work / f"en-{args.recipe}", args.recipe)
+        pretrained = recipe_pretrain(instances, run, args.recipe, budget_s, budget, args.device)
+        schedule = json.loads((run / "schedule.json").read_text())
+        results.update(steps=schedule["steps"], time_used_s=schedule["time_used_s"],
+                       masked_only=masked_only_accuracy(pretrained, en["dynamic"]),
+                       en_fill_mask=fill_mask(pretrained, EN_FILL_MASK))
+        results["curves"]["en"] = timed_curve(run)
+        save()
+        models = {"pretrained": pretrained, "random": random_init(pretrained, args.work / f"en-random-{tag}")}
+        for task in args.tasks if args.only != "en" else []:
+            for lr in args.finetune_lrs:
+                for init in args.inits:
+                    for seed in args.seeds:
+                        out = args.work / "finetune" / f"{tag}-{task}-{init}-lr{lr:g}-{seed}"
+                        t0 = time.time()
+                        summary = finetune_one(task, models[init], out, seed, replace(budget, finetune_lr=lr),
+                                               args.work)
+                        score = summary["best"][task_metric(task)]
+                        results["sweep"].setdefault(task, {}).setdefault(init, {}).setdefault(f"{lr:g}", {})[
+                            str(seed)] = score
+                        say(f"{task} {init} lr {lr:g} seed {seed}: {task_metric(task)} {score:.4f} "
+                            f"({time.time() - t0:.0f} s)")
+                        save()
+    if args.only in (None, "ko"):
+        ko = prepare(args.work, "ko", budget)
+        run = args.work / f"ko-run-{args.recipe}-{args.ko_time_budget}"
+        instances = recipe_instances(ko["corpus"], ko["tokenizer"], args.work / f"ko-{args.recipe}", args.recipe)
+        export_dir = recipe_pretrain(instances, run, args.recipe, ko_budget_s, budget, args.device)
+        results["curves"]["ko"] = timed_curve(run)
+        results["ko_fill_mask"] = fill_mask(export_dir, KO_FILL_MASK)
+        results.setdefault("masked_only_ko", masked_only_accuracy(export_dir, ko["dynamic"]))
+        save()
+
+    rows = sweep_table(results["sweep"])
+    print_sweep(rows)
+    for key in [k for k in results if "fill_mask" in k]:
+        for ex in results[key]:
+            print(f"{ex['text']}  ->  {ex['top5']}")
+    name = f"pretrain_transfer_{args.recipe}"
+    write_result(name, {**run_info(name), "device": args.device, "recipe": args.recipe,
+                        "time_budget": args.time_budget, "ko_time_budget": args.ko_time_budget,
+                        "finetune_lrs": args.finetune_lrs, "seeds": args.seeds, "finetune_dropout": FINETUNE_DROPOUT,
+                        "budget": budget.__dict__, "table": rows, **results})
+    if rows and results["curves"]:
+        plot_sweep(results, rows, RESULTS / f"{name}.png")
+
+
 # ---------------------------------------------------------------- main
 
 def main(argv=None):
@@ -343,10 +521,19 @@ def main(argv=None):
                     help="fine-tuning learning rate (default: the budget's); another rate gets its own table rows")
     ap.add_argument("--long-steps", type=int, default=None,
                     help="steps of the longer dynamic run (default: the budget's); each length keeps its own folder")
+    ap.add_argument("--recipe", default=None, help="pretrain with this named recipe (bertkit/recipes.py) for "
+                    "--time-budget instead of the budget's steps")
+    ap.add_argument("--time-budget", default="2h", help="with --recipe: the English pretraining's wall-clock")
+    ap.add_argument("--ko-time-budget", default="30m", help="with --recipe: the Korean pretraining's wall-clock")
+    ap.add_argument("--finetune-lrs", type=float, nargs="+", default=[1e-4, 3e-4, 1e-3],
+                    help="with --recipe: every start is fine-tuned at each, and scored at its best")
     args = ap.parse_args(argv)
     if not SHARED.is_dir():
         raise SystemExit(f"needs the shared data ({SHARED}; set BERTKIT_SHARED_DATA)")
     budget = BUDGETS[args.device]
+    if args.recipe:
+        args.work.mkdir(parents=True, exist_ok=True)
+        return recipe_main(args, budget)
     finetune_budget, lr_tag, folder_tag = finetune_rate(budget, args.finetune_lr)
     args.work.mkdir(parents=True, exist_ok=True)
     state_file = args.work / "results.json"

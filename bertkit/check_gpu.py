@@ -169,9 +169,10 @@ def correctness(cfg: CheckConfig, device: str, progress=print) -> list[CaseResul
                                            "attention", dtype, "varlen" if varlen else "padded", p, configs))
                         progress(_line(cases[-1]))
             for hidden in cfg.hiddens:
-                cases.append(_safe(lambda: _layer_norm_case(hidden, dtype, p, device, cfg.small),
-                                   "layer_norm", dtype, "rows", p, {"hidden": hidden}))
-                progress(_line(cases[-1]))
+                for prenorm in (False, True):  # post-LN (BERT) and pre-LN (--norm pre: the sum is an output too)
+                    cases.append(_safe(lambda: _layer_norm_case(hidden, dtype, p, device, cfg.small, prenorm),
+                                       "layer_norm", dtype, "rows", p, {"hidden": hidden, "prenorm": prenorm}))
+                    progress(_line(cases[-1]))
     return cases
 
 

@@ -90,7 +90,8 @@ class ElectraForPreTraining(nn.Module):
         mlm_loss = F.cross_entropy(mlm_logits.float().flatten(0, -2), mlm_labels.flatten().long(),
                                    ignore_index=IGNORE_INDEX)
 
-        disc_ids, replaced = corrupt(input_ids, flat, mlm_labels, sample(mlm_logits))
+        slots = mlm_labels != IGNORE_INDEX  # the real masked slots: a padded batch's padding slots get no sample
+        disc_ids, replaced = corrupt(input_ids, flat[slots], mlm_labels[slots], sample(mlm_logits[slots]))
         d = self.discriminator(disc_ids, *encoder_args,
                                inputs_embeds=self.embeddings(disc_ids, token_type_ids, position_ids)).last_hidden_state
         disc_logits = self.disc_out(F.gelu(self.disc_dense(d))).squeeze(-1).float()
@@ -101,9 +102,12 @@ class ElectraForPreTraining(nn.Module):
 
 
 def describe(model) -> dict:
-    """A pretraining model's shape as a run folder records it: the (discriminator's) BertConfig, and for ELECTRA
-    the generator's settings under "electra", so that resume and export rebuild the same pair."""
+    """A pretraining model's shape as a run folder records it: the (discriminator's) BertConfig, for ELECTRA the
+    generator's settings under "electra", so that resume and export rebuild the same pair, and under
+    "export_dropout" the model's own dropout when --dropout changed it for pretraining."""
     d = model.cfg.to_dict()
+    if getattr(model, "export_dropout", None):  # pretrained with --dropout: the dropout an export writes
+        d["export_dropout"] = model.export_dropout
     if isinstance(model, ElectraForPreTraining):
         d["electra"] = {"generator_size": model.generator_size, "disc_weight": model.disc_weight}
     return d
@@ -130,21 +134,20 @@ def flat_positions(mlm_positions, input_ids):
 
 @torch.no_grad()
 def sample(logits):
-    """One token per masked position from the generator's softmax (temperature 1), with torch's generator."""
-    probs = torch.softmax(logits.float().reshape(-1, logits.shape[-1]), -1)
-    return torch.multinomial(probs, 1).view(logits.shape[:-1])
+    """One token per masked position (logits: (N, vocab)) from the generator's softmax (temperature 1), with torch's
+    generator."""
+    return torch.multinomial(torch.softmax(logits.float(), -1), 1).view(-1)
 
 
 @torch.no_grad()
-def corrupt(input_ids, flat, mlm_labels, sampled):
-    """(the discriminator's input: sampled tokens at the masked positions, the labels: True where that token
-    differs from the original; a sample equal to the original is labelled original)."""
-    valid = mlm_labels != IGNORE_INDEX
+def corrupt(input_ids, flat, originals, sampled):
+    """(the discriminator's input: the sampled tokens written at the flat masked positions, the labels: True where
+    that token differs from the original; a sample equal to the original is labelled original). flat, originals and
+    sampled hold the real masked slots only, as 1-D tensors."""
     ids = input_ids.reshape(-1).clone()
     replaced = torch.zeros_like(ids, dtype=torch.bool)
-    index = flat[valid]
-    ids[index] = sampled[valid].to(ids.dtype)
-    replaced[index] = sampled[valid] != mlm_labels[valid]
+    ids[flat] = sampled.to(ids.dtype)
+    replaced[flat] = sampled != originals
     return ids.view(input_ids.shape), replaced.view(input_ids.shape)
 
 

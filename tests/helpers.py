@@ -151,9 +151,10 @@ def finish(proc, timeout=180):
     return out
 
 
-def quick_finetune(model_dir: Path, out: Path) -> dict:
+def quick_finetune(model_dir: Path, out: Path, run: Path | None = None) -> dict:
     """One epoch of `finetune classify` from a model folder on 32 two-word rows made from its own vocabulary: does
-    fine-tuning start from it? Returns the summary."""
+    fine-tuning start from it? The rows go to out/train.tsv, the run to `run` (default out/run). Returns the
+    summary."""
     from bertkit.finetune.classify import finetune_classify
     from bertkit.finetune.train import TrainConfig
 
@@ -162,5 +163,5 @@ def quick_finetune(model_dir: Path, out: Path) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     (out / "train.tsv").write_text("\n".join(rows) + "\n")
     return finetune_classify(model_dir, out / "train.tsv", out / "train.tsv",
-                             TrainConfig(out_dir=str(out / "run"), epochs=1, batch_size=8, save_model=False),
+                             TrainConfig(out_dir=str(run or out / "run"), epochs=1, batch_size=8, save_model=False),
                              text_a="text", label="label", max_seq_length=16)

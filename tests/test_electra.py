@@ -27,10 +27,11 @@ def test_replaced_token_labels_by_hand():
     input_ids = torch.tensor([[2, 4, 11, 4, 3], [2, 12, 4, 3, 0]])
     positions = torch.tensor([[1, 3], [2, 0]])
     labels = torch.tensor([[20, 21], [22, -100]])
-    sampled = torch.tensor([[30, 21], [22, 99]])  # row 1: the sample equals the original; the padding slot's is ignored
+    sampled = torch.tensor([[30, 21], [22, 99]])  # row 0 slot 1 and row 1: samples equal to the original
     flat = flat_positions(positions, input_ids)
     assert flat.tolist() == [[1, 3], [7, 5]]
-    ids, replaced = corrupt(input_ids, flat, labels, sampled)
+    real = labels != -100  # what the model passes: the real slots only (padding slots get no sample)
+    ids, replaced = corrupt(input_ids, flat[real], labels[real], sampled[real])
     assert ids.tolist() == [[2, 30, 11, 21, 3], [2, 12, 22, 3, 0]]
     assert replaced.tolist() == [[False, True, False, False, False], [False, False, False, False, False]]
 

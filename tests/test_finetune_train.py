@@ -150,6 +150,40 @@ def test_finetune_is_deterministic_given_the_seed(tmp_path):
     assert run(4, "b")[0] != first[0]
 
 
+def test_dropout_flag_is_the_same_as_the_models_own(tmp_path):
+    """--dropout 0 on a model whose config says 0.1 trains exactly as the same weights saved with 0 in the config,
+    and best/ records it; without the flag the config's 0.1 applies (another run)."""
+    import dataclasses
+
+    from bertkit.config import BertConfig
+    from bertkit.finetune.classify import finetune_classify
+    from bertkit.hf import save_pretrained
+    from bertkit.model import BertForPreTraining
+
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(27)]
+    (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    torch.manual_seed(0)
+    model = BertForPreTraining(BertConfig.preset("tiny", vocab_size=len(vocab)))
+    save_pretrained(model, tmp_path / "d01", tokenizer_dir=tmp_path)
+    model.cfg = dataclasses.replace(model.cfg, hidden_dropout=0.0, attention_dropout=0.0)
+    save_pretrained(model, tmp_path / "d0", tokenizer_dir=tmp_path)
+    rows = ["text\tlabel"] + [f"w{i} w{(i * 5) % 27} w{(i * 7) % 27}\t{i % 2}" for i in range(40)]
+    (tmp_path / "train.tsv").write_text("\n".join(rows) + "\n")
+
+    def losses(model_dir, name, dropout):
+        cfg = TrainConfig(out_dir=str(tmp_path / name), epochs=1, batch_size=8, learning_rate=1e-3, seed=1,
+                          dropout=dropout)
+        summary = finetune_classify(tmp_path / model_dir, tmp_path / "train.tsv", tmp_path / "train.tsv", cfg,
+                                    text_a="text", label="label", max_seq_length=16)
+        return [e["train_loss"] for e in summary["epochs"]]
+
+    flagged = losses("d01", "flagged", 0.0)
+    assert flagged == losses("d0", "own", None)
+    assert flagged != losses("d01", "default", None)
+    saved = json.loads((tmp_path / "flagged" / "best" / "config.json").read_text())
+    assert saved["hidden_dropout_prob"] == saved["attention_probs_dropout_prob"] == 0.0
+
+
 def test_finetune_logs_steps_and_evaluations_to_jsonl_and_tensorboard(tmp_path):
     """OUT/metrics.jsonl gets a record every log_every steps (loss, lr, grad norm, throughput, padding efficiency)
     and one per evaluation; TensorBoard's own reader finds each number at its step."""

@@ -1,5 +1,5 @@
 """Beyond BERT's 2018 recipe, each a switch with BERT's recipe the default: --objective sop|none, masking rate and
-80/10/10 shares, --pad-vocab-to, packed fine-tuning."""
+80/10/10 shares, --pad-vocab-to, packed fine-tuning; and the named recipes (pretrain --recipe budget)."""
 import json
 import math
 import random
@@ -183,3 +183,62 @@ def test_packed_finetuning_matches_padded(tmp_path, task):
     packed, eff_packed = losses(True)
     assert packed == pytest.approx(padded, rel=1e-5, abs=1e-6)
     assert all(e == 1.0 for e in eff_packed) and min(eff_padded) < 0.9
+
+
+def test_a_recipe_fills_only_what_the_flags_and_the_deepspeed_config_leave():
+    from bertkit.pretrain.config import ConfigError, PretrainConfig
+    from bertkit.recipes import RECIPES
+
+    plain = PretrainConfig(instances="i", out="o").with_recipe()
+    assert plain.warmup == 0.01 and plain.objective is plain.optimizer is plain.lr is plain.dropout is None
+    budget = PretrainConfig(instances="i", out="o", recipe="budget").with_recipe()
+    assert {k: getattr(budget, k) for k in RECIPES["budget"]["pretrain"]} == RECIPES["budget"]["pretrain"]
+    assert RECIPES["budget"]["pretrain"]["objective"] == "mlm" and RECIPES["budget"]["pretrain"]["dropout"] == 0.0
+    mine = PretrainConfig(instances="i", out="o", recipe="budget", lr=3e-3, warmup=0.0, dropout=0.1).with_recipe(
+        {"optimizer": {"type": "Lamb"}})
+    # the flags win; the DeepSpeed file's optimizer wins over the recipe's (no contradiction to report)
+    assert (mine.lr, mine.warmup, mine.dropout, mine.optimizer, mine.objective) == (3e-3, 0.0, 0.1, None, "mlm")
+    with pytest.raises(ConfigError, match="--recipe 'fast': choose one of budget"):
+        PretrainConfig(instances="i", out="o", recipe="fast").with_recipe()
+
+
+def test_pretrain_recipe_budget_end_to_end(toy_corpus, clean_dist_env):
+    inst = toy_corpus / "inst-recipe"
+    r = CliRunner().invoke(main, ["make-instances", str(toy_corpus / "corpus"), "--tokenizer",
+                                  str(toy_corpus / "vocab.txt"), "--out", str(inst), "--recipe", "budget",
+                                  "--max-seq-length", "32", "--no-progress"])  # the flag wins over the recipe's 64
+    assert r.exit_code == 0 and "recipe budget: --max-seq-length 64 --objective none --mode dynamic" in r.output
+    manifest = json.loads((inst / "manifest.json").read_text())
+    assert (manifest["max_seq_length"], manifest["objective"], manifest["mode"]) == (32, "none", "dynamic")
+    run = toy_corpus / "run-recipe"
+    r = CliRunner().invoke(main, ["pretrain", "--instances", str(inst), "--out", str(run), "--model",
+                                  str(toy_corpus / "model.json"), "--recipe", "budget", "--lr", "2e-3",
+                                  "--max-steps", "3", "--micro-batch", "8", "--eval-every", "3", "--eval-batches", "1",
+                                  "--num-workers", "0", "--report-to", "none", "--no-progress"])
+    assert r.exit_code == 0, r.output
+    assert "recipe budget: --objective mlm --dropout 0 --optimizer adamw --lr 0.001 --warmup 0.05 --micro-batch 64; " \
+           "yours win: --lr 0.002 --micro-batch 8" in r.output
+    assert "was measured on instances made with `make-instances --recipe budget`" in r.output  # 32, not 64 tokens
+    config = json.loads((run / "config.json").read_text())
+    assert config["objective"] == "none" and config["pretrain"]["recipe"] == "budget"
+    assert config["resolved"]["micro_batch"] == 8
+    assert config["resolved"]["optimizer"] == "adamw" and config["resolved"]["lr"] == 2e-3
+    assert config["pretrain"]["warmup"] == 0.05
+    assert config["model"]["hidden_dropout"] == config["model"]["attention_dropout"] == 0.0
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert records and not any("nsp" in k for r in records for k in r)  # the NSP labels are not trained on
+    # dropout 0 was a pretraining choice: the export keeps the model's own (0.1) for fine-tuning, as cramming does
+    assert config["model"]["export_dropout"] == {"hidden": 0.1, "attention": 0.1}
+    r = CliRunner().invoke(main, ["export", str(run), "--out", str(toy_corpus / "export-recipe")])
+    assert r.exit_code == 0 and "export: dropout 0.1 (attention 0.1) in config.json" in r.output, r.output
+    hf = json.loads((toy_corpus / "export-recipe" / "config.json").read_text())
+    assert hf["hidden_dropout_prob"] == hf["attention_probs_dropout_prob"] == 0.1
+    r = CliRunner().invoke(main, ["pretrain", "--instances", str(inst), "--out", str(run), "--model",
+                                  str(toy_corpus / "model.json"), "--recipe", "budget", "--lr", "2e-3",
+                                  "--max-steps", "4", "--micro-batch", "8", "--eval-every", "0", "--num-workers", "0",
+                                  "--report-to", "none", "--no-progress", "--resume"])
+    assert r.exit_code == 0, r.output
+    config = json.loads((run / "config.json").read_text())  # the resumed run trains on without dropout
+    assert config["model"]["hidden_dropout"] == 0.0 and config["model"]["export_dropout"]["hidden"] == 0.1
+    bad = CliRunner().invoke(main, ["pretrain", "--instances", str(inst), "--recipe", "fast"])
+    assert bad.exit_code == 2 and "Invalid value for '--recipe': 'fast'" in bad.output

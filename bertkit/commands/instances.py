@@ -3,6 +3,7 @@ import click
 
 from bertkit.commands import PROBABILITY, Real, count, default_workers
 from bertkit.pipelines.engine import ENGINE_HELP, ENGINES, RAY_ADDRESS_HELP
+from bertkit.recipes import RECIPES, as_flags
 
 
 @click.command("make-instances")
@@ -43,11 +44,15 @@ from bertkit.pipelines.engine import ENGINE_HELP, ENGINES, RAY_ADDRESS_HELP
 @click.option("--same-doc-notnext", is_flag=True,
               help="Reference behaviour: a NotNext B may come from A's own document (always, in a one-document "
                    "corpus) and is still labelled NotNext.")
+@click.option("--recipe", type=click.Choice(sorted(RECIPES)),
+              help="The instances a pretraining recipe was measured on; the flags you give win over it. budget: "
+                   + as_flags(RECIPES["budget"]["make-instances"]) + " (then pretrain --recipe budget).")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
-def make_instances(corpus_dir, tokenizer_dir, out, max_seq_length, max_predictions, masked_lm_prob, mask_replace,
-                   objective, short_seq_prob,
-                   dupe, seed, whole_word_mask, mode, workers, engine, ray_address, compat, random_from_whole_vocab,
-                   wwm_decide_per_piece, same_doc_notnext, no_progress):
+@click.pass_context
+def make_instances(ctx, corpus_dir, tokenizer_dir, out, max_seq_length, max_predictions, masked_lm_prob,
+                   mask_replace, objective, short_seq_prob, dupe, seed, whole_word_mask, mode, workers, engine,
+                   ray_address, compat, random_from_whole_vocab, wwm_decide_per_piece, same_doc_notnext, recipe,
+                   no_progress):
     """Make MLM + NSP pretraining instances from a prepare-corpus folder (google-research/bert's rules).
 
     Re-running the same command resumes an interrupted run: finished files are kept, the rest redone.
@@ -70,6 +75,12 @@ def make_instances(corpus_dir, tokenizer_dir, out, max_seq_length, max_predictio
         raise click.BadParameter(f"{mask_replace!r}: three numbers such as 0.8,0.1,0.1", param_hint="--mask-replace")
     if ray_address and engine != "ray":
         raise click.UsageError("--ray-address is for --engine ray")
+    if recipe:  # the recipe's values where the flags were left at their defaults
+        unset = {k: v for k, v in RECIPES[recipe]["make-instances"].items()
+                 if ctx.get_parameter_source(k) is click.core.ParameterSource.DEFAULT}
+        max_seq_length, objective, mode = (unset.get(k, v) for k, v in (("max_seq_length", max_seq_length),
+                                                                        ("objective", objective), ("mode", mode)))
+        click.echo(f"recipe {recipe}: {as_flags(RECIPES[recipe]['make-instances'])}", err=True)
     config = InstancesConfig(max_seq_length=max_seq_length, max_predictions=max_predictions,
                              masked_lm_prob=masked_lm_prob, mask_replace=shares, objective=objective,
                              short_seq_prob=short_seq_prob, dupe=dupe, seed=seed,

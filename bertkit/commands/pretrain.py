@@ -4,6 +4,7 @@ import os
 import click
 
 from bertkit.commands import NON_NEGATIVE, POSITIVE, Real, count, kernels_option, report_to_option
+from bertkit.recipes import RECIPES, as_flags
 
 
 class Duration(click.ParamType):
@@ -49,8 +50,13 @@ class Duration(click.ParamType):
 @click.option("--grad-clip", type=NON_NEGATIVE, help="Global gradient-norm clipping; 0: none  [default: 1.0].")
 @click.option("--schedule", type=click.Choice(["linear", "poly"]), default="linear", show_default=True,
               help="Warmup then linear decay (BERT), or polynomial decay with power 0.5 (NVIDIA).")
-@click.option("--warmup", type=NON_NEGATIVE, default=0.01, show_default=True,
-              help="Warmup: a fraction of --max-steps (or of --time-budget) when < 1, else a number of steps.")
+@click.option("--warmup", type=NON_NEGATIVE, show_default=False,
+              help="Warmup: a fraction of --max-steps (or of --time-budget) when < 1, else a number of steps  "
+                   "[default: 0.01, or the recipe's].")
+@click.option("--recipe", type=click.Choice(sorted(RECIPES)),
+              help="A measured set of settings; the flags you give win over it. budget: the most useful model from "
+                   "a short budget on a small machine (" + as_flags(RECIPES["budget"]["pretrain"]) + ", on instances "
+                   "from make-instances --recipe budget; see benchmarks/README.md).")
 @click.option("--deepspeed-config", type=click.Path(dir_okay=False, exists=True),
               help="A DeepSpeed JSON config; it wins where the flags are silent, a contradiction is an error.")
 @click.option("--init-from", type=click.Path(exists=True),

@@ -52,17 +52,22 @@ def _line_of(raw: str, qid: str) -> int:
     return raw.count("\n", 0, pos) + 1 if pos >= 0 else 0
 
 
-def _field(obj: dict, key: str, kind: type, where, what: str, default=None):
-    """obj[key] if it is a `kind` (bools are not offsets), else SquadFormatError naming the file, the place and the
-    field; a missing key gives `default` when one is given."""
-    obj = obj if isinstance(obj, dict) else {}
-    if key not in obj and default is not None:
-        return default
-    value = obj.get(key)
+def _typed(value, kind: type, where, name: str, what: str):
+    """value if it is a `kind` (bools are not offsets), else SquadFormatError naming the file, the place and what
+    was expected there."""
     if isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
         return value
-    found = "missing" if key not in obj else f"a {type(value).__name__}"
-    raise SquadFormatError(f"{where()}: '{key}' is {found}, expected {what} (the official SQuAD JSON layout)")
+    raise SquadFormatError(f"{where()}: {name} is a {type(value).__name__}, expected {what} "
+                           "(the official SQuAD JSON layout)")
+
+
+def _field(obj: dict, key: str, kind: type, where, what: str, default=None):
+    """obj[key] checked by _typed; a missing key gives `default` when one is given, else SquadFormatError."""
+    if key not in obj:
+        if default is not None:
+            return default
+        raise SquadFormatError(f"{where()}: '{key}' is missing, expected {what} (the official SQuAD JSON layout)")
+    return _typed(obj[key], kind, where, f"'{key}'", what)
 
 
 def read_squad(path, training: bool, version_2: bool = False, articles: slice | None = None,
@@ -82,6 +87,7 @@ def read_squad(path, training: bool, version_2: bool = False, articles: slice | 
         top = json.loads(raw)
     except json.JSONDecodeError as e:
         raise SquadFormatError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
+    top = _typed(top, dict, lambda: f"{path}", "the top level", "an object with 'data'")
     dataset = _field(top, "data", list, lambda: f"{path}: the top level", "a list of articles")
     indices = list(range(len(dataset)))[articles] if articles is not None else range(len(dataset))
     dataset = [dataset[a] for a in indices]
@@ -89,16 +95,16 @@ def read_squad(path, training: bool, version_2: bool = False, articles: slice | 
     for a, article in zip(indices, dataset):
         def at(what, a=a):
             return lambda: f"{path}: data[{a}]{what}"
-        article = _field({"article": article}, "article", dict, at(""), "an object")
+        article = _typed(article, dict, at(""), "the article", "an object")
         paragraphs = _field(article, "paragraphs", list, at(""), "a list", default=[])
         for p, paragraph in enumerate(paragraphs):
-            paragraph = _field({"paragraph": paragraph}, "paragraph", dict, at(f".paragraphs[{p}]"), "an object")
+            paragraph = _typed(paragraph, dict, at(f".paragraphs[{p}]"), "the paragraph", "an object")
             context = _field(paragraph, "context", str, at(f".paragraphs[{p}]"), "text")
             qas = _field(paragraph, "qas", list, at(f".paragraphs[{p}]"), "a list of questions")
             if every_nth_question > 1:  # a quick deterministic subset; the dataset keeps only those questions
                 qas = paragraph["qas"] = [qa for qa in qas if next(counter) % every_nth_question == 0]
             for q, qa in enumerate(qas):
-                qa = _field({"question": qa}, "question", dict, at(f".paragraphs[{p}].qas[{q}]"), "an object")
+                qa = _typed(qa, dict, at(f".paragraphs[{p}].qas[{q}]"), "the question", "an object")
                 qid = str(qa.get("id", "?"))
 
                 def where(qid=qid, a=a, title=article.get("title", "")):  # the line search is slow: errors only
@@ -111,8 +117,7 @@ def read_squad(path, training: bool, version_2: bool = False, articles: slice | 
                     raise SquadFormatError(f"{where()}: is_impossible=true in a v1.1 run; pass --version-2")
                 answers = []
                 for k, ans in enumerate(_field(qa, "answers", list, where, "a list", default=[])):
-                    ans = _field({"answer": ans}, "answer", dict, lambda k=k: f"{where()}, answers[{k}]",
-                                 "an object")
+                    ans = _typed(ans, dict, lambda k=k: f"{where()}, answers[{k}]", "the answer", "an object")
                     text = _field(ans, "text", str, lambda k=k: f"{where()}, answers[{k}]", "text")
                     start = _field(ans, "answer_start", int, lambda k=k: f"{where()}, answers[{k}]",
                                    "a character offset")

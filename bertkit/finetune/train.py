@@ -43,6 +43,7 @@ class TrainConfig:
     report_to: str | None = None  # tensorboard, wandb, "tensorboard,wandb" or none; None: tensorboard if installed
     unpadded: bool = False        # pack each batch end to end (varlen attention): no compute spent on padding
     save_model: bool = True
+    dropout: float | None = None  # hidden and attention dropout while fine-tuning; None: the model's config.json
 
 
 def set_seed(seed: int) -> None:
@@ -162,6 +163,8 @@ def train(model, train_rows: list, evaluate, best_metric: str, cfg: TrainConfig,
             torch.cuda.set_device(device)
         torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
         destroy_at_exit()
+    if cfg.dropout is not None:  # every module reads the one shared BertConfig (saved with best/ too)
+        model.cfg.hidden_dropout = model.cfg.attention_dropout = cfg.dropout
     set_seed(cfg.seed)
     model.to(device)
     net = model

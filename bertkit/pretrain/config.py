@@ -1,7 +1,9 @@
 """Pretraining settings: the flags (PretrainConfig) merged with a user's DeepSpeed config into the values a run
 uses (DeepSpeedSettings) and the DeepSpeed config it hands to deepspeed.initialize."""
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+from bertkit.recipes import RECIPES
 
 
 class ConfigError(ValueError):
@@ -10,6 +12,9 @@ class ConfigError(ValueError):
 
 class TrainingError(RuntimeError):
     pass
+
+
+DEFAULT_WARMUP = 0.01
 
 
 @dataclass
@@ -33,7 +38,9 @@ class PretrainConfig:
     betas: tuple = (0.9, 0.999)
     eps: float = 1e-6
     schedule: str = "linear"              # linear (BERT paper) | poly (power 0.5, NVIDIA's recipe)
-    warmup: float = 0.01                  # < 1: fraction of max_steps (or of the time budget); >= 1: steps
+    warmup: float | None = None           # < 1: fraction of max_steps (or of the time budget); >= 1: steps;
+                                          # None: the recipe's, else DEFAULT_WARMUP
+    recipe: str | None = None             # a RECIPES name: its settings where the flags are silent
     deepspeed_config: str | None = None
     init_from: str | None = None          # phase 2: start from an export or a run folder's latest checkpoint
     resume: bool = False
@@ -62,6 +69,20 @@ class PretrainConfig:
     spike_factor: float = 4.0             # a spike: loss above spike_factor x the median of the last spike_window
     spike_window: int = 100
     max_rollbacks: int = 3
+
+    def with_recipe(self, deepspeed_user: dict | None = None) -> "PretrainConfig":
+        """This config with its recipe's settings where neither a flag nor the user's DeepSpeed config gave one,
+        and the defaults that wait for a recipe (warmup) filled in."""
+        if self.recipe is not None and self.recipe not in RECIPES:
+            raise ConfigError(f"--recipe {self.recipe!r}: choose one of {', '.join(RECIPES)}")
+        values = {}
+        for name, value in RECIPES[self.recipe]["pretrain"].items() if self.recipe else ():
+            in_file = name in DEEPSPEED_PATHS and _get(deepspeed_user or {}, DEEPSPEED_PATHS[name]) is not None
+            if getattr(self, name) is None and not in_file:
+                values[name] = value
+        if values.get("warmup", self.warmup) is None:
+            values["warmup"] = DEFAULT_WARMUP
+        return replace(self, **values)
 
     def check(self) -> None:
         if self.on_nonfinite not in ("stop", "rollback"):

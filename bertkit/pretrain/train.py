@@ -5,6 +5,7 @@
 then the loop (forward/backward/step per micro batch, a log record, an evaluation, a checkpoint).
 """
 import collections
+import functools
 import json
 import math
 import os
@@ -49,6 +50,7 @@ from bertkit.pretrain.checkpoints import (
 )
 from bertkit.pretrain.config import ConfigError, PretrainConfig, TrainingError, resolve_deepspeed_config
 from bertkit.pretrain.metrics import Meter, MetricsLog, as_float, current_lr, peak_flops, training_flops
+from bertkit.recipes import RECIPES, as_flags
 from bertkit.runlog import ReportError, default_report_to, parse_report_to
 
 
@@ -56,6 +58,7 @@ def pretrain(cfg: PretrainConfig) -> dict:
     """Train; returns the last logged metrics (plus "step", "checkpoint" and "stopped_by_signal": the signal number
     that stopped the run early, or None)."""
     manifest = read_instances_manifest(cfg.instances)
+    cfg = cfg.with_recipe(read_user_deepspeed_config(cfg))
     cfg.check()
     try:
         parse_report_to(cfg.report_to or "none")
@@ -80,6 +83,8 @@ def _pretrain(cfg: PretrainConfig, manifest, rank: int, world: int, device) -> d
     previous_run = prepare_run_dir(cfg, manifest, chosen)
     ds_config, settings = resolve_settings(cfg, world, rank, on_cuda, previous_run)
     objective = cfg.effective_objective(previous_run.objective if previous_run else manifest.objective)
+    if cfg.recipe and rank == 0:
+        say_recipe(cfg, manifest)
     if objective == "electra" and manifest.objective in ("nsp", "sop") and rank == 0:
         say(f"note: ELECTRA trains replaced-token detection only; the instances' {manifest.objective.upper()} "
             "labels are not used")
@@ -125,6 +130,8 @@ def _pretrain(cfg: PretrainConfig, manifest, rank: int, world: int, device) -> d
         log = MetricsLog(run_dir, rank == 0, max_steps, step, cfg.progress, cfg.report_to or default_report_to(),
                          config={"pretrain": asdict(cfg), "resolved": asdict(settings), "model": bert_cfg.to_dict()})
         meter = Meter(device, train.mask_id)
+        count_flops = functools.partial(training_flops, sum(p.numel() for p in model.parameters()),
+                                        model.cfg.num_layers, model.cfg.hidden_size)
         record, t0, steps_in_interval, grad_norm = {}, time.perf_counter(), 0, None
         clock0 = time.perf_counter() - (budget.used_s if budget else 0.0)  # a resumed budget counts time used
         engine.train()
@@ -169,7 +176,7 @@ def _pretrain(cfg: PretrainConfig, manifest, rank: int, world: int, device) -> d
             last = finished(step, max_steps, budget)
             if step % cfg.log_every == 0 or last:
                 record = train_record(meter.reduce(), time.perf_counter() - t0, step, seconds, engine, grad_norm,
-                                      settings, objective, sampler.per_epoch, backend, batch, model, cfg)
+                                      settings, objective, sampler.per_epoch, backend, batch, count_flops, cfg)
                 log.write(record)
                 log.advance(steps_in_interval, {"loss": f"{record['loss']:.3f}", "seq/s": f"{record['seq_per_s']:.0f}"})
                 t0, steps_in_interval = time.perf_counter(), 0
@@ -207,6 +214,18 @@ def _pretrain(cfg: PretrainConfig, manifest, rank: int, world: int, device) -> d
             "stopped_by_signal": stop.signal}
 
 
+def say_recipe(cfg: PretrainConfig, manifest: InstancesManifest) -> None:
+    """The recipe's settings, the ones the flags changed, and instances made otherwise than it was measured on."""
+    recipe = RECIPES[cfg.recipe]
+    yours = {k: getattr(cfg, k) for k, v in recipe["pretrain"].items() if getattr(cfg, k) not in (None, v)}
+    say(f"recipe {cfg.recipe}: {as_flags(recipe['pretrain'])}" + (f"; yours win: {as_flags(yours)}" if yours else ""))
+    made = {"max_seq_length": manifest.max_seq_length, "mode": manifest.mode}
+    differ = {k: v for k, v in made.items() if recipe["make-instances"].get(k, v) != v}
+    if differ:
+        say(f"note: recipe {cfg.recipe} was measured on instances made with `make-instances --recipe {cfg.recipe}` "
+            f"({as_flags(recipe['make-instances'])}); {cfg.instances} has {as_flags(differ)}")
+
+
 def finished(step: int, max_steps: int | None, budget: BudgetSchedule | None) -> bool:
     return (max_steps is not None and step >= max_steps) or (budget is not None and budget.spent())
 
@@ -228,8 +247,8 @@ def roll_back(engine, run_dir: Path, rank: int, bad_step: int, consumed: int, ga
 
 
 def train_record(m: dict, interval_s: float, step: int, elapsed_s: float, engine, grad_norm, settings, objective,
-                 per_epoch: int, backend: str, batch: dict, model, cfg: PretrainConfig) -> dict:
-    """One training log record from the Meter's sums over the interval."""
+                 per_epoch: int, backend: str, batch: dict, count_flops, cfg: PretrainConfig) -> dict:
+    """One training log record from the Meter's sums over the interval; count_flops(seq_len, tokens) for the MFU."""
     record = {"step": step, "loss": m["loss"], "mlm_loss": m["mlm_loss"], "mlm_acc": m["mlm_acc"],
               **{k: m[k] for k in ("mlm_mask_acc",) if k in m}, **sentence_metrics(m, objective),
               "lr": current_lr(engine), "grad_norm": as_float(engine.get_global_grad_norm()) or as_float(grad_norm),
@@ -242,9 +261,7 @@ def train_record(m: dict, interval_s: float, step: int, elapsed_s: float, engine
         record["skipped_steps"] = int(engine.skipped_steps)
     if peak := peak_flops():
         seq = batch["max_seqlen"] if cfg.unpadded else batch["input_ids"].shape[1]
-        bert_cfg = model.cfg
-        flops = training_flops(sum(p.numel() for p in model.parameters()), bert_cfg.num_layers,
-                               bert_cfg.hidden_size, seq, m["tokens"])
+        flops = count_flops(seq, m["tokens"])
         record["mfu"] = flops / interval_s / (peak * dist.get_world_size())
     return record
 
@@ -442,8 +459,13 @@ def build_model(cfg: PretrainConfig, manifest: InstancesManifest, previous_run: 
         bert_cfg = BertConfig.from_hf_dict(d, str(p)) if "model_type" in d else BertConfig.from_dict(d)
     else:
         bert_cfg = BertConfig.preset(cfg.model, vocab_size=vocab_size)
+    # --dropout is a pretraining choice: an export keeps the model's own dropout for fine-tuning (cramming's way)
+    recorded = (previous_run.model if previous_run else init_model).get("export_dropout")
+    own = {"hidden": bert_cfg.hidden_dropout, "attention": bert_cfg.attention_dropout}
     if cfg.dropout is not None:
         bert_cfg.hidden_dropout = bert_cfg.attention_dropout = cfg.dropout
+    changed = (bert_cfg.hidden_dropout, bert_cfg.attention_dropout) != (own["hidden"], own["attention"])
+    export_dropout = recorded or (own if changed else None)
     if cfg.norm is not None and cfg.norm != bert_cfg.norm:
         if state is not None or previous_run is not None:
             origin = source if state is not None else "the run being resumed"
@@ -463,6 +485,7 @@ def build_model(cfg: PretrainConfig, manifest: InstancesManifest, previous_run: 
     recorded = (previous_run.model if previous_run else init_model).get("electra")
     generator = recorded or {"generator_size": cfg.generator_size, "disc_weight": cfg.disc_weight}
     model = ElectraForPreTraining(bert_cfg, **generator) if objective == "electra" else BertForPreTraining(bert_cfg)
+    model.export_dropout = export_dropout  # describe() records it in the run's config.json; export writes it
     if state is not None:
         state = repad_vocab(state, bert_cfg)  # --pad-vocab-to may differ from the source's padding
         missing, unexpected = model.load_state_dict(state, strict=False)

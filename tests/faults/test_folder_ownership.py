@@ -76,7 +76,6 @@ def test_the_data_stages_refuse_other_stages_folders(stages, command, target):
 
 
 def test_pretrain_refuses_an_export_and_finetune_refuses_a_run(stages, tmp_path, clean_dist_env):
-    from bertkit.finetune.train import TrainConfig
     from tests.helpers import quick_finetune
 
     before = snapshot(stages["export"])
@@ -87,17 +86,8 @@ def test_pretrain_refuses_an_export_and_finetune_refuses_a_run(stages, tmp_path,
     from bertkit.fileio import FolderNotOwnedError
 
     with pytest.raises(FolderNotOwnedError, match="a pretraining run folder"):
-        quick_finetune_into(stages["export"], stages["run"], tmp_path, TrainConfig)
+        quick_finetune(stages["export"], tmp_path / "data", run=stages["run"])
     assert quick_finetune(stages["export"], tmp_path / "ft")["epochs"]
-
-
-def quick_finetune_into(model, out, tmp_path, TrainConfig):
-    from bertkit.finetune.classify import finetune_classify
-
-    (tmp_path / "t.tsv").write_text("text\tlabel\na b\t0\nc d\t1\n")
-    return finetune_classify(model, tmp_path / "t.tsv", tmp_path / "t.tsv",
-                             TrainConfig(out_dir=str(out), epochs=1, batch_size=2, save_model=False),
-                             text_a="text", label="label", max_seq_length=8)
 
 
 def test_a_refused_run_leaves_no_empty_folder(stages, tmp_path):
