@@ -51,8 +51,10 @@ def make_batch(batch: int, seq: int, vocab: int, seed: int = 0):
     return collate(rows)
 
 
-def measure(impl: str, config: str, seq: int, batch: int, device: str, precision: str, steps: int, warmup: int):
-    """impl: transformers, or bertkit:BACKEND (auto, triton, torch: --kernels)."""
+def measure(impl: str, config: str, seq: int, batch: int, device: str, precision: str, steps: int, warmup: int,
+            profile: str | None = None):
+    """impl: transformers, or bertkit:BACKEND (auto, triton, torch: --kernels). profile: a folder for the
+    torch.profiler table of 3 more steps (where the time goes), after the timed ones."""
     import torch
 
     from bertkit.config import BertConfig
@@ -110,6 +112,18 @@ def measure(impl: str, config: str, seq: int, batch: int, device: str, precision
     elapsed = time.perf_counter() - t
     peak = (torch.cuda.max_memory_allocated() if device == "cuda"
             else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss0)
+    if profile:
+        from torch.profiler import ProfilerActivity, profile as profiler
+
+        with profiler(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])) as p:
+            for _ in range(3):
+                step()
+            if device == "cuda":
+                torch.cuda.synchronize()
+        by = "self_cuda_time_total" if device == "cuda" else "self_cpu_time_total"
+        table = p.key_averages().table(sort_by=by, row_limit=40, max_name_column_width=60)
+        Path(profile).mkdir(parents=True, exist_ok=True)
+        (Path(profile) / f"profile-{impl.replace(':', '-')}-{config}-{seq}.txt").write_text(table)
     return {"impl": impl, "config": config, "seq": seq, "batch": batch, "device": device, "precision": precision,
             "steps": steps, "seq_per_s": batch * steps / elapsed, "ms_per_step": 1000 * elapsed / steps,
             "peak_mem_mib": peak / 2**20, "tokens_per_step": int(data["attention_mask"].sum()),
@@ -146,6 +160,7 @@ def main():
     ap.add_argument("--kernels", nargs="+", choices=["auto", "triton", "torch", "reference"], default=None,
                     help="bertkit backends to time (default: auto on the CPU; triton and torch on CUDA)")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
+    ap.add_argument("--profile", default=None, help="folder for a torch.profiler table per run")
     ap.add_argument("--one", nargs=3, metavar=("IMPL", "CONFIG", "SEQ"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     precision = args.precision or ("bf16" if args.device == "cuda" else "fp32")
@@ -157,7 +172,7 @@ def main():
             torch.set_num_threads(args.threads)
         impl, config, seq = args.one
         print(json.dumps(measure(impl, config, int(seq), args.batch, args.device, precision, args.steps,
-                                 args.warmup)))
+                                 args.warmup, args.profile)))
         return
 
     results = []
@@ -166,7 +181,8 @@ def main():
             for impl in [f"bertkit:{k}" for k in kernels] + ["transformers"]:
                 cmd = [sys.executable, __file__, "--one", impl, config, str(seq), "--batch", str(args.batch),
                        "--device", args.device, "--precision", precision, "--steps", str(args.steps),
-                       "--warmup", str(args.warmup)] + (["--threads", str(args.threads)] if args.threads else [])
+                       "--warmup", str(args.warmup)] + (["--threads", str(args.threads)] if args.threads else []) \
+                    + (["--profile", args.profile] if args.profile else [])
                 out = subprocess.run(cmd, capture_output=True, text=True)
                 if out.returncode:
                     print(out.stderr[-3000:], file=sys.stderr)

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# What a session lent a GPU runs there, in one call per step (each well inside a 10-minute call):
+#   benchmarks/gpu_session.sh check   check-gpu (every shipped tile configuration) + the CUDA tests
+#   benchmarks/gpu_session.sh bench   attention, LayerNorm and pretraining-step benchmarks
+#   benchmarks/gpu_session.sh profile the BERT-base step at 128 tokens under torch.profiler, each backend
+#   benchmarks/gpu_session.sh host    host (CPU) microseconds per call of each layer of the Triton path
+#   benchmarks/gpu_session.sh quick   the CUDA kernel tests, host overhead and the BERT-base step at 128 (after a change)
+#   benchmarks/gpu_session.sh tune    the LayerNorm launch-shape sweep, LayerNorm again, attention with dropout
+# Logs and JSON go to $OUT (or ./gpu_out). The device image has torch and triton but not bertkit's small
+# compiled dependencies: carry them as wheels in .whl/ (the device tool's README says how); no deepspeed needed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-gpu_out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site
+fi
+# The source tree keeps kernels/ and pipelines/ at the top; installed they are bertkit.kernels / bertkit.pipelines.
+[ -e bertkit/kernels ] || ln -s ../kernels bertkit/kernels
+[ -e bertkit/pipelines ] || ln -s ../pipelines bertkit/pipelines
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+BERTKIT=(python3 -c "from bertkit.cli import entry; entry()")
+
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.version.cuda)" \
+  | tee -a "$OUT/gpu.txt"
+
+case "${1:-check}" in
+  check)
+    timeout 330 "${BERTKIT[@]}" check-gpu --out "$OUT/check_gpu.json" 2>&1 | tee "$OUT/check_gpu.log"
+    timeout 220 python3 -m pytest -q -p no:cacheprovider -k "not under_interpreter" tests/test_kernels_attention.py \
+      tests/test_kernels_layer_norm.py tests/test_check_gpu.py tests/test_kernel_guard.py 2>&1 | tee "$OUT/pytest_cuda.log"
+    ;;
+  bench)
+    timeout 200 python3 benchmarks/attention.py --out "$OUT/attention.json" 2>&1 | tee "$OUT/attention.log"
+    timeout 90 python3 benchmarks/layer_norm.py --out "$OUT/layer_norm.json" 2>&1 | tee "$OUT/layer_norm.log"
+    timeout 250 python3 benchmarks/pretrain_step.py --device cuda --configs base --seq 128 512 --batch 128 \
+      --precision bf16 --out "$OUT" 2>&1 | tee "$OUT/pretrain_step.log"
+    ;;
+  profile)
+    timeout 300 python3 benchmarks/pretrain_step.py --device cuda --configs base --seq 128 --batch 128 \
+      --precision bf16 --steps 5 --profile "$OUT" --out "$OUT" 2>&1 | tee "$OUT/pretrain_step_profile.log"
+    for f in "$OUT"/profile-*.txt; do echo "== $f"; head -28 "$f" | cut -c1-200; done
+    ;;
+  host)
+    timeout 200 python3 benchmarks/host_overhead.py --out "$OUT/host_overhead.json" 2>&1 | tee "$OUT/host_overhead.log"
+    ;;
+  quick)
+    timeout 150 python3 -m pytest -q -p no:cacheprovider -k "not under_interpreter and not interpreter" \
+      tests/test_kernels_attention.py tests/test_kernels_layer_norm.py 2>&1 | tee "$OUT/pytest_cuda.log"
+    timeout 100 python3 benchmarks/host_overhead.py --out "$OUT/host_overhead.json" 2>&1 | tee "$OUT/host_overhead.log"
+    timeout 150 python3 benchmarks/pretrain_step.py --device cuda --configs base --seq 128 --batch 128 \
+      --precision bf16 --out "$OUT" 2>&1 | tee "$OUT/pretrain_step.log"
+    ;;
+  tune)
+    timeout 260 python3 benchmarks/layer_norm.py --sweep --out "$OUT/layer_norm_sweep.json" 2>&1 | tee "$OUT/layer_norm_sweep.log"
+    timeout 90 python3 benchmarks/layer_norm.py --out "$OUT/layer_norm.json" 2>&1 | tee "$OUT/layer_norm.log"
+    timeout 150 python3 benchmarks/attention.py --batches 128 --seqs 128 512 --dropout 0.1 \
+      --out "$OUT/attention_dropout.json" 2>&1 | tee "$OUT/attention_dropout.log"
+    ;;
+esac
