@@ -129,17 +129,6 @@ def random_export(arm: Arm, en: dict, out: Path) -> Path:
     return out
 
 
-def curve(run: Path) -> list[dict]:
-    """The held-out evaluations against the run's clock (from metrics.jsonl; a resumed run's later lines win)."""
-    by_step = {}
-    for line in (run / "metrics.jsonl").read_text().splitlines():
-        r = json.loads(line)
-        if "eval_mlm_loss" in r:
-            by_step[r["step"]] = {k: r[k] for k in ("step", "elapsed_s", "eval_mlm_loss", "eval_mlm_mask_acc",
-                                                    "eval_disc_loss", "eval_rtd_acc", "eval_rtd_f1") if k in r}
-    return [by_step[s] for s in sorted(by_step)]
-
-
 def load() -> float:
     return round(os.getloadavg()[0], 2)
 
@@ -156,7 +145,7 @@ def run_arm(name: str, arm: Arm, args, en: dict) -> dict:
     else:
         run = args.work / tag
         model = pretrain_arm(name, arm, instances_for(args.work, en, arm), run, args.budget_s)
-        points = curve(run)
+        points = transfer.timed_curve(run)
         schedule = json.loads((run / "schedule.json").read_text())
         config = json.loads((run / "config.json").read_text())
         info = {"steps": schedule["steps"], "time_used_s": schedule["time_used_s"],
@@ -201,12 +190,7 @@ def report(results: dict):
 
 
 def plot(rows: list[dict], path: Path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(15, 4.5), width_ratios=(1.3, 1))
+    fig, axes = transfer.pyplot().subplots(1, 2, figsize=(15, 4.5), width_ratios=(1.3, 1))
     for r in rows:
         pts = [p for p in r["curve"] if p.get("eval_mlm_loss") is not None]
         axes[0].plot([p["elapsed_s"] / 60 for p in pts], [p["eval_mlm_loss"] for p in pts], marker=".",
@@ -219,11 +203,7 @@ def plot(rows: list[dict], path: Path):
                     label=f"{task} ({task_metric(task)})")
     axes[1].set_xticks([i + 0.2 for i in range(len(rows))], names, fontsize=7, rotation=30, ha="right")
     axes[1].set(title=f"probe: fine-tuned once (seed 1, lr {PROBE_LR:g})", ylabel="%")
-    for ax in axes:
-        ax.legend(fontsize=7)
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    transfer.finish(fig, axes, path, legend_size=7)
     print(f"wrote {path}")
 
 

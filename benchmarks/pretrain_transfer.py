@@ -244,6 +244,14 @@ def finetune_one(task: str, model: Path, out: Path, seed: int, budget: Budget, w
                               max_seq_length=128)
 
 
+def finetune_score(task: str, model: Path, out: Path, seed: int, budget: Budget, work: Path, label: str) -> float:
+    """One fine-tune's best dev score, said with its label and time as it lands."""
+    t0 = time.time()
+    score = finetune_one(task, model, out, seed, budget, work)["best"][task_metric(task)]
+    say(f"{label}: {task_metric(task)} {score:.4f} ({time.time() - t0:.0f} s)")
+    return score
+
+
 def conll_subsample(work: Path, n: int) -> Path:
     """The first n sentences of CoNLL-2003 train, written to the work folder (never into the repository)."""
     path = work / f"conll-train-{n}.txt"
@@ -302,13 +310,25 @@ def print_table(rows: list[dict]):
         print(f"{r['task']:14} {r['metric']:9} " + " ".join(f"{c:>16}" for c in cells))
 
 
-def plot(results: dict, path: Path):
+def pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(18, 4), width_ratios=(1, 1, 1.6))
+    return plt
+
+
+def finish(fig, axes, path: Path, legend_size=None):
+    for ax in axes:
+        ax.legend(fontsize=legend_size)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def plot(results: dict, path: Path):
+    fig, axes = pyplot().subplots(1, 3, figsize=(18, 4), width_ratios=(1, 1, 1.6))
     for name, c in results["curves"].items():
         axes[0].plot(c["steps"], [100 * a for a in c["eval_mlm_acc"]], marker="o", label=name)
         if name.startswith("en"):
@@ -328,11 +348,7 @@ def plot(results: dict, path: Path):
               for r in rows]
     axes[2].set_xticks([i + 0.4 - width / 2 for i in x], labels)
     axes[2].set(title="fine-tuned (dev), mean ± sd over seeds", ylabel="%")
-    for ax in axes:
-        ax.legend()
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    finish(fig, axes, path)
 
 
 # ---------------------------------------------------------------- with a named recipe on a time budget
@@ -411,12 +427,7 @@ def print_sweep(rows: list[dict]):
 
 
 def plot_sweep(results: dict, rows: list[dict], path: Path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(15, 4.5), width_ratios=(1, 1.4))
+    fig, axes = pyplot().subplots(1, 2, figsize=(15, 4.5), width_ratios=(1, 1.4))
     for name, c in results["curves"].items():
         minutes = [t / 60 for t in c["elapsed_s"]]
         axes[0].plot(minutes, [100 * a for a in c["eval_mlm_mask_acc"]], marker=".", label=name)
@@ -427,22 +438,26 @@ def plot_sweep(results: dict, rows: list[dict], path: Path):
                     yerr=[100 * r[init]["sd"] if init in r else 0 for r in rows], label=f"{init} (best lr)")
     axes[1].set_xticks([i + 0.2 for i in range(len(rows))], [f"{r['task']}\n{r['metric']}" for r in rows])
     axes[1].set(title="fine-tuned (dev), mean ± sd over seeds, each start at its best rate", ylabel="%")
-    for ax in axes:
-        ax.legend()
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    finish(fig, axes, path)
 
 
-def timed_curve(run: Path) -> dict:
-    """Held-out [MASK] accuracy and MLM loss against the run's clock."""
+CURVE_KEYS = ("step", "elapsed_s", "eval_mlm_loss", "eval_mlm_mask_acc", "eval_disc_loss", "eval_rtd_acc",
+              "eval_rtd_f1")
+
+
+def timed_curve(run: Path) -> list[dict]:
+    """The held-out evaluations against the run's clock (from metrics.jsonl; a resumed run's later lines win)."""
     by_step = {}
     for line in (run / "metrics.jsonl").read_text().splitlines():
         r = json.loads(line)
         if "eval_mlm_loss" in r:
-            by_step[r["step"]] = r
-    points = [by_step[s] for s in sorted(by_step)]
-    return {key: [p.get(key) for p in points] for key in ("step", "elapsed_s", "eval_mlm_loss", "eval_mlm_mask_acc")}
+            by_step[r["step"]] = {k: r[k] for k in CURVE_KEYS if k in r}
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def columns(points: list[dict]) -> dict:
+    """A curve as the results file keeps it: one list per MLM measure."""
+    return {key: [p.get(key) for p in points] for key in CURVE_KEYS[:4]}
 
 
 def recipe_main(args, budget: Budget):
@@ -465,7 +480,7 @@ def recipe_main(args, budget: Budget):
         results.update(steps=schedule["steps"], time_used_s=schedule["time_used_s"],
                        masked_only=masked_only_accuracy(pretrained, en["dynamic"]),
                        en_fill_mask=fill_mask(pretrained, EN_FILL_MASK))
-        results["curves"]["en"] = timed_curve(run)
+        results["curves"]["en"] = columns(timed_curve(run))
         save()
         models = {"pretrained": pretrained, "random": random_init(pretrained, args.work / f"en-random-{tag}")}
         for task in args.tasks if args.only != "en" else []:
@@ -473,21 +488,17 @@ def recipe_main(args, budget: Budget):
                 for init in args.inits:
                     for seed in args.seeds:
                         out = args.work / "finetune" / f"{tag}-{task}-{init}-lr{lr:g}-{seed}"
-                        t0 = time.time()
-                        summary = finetune_one(task, models[init], out, seed, replace(budget, finetune_lr=lr),
-                                               args.work)
-                        score = summary["best"][task_metric(task)]
+                        score = finetune_score(task, models[init], out, seed, replace(budget, finetune_lr=lr),
+                                               args.work, f"{task} {init} lr {lr:g} seed {seed}")
                         results["sweep"].setdefault(task, {}).setdefault(init, {}).setdefault(f"{lr:g}", {})[
                             str(seed)] = score
-                        say(f"{task} {init} lr {lr:g} seed {seed}: {task_metric(task)} {score:.4f} "
-                            f"({time.time() - t0:.0f} s)")
                         save()
     if args.only in (None, "ko"):
         ko = prepare(args.work, "ko", budget)
         run = args.work / f"ko-run-{args.recipe}-{args.ko_time_budget}"
         instances = recipe_instances(ko["corpus"], ko["tokenizer"], args.work / f"ko-{args.recipe}", args.recipe)
         export_dir = recipe_pretrain(instances, run, args.recipe, ko_budget_s, budget, args.device)
-        results["curves"]["ko"] = timed_curve(run)
+        results["curves"]["ko"] = columns(timed_curve(run))
         results["ko_fill_mask"] = fill_mask(export_dir, KO_FILL_MASK)
         results.setdefault("masked_only_ko", masked_only_accuracy(export_dir, ko["dynamic"]))
         save()
@@ -561,12 +572,9 @@ def main(argv=None):
                 for init, model in [(i, models[i]) for i in args.inits]:
                     for seed in args.seeds:
                         out = args.work / "finetune" / f"{task}-{init}-{seed}{folder_tag}"
-                        t0 = time.time()
-                        summary = finetune_one(task, model, out, seed, finetune_budget, args.work)
-                        score = summary["best"][task_metric(task)]
+                        score = finetune_score(task, model, out, seed, finetune_budget, args.work,
+                                               f"{task} {init} seed {seed}")
                         results["finetune"].setdefault(task + lr_tag, {}).setdefault(init, {})[str(seed)] = score
-                        say(f"{task} {init} seed {seed}: {task_metric(task)} {score:.4f} "
-                            f"({time.time() - t0:.0f} s)")
                         save()
     long_steps = args.long_steps or budget.long_steps
     if args.only in (None, "long") and long_steps:
@@ -581,11 +589,10 @@ def main(argv=None):
         for task in [t for t in args.tasks if t in LONG_TASKS]:
             for seed in args.seeds:
                 out = args.work / "finetune" / f"{task}-{long_steps}-{seed}{folder_tag}"
-                summary = finetune_one(task, export_dir, out, seed, finetune_budget, args.work)
-                score = summary["best"][task_metric(task)]
+                score = finetune_score(task, export_dir, out, seed, finetune_budget, args.work,
+                                       f"{task} pretrained-{long_steps} seed {seed}")
                 by_init = results["finetune"].setdefault(task + lr_tag, {})
                 by_init.setdefault(f"pretrained-{long_steps}", {})[str(seed)] = score
-                say(f"{task} pretrained-{long_steps} seed {seed}: {task_metric(task)} {score:.4f}")
                 save()
     if args.only in (None, "ko"):
         ko = prepare(args.work, "ko", budget)

@@ -16,7 +16,12 @@ RECIPES = {
 }
 
 
+def flag(name: str) -> str:
+    """A config field's command-line flag: micro_batch -> --micro-batch."""
+    return "--" + name.replace("_", "-")
+
+
 def as_flags(settings: dict) -> str:
     """{"objective": "mlm", "dropout": 0.0} -> "--objective mlm --dropout 0", for help texts and logs."""
-    return " ".join(f"--{key.replace('_', '-')} {value:g}" if isinstance(value, float) else
-                    f"--{key.replace('_', '-')} {value}" for key, value in settings.items())
+    return " ".join(f"{flag(key)} {value:g}" if isinstance(value, float) else f"{flag(key)} {value}"
+                    for key, value in settings.items())

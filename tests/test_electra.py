@@ -178,10 +178,15 @@ def test_electra_on_two_ranks_trains_resumes_exports_fine_tunes_and_fills_masks(
     assert len(guesses[0][0]) == 3
     assert quick_finetune(out, tmp_path / "ft")["epochs"][0]["train_loss"] > 0
 
-    # ZeRO-3 partitions both models' weights, the shared embeddings included
-    finish(launch(common(inst, tmp_path, tmp_path / "z3", max_steps=4, save_every=4, zero_stage=3) + flags))
+    # ZeRO-3 partitions both models' weights, the shared embeddings included; pretrained without dropout, both
+    # exported models say the model's own dropout for fine-tuning
+    finish(launch(common(inst, tmp_path, tmp_path / "z3", max_steps=4, save_every=4, zero_stage=3) + flags
+                  + ["--dropout", "0"]))
     assert len(records(tmp_path / "z3")) >= 4
-    export(tmp_path / "z3", tmp_path / "z3-export")
+    z3 = export(tmp_path / "z3", tmp_path / "z3-export")
+    for folder in (z3, z3 / "generator"):
+        hf = json.loads((folder / "config.json").read_text())
+        assert hf["hidden_dropout_prob"] == hf["attention_probs_dropout_prob"] == 0.1, folder  # BertConfig's
 
 
 def test_packed_batches_give_the_padded_losses(monkeypatch):

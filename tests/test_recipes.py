@@ -242,3 +242,20 @@ def test_pretrain_recipe_budget_end_to_end(toy_corpus, clean_dist_env):
     assert config["model"]["hidden_dropout"] == 0.0 and config["model"]["export_dropout"]["hidden"] == 0.1
     bad = CliRunner().invoke(main, ["pretrain", "--instances", str(inst), "--recipe", "fast"])
     assert bad.exit_code == 2 and "Invalid value for '--recipe': 'fast'" in bad.output
+
+
+def test_make_instances_applies_every_key_of_a_recipe(toy_corpus, monkeypatch):
+    """Any InstancesConfig field a recipe names is applied (not only the three the budget recipe has), and a key no
+    flag has fails loudly instead of being dropped."""
+    from bertkit.recipes import RECIPES
+
+    monkeypatch.setitem(RECIPES["budget"], "make-instances", {"max_seq_length": 48, "masked_lm_prob": 0.3})
+    args = ["make-instances", str(toy_corpus / "corpus"), "--tokenizer", str(toy_corpus / "vocab.txt"), "--recipe",
+            "budget", "--no-progress", "--dupe", "1"]
+    r = CliRunner().invoke(main, [*args, "--out", str(toy_corpus / "inst-keys")])
+    assert r.exit_code == 0, r.output
+    manifest = json.loads((toy_corpus / "inst-keys" / "manifest.json").read_text())
+    assert manifest["max_seq_length"] == 48 and manifest["masked_lm_prob"] == 0.3
+    monkeypatch.setitem(RECIPES["budget"], "make-instances", {"max_seq_lenght": 48})
+    r = CliRunner().invoke(main, [*args, "--out", str(toy_corpus / "inst-typo")])
+    assert r.exit_code != 0 and "max_seq_lenght" in str(r.exception)

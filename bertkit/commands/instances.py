@@ -75,19 +75,17 @@ def make_instances(ctx, corpus_dir, tokenizer_dir, out, max_seq_length, max_pred
         raise click.BadParameter(f"{mask_replace!r}: three numbers such as 0.8,0.1,0.1", param_hint="--mask-replace")
     if ray_address and engine != "ray":
         raise click.UsageError("--ray-address is for --engine ray")
-    if recipe:  # the recipe's values where the flags were left at their defaults
-        unset = {k: v for k, v in RECIPES[recipe]["make-instances"].items()
-                 if ctx.get_parameter_source(k) is click.core.ParameterSource.DEFAULT}
-        max_seq_length, objective, mode = (unset.get(k, v) for k, v in (("max_seq_length", max_seq_length),
-                                                                        ("objective", objective), ("mode", mode)))
+    settings = dict(max_seq_length=max_seq_length, max_predictions=max_predictions, masked_lm_prob=masked_lm_prob,
+                    mask_replace=shares, objective=objective, short_seq_prob=short_seq_prob, dupe=dupe, seed=seed,
+                    whole_word_mask=whole_word_mask, mode=mode, workers=workers, engine=engine,
+                    ray_address=ray_address, compat=compat, random_from_whole_vocab=random_from_whole_vocab,
+                    wwm_decide_per_piece=wwm_decide_per_piece, same_doc_notnext=same_doc_notnext)
+    if recipe:  # the recipe's values where the flags were left at their defaults (a key no flag has fails loudly)
+        given = {k for k in RECIPES[recipe]["make-instances"]
+                 if ctx.get_parameter_source(k) not in (None, click.core.ParameterSource.DEFAULT)}
+        settings.update({k: v for k, v in RECIPES[recipe]["make-instances"].items() if k not in given})
         click.echo(f"recipe {recipe}: {as_flags(RECIPES[recipe]['make-instances'])}", err=True)
-    config = InstancesConfig(max_seq_length=max_seq_length, max_predictions=max_predictions,
-                             masked_lm_prob=masked_lm_prob, mask_replace=shares, objective=objective,
-                             short_seq_prob=short_seq_prob, dupe=dupe, seed=seed,
-                             whole_word_mask=whole_word_mask, mode=mode, workers=workers, engine=engine,
-                             ray_address=ray_address, compat=compat,
-                             random_from_whole_vocab=random_from_whole_vocab,
-                             wwm_decide_per_piece=wwm_decide_per_piece, same_doc_notnext=same_doc_notnext)
+    config = InstancesConfig(**settings)
     try:
         manifest = run(corpus_dir, tokenizer_dir, out, config, progress=not no_progress)
     except (FormatError, FolderError, EngineError) as e:

@@ -3,7 +3,7 @@ uses (DeepSpeedSettings) and the DeepSpeed config it hands to deepspeed.initiali
 import copy
 from dataclasses import dataclass, replace
 
-from bertkit.recipes import RECIPES
+from bertkit.recipes import RECIPES, flag
 
 
 class ConfigError(ValueError):
@@ -135,10 +135,6 @@ DEEPSPEED_PATHS = {"micro_batch": ("train_micro_batch_size_per_gpu",), "global_b
 DEFAULT_ZERO_STAGE = {"lamb": 0, "adamw": 2}
 
 
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
 def _get(d: dict, path):
     for key in path:
         if not isinstance(d, dict) or key not in d:
@@ -170,15 +166,15 @@ def resolve_deepspeed_config(cfg: PretrainConfig, world_size: int, user: dict | 
     defaults = DeepSpeedSettings()
     chosen = {}
     for name, path in DEEPSPEED_PATHS.items():
-        flag, theirs = getattr(cfg, name), _get(user, path)
+        given, theirs = getattr(cfg, name), _get(user, path)
         if name == "optimizer" and theirs is not None:
             theirs = str(theirs).lower()
             if theirs not in ("lamb", "adamw"):
                 raise ConfigError(f"{source}: optimizer type {theirs!r} is not supported; use Lamb or AdamW")
-        if flag is not None and theirs is not None and flag != theirs:
-            raise ConfigError(f"{_flag(name)} {flag} contradicts {source}'s {'.'.join(path)} = {theirs}; "
+        if given is not None and theirs is not None and given != theirs:
+            raise ConfigError(f"{flag(name)} {given} contradicts {source}'s {'.'.join(path)} = {theirs}; "
                               "remove one of them")
-        chosen[name] = flag if flag is not None else theirs if theirs is not None else getattr(defaults, name)
+        chosen[name] = given if given is not None else theirs if theirs is not None else getattr(defaults, name)
     s = DeepSpeedSettings(**chosen)
     if s.zero_stage is None:
         s.zero_stage = DEFAULT_ZERO_STAGE[s.optimizer]
