@@ -40,6 +40,25 @@ def environment(benchmark):
                 triton=triton.__version__, cuda=torch.version.cuda, flash_attn=fa, host=platform.node())
 
 
+def no_gpu(script: str) -> bool:
+    """Says so and returns True where there is no CUDA GPU (the Triton kernels only compile for GPUs)."""
+    if torch.cuda.is_available():
+        return False
+    print(f"benchmarks/{script} needs a CUDA GPU (the Triton kernels only compile for GPUs); nothing was measured on "
+          "this machine.", file=sys.stderr)
+    return True
+
+
+def write_gpu_result(env: dict, out: Path | None, **payload) -> Path:
+    """The JSON of a GPU benchmark: `out`, else benchmarks/results/<benchmark>-<date>-<device>.json."""
+    name = env["benchmark"]
+    path = out or RESULTS / f"{name}-{env['date'][:10]}-{env['device'].replace(' ', '_')}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(dict(benchmark=name, environment=env, **payload), indent=1) + "\n")
+    print(f"wrote {path}")
+    return path
+
+
 def bench(fn):
     """Median milliseconds (triton.testing.do_bench flushes L2 between runs)."""
     from triton.testing import do_bench
@@ -159,9 +178,7 @@ def main(argv=None):
                     help="bertkit's backends to time (besides SDPA and flash-attn)")
     ap.add_argument("--out", type=Path, default=None, help="JSON path (default benchmarks/results/attention-*.json)")
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("benchmarks/attention.py needs a CUDA GPU (the Triton kernels only compile for GPUs); nothing was "
-              "measured on this machine.", file=sys.stderr)
+    if no_gpu("attention.py"):
         return 0
 
     dtype = DTYPES[args.dtype]
@@ -202,10 +219,7 @@ def main(argv=None):
             del qkv
             torch.cuda.empty_cache()
 
-    path = args.out or RESULTS / f"attention-{env['date'][:10]}-{env['device'].replace(' ', '_')}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(dict(benchmark="attention", environment=env, rows=rows), indent=1) + "\n")
-    print(f"wrote {path}")
+    write_gpu_result(env, args.out, rows=rows)
     return 0
 
 

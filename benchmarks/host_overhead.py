@@ -10,7 +10,6 @@ and backward, beside PyTorch's own ops. Prints a table, writes JSON to benchmark
 """
 import argparse
 import importlib
-import json
 import sys
 import time
 from pathlib import Path
@@ -19,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from attention import RESULTS, environment, make_inputs, providers  # noqa: E402
+from attention import environment, make_inputs, no_gpu, providers, write_gpu_result  # noqa: E402
 
 
 def host_us(fn, calls):
@@ -116,17 +115,13 @@ def main(argv=None):
     ap.add_argument("--calls", type=int, default=300)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("benchmarks/host_overhead.py needs a CUDA GPU; nothing was measured on this machine.", file=sys.stderr)
+    if no_gpu("host_overhead.py"):
         return 0
     env = environment("host_overhead")
     rows = {**layer_norm_rows(args.calls), **attention_rows(args.calls)}
     for name, us in rows.items():
         print(f"{name:<52} {us:8.1f} us", flush=True)
-    path = args.out or RESULTS / f"host_overhead-{env['date'][:10]}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(dict(benchmark="host_overhead", environment=env, host_us=rows), indent=1) + "\n")
-    print(f"wrote {path}")
+    write_gpu_result(env, args.out, host_us=rows)
     return 0
 
 

@@ -10,7 +10,6 @@ bandwidth. `--kernels torch` runs exactly the "torch add+layer_norm" provider (k
 choose kernels/layer_norm.py's `_tile`. Prints a table, writes JSON to benchmarks/results/.
 """
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from attention import DTYPES, RESULTS, bench, copy_bandwidth, environment  # noqa: E402  (shared GPU helpers)
+from attention import DTYPES, bench, copy_bandwidth, environment, no_gpu, write_gpu_result  # noqa: E402  (shared GPU helpers)
 
 
 def providers(x, r, w, b, dropout_p):
@@ -100,9 +99,7 @@ def main(argv=None):
     ap.add_argument("--sweep", action="store_true", help="time the fused kernel's launch shapes instead")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("benchmarks/layer_norm.py needs a CUDA GPU (the Triton kernels only compile for GPUs); nothing was "
-              "measured on this machine.", file=sys.stderr)
+    if no_gpu("layer_norm.py"):
         return 0
 
     dtype = DTYPES[args.dtype]
@@ -135,10 +132,7 @@ def main(argv=None):
             print(f"{rows:>6} {hidden:>6} {name:<30} {fwd:8.3f} {bwd:8.3f} {row['fwd_GBps']:9.0f} "
                   f"{row['bwd_GBps']:9.0f} {row['fwd_frac_copy_bw']:8.1%} {row['bwd_frac_copy_bw']:8.1%}", flush=True)
 
-    path = args.out or RESULTS / f"layer_norm-{env['date'][:10]}-{env['device'].replace(' ', '_')}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(dict(benchmark="layer_norm", environment=env, rows=rows_out), indent=1) + "\n")
-    print(f"wrote {path}")
+    write_gpu_result(env, args.out, rows=rows_out)
     return 0
 
 

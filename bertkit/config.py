@@ -43,6 +43,12 @@ class BertConfig:
         if self.norm not in ("post", "pre"):
             raise ValueError(f"norm must be 'post' or 'pre', got {self.norm!r}")
 
+    def set_dropout(self, hidden: float, attention: float | None = None) -> None:
+        """Hidden and attention dropout (attention: hidden's unless given). Modules read the shared config at each
+        forward, so this changes a built model's dropout too."""
+        self.hidden_dropout = hidden
+        self.attention_dropout = hidden if attention is None else attention
+
     @property
     def embedding_width(self) -> int:
         return self.embedding_size or self.hidden_size

@@ -164,7 +164,7 @@ def train(model, train_rows: list, evaluate, best_metric: str, cfg: TrainConfig,
         torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
         destroy_at_exit()
     if cfg.dropout is not None:  # every module reads the one shared BertConfig (saved with best/ too)
-        model.cfg.hidden_dropout = model.cfg.attention_dropout = cfg.dropout
+        model.cfg.set_dropout(cfg.dropout)
     set_seed(cfg.seed)
     model.to(device)
     net = model

@@ -379,7 +379,7 @@ def export(run_dir, out_dir, tag: str | None = None, say=None) -> Path:
     if dropout := run.model.get("export_dropout"):  # pretrained with --dropout: fine-tuning gets the model's own
         for shape in (model.cfg, getattr(model, "gen_cfg", None)):  # ELECTRA's generator too
             if shape is not None:
-                shape.hidden_dropout, shape.attention_dropout = dropout["hidden"], dropout["attention"]
+                shape.set_dropout(dropout["hidden"], dropout["attention"])
         if say:
             say(f"export: dropout {dropout['hidden']:g} (attention {dropout['attention']:g}) in config.json, the "
                 f"model's own for fine-tuning; pretraining ran with {run.pretrain.get('dropout')}")

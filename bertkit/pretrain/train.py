@@ -461,11 +461,11 @@ def build_model(cfg: PretrainConfig, manifest: InstancesManifest, previous_run: 
         bert_cfg = BertConfig.preset(cfg.model, vocab_size=vocab_size)
     # --dropout is a pretraining choice: an export keeps the model's own dropout for fine-tuning (cramming's way)
     recorded = (previous_run.model if previous_run else init_model).get("export_dropout")
+    export_dropout = recorded
     own = {"hidden": bert_cfg.hidden_dropout, "attention": bert_cfg.attention_dropout}
-    if cfg.dropout is not None:
-        bert_cfg.hidden_dropout = bert_cfg.attention_dropout = cfg.dropout
-    changed = (bert_cfg.hidden_dropout, bert_cfg.attention_dropout) != (own["hidden"], own["attention"])
-    export_dropout = recorded or (own if changed else None)
+    if cfg.dropout is not None and set(own.values()) != {cfg.dropout}:
+        bert_cfg.set_dropout(cfg.dropout)
+        export_dropout = recorded or own
     if cfg.norm is not None and cfg.norm != bert_cfg.norm:
         if state is not None or previous_run is not None:
             origin = source if state is not None else "the run being resumed"
