@@ -104,8 +104,8 @@ def pretrain_arm(name: str, arm: Arm, instances: Path, run: Path, budget_s: floa
 
 
 def peer_arm(arm: Arm, en: dict, out: Path, budget_s: float) -> Path:
-    """transformers' own MLM pipeline, as run_mlm.py builds it, for the same wall-clock budget."""
-    if (out / "model.safetensors").is_file():
+    """transformers' own MLM pipeline, as run_mlm.py builds it, for the same wall-clock budget (resumed if stopped)."""
+    if (out / "run.json").is_file():  # written last
         return out
     subprocess.run([sys.executable, str(REPO / "benchmarks" / "budget_peer.py"), "--corpus", str(en["corpus"]),
                     "--tokenizer", str(en["tokenizer"]), "--out", str(out), "--budget-s", str(budget_s),

@@ -5,10 +5,15 @@ DataCollatorForLanguageModeling (15 %, 80/10/10), BertForMaskedLM (the BERT-tiny
 no decay on biases and LayerNorm (as Trainer), clipping at 1.0, and the same budget-aware schedule bertkit's arms get
 (warmup, then linear decay to 0 when the time is spent; run_mlm.py itself has only step schedules). One process, the
 machine's threads. Writes the model (HF format, with the tokenizer files), curve.json and run.json to --out.
+Resumable like bertkit's arms: --out/checkpoint.pt every --save-every-s and on SIGTERM (exit 143), and a rerun
+continues with the time already used (the budget.py arm reruns it).
 """
 import argparse
 import json
+import os
 import shutil
+import signal
+import sys
 import time
 from pathlib import Path
 
@@ -30,6 +35,7 @@ def main():
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--eval-every-s", type=float, default=120)
     ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--save-every-s", type=float, default=600)
     args = ap.parse_args()
 
     import datasets
@@ -78,16 +84,47 @@ def main():
         model.train()
         return sum(losses) / len(losses)
 
-    curve, step, seen, t0, next_eval = [], 0, 0, time.perf_counter(), args.eval_every_s
     gen = torch.Generator().manual_seed(args.seed)
-    order = torch.randperm(len(train), generator=gen).tolist()
+    checkpoint = args.out / "checkpoint.pt"
+    if checkpoint.is_file():  # a stopped run: its weights, optimizer, data order, random streams and clock
+        saved = torch.load(checkpoint, weights_only=False)
+        model.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["opt"])
+        gen.set_state(saved["gen"])
+        torch.set_rng_state(saved["rng"])
+        curve, step, seen, used, next_eval, order = (saved[k] for k in ("curve", "step", "seen", "used", "next_eval",
+                                                                         "order"))
+        print(f"peer resumed at step {step}, {used:.0f} s of {args.budget_s:.0f} used", flush=True)
+    else:
+        curve, step, seen, used, next_eval = [], 0, 0, 0.0, args.eval_every_s
+        order = torch.randperm(len(train), generator=gen).tolist()
+    t0 = time.perf_counter() - used
+
+    def save():
+        args.out.mkdir(parents=True, exist_ok=True)
+        tmp = checkpoint.with_suffix(".tmp")
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "gen": gen.get_state(),
+                    "rng": torch.get_rng_state(), "curve": curve, "step": step, "seen": seen, "order": order,
+                    "used": time.perf_counter() - t0, "next_eval": next_eval}, tmp)
+        os.replace(tmp, checkpoint)
+
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
+    next_save = time.perf_counter() - t0 + args.save_every_s
     model.train()
     while (elapsed := time.perf_counter() - t0) < args.budget_s:
+        if stop or elapsed >= next_save:
+            save()
+            if stop:
+                print(f"peer stopped at step {step}; run it again to resume", flush=True)
+                sys.exit(143)
+            next_save = elapsed + args.save_every_s
         for g in opt.param_groups:
             g["lr"] = args.lr * lr_at(elapsed / args.budget_s, args.warmup, "linear")
         if len(order) < args.micro_batch:
             order = torch.randperm(len(train), generator=gen).tolist()
-        batch = collator([train[i] for i in order[:args.micro_batch]])
+        rows = train[order[:args.micro_batch]]["input_ids"]  # one batched read, as Trainer's DataLoader does
+        batch = collator([{"input_ids": ids} for ids in rows])
         del order[:args.micro_batch]
         loss = model(**batch).loss
         opt.zero_grad()
@@ -108,6 +145,7 @@ def main():
     (args.out / "curve.json").write_text(json.dumps(curve, indent=1))
     (args.out / "run.json").write_text(json.dumps({"steps": step, "time_used_s": round(time.perf_counter() - t0, 1),
                                                    "sequences": seen, "train_blocks": len(train)}))
+    checkpoint.unlink(missing_ok=True)
 
 
 if __name__ == "__main__":

@@ -12,11 +12,15 @@ on the Korean WikiExtractor sample with its own vocabulary and reports held-out 
     python benchmarks/pretrain_transfer.py --only long --long-steps 16000            # a longer run, its fine-tunes
     python benchmarks/pretrain_transfer.py --only finetune --inits random --tasks sst2 --finetune-lr 5e-4
     python benchmarks/pretrain_transfer.py --recipe budget --time-budget 2h   # pretrain --recipe budget for 2 hours
+    python benchmarks/pretrain_transfer.py --recipe budget --time-budget 2h --then-128 12m --only finetune
 
 With --recipe the English side is one run of `pretrain --recipe NAME --time-budget T` (dynamic masking), then
 every task fine-tuned from it and from random weights at each rate of --finetune-lrs with every seed; each start
 is scored at its best rate (all rates reported), and the Korean arm pretrains with the same recipe for
---ko-time-budget. Results: benchmarks/results/pretrain_transfer_NAME.json and .png.
+--ko-time-budget. Results: benchmarks/results/pretrain_transfer_NAME_T.json and .png, with the transfer of every
+budget of NAME run so far (`--time-budget 4h --only finetune`: a longer English run, no Korean arm; the random
+start's fine-tunes are shared by every budget; --then-128 adds BERT's second phase, longer sequences from the first
+phase's weights: make-instances --recipe NAME --max-seq-length 128, pretrain --recipe NAME --init-from RUN).
 
 Every step is skipped when its output exists, so a killed run is resumed by running it again (--work keeps the
 stages' folders; it defaults outside the repository, since CoNLL-2003 may not be copied into it). Prints tables,
@@ -353,20 +357,22 @@ def plot(results: dict, path: Path):
 
 # ---------------------------------------------------------------- with a named recipe on a time budget
 
-def recipe_instances(corpus: Path, tokenizer: Path, out: Path, recipe: str) -> Path:
-    """make-instances --recipe NAME (the instances the recipe was measured on)."""
+def recipe_instances(corpus: Path, tokenizer: Path, out: Path, recipe: str, **flags) -> Path:
+    """make-instances --recipe NAME (the instances the recipe was measured on), flags beside it winning."""
     from bertkit.pipelines.make_instances import InstancesConfig, make_instances
     from bertkit.recipes import RECIPES
 
     if not done(out):
         say(f"make-instances {out.name}")
-        make_instances(corpus, tokenizer, out, InstancesConfig(**RECIPES[recipe]["make-instances"], dupe=1, workers=2),
-                       progress=False)
+        settings = {**RECIPES[recipe]["make-instances"], "dupe": 1, "workers": 2, **flags}
+        make_instances(corpus, tokenizer, out, InstancesConfig(**settings), progress=False)
     return out
 
 
-def recipe_pretrain(instances: Path, run: Path, recipe: str, budget_s: float, budget: Budget, device: str) -> Path:
-    """`pretrain --recipe NAME --time-budget T` (resuming a killed run) and export; returns the export folder."""
+def recipe_pretrain(instances: Path, run: Path, recipe: str, budget_s: float, budget: Budget, device: str,
+                    **flags) -> Path:
+    """`pretrain --recipe NAME --time-budget T` (resuming a killed run) and export; returns the export folder.
+    `flags` are PretrainConfig fields given beside the recipe (init_from, micro_batch for a second phase)."""
     from bertkit.pretrain import PretrainConfig, export, pretrain
 
     export_dir = run.parent / f"{run.name}-export"
@@ -379,7 +385,7 @@ def recipe_pretrain(instances: Path, run: Path, recipe: str, budget_s: float, bu
                          time_budget=budget_s, eval_every=budget.eval_every,
                          eval_batches=20, save_every=4 * budget.eval_every, keep_last=1, log_every=50,
                          resume=resume, num_workers=1, progress=False, report_to="tensorboard",
-                         precision="bf16" if device == "cuda" else None)
+                         precision="bf16" if device == "cuda" else None, **flags)
     result = pretrain(cfg)
     if result.get("stopped_by_signal"):
         raise SystemExit(f"{run.name} stopped at step {result['step']}; run the benchmark again to resume")
@@ -426,6 +432,30 @@ def print_sweep(rows: list[dict]):
           f"seeds' ranges apart on {len(apart)} ({', '.join(apart) or 'none'})")
 
 
+def transfer_by_hours(work: Path, recipe: str) -> list[dict]:
+    """Every budget of a recipe run in --work (results-RECIPE-T.json), shortest first: its pretraining and each task's
+    pretrained-minus-random difference at the best rates, i.e. how transfer grows with CPU-hours."""
+    rows = []
+    for path in work.glob(f"results-{recipe}-*.json"):
+        r = json.loads(path.read_text())
+        if "time_used_s" in r and "-then128-" not in path.name:  # one recipe's budgets only
+            rows.append({"time_budget": path.stem.removeprefix(f"results-{recipe}-"), "hours": r["time_used_s"] / 3600,
+                         "steps": r["steps"], "masked_only_acc": r["masked_only"]["masked_only_acc"],
+                         "tasks": {t["task"]: {k: t[k] for k in ("difference", "apart")}
+                                   for t in sweep_table(r["sweep"]) if "difference" in t}})
+    return sorted(rows, key=lambda row: row["hours"])
+
+
+def print_by_hours(rows: list[dict]):
+    tasks = list(dict.fromkeys(t for r in rows for t in r["tasks"]))
+    print("\npretrained minus random at each start's best rate (* seeds' ranges apart)")
+    print(f"{'hours':>5} {'steps':>7} {'[MASK]':>6} " + " ".join(f"{t:>7}" for t in tasks))
+    for r in rows:
+        cells = [f"{100 * r['tasks'][t]['difference']:+6.1f}{'*' if r['tasks'][t]['apart'] else ' '}"
+                 if t in r["tasks"] else f"{'-':>7}" for t in tasks]
+        print(f"{r['hours']:5.1f} {r['steps']:7d} {100 * r['masked_only_acc']:5.1f}% " + " ".join(cells))
+
+
 def plot_sweep(results: dict, rows: list[dict], path: Path):
     fig, axes = pyplot().subplots(1, 2, figsize=(15, 4.5), width_ratios=(1, 1.4))
     for name, c in results["curves"].items():
@@ -439,6 +469,21 @@ def plot_sweep(results: dict, rows: list[dict], path: Path):
     axes[1].set_xticks([i + 0.2 for i in range(len(rows))], [f"{r['task']}\n{r['metric']}" for r in rows])
     axes[1].set(title="fine-tuned (dev), mean ± sd over seeds, each start at its best rate", ylabel="%")
     finish(fig, axes, path)
+
+
+def plot_by_hours(rows: list[dict], path: Path):
+    """Transfer against CPU-hours: each task's pretrained-minus-random difference at every budget (filled where the
+    seeds' ranges are apart); 0 hours is random initialisation itself."""
+    fig, axes = pyplot().subplots(1, 1, figsize=(8, 4.5))
+    for task in dict.fromkeys(t for r in rows for t in r["tasks"]):
+        points = [(r["hours"], r["tasks"][task]) for r in rows if task in r["tasks"]]
+        line, = axes.plot([0] + [h for h, _ in points], [0] + [100 * c["difference"] for _, c in points], label=task)
+        axes.scatter([h for h, _ in points], [100 * c["difference"] for _, c in points], color=line.get_color(),
+                     facecolors=[line.get_color() if c["apart"] else "none" for _, c in points], zorder=3)
+    axes.axhline(0, color="gray", lw=0.8)
+    axes.set(title="pretrained minus random (filled: seeds' ranges apart)",
+             xlabel="hours of pretraining on 2 CPU cores", ylabel="points (each start at its best rate)")
+    finish(fig, [axes], path)
 
 
 CURVE_KEYS = ("step", "elapsed_s", "eval_mlm_loss", "eval_mlm_mask_acc", "eval_disc_loss", "eval_rtd_acc",
@@ -464,7 +509,8 @@ def recipe_main(args, budget: Budget):
     from bertkit.pretrain.budget import parse_duration
 
     budget_s, ko_budget_s = parse_duration(args.time_budget), parse_duration(args.ko_time_budget)
-    tag = f"{args.recipe}-{args.time_budget}"
+    label = args.time_budget + (f"-then128-{args.then_128}" if args.then_128 else "")
+    tag = f"{args.recipe}-{label}"
     state_file = args.work / f"results-{tag}.json"
     results = json.loads(state_file.read_text()) if state_file.is_file() else {"curves": {}, "sweep": {}}
 
@@ -473,21 +519,34 @@ def recipe_main(args, budget: Budget):
 
     if args.only in (None, "en", "finetune"):
         en = prepare(args.work, "en", budget)
-        run = args.work / f"en-run-{tag}"
+        run = args.work / f"en-run-{args.recipe}-{args.time_budget}"
         instances = recipe_instances(en["corpus"], en["tokenizer"], args.work / f"en-{args.recipe}", args.recipe)
         pretrained = recipe_pretrain(instances, run, args.recipe, budget_s, budget, args.device)
         schedule = json.loads((run / "schedule.json").read_text())
-        results.update(steps=schedule["steps"], time_used_s=schedule["time_used_s"],
+        phases = [schedule]
+        if args.then_128:  # BERT's second phase at longer sequences: positions 65-128 are never trained at 64
+            phase1, run = run, args.work / f"en-run-{tag}"
+            instances = recipe_instances(en["corpus"], en["tokenizer"], args.work / f"en-{args.recipe}-128",
+                                         args.recipe, max_seq_length=128)
+            pretrained = recipe_pretrain(instances, run, args.recipe, parse_duration(args.then_128), budget,
+                                         args.device, init_from=str(phase1), micro_batch=32)  # 4,096 tokens a step
+            phases.append(json.loads((run / "schedule.json").read_text()))
+        results.update(steps=sum(p["steps"] for p in phases), time_used_s=sum(p["time_used_s"] for p in phases),
                        masked_only=masked_only_accuracy(pretrained, en["dynamic"]),
                        en_fill_mask=fill_mask(pretrained, EN_FILL_MASK))
-        results["curves"]["en"] = columns(timed_curve(run))
+        results["curves"]["en"] = columns(timed_curve(phase1 if args.then_128 else run))
+        if args.then_128:  # its own held-out rows (128 tokens), on the same clock
+            results["curves"]["en, then 128"] = columns([{**p, "elapsed_s": p["elapsed_s"] + schedule["time_used_s"]}
+                                                        for p in timed_curve(run)])
         save()
-        models = {"pretrained": pretrained, "random": random_init(pretrained, args.work / f"en-random-{tag}")}
+        # the random start is one per recipe (same architecture, seed 0): every budget shares its fine-tunes
+        models = {"pretrained": pretrained, "random": random_init(pretrained, args.work / f"en-random-{args.recipe}")}
         for task in args.tasks if args.only != "en" else []:
             for lr in args.finetune_lrs:
                 for init in args.inits:
                     for seed in args.seeds:
-                        out = args.work / "finetune" / f"{tag}-{task}-{init}-lr{lr:g}-{seed}"
+                        out = args.work / "finetune" / (f"{tag if init == 'pretrained' else args.recipe}-{task}-"
+                                                        f"{init}-lr{lr:g}-{seed}")
                         score = finetune_score(task, models[init], out, seed, replace(budget, finetune_lr=lr),
                                                args.work, f"{task} {init} lr {lr:g} seed {seed}")
                         results["sweep"].setdefault(task, {}).setdefault(init, {}).setdefault(f"{lr:g}", {})[
@@ -508,13 +567,17 @@ def recipe_main(args, budget: Budget):
     for key in [k for k in results if "fill_mask" in k]:
         for ex in results[key]:
             print(f"{ex['text']}  ->  {ex['top5']}")
-    name = f"pretrain_transfer_{args.recipe}"
-    write_result(name, {**run_info(name), "device": args.device, "recipe": args.recipe,
+    by_hours = transfer_by_hours(args.work, args.recipe)
+    print_by_hours(by_hours)
+    name = f"pretrain_transfer_{args.recipe}_{label}"
+    write_result(name, {**run_info(name), "device": args.device, "recipe": args.recipe, "by_hours": by_hours,
                         "time_budget": args.time_budget, "ko_time_budget": args.ko_time_budget,
                         "finetune_lrs": args.finetune_lrs, "seeds": args.seeds, "finetune_dropout": FINETUNE_DROPOUT,
                         "budget": budget.__dict__, "table": rows, **results})
     if rows and results["curves"]:
         plot_sweep(results, rows, RESULTS / f"{name}.png")
+    if len(by_hours) > 1:
+        plot_by_hours(by_hours, RESULTS / f"pretrain_transfer_{args.recipe}_by_hours.png")
 
 
 # ---------------------------------------------------------------- main
@@ -535,6 +598,8 @@ def main(argv=None):
     ap.add_argument("--recipe", default=None, help="pretrain with this named recipe (bertkit/recipes.py) for "
                     "--time-budget instead of the budget's steps")
     ap.add_argument("--time-budget", default="2h", help="with --recipe: the English pretraining's wall-clock")
+    ap.add_argument("--then-128", default=None, metavar="DURATION",
+                    help="with --recipe: a second pretraining phase at 128 tokens from the first's weights, this long")
     ap.add_argument("--ko-time-budget", default="30m", help="with --recipe: the Korean pretraining's wall-clock")
     ap.add_argument("--finetune-lrs", type=float, nargs="+", default=[1e-4, 3e-4, 1e-3],
                     help="with --recipe: every start is fine-tuned at each, and scored at its best")
