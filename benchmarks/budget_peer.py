@@ -92,11 +92,10 @@ def main():
         opt.load_state_dict(saved["opt"])
         gen.set_state(saved["gen"])
         torch.set_rng_state(saved["rng"])
-        curve, step, seen, used, next_eval, order = (saved[k] for k in ("curve", "step", "seen", "used", "next_eval",
-                                                                         "order"))
+        curve, step, used, next_eval, order = (saved[k] for k in ("curve", "step", "used", "next_eval", "order"))
         print(f"peer resumed at step {step}, {used:.0f} s of {args.budget_s:.0f} used", flush=True)
     else:
-        curve, step, seen, used, next_eval = [], 0, 0, 0.0, args.eval_every_s
+        curve, step, used, next_eval = [], 0, 0.0, args.eval_every_s
         order = torch.randperm(len(train), generator=gen).tolist()
     t0 = time.perf_counter() - used
 
@@ -104,7 +103,7 @@ def main():
         args.out.mkdir(parents=True, exist_ok=True)
         tmp = checkpoint.with_suffix(".tmp")
         torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "gen": gen.get_state(),
-                    "rng": torch.get_rng_state(), "curve": curve, "step": step, "seen": seen, "order": order,
+                    "rng": torch.get_rng_state(), "curve": curve, "step": step, "order": order,
                     "used": time.perf_counter() - t0, "next_eval": next_eval}, tmp)
         os.replace(tmp, checkpoint)
 
@@ -131,7 +130,7 @@ def main():
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        step, seen = step + 1, seen + args.micro_batch
+        step += 1
         if elapsed >= next_eval:
             curve.append({"step": step, "elapsed_s": round(elapsed, 1), "eval_mlm_loss": evaluate()})
             print(f"peer step {step}: {curve[-1]}", flush=True)
@@ -144,7 +143,7 @@ def main():
             shutil.copyfile(args.tokenizer / name, args.out / name)
     (args.out / "curve.json").write_text(json.dumps(curve, indent=1))
     (args.out / "run.json").write_text(json.dumps({"steps": step, "time_used_s": round(time.perf_counter() - t0, 1),
-                                                   "sequences": seen, "train_blocks": len(train)}))
+                                                   "sequences": step * args.micro_batch, "train_blocks": len(train)}))
     checkpoint.unlink(missing_ok=True)
 
 
