@@ -34,6 +34,7 @@ from record import RESULTS, run_info  # noqa: E402
 
 PROBE_TASKS = ("sst2", "stsb")
 PROBE_LR = 5e-4
+PROBE_POOLING = "cls"  # every arm's probe reads [CLS], whatever its export's config.json says
 
 
 @dataclass
@@ -155,7 +156,7 @@ def run_arm(name: str, arm: Arm, args, en: dict) -> dict:
     return {"arm": name, "budget_s": 0 if name == "random" else args.budget_s, "settings": asdict(arm), **info,
             "curve": points,
             "yardstick": yardstick, "probe": probe(name, model, tag, args.work), "probe_lr": PROBE_LR,
-            "probe_dropout": transfer.FINETUNE_DROPOUT,
+            "probe_dropout": transfer.FINETUNE_DROPOUT, "probe_pooling": PROBE_POOLING,
             "load_before": load_before, "load_after_pretraining": load_after_pretraining,
             "wall_s": round(time.time() - t0), **{k: v for k, v in run_info("budget").items() if k == "commit"}}
 
@@ -166,12 +167,12 @@ def export_of(name: str, work: Path, tag: str) -> Path:
 
 
 def probe(name: str, model: Path, tag: str, work: Path) -> dict:
-    """SST-2 and STS-B fine-tunes (one seed) at the probe's rate, with BERT's fine-tuning dropout for every arm
-    (an export of a run pretrained without dropout says 0 in its config)."""
+    """SST-2 and STS-B fine-tunes (one seed) at the probe's rate, with BERT's fine-tuning dropout and [CLS] pooling
+    for every arm (an export of a run pretrained without dropout says 0 in its config, one without NSP mean)."""
     scores = {}
     for task in PROBE_TASKS:
         summary = finetune_one(task, model, work / "probe" / f"{tag}-{task}-dropout{transfer.FINETUNE_DROPOUT:g}", 1,
-                               replace(BUDGETS["cpu"], finetune_lr=PROBE_LR), work)
+                               replace(BUDGETS["cpu"], finetune_lr=PROBE_LR), work, PROBE_POOLING)
         scores[task] = summary["best"][task_metric(task)]
         say(f"{name} probe {task}: {scores[task]:.4f}")
     return scores

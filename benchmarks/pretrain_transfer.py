@@ -222,8 +222,9 @@ def fill_mask(model_dir: Path, texts: list[str]) -> list:
 
 # ---------------------------------------------------------------- fine-tuning side
 
-def finetune_one(task: str, model: Path, out: Path, seed: int, budget: Budget, work: Path) -> dict:
-    """One fine-tune; its metrics.json is the cache."""
+def finetune_one(task: str, model: Path, out: Path, seed: int, budget: Budget, work: Path,
+                 pooling: str | None = None) -> dict:
+    """One fine-tune; its metrics.json is the cache. pooling: the GLUE classifiers' (None: the model's own)."""
     from bertkit.finetune.classify import label_list, run_classification
     from bertkit.finetune.glue import GLUE_TASKS, glue_metrics, read_glue
     from bertkit.finetune.ner import finetune_ner
@@ -234,7 +235,7 @@ def finetune_one(task: str, model: Path, out: Path, seed: int, budget: Budget, w
         if "train_seconds" in summary:
             return summary
     cfg = TrainConfig(out_dir=str(out), epochs=3, batch_size=32, learning_rate=budget.finetune_lr, seed=seed,
-                      save_model=False, dropout=FINETUNE_DROPOUT)
+                      save_model=False, dropout=FINETUNE_DROPOUT, pooling=pooling)
     if task == "ner":
         return finetune_ner(model, conll_subsample(work, budget.conll_train), SHARED / "conll2003" / "valid.txt",
                             cfg)
@@ -248,10 +249,11 @@ def finetune_one(task: str, model: Path, out: Path, seed: int, budget: Budget, w
                               max_seq_length=128)
 
 
-def finetune_score(task: str, model: Path, out: Path, seed: int, budget: Budget, work: Path, label: str) -> float:
+def finetune_score(task: str, model: Path, out: Path, seed: int, budget: Budget, work: Path, label: str,
+                   pooling: str | None = None) -> float:
     """One fine-tune's best dev score, said with its label and time as it lands."""
     t0 = time.time()
-    score = finetune_one(task, model, out, seed, budget, work)["best"][task_metric(task)]
+    score = finetune_one(task, model, out, seed, budget, work, pooling)["best"][task_metric(task)]
     say(f"{label}: {task_metric(task)} {score:.4f} ({time.time() - t0:.0f} s)")
     return score
 
@@ -432,14 +434,15 @@ def print_sweep(rows: list[dict]):
           f"seeds' ranges apart on {len(apart)} ({', '.join(apart) or 'none'})")
 
 
-def transfer_by_hours(work: Path, recipe: str) -> list[dict]:
-    """Every budget of a recipe run in --work (results-RECIPE-T.json), shortest first: its pretraining and each task's
-    pretrained-minus-random difference at the best rates, i.e. how transfer grows with CPU-hours."""
+def transfer_by_hours(work: Path, recipe: str, pooling: str) -> list[dict]:
+    """Every budget of a recipe run in --work (results-RECIPE-T*.json) without a second phase and fine-tuned with this
+    pooling, shortest first: its pretraining and each task's pretrained-minus-random difference at the best rates,
+    i.e. how transfer grows with CPU-hours."""
     rows = []
     for path in work.glob(f"results-{recipe}-*.json"):
         r = json.loads(path.read_text())
-        if "time_used_s" in r and "-then128-" not in path.name:  # one recipe's budgets only
-            rows.append({"time_budget": path.stem.removeprefix(f"results-{recipe}-"), "hours": r["time_used_s"] / 3600,
+        if "time_used_s" in r and r.get("variant") == {"then_128": None, "pooling": pooling}:
+            rows.append({"time_budget": r["time_budget"], "hours": r["time_used_s"] / 3600,
                          "steps": r["steps"], "masked_only_acc": r["masked_only"]["masked_only_acc"],
                          "tasks": {t["task"]: {k: t[k] for k in ("difference", "apart")}
                                    for t in sweep_table(r["sweep"]) if "difference" in t}})
@@ -509,10 +512,13 @@ def recipe_main(args, budget: Budget):
     from bertkit.pretrain.budget import parse_duration
 
     budget_s, ko_budget_s = parse_duration(args.time_budget), parse_duration(args.ko_time_budget)
-    label = args.time_budget + (f"-then128-{args.then_128}" if args.then_128 else "")
+    pretraining = args.time_budget + (f"-then128-{args.then_128}" if args.then_128 else "")
+    pooled = "" if args.pooling == "cls" else f"-{args.pooling}"  # GLUE heads only: NER shares [CLS]'s fine-tunes
+    label = pretraining + pooled
     tag = f"{args.recipe}-{label}"
     state_file = args.work / f"results-{tag}.json"
     results = json.loads(state_file.read_text()) if state_file.is_file() else {"curves": {}, "sweep": {}}
+    results.update(time_budget=args.time_budget, variant={"then_128": args.then_128, "pooling": args.pooling})
 
     def save():
         state_file.write_text(json.dumps(results, indent=1, ensure_ascii=False))
@@ -525,7 +531,7 @@ def recipe_main(args, budget: Budget):
         schedule = json.loads((run / "schedule.json").read_text())
         phases = [schedule]
         if args.then_128:  # BERT's second phase at longer sequences: positions 65-128 are never trained at 64
-            phase1, run = run, args.work / f"en-run-{tag}"
+            phase1, run = run, args.work / f"en-run-{args.recipe}-{pretraining}"
             instances = recipe_instances(en["corpus"], en["tokenizer"], args.work / f"en-{args.recipe}-128",
                                          args.recipe, max_seq_length=128)
             pretrained = recipe_pretrain(instances, run, args.recipe, parse_duration(args.then_128), budget,
@@ -546,10 +552,11 @@ def recipe_main(args, budget: Budget):
             for lr in args.finetune_lrs:
                 for init in args.inits:
                     for seed in args.seeds:
-                        out = args.work / "finetune" / (f"{tag if init == 'pretrained' else args.recipe}-{task}-"
+                        start = f"{args.recipe}-{pretraining}" if init == "pretrained" else args.recipe
+                        out = args.work / "finetune" / (f"{start}{pooled if task != 'ner' else ''}-{task}-"
                                                         f"{init}-lr{lr:g}-{seed}")
                         score = finetune_score(task, models[init], out, seed, replace(budget, finetune_lr=lr),
-                                               args.work, f"{task} {init} lr {lr:g} seed {seed}")
+                                               args.work, f"{task} {init} lr {lr:g} seed {seed}", args.pooling)
                         results["sweep"].setdefault(task, {}).setdefault(init, {}).setdefault(f"{lr:g}", {})[
                             str(seed)] = score
                         save()
@@ -569,17 +576,17 @@ def recipe_main(args, budget: Budget):
     for key in [k for k in results if "fill_mask" in k]:
         for ex in results[key]:
             print(f"{ex['text']}  ->  {ex['top5']}")
-    by_hours = transfer_by_hours(args.work, args.recipe)
+    by_hours = transfer_by_hours(args.work, args.recipe, args.pooling)
     print_by_hours(by_hours)
     name = f"pretrain_transfer_{args.recipe}_{label}"
     write_result(name, {**run_info(name), "device": args.device, "recipe": args.recipe, "by_hours": by_hours,
-                        "time_budget": args.time_budget, "ko_time_budget": args.ko_time_budget,
+                        "ko_time_budget": args.ko_time_budget,
                         "finetune_lrs": args.finetune_lrs, "seeds": args.seeds, "finetune_dropout": FINETUNE_DROPOUT,
                         "budget": budget.__dict__, "table": rows, **results})
     if rows and results["curves"]:
         plot_sweep(results, rows, RESULTS / f"{name}.png")
     if len(by_hours) > 1:
-        plot_by_hours(by_hours, RESULTS / f"pretrain_transfer_{args.recipe}_by_hours.png")
+        plot_by_hours(by_hours, RESULTS / f"pretrain_transfer_{args.recipe}{pooled}_by_hours.png")
 
 
 # ---------------------------------------------------------------- main
@@ -602,6 +609,8 @@ def main(argv=None):
     ap.add_argument("--time-budget", default="2h", help="with --recipe: the English pretraining's wall-clock")
     ap.add_argument("--then-128", default=None, metavar="DURATION",
                     help="with --recipe: a second pretraining phase at 128 tokens from the first's weights, this long")
+    ap.add_argument("--pooling", choices=["cls", "mean"], default="cls",
+                    help="with --recipe: what the GLUE classifiers read (finetune --pooling); mean: results of its own")
     ap.add_argument("--ko-time-budget", default="30m", help="with --recipe: the Korean pretraining's wall-clock")
     ap.add_argument("--finetune-lrs", type=float, nargs="+", default=[1e-4, 3e-4, 1e-3],
                     help="with --recipe: every start is fine-tuned at each, and scored at its best")

@@ -32,6 +32,8 @@ class BertConfig:
                                              # (ELECTRA's generator reads the discriminator's embeddings so)
     norm: str = "post"                       # post: BERT's LayerNorm after each residual add; pre: before each
                                              # sub-layer, plus a final one (MegatronBERT's; HF model_type megatron-bert)
+    classifier_pooling: str = "cls"          # what a sequence classifier reads: cls, tanh(dense(h[CLS])) as BERT; mean,
+                                             # the mean of the last layer over the tokens (ModernBERT's option)
 
     def __post_init__(self):
         if self.hidden_size % self.num_heads:
@@ -42,12 +44,19 @@ class BertConfig:
             raise ValueError(f"vocab_pad_multiple must be positive, got {self.vocab_pad_multiple}")
         if self.norm not in ("post", "pre"):
             raise ValueError(f"norm must be 'post' or 'pre', got {self.norm!r}")
+        self.set_pooling(self.classifier_pooling)
 
     def set_dropout(self, hidden: float, attention: float | None = None) -> None:
         """Hidden and attention dropout (attention: hidden's unless given). Modules read the shared config at each
         forward, so this changes a built model's dropout too."""
         self.hidden_dropout = hidden
         self.attention_dropout = hidden if attention is None else attention
+
+    def set_pooling(self, pooling: str) -> None:
+        """What a sequence classifier reads (see classifier_pooling); like set_dropout, changes a built model too."""
+        if pooling not in ("cls", "mean"):
+            raise ValueError(f"classifier pooling must be 'cls' or 'mean', got {pooling!r}")
+        self.classifier_pooling = pooling
 
     @property
     def embedding_width(self) -> int:
@@ -81,6 +90,7 @@ class BertConfig:
         if self.embedding_width != self.hidden_size:
             raise ValueError(f"embeddings of width {self.embedding_width} projected to {self.hidden_size} have no BERT "
                              "form in transformers; an ELECTRA generator is written by bertkit.electra.write_hf")
+        pooling = {} if self.classifier_pooling == "cls" else {"classifier_pooling": self.classifier_pooling}
         return {
             "model_type": "bert" if self.norm == "post" else "megatron-bert",
             "vocab_size": self.vocab_size,
@@ -98,6 +108,7 @@ class BertConfig:
             "pad_token_id": self.pad_token_id,
             "position_embedding_type": "absolute",
             "classifier_dropout": self.classifier_dropout,
+            **pooling,  # transformers' BertConfig keeps it but its BertForSequenceClassification reads [CLS]
         }
 
     @classmethod
@@ -135,6 +146,7 @@ class BertConfig:
             initializer_range=d.get("initializer_range", 0.02),
             pad_token_id=d.get("pad_token_id") or 0,
             classifier_dropout=d.get("classifier_dropout"),
+            classifier_pooling=d.get("classifier_pooling", "cls"),
             norm="pre" if model_type == "megatron-bert" else "post",
             embedding_size=None if d.get("embedding_size") in (None, d["hidden_size"]) else d["embedding_size"],
         )

@@ -268,8 +268,22 @@ class BertForPreTraining(nn.Module):
         return PreTrainingOutput(loss, mlm_loss, nsp_loss, mlm_logits, nsp_logits)
 
 
+def mean_over_tokens(h, attention_mask=None, cu_seqlens=None):
+    """Each sequence's mean last-layer vector: (B, S, H) over its attention_mask, or packed (T, H) by cu_seqlens."""
+    if cu_seqlens is not None:
+        lengths = cu_seqlens.long().diff()
+        owner = torch.repeat_interleave(torch.arange(len(lengths), device=h.device), lengths,
+                                        output_size=h.shape[0])
+        return h.new_zeros(len(lengths), h.shape[-1]).index_add_(0, owner, h) / lengths.unsqueeze(-1).to(h.dtype)
+    if attention_mask is None:
+        return h.mean(1)
+    m = attention_mask.unsqueeze(-1).to(h.dtype)
+    return (h * m).sum(1) / m.sum(1)
+
+
 class BertForSequenceClassification(nn.Module):
-    """Classifier on the pooled [CLS] output; num_labels == 1 is regression (MSE), e.g. STS-B."""
+    """Classifier on the pooled [CLS] output, or on the mean over the tokens (cfg.classifier_pooling "mean": a
+    model pretrained without a sentence-level task has an untrained [CLS]); num_labels == 1 is regression (MSE)."""
 
     def __init__(self, cfg: BertConfig, num_labels: int):
         super().__init__()
@@ -281,8 +295,9 @@ class BertForSequenceClassification(nn.Module):
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None,
                 position_ids=None, cu_seqlens=None, max_seqlen=None) -> ClassifierOutput:
         """Padded (B, S) or packed (T,) with cu_seqlens / max_seqlen (see BertModel); logits (B, num_labels)."""
-        pooled = self.bert(input_ids, token_type_ids, attention_mask, position_ids, cu_seqlens,
-                           max_seqlen).pooler_output
+        out = self.bert(input_ids, token_type_ids, attention_mask, position_ids, cu_seqlens, max_seqlen)
+        pooled = out.pooler_output if self.cfg.classifier_pooling == "cls" else \
+            mean_over_tokens(out.last_hidden_state, attention_mask, cu_seqlens)
         p = self.cfg.classifier_dropout if self.cfg.classifier_dropout is not None else self.cfg.hidden_dropout
         logits = self.classifier(F.dropout(pooled, p, self.training))
         loss = None

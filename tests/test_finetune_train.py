@@ -92,9 +92,11 @@ def test_real_minilm_finetune_learns(shared_data, minilm, tmp_path):
 
 
 @pytest.mark.slow
-def test_data_parallel_under_deepspeed_launcher(tmp_path):
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_data_parallel_under_deepspeed_launcher(tmp_path, pooling):
     """`deepspeed --num_gpus 2 cli.py finetune ...` on the CPU (gloo): both ranks train in step through
-    torch.distributed; rank 0 evaluates and writes metrics and the model."""
+    torch.distributed; rank 0 evaluates and writes metrics and the model. With mean pooling the pooler gets no
+    gradient, which DDP must not wait for."""
     from bertkit.config import BertConfig
     from bertkit.hf import save_pretrained
     from bertkit.model import BertForSequenceClassification
@@ -112,7 +114,7 @@ def test_data_parallel_under_deepspeed_launcher(tmp_path):
            "cli.py", "finetune", "classify", "--model", str(tmp_path / "model"),
            "--out", str(tmp_path / "out"), "--train-file", str(tmp_path / "train.tsv"),
            "--dev-file", str(tmp_path / "train.tsv"), "--text-a", "text", "--epochs", "2", "--batch-size", "8",
-           "--device", "cpu"]
+           "--device", "cpu", "--pooling", pooling]
     done = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads((tmp_path / "out" / "metrics.json").read_text())
@@ -182,6 +184,42 @@ def test_dropout_flag_is_the_same_as_the_models_own(tmp_path):
     assert flagged != losses("d01", "default", None)
     saved = json.loads((tmp_path / "flagged" / "best" / "config.json").read_text())
     assert saved["hidden_dropout_prob"] == saved["attention_probs_dropout_prob"] == 0.0
+
+
+def test_pooling_flag_is_the_same_as_the_models_own(tmp_path):
+    """`finetune classify --pooling mean` on a [CLS] model trains exactly as the same weights saved with
+    classifier_pooling "mean", best/ records it; [CLS] pooling is another run."""
+    from click.testing import CliRunner
+
+    from bertkit.cli import main as cli
+    from bertkit.config import BertConfig
+    from bertkit.hf import save_pretrained
+    from bertkit.model import BertForPreTraining
+
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(27)]
+    (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    torch.manual_seed(0)
+    model = BertForPreTraining(BertConfig.preset("tiny", vocab_size=len(vocab)))
+    save_pretrained(model, tmp_path / "cls", tokenizer_dir=tmp_path)
+    model.cfg.set_pooling("mean")
+    save_pretrained(model, tmp_path / "mean", tokenizer_dir=tmp_path)
+    rows = ["text\tlabel"] + [f"w{i} w{(i * 5) % 27} w{(i * 7) % 27}\t{i % 2}" for i in range(40)]
+    (tmp_path / "train.tsv").write_text("\n".join(rows) + "\n")
+    flags = ["--epochs", "1", "--batch-size", "8", "--lr", "1e-3", "--seed", "1", "--max-seq-length", "16",
+             "--report-to", "none", "--train-file", str(tmp_path / "train.tsv"),
+             "--dev-file", str(tmp_path / "train.tsv"), "--text-a", "text"]
+
+    def losses(model_dir, name, *extra):
+        result = CliRunner().invoke(cli, ["finetune", "classify", "--model", str(tmp_path / model_dir),
+                                          "--out", str(tmp_path / name), *flags, *extra])
+        assert result.exit_code == 0, result.output
+        return [e["train_loss"] for e in json.loads((tmp_path / name / "metrics.json").read_text())["epochs"]]
+
+    flagged = losses("cls", "flagged", "--pooling", "mean")
+    assert flagged == losses("mean", "own")
+    assert flagged != losses("mean", "back-to-cls", "--pooling", "cls")
+    assert json.loads((tmp_path / "flagged" / "best" / "config.json").read_text())["classifier_pooling"] == "mean"
+    assert "classifier_pooling" not in json.loads((tmp_path / "back-to-cls" / "best" / "config.json").read_text())
 
 
 def test_finetune_logs_steps_and_evaluations_to_jsonl_and_tensorboard(tmp_path):

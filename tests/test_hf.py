@@ -309,3 +309,36 @@ def test_fill_mask_matches_transformers(tmp_path):
     assert result.exit_code != 0 and "no [MASK]" in result.output
     result = CliRunner().invoke(cli, ["fill-mask", "--model", str(tok_dir), text])
     assert result.exit_code != 0 and "has no pretraining head: it lacks cls.predictions.bias" in result.output
+
+
+def test_mean_pooling_classifier_reads_the_mean_of_transformers_last_layer(tmp_path):
+    """classifier_pooling "mean": logits = classifier(mean of the last layer over the real tokens), with that layer
+    from transformers' own BertModel on the saved weights; packed input gives the same; config.json keeps the choice
+    (and a [CLS] model's config.json stays exactly transformers' keys)."""
+    model = random_bertkit("sequence_classification", 3)
+    save_pretrained(model, tmp_path / "cls")
+    assert "classifier_pooling" not in json.loads((tmp_path / "cls" / "config.json").read_text())
+    model.cfg.set_pooling("mean")
+    save_pretrained(model, tmp_path / "mean")
+    assert json.loads((tmp_path / "mean" / "config.json").read_text())["classifier_pooling"] == "mean"
+    loaded = load_pretrained(tmp_path / "mean")
+    assert loaded.cfg.classifier_pooling == "mean"
+
+    input_ids, token_type_ids, attention_mask = inputs()
+    hf = transformers.BertModel.from_pretrained(tmp_path / "mean", add_pooling_layer=False).eval()
+    weights = load_file(tmp_path / "mean" / "model.safetensors")
+    with torch.no_grad():
+        h = hf(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask).last_hidden_state
+        means = torch.stack([h[i, attention_mask[i].bool()].mean(0) for i in range(len(h))])
+        expected = means @ weights["classifier.weight"].T + weights["classifier.bias"]
+        padded = loaded(input_ids, token_type_ids, attention_mask).logits
+        valid = attention_mask.bool()
+        cu_seqlens = torch.nn.functional.pad(attention_mask.sum(1).cumsum(0), (1, 0)).int()
+        packed = loaded(input_ids[valid], token_type_ids[valid], cu_seqlens=cu_seqlens,
+                        max_seqlen=int(attention_mask.sum(1).max())).logits
+        cls_logits = load_pretrained(tmp_path / "cls")(input_ids, token_type_ids, attention_mask).logits
+    torch.testing.assert_close(padded, expected, atol=TOL, rtol=0)
+    torch.testing.assert_close(packed, expected, atol=TOL, rtol=0)
+    assert (cls_logits - expected).abs().max() > 100 * TOL  # the [CLS] head reads something else
+    with pytest.raises(ValueError, match="'cls' or 'mean'"):
+        model.cfg.set_pooling("max")

@@ -118,6 +118,8 @@ def test_objectives_train_evaluate_and_export(toy_corpus, objective, clean_dist_
     assert config["bertkit"]["objective"] == objective
     expected = "BertForMaskedLM" if objective == "none" else "BertForPreTraining"
     assert config["architectures"] == [expected]
+    # nothing trained [CLS] without a sentence task: bertkit's classifiers then read the mean over the tokens
+    assert config.get("classifier_pooling") == ("mean" if objective == "none" else None)
     _, info = getattr(transformers, expected).from_pretrained(str(out), output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"]
     r = CliRunner().invoke(main, ["fill-mask", "--model", str(out), "w1 w2 [MASK] w3"])

@@ -49,7 +49,13 @@ def common_options(default_lr: float, default_epochs: float, default_batch: int,
     return wrap
 
 
-def _train_config(kw: dict):
+pooling_option = click.option(
+    "--pooling", type=click.Choice(["cls", "mean"]), default=None,
+    help="What the classifier reads: cls (BERT's pooled [CLS]) or mean (the mean over the tokens; for a model "
+         "pretrained without a sentence task)  [default: the model's config.json, else cls].")
+
+
+def _train_config(kw: dict, pooling: str | None = None):
     from bertkit.finetune.train import TrainConfig
 
     return TrainConfig(out_dir=kw.pop("out_dir"), epochs=kw.pop("epochs"), batch_size=kw.pop("batch_size"),
@@ -58,7 +64,7 @@ def _train_config(kw: dict):
                        max_grad_norm=kw.pop("max_grad_norm"), seed=kw.pop("seed"), device=kw.pop("device"),
                        kernels=kw.pop("kernels"), report_to=kw.pop("report_to"), log_every=kw.pop("log_every"),
                        unpadded=kw.pop("unpadded"), save_model=not kw.pop("no_save_model"),
-                       dropout=kw.pop("dropout"))
+                       dropout=kw.pop("dropout"), pooling=pooling)
 
 
 def _report(summary: dict) -> None:
@@ -137,12 +143,13 @@ def squad(**kw):
               type=click.Choice(["cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte", "wnli"]))
 @click.option("--data-dir", required=True, type=click.Path(exists=True, file_okay=False),
               help="GLUE folder (holding RTE/, MRPC/, ...) or the task's folder with train.tsv and dev.tsv.")
+@pooling_option
 @friendly_errors
 def glue(**kw):
     """A GLUE task, scored with its official metric (Matthews, F1/acc, Pearson/Spearman or accuracy)."""
     from bertkit.finetune.glue import finetune_glue
 
-    cfg = _train_config(kw)
+    cfg = _train_config(kw, pooling=kw.pop("pooling"))
     _report(finetune_glue(kw["task"], kw["data_dir"], kw["model_path"], cfg, max_seq_length=kw["max_seq_length"]))
 
 
@@ -156,12 +163,13 @@ def glue(**kw):
 @click.option("--label", default="label", show_default=True)
 @click.option("--regression", is_flag=True, help="Numeric target (MSE loss, Pearson/Spearman).")
 @click.option("--no-header", is_flag=True, help="CSV/TSV without a header row (columns by index).")
+@pooling_option
 @friendly_errors
 def classify(**kw):
     """Any single-sentence or pair classification data (CSV/TSV/JSONL)."""
     from bertkit.finetune.classify import finetune_classify
 
-    cfg = _train_config(kw)
+    cfg = _train_config(kw, pooling=kw.pop("pooling"))
     _report(finetune_classify(kw["model_path"], kw["train_file"], kw["dev_file"], cfg, text_a=kw["text_a"],
                               text_b=kw["text_b"], label=kw["label"], regression=kw["regression"],
                               max_seq_length=kw["max_seq_length"], header=not kw["no_header"]))

@@ -7,11 +7,14 @@ cut longest-first to --max-seq-length.
 """
 import csv
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 from bertkit.fileio import not_utf8_message
 from bertkit.finetune import metrics as M
+
+log = logging.getLogger(__name__)
 
 
 class DataError(ValueError):
@@ -174,6 +177,13 @@ def run_classification(model_path, train_examples, dev_examples, labels, cfg, *,
     num_labels = 1 if labels is None else len(labels)
     set_seed(cfg.seed)  # the new head's initial weights come from the seed too
     model = load_pretrained(model_path, head="sequence_classification", num_labels=num_labels)
+    if cfg.pooling is not None:  # saved with best/ (config.json classifier_pooling)
+        model.cfg.set_pooling(cfg.pooling)
+    if model.cfg.classifier_pooling == "mean":
+        model.bert.pooler.requires_grad_(False)  # unread: data-parallel training would wait for its gradients
+    if model.cfg.classifier_pooling == "mean" and cfg.save_model:
+        log.warning("mean pooling: load OUT/best/ with bertkit; transformers' BertForSequenceClassification "
+                    "reads [CLS] and ignores config.json's classifier_pooling")
 
     def evaluate(m):
         logits = np.stack(predict(m, dev_rows, cfg.eval_batch_size)["logits"])

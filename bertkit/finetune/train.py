@@ -44,6 +44,7 @@ class TrainConfig:
     unpadded: bool = False        # pack each batch end to end (varlen attention): no compute spent on padding
     save_model: bool = True
     dropout: float | None = None  # hidden and attention dropout while fine-tuning; None: the model's config.json
+    pooling: str | None = None    # sequence classifiers: cls or mean (BertConfig.classifier_pooling); None: the model's
 
 
 def set_seed(seed: int) -> None:

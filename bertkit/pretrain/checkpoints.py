@@ -383,6 +383,12 @@ def export(run_dir, out_dir, tag: str | None = None, say=None) -> Path:
         if say:
             say(f"export: dropout {dropout['hidden']:g} (attention {dropout['attention']:g}) in config.json, the "
                 f"model's own for fine-tuning; pretraining ran with {run.pretrain.get('dropout')}")
+    # no sentence task trained [CLS]: classifiers read the mean (measured: benchmarks/README.md); set either way, as
+    # a run started --init-from such an export inherits its config
+    model.cfg.set_pooling("mean" if run.objective == "none" else "cls")
+    if run.objective == "none" and say:
+        say("export: classifier_pooling mean in config.json (pretrained without NSP/SOP, so [CLS] learnt nothing); "
+            "finetune --pooling cls overrides it")
     electra = run.objective == "electra"
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:
