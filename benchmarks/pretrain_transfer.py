@@ -13,6 +13,7 @@ on the Korean WikiExtractor sample with its own vocabulary and reports held-out 
     python benchmarks/pretrain_transfer.py --only finetune --inits random --tasks sst2 --finetune-lr 5e-4
     python benchmarks/pretrain_transfer.py --recipe budget --time-budget 2h   # pretrain --recipe budget for 2 hours
     python benchmarks/pretrain_transfer.py --recipe budget --time-budget 2h --then-128 12m --only finetune
+    python benchmarks/pretrain_transfer.py --recipe budget --time-budget 2h --pooling mean --only finetune
 
 With --recipe the English side is one run of `pretrain --recipe NAME --time-budget T` (dynamic masking), then
 every task fine-tuned from it and from random weights at each rate of --finetune-lrs with every seed; each start
@@ -20,7 +21,8 @@ is scored at its best rate (all rates reported), and the Korean arm pretrains wi
 --ko-time-budget. Results: benchmarks/results/pretrain_transfer_NAME_T.json and .png, with the transfer of every
 budget of NAME run so far (`--time-budget 4h --only finetune`: a longer English run, no Korean arm; the random
 start's fine-tunes are shared by every budget; --then-128 adds BERT's second phase, longer sequences from the first
-phase's weights: make-instances --recipe NAME --max-seq-length 128, pretrain --recipe NAME --init-from RUN).
+phase's weights: make-instances --recipe NAME --max-seq-length 128, pretrain --recipe NAME --init-from RUN;
+--pooling mean fine-tunes the GLUE classifiers on the mean over the tokens instead of [CLS], for both starts).
 
 Every step is skipped when its output exists, so a killed run is resumed by running it again (--work keeps the
 stages' folders; it defaults outside the repository, since CoNLL-2003 may not be copied into it). Prints tables,

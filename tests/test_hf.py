@@ -342,3 +342,7 @@ def test_mean_pooling_classifier_reads_the_mean_of_transformers_last_layer(tmp_p
     assert (cls_logits - expected).abs().max() > 100 * TOL  # the [CLS] head reads something else
     with pytest.raises(ValueError, match="'cls' or 'mean'"):
         model.cfg.set_pooling("max")
+    config = json.loads((tmp_path / "mean" / "config.json").read_text())
+    (tmp_path / "mean" / "config.json").write_text(json.dumps({**config, "classifier_pooling": "max"}))
+    with pytest.raises(ModelFolderError, match=r"config\.json: classifier pooling must be 'cls' or 'mean', got 'max'"):
+        load_pretrained(tmp_path / "mean")
