@@ -181,9 +181,9 @@ def run_classification(model_path, train_examples, dev_examples, labels, cfg, *,
         model.cfg.set_pooling(cfg.pooling)
     if model.cfg.classifier_pooling == "mean":
         model.bert.pooler.requires_grad_(False)  # unread: data-parallel training would wait for its gradients
-    if model.cfg.classifier_pooling == "mean" and cfg.save_model:
-        log.warning("mean pooling: load OUT/best/ with bertkit; transformers' BertForSequenceClassification "
-                    "reads [CLS] and ignores config.json's classifier_pooling")
+        if cfg.save_model:
+            log.warning("mean pooling: load OUT/best/ with bertkit; transformers' BertForSequenceClassification "
+                        "reads [CLS] and ignores config.json's classifier_pooling")
 
     def evaluate(m):
         logits = np.stack(predict(m, dev_rows, cfg.eval_batch_size)["logits"])
