@@ -392,9 +392,21 @@ def recipe_pretrain(instances: Path, run: Path, recipe: str, budget_s: float, bu
                          precision="bf16" if device == "cuda" else None, **flags)
     result = pretrain(cfg)
     if result.get("stopped_by_signal"):
+        write_so_far(run)
         raise SystemExit(f"{run.name} stopped at step {result['step']}; run the benchmark again to resume")
     export(run, export_dir)
     return export_dir
+
+
+def write_so_far(run: Path) -> Path:
+    """A paused run's curve so far under results/, so partial results never wait on the run's end; the finished
+    benchmark's own result replaces it (delete this file then)."""
+    schedule = json.loads((run / "schedule.json").read_text())
+    name = f"pretrain_transfer_{run.name.replace('-run-', '_').replace('-', '_')}_so_far"
+    return write_result(name, {**run_info(name), "status": "pretraining paused (resumable): no fine-tunes yet",
+                               "resume": "python benchmarks/pretrain_transfer.py " + " ".join(sys.argv[1:]),
+                               **{k: schedule[k] for k in ("time_budget_s", "time_used_s", "steps")},
+                               "curves": {run.name.split("-")[0]: columns(timed_curve(run))}})
 
 
 def best_rate(by_lr: dict) -> dict:
