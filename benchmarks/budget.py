@@ -99,8 +99,8 @@ def pretrain_arm(name: str, arm: Arm, instances: Path, run: Path, budget_s: floa
     if (run / "checkpoints" / "latest").is_file():
         cmd.append("--resume")
     say(f"pretrain {name}: {' '.join(cmd[2:])}")
-    subprocess.run(cmd, check=True)
-    subprocess.run([cmd[0], "export", str(run), "--out", str(export_dir)], check=True)
+    run_stage(cmd, name)
+    run_stage([cmd[0], "export", str(run), "--out", str(export_dir)], name)
     return export_dir
 
 
@@ -108,11 +108,22 @@ def peer_arm(arm: Arm, en: dict, out: Path, budget_s: float) -> Path:
     """transformers' own MLM pipeline, as run_mlm.py builds it, for the same wall-clock budget (resumed if stopped)."""
     if (out / "run.json").is_file():  # written last
         return out
-    subprocess.run([sys.executable, str(REPO / "benchmarks" / "budget_peer.py"), "--corpus", str(en["corpus"]),
-                    "--tokenizer", str(en["tokenizer"]), "--out", str(out), "--budget-s", str(budget_s),
-                    "--lr", str(arm.lr), "--micro-batch", str(arm.micro_batch), "--seq", str(arm.seq),
-                    "--warmup", str(arm.warmup), "--dropout", str(arm.dropout)], check=True)
+    run_stage([sys.executable, str(REPO / "benchmarks" / "budget_peer.py"), "--corpus", str(en["corpus"]),
+               "--tokenizer", str(en["tokenizer"]), "--out", str(out), "--budget-s", str(budget_s),
+               "--lr", str(arm.lr), "--micro-batch", str(arm.micro_batch), "--seq", str(arm.seq),
+               "--warmup", str(arm.warmup), "--dropout", str(arm.dropout)], "peer")
     return out
+
+
+def run_stage(cmd: list[str], arm: str):
+    """One arm's stage in its own process; a stage stopped by a signal (SIGTERM saves and exits) ends the benchmark
+    with a line saying how to resume, not a traceback."""
+    code = subprocess.run(cmd).returncode
+    stage = Path(cmd[1]).name if cmd[1].endswith(".py") else cmd[1]
+    if code == 143:
+        raise SystemExit(f"arm {arm}: {stage} stopped by a signal; run the same budget.py command again to resume")
+    if code:
+        raise SystemExit(f"arm {arm}: {stage} exited {code}; its output above says why")
 
 
 def random_export(arm: Arm, en: dict, out: Path) -> Path:
