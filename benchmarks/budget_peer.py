@@ -115,6 +115,7 @@ def main():
         if stop or elapsed >= next_save:
             save()
             if stop:
+                write_so_far(args, curve, step, time.perf_counter() - t0)
                 print(f"peer stopped at step {step}; run it again to resume", flush=True)
                 sys.exit(143)
             next_save = elapsed + args.save_every_s
@@ -145,6 +146,18 @@ def main():
     (args.out / "run.json").write_text(json.dumps({"steps": step, "time_used_s": round(time.perf_counter() - t0, 1),
                                                    "sequences": step * args.micro_batch, "train_blocks": len(train)}))
     checkpoint.unlink(missing_ok=True)
+
+
+def write_so_far(args, curve: list, step: int, used: float):
+    """A paused peer's curve under results/ (the checkpoint holds it only as a pickle); the finished arm's entry in
+    results/budget.json replaces it (delete this file then)."""
+    from record import run_info, write_result
+
+    name = f"budget_peer_{args.budget_s:.0f}s_so_far"
+    write_result(name, {**run_info(name), "status": "peer paused (resumable): no yardstick or probe yet",
+                        "resume": "python benchmarks/budget.py --budget BUDGET --arms peer --work WORK",
+                        "budget_s": args.budget_s, "time_used_s": round(used, 1), "steps": step,
+                        "micro_batch": args.micro_batch, "seq": args.seq, "lr": args.lr, "curve": curve})
 
 
 if __name__ == "__main__":
