@@ -177,26 +177,29 @@ def export_of(name: str, work: Path, tag: str) -> Path:
     return work / ("random-export" if name == "random" else f"{tag}-export")
 
 
-def probe(name: str, model: Path, tag: str, work: Path) -> dict:
+def probe(name: str, model: Path, tag: str, work: Path, pooling: str = PROBE_POOLING) -> dict:
     """SST-2 and STS-B fine-tunes (one seed) at the probe's rate, with BERT's fine-tuning dropout and [CLS] pooling
-    for every arm (an export of a run pretrained without dropout says 0 in its config, one without NSP mean)."""
+    for every arm (an export of a run pretrained without dropout says 0 in its config, one without NSP mean);
+    pooling "mean" is the second reading (--probe-mean), fair to arms whose [CLS] nothing trained."""
     scores = {}
     for task in PROBE_TASKS:
-        summary = finetune_one(task, model, work / "probe" / f"{tag}-{task}-dropout{transfer.FINETUNE_DROPOUT:g}", 1,
-                               replace(BUDGETS["cpu"], finetune_lr=PROBE_LR), work, PROBE_POOLING)
+        out = work / "probe" / f"{tag}-{task}-dropout{transfer.FINETUNE_DROPOUT:g}{'' if pooling == 'cls' else '-mean'}"
+        summary = finetune_one(task, model, out, 1, replace(BUDGETS["cpu"], finetune_lr=PROBE_LR), work, pooling)
         scores[task] = summary["best"][task_metric(task)]
-        say(f"{name} probe {task}: {scores[task]:.4f}")
+        say(f"{name} probe ({pooling} pooling) {task}: {scores[task]:.4f}")
     return scores
 
 
 def report(results: dict):
     rows = sorted(results["arms"].values(), key=lambda r: (r["budget_s"], r["yardstick"]["loss"]))
     print(f"\n{'arm':22} {'budget':>7} {'steps':>7} {'held-out MLM loss':>18} {'[MASK] acc':>10} "
-          f"{'SST-2':>6} {'STS-B':>6} {'load':>9}")
+          f"{'SST-2':>6} {'STS-B':>6} {'mean: SST-2':>12} {'STS-B':>6} {'load':>9}")
     for r in rows:
+        mean = [f"{100 * r['probe_mean'][t]:.1f}" if "probe_mean" in r else "-" for t in PROBE_TASKS]
         print(f"{r['arm']:22} {r['budget_s'] / 60:6.0f}m {r['steps']:7d} {r['yardstick']['loss']:18.3f} "
               f"{100 * r['yardstick']['masked_only_acc']:9.1f}% {100 * r['probe']['sst2']:6.1f} "
-              f"{100 * r['probe']['stsb']:6.1f} {r['load_before']:4.1f}/{r['load_after_pretraining']:3.1f}")
+              f"{100 * r['probe']['stsb']:6.1f} {mean[0]:>12} {mean[1]:>6} "
+              f"{r['load_before']:4.1f}/{r['load_after_pretraining']:3.1f}")
     if rows:
         plot(rows, RESULTS / "budget.png")
 
@@ -210,11 +213,13 @@ def plot(rows: list[dict], path: Path):
     axes[0].set(title="held-out MLM loss (each arm's own instances)", xlabel="minutes on 2 CPU cores",
                 ylabel="loss (nats)")
     names = [f"{r['arm']}\n{r['budget_s'] / 60:.0f} min" for r in rows]
-    for k, task in enumerate(PROBE_TASKS):
-        axes[1].bar([i + 0.4 * k for i in range(len(rows))], [100 * r["probe"][task] for r in rows], 0.4,
-                    label=f"{task} ({task_metric(task)})")
-    axes[1].set_xticks([i + 0.2 for i in range(len(rows))], names, fontsize=7, rotation=30, ha="right")
-    axes[1].set(title=f"probe: fine-tuned once (seed 1, lr {PROBE_LR:g})", ylabel="%")
+    for k, (reading, task) in enumerate((r, t) for r in ("probe", "probe_mean") for t in PROBE_TASKS):
+        axes[1].bar([i + 0.2 * k for i in range(len(rows))], [100 * r.get(reading, {}).get(task, 0) for r in rows],
+                    0.2, label=f"{task} ({task_metric(task)}), {'[CLS]' if reading == 'probe' else 'mean'}",
+                    hatch=None if reading == "probe" else "//", color=f"C{k % 2}")
+    axes[1].set_xticks([i + 0.3 for i in range(len(rows))], names, fontsize=7, rotation=30, ha="right")
+    axes[1].set(title=f"probe: fine-tuned once (seed 1, lr {PROBE_LR:g})", ylabel="%",
+                ylim=(0, 120))  # room for the legend above the bars
     transfer.finish(fig, axes, path, legend_size=7)
     print(f"wrote {path}")
 
@@ -227,6 +232,8 @@ def main(argv=None):
     ap.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
     ap.add_argument("--work", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "bertkit-budget")
     ap.add_argument("--report", action="store_true", help="only print the table and draw the plot")
+    ap.add_argument("--probe-mean", action="store_true",
+                    help="also probe each listed arm reading the mean over the tokens (kept as probe_mean)")
     args = ap.parse_args(argv)
     args.budget_s = parse_duration(args.budget)
     path = RESULTS / "budget.json"
@@ -236,16 +243,19 @@ def main(argv=None):
         en = prepare(args.work, "en", BUDGETS["cpu"])
         for name in args.arms:
             key = f"{name}@{args.budget_s:.0f}s" if name != "random" else "random"
-            done = results["arms"].get(key)
-            if done and done.get("probe_dropout") == transfer.FINETUNE_DROPOUT:
+            done, tag = results["arms"].get(key), f"{name}-{args.budget_s:.0f}s"
+            reprobe = done and done.get("probe_dropout") != transfer.FINETUNE_DROPOUT
+            probe_mean = args.probe_mean and not (done and "probe_mean" in done)
+            if done and not (reprobe or probe_mean):
                 continue
-            if done:  # probed before the probe fixed its dropout: probe the arm's export again, keep the first
-                tag = f"{name}-{args.budget_s:.0f}s"
+            if not done:
+                results["arms"][key] = done = run_arm(name, ARMS[name], args, en)
+            if reprobe:  # probed before the probe fixed its dropout: probe the arm's export again, keep the first
                 done["probe_model_dropout"] = done["probe"]
                 done.update(probe=probe(name, export_of(name, args.work, tag), tag, args.work),
                             probe_dropout=transfer.FINETUNE_DROPOUT)
-            else:
-                results["arms"][key] = run_arm(name, ARMS[name], args, en)
+            if probe_mean:
+                done["probe_mean"] = probe(name, export_of(name, args.work, tag), tag, args.work, "mean")
             results.update({k: v for k, v in run_info("budget").items() if k != "commit"})
             path.write_text(json.dumps(results, indent=1) + "\n")
     report(results)

@@ -178,9 +178,11 @@ class BertModel(nn.Module):
         init_weights(self, cfg)
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None,
-                position_ids=None, cu_seqlens=None, max_seqlen=None, inputs_embeds=None) -> EncoderOutput:
+                position_ids=None, cu_seqlens=None, max_seqlen=None, inputs_embeds=None,
+                pool: bool = True) -> EncoderOutput:
         """Padded: input_ids (B, S) + attention_mask. Packed: input_ids (T,) + cu_seqlens (B+1,) + max_seqlen;
-        then last_hidden_state is (T, H) and the pooler reads each sequence's first ([CLS]) token."""
+        then last_hidden_state is (T, H) and the pooler reads each sequence's first ([CLS]) token.
+        pool=False: no pooler_output (a caller that reads only the tokens skips its matmul)."""
         packed = cu_seqlens is not None
         longest = max_seqlen if packed else input_ids.shape[1]
         if packed and (max_seqlen is None or input_ids.dim() != 1 or attention_mask is not None):
@@ -198,9 +200,10 @@ class BertModel(nn.Module):
             x = self.embeddings_project(x)
         x = self._pre_ln(x, lengths, cu_seqlens, max_seqlen) if self.final_norm is not None else \
             self._post_ln(x, lengths, cu_seqlens, max_seqlen)
+        if self.pooler is None or not pool:
+            return EncoderOutput(x, None)
         cls = x[cu_seqlens[:-1]] if packed else x[:, 0]
-        pooled = torch.tanh(self.pooler(cls)) if self.pooler is not None else None
-        return EncoderOutput(x, pooled)
+        return EncoderOutput(x, torch.tanh(self.pooler(cls)))
 
     def _run(self, layer, *args):
         if self.gradient_checkpointing and self.training:
@@ -295,9 +298,9 @@ class BertForSequenceClassification(nn.Module):
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None,
                 position_ids=None, cu_seqlens=None, max_seqlen=None) -> ClassifierOutput:
         """Padded (B, S) or packed (T,) with cu_seqlens / max_seqlen (see BertModel); logits (B, num_labels)."""
-        out = self.bert(input_ids, token_type_ids, attention_mask, position_ids, cu_seqlens, max_seqlen)
-        pooled = out.pooler_output if self.cfg.classifier_pooling == "cls" else \
-            mean_over_tokens(out.last_hidden_state, attention_mask, cu_seqlens)
+        read_cls = self.cfg.classifier_pooling == "cls"
+        out = self.bert(input_ids, token_type_ids, attention_mask, position_ids, cu_seqlens, max_seqlen, pool=read_cls)
+        pooled = out.pooler_output if read_cls else mean_over_tokens(out.last_hidden_state, attention_mask, cu_seqlens)
         p = self.cfg.classifier_dropout if self.cfg.classifier_dropout is not None else self.cfg.hidden_dropout
         logits = self.classifier(F.dropout(pooled, p, self.training))
         loss = None

@@ -340,6 +340,13 @@ def test_mean_pooling_classifier_reads_the_mean_of_transformers_last_layer(tmp_p
     torch.testing.assert_close(padded, expected, atol=TOL, rtol=0)
     torch.testing.assert_close(packed, expected, atol=TOL, rtol=0)
     assert (cls_logits - expected).abs().max() > 100 * TOL  # the [CLS] head reads something else
+    calls = []  # the unread pooler is not even computed
+    loaded.bert.pooler.register_forward_hook(lambda *_: calls.append(1))
+    with torch.no_grad():
+        loaded(input_ids, token_type_ids, attention_mask)
+        loaded.cfg.set_pooling("cls")
+        loaded(input_ids, token_type_ids, attention_mask)
+    assert len(calls) == 1
     with pytest.raises(ValueError, match="'cls' or 'mean'"):
         model.cfg.set_pooling("max")
     config = json.loads((tmp_path / "mean" / "config.json").read_text())
