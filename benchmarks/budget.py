@@ -250,12 +250,12 @@ def main(argv=None):
                 continue
             if not done:
                 results["arms"][key] = done = run_arm(name, ARMS[name], args, en)
+            model = export_of(name, args.work, tag)
             if reprobe:  # probed before the probe fixed its dropout: probe the arm's export again, keep the first
                 done["probe_model_dropout"] = done["probe"]
-                done.update(probe=probe(name, export_of(name, args.work, tag), tag, args.work),
-                            probe_dropout=transfer.FINETUNE_DROPOUT)
+                done.update(probe=probe(name, model, tag, args.work), probe_dropout=transfer.FINETUNE_DROPOUT)
             if probe_mean:
-                done["probe_mean"] = probe(name, export_of(name, args.work, tag), tag, args.work, "mean")
+                done["probe_mean"] = probe(name, model, tag, args.work, "mean")
             results.update({k: v for k, v in run_info("budget").items() if k != "commit"})
             path.write_text(json.dumps(results, indent=1) + "\n")
     report(results)
