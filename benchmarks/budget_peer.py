@@ -87,7 +87,7 @@ def main():
     gen = torch.Generator().manual_seed(args.seed)
     checkpoint = args.out / "checkpoint.pt"
     if checkpoint.is_file():  # a stopped run: its weights, optimizer, data order, random streams and clock
-        saved = torch.load(checkpoint, weights_only=False)
+        saved = torch.load(checkpoint, weights_only=True)  # plain tensors, lists and numbers
         model.load_state_dict(saved["model"])
         opt.load_state_dict(saved["opt"])
         gen.set_state(saved["gen"])

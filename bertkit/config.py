@@ -155,3 +155,21 @@ class BertConfig:
     def from_dict(cls, d: dict) -> "BertConfig":
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in known})
+
+    @classmethod
+    def from_spec(cls, spec: str | None, vocab_size: int) -> "BertConfig":
+        """What --model names: an HF config.json (or its folder), a bertkit model dict, or a preset (None: base)
+        sized to the vocabulary."""
+        import json
+        from pathlib import Path
+
+        if spec and Path(spec).exists():
+            p = Path(spec) / "config.json" if Path(spec).is_dir() else Path(spec)
+            d = json.loads(p.read_text())
+            return cls.from_hf_dict(d, str(p)) if "model_type" in d else cls.from_dict(d)
+        return cls.preset(spec or "base", vocab_size=vocab_size)
+
+    def shape(self) -> dict:
+        """What the weights' shapes depend on (two specs naming the same shape are the same model)."""
+        return {k: getattr(self, k) for k in ("vocab_size", "hidden_size", "num_layers", "num_heads",
+                                              "intermediate_size", "max_position_embeddings", "embedding_size")}

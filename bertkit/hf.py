@@ -4,21 +4,20 @@ The HF layout differs from ours in three ways, all handled here:
 - names (`encoder.layer.3.attention.output.LayerNorm.weight` vs `layers.3.attn_norm.weight`);
 - our fused QKV projection, split into query/key/value on save and joined on load;
 - our vocabulary padded to a multiple of 8, sliced on save and zero-padded on load.
-Tensors are read from model.safetensors (or a sharded index), or from pytorch_model.bin with
-torch.load(weights_only=True), which never unpickles arbitrary objects.
+Tensors are read from model.safetensors (or a sharded index), or from pytorch_model.bin through
+bertkit.safe_load (weights_only=True), which never unpickles arbitrary objects.
 """
 import io
 import json
 import logging
-import shutil
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save
 
 from bertkit.config import BertConfig
-from bertkit.fileio import atomic_write_bytes, atomic_write_json
-from bertkit.formats import TOKENIZER_FILES, DamagedFileError, FormatError
+from bertkit.fileio import atomic_copy, atomic_write_bytes, atomic_write_json
+from bertkit.formats import TOKENIZER_FILES, DamagedFileError, FormatError, listed_file
 from bertkit.model import (
     BertForPreTraining,
     BertForQuestionAnswering,
@@ -27,6 +26,7 @@ from bertkit.model import (
     BertModel,
     build_model,
 )
+from bertkit.safe_load import UnsafeCheckpointError, safe_load
 
 log = logging.getLogger(__name__)
 
@@ -191,13 +191,19 @@ def read_weights(path) -> dict:
             raise ModelFolderError(f"{index_file}: no 'weight_map' of tensor names to shard files")
         tensors = {}
         for shard in sorted(set(shards.values())):
+            try:
+                listed_file(path, shard, index_file)
+            except FormatError as e:
+                raise ModelFolderError(str(e)) from None
             if not (path / shard).is_file():
                 raise ModelFolderError(f"{index_file}: names the shard {shard}, which is not in {path}")
             tensors.update(_load_safetensors(path / shard))
     elif (path / "pytorch_model.bin").is_file():
         try:
-            tensors = torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
-        except Exception as e:  # pickled code, not plain tensors: refuse rather than execute it
+            tensors = safe_load(path / "pytorch_model.bin")
+        except UnsafeCheckpointError as e:  # pickled code, not plain tensors: refused, never executed
+            raise ModelFolderError(str(e)) from None
+        except Exception as e:
             raise ModelFolderError(f"{path / 'pytorch_model.bin'}: cannot be read as plain tensors "
                                    f"(torch.load weights_only=True): {e}") from e
         if isinstance(tensors, dict) and isinstance(tensors.get("state_dict"), dict):
@@ -252,6 +258,13 @@ def read_checkpoint(path):
         if n != cfg.vocab_size:
             raise ModelFolderError(f"{path / 'vocab.txt'} has {n} tokens but tensor {word!r} has shape {rows}: "
                                    "the vocabulary does not match the embeddings")
+    if (path / "tokenizer.json").is_file():  # its added tokens may reach past vocab.txt
+        from bertkit.tokenization import TokenizerError, check_ids_fit, load_tokenizer
+
+        try:
+            check_ids_fit(load_tokenizer(path), cfg.vocab_size, path / "tokenizer.json", f"tensor {word!r}")
+        except TokenizerError as e:
+            raise ModelFolderError(str(e)) from None
     return cfg, hf_config, tensors
 
 
@@ -413,5 +426,5 @@ def copy_tokenizer_files(cfg: BertConfig, tokenizer_dir, out_dir) -> None:
     check_tokenizer_dir(cfg, tokenizer_dir)
     tokenizer_dir, out_dir = Path(tokenizer_dir), Path(out_dir)
     for name in TOKENIZER_FILES:
-        if (tokenizer_dir / name).is_file() and (tokenizer_dir / name).resolve() != (out_dir / name).resolve():
-            shutil.copyfile(tokenizer_dir / name, out_dir / name)
+        if (tokenizer_dir / name).is_file():
+            atomic_copy(tokenizer_dir / name, out_dir / name)

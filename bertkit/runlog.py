@@ -8,6 +8,7 @@ import json
 import os
 from pathlib import Path
 
+from bertkit.fileio import open_append
 from bertkit.formats import METRICS, TENSORBOARD
 
 REPORT_TO = ("tensorboard", "wandb")
@@ -44,7 +45,7 @@ class RunLog:
             return
         run_dir = Path(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
-        self.file = open(run_dir / METRICS, "a", encoding="utf-8")
+        self.file = open_append(run_dir / METRICS)
         report_to = parse_report_to(report_to)
         if "tensorboard" in report_to:
             try:

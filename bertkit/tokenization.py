@@ -18,6 +18,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_
 from tokenizers.models import WordPiece
 
 from bertkit.fileio import sha256_file
+from bertkit.formats import TOKENIZER_FILES
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = [PAD, UNK, CLS, SEP, MASK]  # their order in a trained vocab: [PAD]=0 ... [MASK]=4
@@ -190,6 +191,7 @@ def load_tokenizer(path, *, lowercase: bool | None = None, strip_accents: str | 
     """
     path = Path(path)
     if path.is_dir():
+        check_recorded_sizes(path)
         if (path / "tokenizer.json").is_file():
             return _from_tokenizer_json(path / "tokenizer.json")
         if (path / "vocab.txt").is_file():
@@ -208,6 +210,33 @@ def load_tokenizer(path, *, lowercase: bool | None = None, strip_accents: str | 
     if path.name.endswith(".json"):
         return _from_tokenizer_json(path)
     return tokenizer_from_vocab(path, lowercase, strip_accents or "auto")
+
+
+def check_recorded_sizes(folder: Path) -> None:
+    """The tokenizer files of a bertkit folder (tokenizer, instances, export) have the sizes its manifest.json
+    records: a replaced vocab.txt would give ids that no longer mean what the model learnt."""
+    try:
+        files = json.loads((folder / "manifest.json").read_text(encoding="utf-8")).get("files")
+    except (OSError, ValueError, AttributeError):
+        return  # no manifest (an HF folder) or not bertkit's: nothing recorded to compare with
+    for name in TOKENIZER_FILES:
+        entry = files.get(name) if isinstance(files, dict) else None
+        if isinstance(entry, dict) and isinstance(entry.get("bytes"), int) and (folder / name).is_file():
+            size = (folder / name).stat().st_size
+            if size != entry["bytes"]:
+                raise TokenizerError(f"{folder / name}: {size:,} bytes, but {folder / 'manifest.json'} records "
+                                     f"{entry['bytes']:,}: replaced or cut short since the folder was written. "
+                                     f"`bertkit verify {folder}` checks every file; restore it or re-run the stage")
+
+
+def check_ids_fit(tokenizer: Tokenizer, vocab_size: int, tokenizer_where, model_where,
+                  what: str = "word embeddings", fix: str = "use the tokenizer the model was trained with") -> None:
+    """Every id the tokenizer can give is below vocab_size (a row of the model's embedding, a token of vocab.txt),
+    checked before anything is written or trained."""
+    n = tokenizer.get_vocab_size(with_added_tokens=True)
+    if n > vocab_size:
+        raise TokenizerError(f"{tokenizer_where}: gives token ids up to {n - 1:,}, but {model_where} has only "
+                             f"{vocab_size:,} {what}: the two do not belong together; {fix}")
 
 
 def _from_tokenizer_json(path: Path) -> Tokenizer:

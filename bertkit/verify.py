@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bertkit.fileio import file_matches, sha256_file
-from bertkit.formats import CHECKPOINTS, MANIFEST, FormatError, folder_kind
+from bertkit.formats import CHECKPOINTS, MANIFEST, FormatError, folder_kind, listed_file
 
 
 @dataclass
@@ -25,8 +25,12 @@ class Verdict:
 
 
 def _check(folder: Path, rel: str, size: int | None, checksum: str | None, verdict: Verdict) -> None:
-    path = folder / rel
     verdict.checked += 1
+    try:
+        path = listed_file(folder, rel, folder / MANIFEST)
+    except FormatError as e:
+        verdict.damaged.append(str(e))
+        return
     if not path.is_file():
         verdict.damaged.append(f"{path}: missing")
     elif size is not None and path.stat().st_size != size:

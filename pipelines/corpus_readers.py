@@ -13,6 +13,7 @@ import json
 import lzma
 import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,6 +80,12 @@ def expand_inputs(inputs, exclude: Path | None = None, skipped: list[Path] | Non
 
     def add(path: Path, source: str):
         try:
+            os.fsencode(path).decode("utf-8")
+        except UnicodeDecodeError:  # undecodable bytes (os.walk keeps them as surrogates): Arrow cannot hold it
+            shown = os.fsencode(path).decode("utf-8", "backslashreplace")
+            problems.append(f"{shown}: the file name is not UTF-8, so it cannot be recorded; rename it. Skipped")
+            return
+        try:
             key = path.resolve(strict=True)
         except (RuntimeError, OSError) as e:  # a symlink loop (RuntimeError before Python 3.13), a dangling link
             why = "a symbolic link loop" if isinstance(e, RuntimeError) or e.errno == errno.ELOOP else \
@@ -86,6 +93,9 @@ def expand_inputs(inputs, exclude: Path | None = None, skipped: list[Path] | Non
             problems.append(f"{path}: cannot be read ({why}); skipped")
             return
         if exclude and (key == exclude or exclude in key.parents):
+            return
+        if not stat.S_ISREG(key.stat().st_mode):  # opening a FIFO would wait for a writer for ever
+            problems.append(f"{path}: not a regular file (a FIFO, socket or device); skipped")
             return
         if key in seen:
             problems.append(f"{path}: given more than once; read once")
@@ -102,7 +112,7 @@ def expand_inputs(inputs, exclude: Path | None = None, skipped: list[Path] | Non
                 problems.append(f"{arg}: folder holds no (non-hidden, non-documentation) files")
             for f in found:
                 add(f, (Path(path.resolve().name) / f.relative_to(path)).as_posix())
-        elif path.is_file():
+        elif path.is_file() or (path.exists() and not path.is_dir()):
             add(path, path.name)
         elif glob.has_magic(arg):
             matches = sorted(glob.glob(arg, recursive=True))

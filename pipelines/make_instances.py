@@ -15,7 +15,6 @@ one unit's tokens plus one pass of its instances, never corpus x dupe.
 `--compat google` (pipelines/google_compat.py) instead replays the reference's random calls exactly.
 """
 import math
-import shutil
 import sys
 from array import array
 from bisect import bisect_left
@@ -28,6 +27,7 @@ import pyarrow.compute  # noqa: F401  (pa.compute)
 
 from bertkit.fileio import (
     LOCK_FILE,
+    atomic_copy,
     atomic_write_bytes,
     atomic_write_json,
     checksum_bytes,
@@ -442,10 +442,12 @@ def process_unit(task: dict) -> list[dict]:
 
 
 def check_tokenizer(tokenizer_dir) -> tuple[list[str], str]:
-    from bertkit.tokenization import SPECIAL_TOKENS, TokenizerError, vocab_sha256
+    from bertkit.tokenization import SPECIAL_TOKENS, TokenizerError, check_ids_fit, vocab_sha256
 
     try:
-        _, vocab = load_stage_tokenizer(tokenizer_dir)
+        tok, vocab = load_stage_tokenizer(tokenizer_dir)
+        check_ids_fit(tok, len(vocab), tokenizer_dir, "its vocab.txt", "tokens",
+                      "train the tokenizer again (`bertkit train-tokenizer`) so that both files are written together")
     except TokenizerError as e:
         raise InstancesError(str(e)) from None
     missing = [t for t in SPECIAL_TOKENS if t not in set(vocab)]
@@ -467,7 +469,7 @@ def copy_tokenizer_files(tokenizer_dir, out: Path, vocab: list[str]) -> None:
         if name in ("vocab.txt", "tokenizer.json"):
             continue
         if src.is_dir() and (src / name).is_file():
-            shutil.copyfile(src / name, out / name)
+            atomic_copy(src / name, out / name)
 
 
 def summarize(entries: list[dict], config: InstancesConfig) -> dict:
@@ -521,6 +523,7 @@ def make_instances(corpus_dir, tokenizer_dir, out, config: InstancesConfig | Non
         check_shared_path(path, what)
     check_available(config.engine)
     corpus_dir, out = Path(corpus_dir), Path(out)
+    check_tokenizer(tokenizer_dir)  # a tokenizer that does not fit stops before anything is written
     with folder_lock(out, "make-instances", tqdm.write), \
             disk_errors(out, "free space (or fix the disk), then run the same command again to resume"):
         return _make_instances(corpus_dir, tokenizer_dir, out, config, progress)

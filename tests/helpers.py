@@ -1,5 +1,6 @@
 """What several test files share: small folders in the on-disk formats (bertkit.formats) and a tiny model shape."""
 import hashlib
+import json
 import os
 import socket
 import subprocess
@@ -151,7 +152,7 @@ def finish(proc, timeout=180):
     return out
 
 
-def quick_finetune(model_dir: Path, out: Path, run: Path | None = None) -> dict:
+def quick_finetune(model_dir: Path, out: Path, run: Path | None = None, overwrite: bool = False) -> dict:
     """One epoch of `finetune classify` from a model folder on 32 two-word rows made from its own vocabulary: does
     fine-tuning start from it? The rows go to out/train.tsv, the run to `run` (default out/run). Returns the
     summary."""
@@ -163,5 +164,28 @@ def quick_finetune(model_dir: Path, out: Path, run: Path | None = None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     (out / "train.tsv").write_text("\n".join(rows) + "\n")
     return finetune_classify(model_dir, out / "train.tsv", out / "train.tsv",
-                             TrainConfig(out_dir=str(run or out / "run"), epochs=1, batch_size=8, save_model=False),
+                             TrainConfig(out_dir=str(run or out / "run"), epochs=1, batch_size=8, save_model=False,
+                                         overwrite=overwrite),
                              text_a="text", label="label", max_seq_length=16)
+
+
+def tiny_run(root: Path, out: str = "run", n: int = 64, **config) -> tuple[Path, Path]:
+    """(instances, run folder): a TINY model pretrained for a few steps in this process (one ZeRO-2 AdamW
+    checkpoint at step 2 unless `config` says otherwise), the process-group variables it sets kept out of the
+    environment. For module fixtures of the fault tests."""
+    from bertkit.pretrain import PretrainConfig, pretrain
+
+    inst = root / "inst"
+    if not inst.exists():
+        make_instances_dir(inst, n=n, holdout=8, max_len=32)
+        (root / "model.json").write_text(json.dumps(TINY))
+    args = dict(instances=str(inst), out=str(root / out), model=str(root / "model.json"), max_steps=2, micro_batch=8,
+                optimizer="adamw", num_workers=0, eval_every=0, save_every=2, log_every=1, progress=False,
+                report_to="none")
+    saved = dict(os.environ)
+    try:
+        pretrain(PretrainConfig(**{**args, **config}))
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return inst, root / out

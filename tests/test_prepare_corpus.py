@@ -533,3 +533,28 @@ def test_strict_fails_on_skipped_rows_and_a_symlink_loop_is_a_message(tmp_path):
     with pytest.raises(CorpusError, match="problem line"):
         prepare_corpus([tmp_path / "in" / "rows.jsonl"], tmp_path / "strict", cfg(min_chars=10, strict=True))
     assert read_corpus_manifest(tmp_path / "strict").totals["documents"] == 2
+
+
+def test_odd_files_in_an_input_folder_are_skipped_by_name(tmp_path):
+    """Issue 36, part 5: a FIFO (opening it would wait for ever) and a file whose name is not UTF-8 are each that
+    file's problem, named, and the other files are read; an --out that is a dangling link or sits under a regular
+    file is one line."""
+    inp = tmp_path / "in"
+    inp.mkdir()
+    write(inp / "good.txt", "A sentence that is long enough to be kept as a document of its own here.\n")
+    os.mkfifo(inp / "pipe.txt")
+    with open(os.fsencode(inp) + b"/\xff\xfe.txt", "wb") as f:
+        f.write(b"Some other text that is long enough to be a document of its own here.\n")
+    m = prepare_corpus([inp], tmp_path / "out", cfg(min_chars=10))
+    assert m.totals["documents"] == 1
+    assert any("pipe.txt: not a regular file (a FIFO, socket or device); skipped" in e for e in m.errors)
+    assert any("\\xff\\xfe.txt: the file name is not UTF-8" in e for e in m.errors)
+    r = CliRunner().invoke(cli, ["prepare-corpus", str(inp / "pipe.txt"), "--out", str(tmp_path / "o2")])
+    assert r.exit_code == 1 and "not a regular file" in r.output
+
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    (tmp_path / "plain").write_text("x")
+    for out, says in ((tmp_path / "dangling", f"a link to {tmp_path / 'nowhere'}, which does not exist"),
+                      (tmp_path / "plain" / "sub", f"cannot be made, as {tmp_path / 'plain'} is a file")):
+        r = CliRunner().invoke(cli, ["prepare-corpus", str(inp / "good.txt"), "--out", str(out)])
+        assert r.exit_code == 1 and says in r.output and "Traceback" not in r.output, r.output

@@ -42,6 +42,7 @@ def common_options(default_lr: float, default_epochs: float, default_batch: int,
                          help="Hidden and attention dropout while fine-tuning  [default: the model's config.json; "
                               "BERT's is 0.1]."),
             click.option("--no-save-model", is_flag=True, help="Skip writing OUT/best/ (metrics only)."),
+            click.option("--overwrite", is_flag=True, help="Replace an earlier fine-tuning of another task in OUT."),
         ]
         for option in reversed(options):
             f = option(f)
@@ -64,7 +65,7 @@ def _train_config(kw: dict, pooling: str | None = None):
                        max_grad_norm=kw.pop("max_grad_norm"), seed=kw.pop("seed"), device=kw.pop("device"),
                        kernels=kw.pop("kernels"), report_to=kw.pop("report_to"), log_every=kw.pop("log_every"),
                        unpadded=kw.pop("unpadded"), save_model=not kw.pop("no_save_model"),
-                       dropout=kw.pop("dropout"), pooling=pooling)
+                       dropout=kw.pop("dropout"), pooling=pooling, overwrite=kw.pop("overwrite"))
 
 
 def _report(summary: dict) -> None:

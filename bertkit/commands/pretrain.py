@@ -27,8 +27,9 @@ class Duration(click.ParamType):
               help="make-instances output folder.")
 @click.option("--out", default="runs/pretrain", show_default=True, type=click.Path(file_okay=False),
               help="Run folder (checkpoints, metrics).")
-@click.option("--model", default="base", show_default=True,
-              help="Preset (tiny mini small medium base large) or an HF config.json / model folder.")
+@click.option("--model", default=None,
+              help="Preset (tiny mini small medium base large) or an HF config.json / model folder  [default: base; "
+                   "with --resume the run's own].")
 @click.option("--max-steps", type=click.IntRange(min=1),
               help="Optimizer steps  [default: 10000; with --time-budget: until the time is spent; with "
                    "--schedule-from: the steps recorded there].")
@@ -111,8 +112,10 @@ def pretrain(**flags):
     from bertkit.formats import FormatError
     from bertkit.pretrain import ConfigError, PretrainConfig, TrainingError, pretrain as run
 
+    ctx = click.get_current_context()
+    given = {k for k in flags if ctx.get_parameter_source(k) is not click.core.ParameterSource.DEFAULT}
     try:
-        result = run(PretrainConfig(**flags))
+        result = run(PretrainConfig(**flags), given=given)  # on --resume, a flag not given is the run's own
     except (FormatError, FolderError, ConfigError, TrainingError) as e:
         raise click.ClickException(str(e)) from e
     if result.get("checkpoint") and os.environ.get("RANK", "0") == "0":
@@ -125,14 +128,15 @@ def pretrain(**flags):
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="HF model folder to write.")
 @click.option("--checkpoint", "tag", help="Checkpoint tag (e.g. global_step1000)  [default: the latest].")
-def export(run_dir, out, tag):
+@click.option("--overwrite", is_flag=True, help="Replace an earlier export of another run in --out.")
+def export(run_dir, out, tag, overwrite):
     """Write a pretrain run's checkpoint (any ZeRO stage) as an HF BertForPreTraining folder."""
     from bertkit.fileio import FolderError
     from bertkit.formats import FormatError
     from bertkit.pretrain import ConfigError, TrainingError, export as run
 
     try:
-        path = run(run_dir, out, tag, say=lambda message: click.echo(message, err=True))
+        path = run(run_dir, out, tag, say=lambda message: click.echo(message, err=True), overwrite=overwrite)
     except (FormatError, FolderError, ConfigError, TrainingError) as e:
         raise click.ClickException(str(e)) from e
     click.echo(f"wrote {path}")

@@ -3,7 +3,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bertkit.finetune import metrics as M
-from bertkit.finetune.classify import DataError, label_list, read_table, run_classification
+from bertkit.finetune.classify import DataError, read_table, run_classification
 
 
 @dataclass(frozen=True)
@@ -16,6 +16,7 @@ class GlueTask:
     header: bool = True
     dev_file: str = "dev.tsv"
     regression: bool = False
+    labels: tuple = ("0", "1")  # the task's classes, sorted as label_list sorts them; regression: (low, high)
 
 
 GLUE_TASKS = {
@@ -23,10 +24,11 @@ GLUE_TASKS = {
     "sst2": GlueTask("SST-2", "sentence", None, "label", "accuracy"),
     "mrpc": GlueTask("MRPC", "#1 String", "#2 String", "Quality", "f1"),
     "qqp": GlueTask("QQP", "question1", "question2", "is_duplicate", "f1"),
-    "stsb": GlueTask("STS-B", "sentence1", "sentence2", "score", "pearson", regression=True),
-    "mnli": GlueTask("MNLI", "sentence1", "sentence2", "gold_label", "accuracy", dev_file="dev_matched.tsv"),
-    "qnli": GlueTask("QNLI", "question", "sentence", "label", "accuracy"),
-    "rte": GlueTask("RTE", "sentence1", "sentence2", "label", "accuracy"),
+    "stsb": GlueTask("STS-B", "sentence1", "sentence2", "score", "pearson", regression=True, labels=(0.0, 5.0)),
+    "mnli": GlueTask("MNLI", "sentence1", "sentence2", "gold_label", "accuracy", dev_file="dev_matched.tsv",
+                     labels=("contradiction", "entailment", "neutral")),
+    "qnli": GlueTask("QNLI", "question", "sentence", "label", "accuracy", labels=("entailment", "not_entailment")),
+    "rte": GlueTask("RTE", "sentence1", "sentence2", "label", "accuracy", labels=("entailment", "not_entailment")),
     "wnli": GlueTask("WNLI", "sentence1", "sentence2", "label", "accuracy"),
 }
 
@@ -54,9 +56,24 @@ def task_dir(data_dir, task: str) -> Path:
 
 
 def read_glue(task: str, data_dir, split: str) -> tuple:
+    """(examples, path); a label outside the task's set stops naming the file, line and label."""
     spec = GLUE_TASKS[task]
     path = task_dir(data_dir, task) / ("train.tsv" if split == "train" else spec.dev_file)
-    return read_table(path, spec.text_a, spec.text_b, spec.label, header=spec.header), path
+    examples = read_table(path, spec.text_a, spec.text_b, spec.label, header=spec.header)
+    for ex in examples:
+        if spec.regression:
+            try:
+                ok = spec.labels[0] <= float(ex.label) <= spec.labels[1]
+            except ValueError:
+                ok = False
+        else:
+            ok = ex.label in spec.labels
+        if not ok:
+            expected = f"a score from {spec.labels[0]:g} to {spec.labels[1]:g}" if spec.regression else \
+                " or ".join(map(repr, spec.labels))
+            raise DataError(f"{path}:{ex.line}: label {ex.label!r} is not one of {spec.folder}'s ({expected}); "
+                            f"is this the {spec.folder} file?")
+    return examples, path
 
 
 def finetune_glue(task: str, data_dir, model_path, cfg, max_seq_length: int = 128) -> dict:
@@ -65,9 +82,7 @@ def finetune_glue(task: str, data_dir, model_path, cfg, max_seq_length: int = 12
     spec = GLUE_TASKS[task]
     train_examples, train_path = read_glue(task, data_dir, "train")
     dev_examples, dev_path = read_glue(task, data_dir, "dev")
-    labels = None if spec.regression else label_list(train_examples)
-    if task in ("mrpc", "qqp") and "1" not in labels:
-        raise DataError(f"{train_path}: {task} labels should be 0/1, found {labels}")
+    labels = None if spec.regression else list(spec.labels)
     return run_classification(model_path, train_examples, dev_examples, labels, cfg, task=task,
                               metric_fn=lambda p, g: glue_metrics(task, p, g, labels), best_metric=spec.metric,
                               max_seq_length=max_seq_length, train_file=train_path, dev_file=dev_path,

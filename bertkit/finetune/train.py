@@ -17,7 +17,7 @@ import torch
 
 from bertkit import kernels
 from bertkit.distributed import destroy_at_exit
-from bertkit.fileio import atomic_write_json, check_folder_owned
+from bertkit.fileio import atomic_write_json, check_folder_owned, read_json_or_none, replace_earlier_output
 from bertkit.formats import IGNORE_INDEX
 from bertkit.hf import save_pretrained
 from bertkit.kernel_guard import kernel_uses, resolve_guarded
@@ -45,6 +45,7 @@ class TrainConfig:
     save_model: bool = True
     dropout: float | None = None  # hidden and attention dropout while fine-tuning; None: the model's config.json
     pooling: str | None = None    # sequence classifiers: cls or mean (BertConfig.classifier_pooling); None: the model's
+    overwrite: bool = False       # replace an earlier fine-tuning of another task in out_dir
 
 
 def set_seed(seed: int) -> None:
@@ -183,6 +184,9 @@ def train(model, train_rows: list, evaluate, best_metric: str, cfg: TrainConfig,
                "best_metric": best_metric, "epochs": []}
     if rank == 0:
         check_folder_owned(out_dir, "finetune")  # a new or empty folder, or an earlier fine-tuning's
+        earlier = read_json_or_none(out_dir / "metrics.json")
+        replace_earlier_output(out_dir, "fine-tuning", {"task": task}, earlier if isinstance(earlier, dict) else None,
+                               cfg.overwrite)
         out_dir.mkdir(parents=True, exist_ok=True)
     log = RunLog(out_dir, rank == 0, cfg.report_to or default_report_to(), config=summary["settings"])
     step = 0

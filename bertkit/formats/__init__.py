@@ -44,6 +44,16 @@ class DamagedFileError(FormatError):
         super().__init__(f"{self.path}: {what}. {fix}")
 
 
+def listed_file(folder, name, listed_in) -> Path:
+    """folder/name for a file name read from a manifest, checkpoint.json or a weights index: a name that would
+    leave the folder (absolute, `..`, empty) is refused naming the entry, as no bertkit folder lists one."""
+    parts = Path(name).parts if isinstance(name, str) else ()
+    if not parts or Path(name).is_absolute() or ".." in parts:
+        raise FormatError(f"{listed_in}: lists the file {name!r}, which is not inside {folder}; a bertkit folder "
+                          "only lists its own files, so this one may not come from bertkit")
+    return Path(folder) / name
+
+
 # ---------------------------------------------------------------- manifests: read and write
 
 @dataclass
@@ -71,6 +81,10 @@ def _from_dict(cls, data: dict, error: type, where: Path, fix: str):
     values = {k: data[k] for k in names if k in data}
     if "shards" in values:
         values["shards"] = [_shard(s) for s in values["shards"]]
+        for s in values["shards"]:
+            listed_file(where.parent, s.file, where)
+    for name in values.get("files") or {}:
+        listed_file(where.parent, name, where)
     return cls(**values)
 
 
@@ -332,6 +346,8 @@ class RunConfig:
     deepspeed: dict             # the DeepSpeed config actually used
     kernels: str = ""           # the attention/LayerNorm backend that ran (triton, torch, reference)
     objective: str = "nsp"      # the instances' objective: nsp | sop | none (export writes no NSP head then)
+    instances_id: str | None = None   # sha256 over the instances' shard checksums (bertkit.pretrain.resume)
+    changes: list = field(default_factory=list)  # settings a --resume changed: {"step", "setting", "before", "after"}
 
     @property
     def zero_stage(self) -> int:

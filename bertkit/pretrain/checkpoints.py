@@ -31,12 +31,15 @@ from bertkit.electra import build, write_hf
 from bertkit.fileio import (
     LOCK_FILE,
     FolderLockedError,
+    atomic_copy,
     atomic_write_bytes,
     atomic_write_json,
+    disk_errors,
     file_entry,
     file_matches,
     folder_lock,
     read_json_or_none,
+    replace_earlier_output,
 )
 from bertkit.formats import (
     CHECKPOINT_MARKER,
@@ -47,14 +50,17 @@ from bertkit.formats import (
     TOKENIZER_FILES,
     CheckpointMarker,
     ExportManifest,
+    FormatError,
     InstancesManifest,
     RunConfig,
+    listed_file,
     read_run_config,
     write_manifest,
     write_run_config,
 )
 from bertkit.hf import save_pretrained
 from bertkit.pretrain.config import ConfigError, DeepSpeedSettings, PretrainConfig, TrainingError
+from bertkit.safe_load import UnsafeCheckpointError, first_unsafe_file, refusing_code, safe_load
 
 LATEST = "latest"   # DeepSpeed's pointer, still written; bertkit chooses by checkpoint.json
 
@@ -65,6 +71,11 @@ class Chosen:
     tag: str | None
     marker: CheckpointMarker | None
     skipped: list          # "global_stepN: why" for every newer checkpoint that was not usable
+    unsafe: tuple | None = None   # (file, the names it would import) when the chosen one would run code
+
+    def refuse_unsafe(self) -> None:
+        if self.unsafe:
+            raise UnsafeCheckpointError(*self.unsafe)
 
 
 def checkpoint_steps(ckpt: Path) -> list[int]:
@@ -90,7 +101,11 @@ def checkpoint_problems(folder: Path, marker: CheckpointMarker, checksums: bool 
     """What is wrong with a complete checkpoint's files (missing, size, checksum); empty when it verifies."""
     problems = []
     for rel, entry in sorted(marker.files.items()):
-        path = folder / rel
+        try:
+            path = listed_file(folder, rel, folder / CHECKPOINT_MARKER)
+        except FormatError as e:
+            problems.append(str(e))
+            continue
         if not path.is_file():
             problems.append(f"{rel} is missing")
         elif path.stat().st_size != entry["bytes"]:
@@ -101,8 +116,10 @@ def checkpoint_problems(folder: Path, marker: CheckpointMarker, checksums: bool 
 
 
 def find_checkpoint(run_dir) -> Chosen:
-    """The newest complete checkpoint whose files verify (sizes and checksums). A checkpoint from before markers
-    existed is used only when `latest` names it and no complete one verifies (with a warning in `skipped`)."""
+    """The newest complete checkpoint whose files verify (sizes and checksums), and whether any of its pickles
+    would import more than plain data (Chosen.unsafe, read from the opcodes, nothing run). A checkpoint from before
+    markers existed is used only when `latest` names it and no complete one verifies (with a warning in
+    `skipped`)."""
     ckpt = Path(run_dir) / CHECKPOINTS
     skipped = []
     for step in reversed(checkpoint_steps(ckpt)):
@@ -115,11 +132,11 @@ def find_checkpoint(run_dir) -> Chosen:
         if problems:
             skipped.append(f"{folder.name}: {'; '.join(problems)}")
             continue
-        return Chosen(folder.name, marker, skipped)
+        return Chosen(folder.name, marker, skipped, first_unsafe_file(folder))
     legacy = (ckpt / LATEST).read_text().strip() if (ckpt / LATEST).is_file() else None
     if legacy and (ckpt / legacy).is_dir() and read_marker(ckpt / legacy) is None:
         skipped.append(f"{legacy}: used without verification (written before bertkit recorded checksums)")
-        return Chosen(legacy, None, skipped)
+        return Chosen(legacy, None, skipped, first_unsafe_file(ckpt / legacy))
     return Chosen(None, None, skipped)
 
 
@@ -129,6 +146,7 @@ def choose_checkpoint(run_dir, rank: int, say=None) -> Chosen:
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.broadcast_object_list(box, src=0)
     chosen = box[0]
+    chosen.refuse_unsafe()  # on every rank: all stop with the same message, none waits on the others
     if rank == 0 and say is not None:
         for why in chosen.skipped:
             say(f"skipped checkpoint {why}")
@@ -207,37 +225,27 @@ def prepare_run_dir(cfg: PretrainConfig, manifest: InstancesManifest, chosen: Ch
     return None
 
 
-def check_resume(run: RunConfig, cfg: PretrainConfig, settings: DeepSpeedSettings, world: int) -> None:
-    """A resume must keep what the data order depends on: ranks, seed and batch sizes."""
-    if run.world_size != world:
-        raise ConfigError(f"--resume: the run used {run.world_size} rank(s), this launch has {world}; "
-                          "resume with the same number")
-    before = {"seed": run.pretrain["seed"], "micro_batch": run.resolved["micro_batch"],
-              "global_batch": run.resolved["global_batch"], "time_budget": run.pretrain.get("time_budget"),
-              "objective": run.objective}
-    now = {"seed": cfg.seed, "micro_batch": settings.micro_batch, "global_batch": settings.global_batch,
-           "time_budget": cfg.time_budget, "objective": cfg.effective_objective(run.objective)}
-    changed = [f"{k} {before[k]} -> {now[k]}" for k in before if before[k] != now[k]]
-    if changed:
-        raise ConfigError(f"--resume: {', '.join(changed)}; the run's data order and schedule depend on these, so "
-                          "resume with the values it started with (see its config.json)")
-
-
 def write_run_folder(cfg: PretrainConfig, settings: DeepSpeedSettings, ds_config: dict, model: dict,
-                     init_source: str, manifest: InstancesManifest, world: int, kernels: str, objective: str) -> None:
-    """config.json, deepspeed_config.json and the tokenizer files (rank 0)."""
+                     init_source: str, manifest: InstancesManifest, world: int, kernels: str, objective: str,
+                     previous: RunConfig | None = None, changes=(), step: int | None = None) -> None:
+    """config.json, deepspeed_config.json and the tokenizer files (rank 0). On --resume config.json keeps the
+    run's history of changes and adds this resume's (each with the step it took effect)."""
+    from bertkit.pretrain.resume import manifest_id
+
     run_dir = Path(cfg.out)
     tok_dir = run_dir / RUN_TOKENIZER
     tok_dir.mkdir(parents=True, exist_ok=True)
     for name in TOKENIZER_FILES:
         if (Path(cfg.instances) / name).is_file():
-            shutil.copyfile(Path(cfg.instances) / name, tok_dir / name)
+            atomic_copy(Path(cfg.instances) / name, tok_dir / name)
     atomic_write_json(run_dir / DEEPSPEED_CONFIG, ds_config)
     write_run_config(run_dir, RunConfig(
         stage="pretrain", pretrain=asdict(cfg), resolved=asdict(settings), model=model,
         init_from=init_source, instances=str(Path(cfg.instances).resolve()), vocab_size=manifest.vocab_size,
         vocab_sha256=manifest.vocab_sha256, max_seq_length=manifest.max_seq_length, world_size=world,
-        deepspeed=ds_config, kernels=kernels, objective=objective))
+        deepspeed=ds_config, kernels=kernels, objective=objective, instances_id=manifest_id(manifest),
+        changes=(previous.changes if previous else []) + [
+            {"step": step, "setting": c.setting, "before": c.before, "after": c.after} for c in changes]))
 
 
 # ---------------------------------------------------------------- RNG state
@@ -274,11 +282,15 @@ def save_checkpoint(engine, run_dir: Path, step: int, rank: int, keep_last: int,
     ckpt = run_dir / CHECKPOINTS
     tmp = f"global_step{step}.partial"
     client = {"global_step": step, "skipped_micro_batches": skipped_micro_batches}
-    engine.save_checkpoint(str(ckpt), tag=tmp, client_state=client, save_latest=False)
-    (ckpt / tmp).mkdir(parents=True, exist_ok=True)
-    buffer = io.BytesIO()
-    torch.save(rng_state(), buffer)
-    atomic_write_bytes(ckpt / tmp / f"rng_rank{rank}.pt", buffer.getvalue())
+    try:
+        engine.save_checkpoint(str(ckpt), tag=tmp, client_state=client, save_latest=False)
+        (ckpt / tmp).mkdir(parents=True, exist_ok=True)
+        buffer = io.BytesIO()
+        torch.save(rng_state(), buffer)
+        atomic_write_bytes(ckpt / tmp / f"rng_rank{rank}.pt", buffer.getvalue())
+    except BaseException:
+        shutil.rmtree(ckpt / tmp, ignore_errors=True)  # never complete; and a full disk gets its space back
+        raise
     dist.barrier()  # every rank's files are written (and closed) before rank 0 lists them
     world = dist.get_world_size()
     failure = None
@@ -287,6 +299,7 @@ def save_checkpoint(engine, run_dir: Path, step: int, rank: int, keep_last: int,
             finalize_checkpoint(ckpt, step, world, keep_last, skipped_micro_batches)
         except BaseException as e:
             failure = e
+            shutil.rmtree(ckpt / tmp, ignore_errors=True)
     box = [None if failure is None else f"{type(failure).__name__}: {failure}"]
     if world > 1:
         dist.broadcast_object_list(box, src=0)  # also the barrier: nobody goes on before the rename
@@ -326,14 +339,15 @@ def load_checkpoint(engine, run_dir: Path, chosen: Chosen) -> tuple[int, int, Pa
     """Load the chosen checkpoint into the engine; returns (its global step, micro batches skipped by rollbacks
     before it, its folder)."""
     ckpt = run_dir / CHECKPOINTS
-    path, client = engine.load_checkpoint(str(ckpt), tag=chosen.tag)
+    with refusing_code():
+        path, client = engine.load_checkpoint(str(ckpt), tag=chosen.tag)
     if path is None:
         raise TrainingError(f"{ckpt / chosen.tag}: DeepSpeed could not load this checkpoint")
     return int(client["global_step"]), int(client.get("skipped_micro_batches", 0)), ckpt / chosen.tag
 
 
 def restore_rng(checkpoint: Path, rank: int) -> None:
-    set_rng_state(torch.load(checkpoint / f"rng_rank{rank}.pt", weights_only=False))
+    set_rng_state(safe_load(checkpoint / f"rng_rank{rank}.pt"))
 
 
 # ---------------------------------------------------------------- weights and export
@@ -346,6 +360,7 @@ def load_run_state_dict(run_dir, tag: str | None = None, say=None) -> tuple[dict
     run = read_run_config(run_dir)
     if tag is None:
         chosen = find_checkpoint(run_dir)
+        chosen.refuse_unsafe()
         for why in chosen.skipped:
             if say is not None:
                 say(f"skipped checkpoint {why}")
@@ -362,15 +377,17 @@ def load_run_state_dict(run_dir, tag: str | None = None, say=None) -> tuple[dict
         if problems:
             raise ConfigError(f"{ckpt / tag}: damaged ({'; '.join(problems)}); choose another --checkpoint, or "
                               "leave it out to take the newest one that verifies")
-    if run.zero_stage >= 1:
-        state = get_fp32_state_dict_from_zero_checkpoint(str(ckpt), tag=tag)
-    else:
-        files = sorted((ckpt / tag).glob("mp_rank_*_model_states.pt"))
-        state = torch.load(files[0], map_location="cpu", weights_only=False)["module"]
+        Chosen(tag, marker, [], first_unsafe_file(ckpt / tag)).refuse_unsafe()
+    with refusing_code():
+        if run.zero_stage >= 1:
+            state = get_fp32_state_dict_from_zero_checkpoint(str(ckpt), tag=tag)
+        else:
+            files = sorted((ckpt / tag).glob("mp_rank_*_model_states.pt"))
+            state = safe_load(files[0])["module"]
     return {k: v.float() for k, v in state.items()}, run, tag
 
 
-def export(run_dir, out_dir, tag: str | None = None, say=None) -> Path:
+def export(run_dir, out_dir, tag: str | None = None, say=None, overwrite: bool = False) -> Path:
     """Write the HF format (config.json, model.safetensors, tokenizer files) of a run's checkpoint (`tag`, or the
     newest one that verifies), and manifest.json with every file's checksum, written last. An ELECTRA run: the
     discriminator (ElectraForPreTraining) in out_dir, the generator (ElectraForMaskedLM) in out_dir/generator."""
@@ -398,8 +415,11 @@ def export(run_dir, out_dir, tag: str | None = None, say=None) -> Path:
     extra = {"bertkit": {"run": str(Path(run_dir).resolve()), "checkpoint": tag, "vocab_sha256": run.vocab_sha256,
                          "objective": run.objective}}
     out_dir = Path(out_dir)
-    with folder_lock(out_dir, "export"):  # a new or empty folder, or an earlier export; never another's folder
-        (out_dir / MANIFEST).unlink(missing_ok=True)  # not a finished export until the new manifest is written
+    # a new or empty folder, or an earlier export; never another's folder
+    with folder_lock(out_dir, "export"), disk_errors(out_dir, "free space, then run the same export again"):
+        earlier = read_json_or_none(out_dir / MANIFEST)
+        replace_earlier_output(out_dir, "export", {"run": str(Path(run_dir).resolve())},
+                               earlier if isinstance(earlier, dict) else None, overwrite)
         tokenizer = tok if (tok / "vocab.txt").is_file() else None
         if electra:  # the discriminator here, the generator in generator/
             write_hf(model, out_dir, tokenizer)

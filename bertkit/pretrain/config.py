@@ -21,7 +21,8 @@ DEFAULT_WARMUP = 0.01
 class PretrainConfig:
     instances: str
     out: str
-    model: str = "base"                   # preset (tiny ... large) or an HF config.json / model folder
+    model: str | None = None              # preset (tiny ... large) or an HF config.json / model folder; None: base
+                                          # (on --resume: the run's own)
     max_steps: int | None = None          # optimizer steps; None: 10,000, or no limit with time_budget, or the
                                           # recorded steps with schedule_from
     time_budget: float | None = None      # seconds (--time-budget 2h): the schedule follows the clock; stop when spent

@@ -30,14 +30,13 @@ from bertkit.data import EpochBatches, InstanceDataset, batch_loader, close_load
 from bertkit.distributed import destroy_at_exit
 from bertkit.electra import ElectraForPreTraining, describe
 from bertkit.fileio import disk_errors, sha256_file
-from bertkit.formats import InstancesManifest, RunConfig, read_instances_manifest
+from bertkit.formats import RUN_CONFIG, InstancesManifest, RunConfig, read_instances_manifest, read_run_config
 from bertkit.hf import load_pretrained, repad_vocab
 from bertkit.kernel_guard import kernel_uses, resolve_guarded
 from bertkit.model import BertForPreTraining
 from bertkit.optim import build_optimizer, build_scheduler, param_groups
 from bertkit.pretrain.budget import BudgetSchedule, plan_schedule
 from bertkit.pretrain.checkpoints import (
-    check_resume,
     choose_checkpoint,
     load_checkpoint,
     load_run_state_dict,
@@ -50,13 +49,17 @@ from bertkit.pretrain.checkpoints import (
 )
 from bertkit.pretrain.config import ConfigError, PretrainConfig, TrainingError, resolve_deepspeed_config
 from bertkit.pretrain.metrics import Meter, MetricsLog, as_float, current_lr, peak_flops, training_flops
+from bertkit.pretrain.resume import apply as apply_resume_changes, compare as resume_changes, inherit
 from bertkit.recipes import RECIPES, as_flags
 from bertkit.runlog import ReportError, default_report_to, parse_report_to
 
 
-def pretrain(cfg: PretrainConfig) -> dict:
+def pretrain(cfg: PretrainConfig, given: set | None = None) -> dict:
     """Train; returns the last logged metrics (plus "step", "checkpoint" and "stopped_by_signal": the signal number
-    that stopped the run early, or None)."""
+    that stopped the run early, or None). With --resume, a setting left None (or, from the CLI, a flag not in
+    `given`) is the run's own."""
+    if cfg.resume and (Path(cfg.out) / RUN_CONFIG).is_file():
+        cfg = inherit(cfg, read_run_config(cfg.out), given)
     manifest = read_instances_manifest(cfg.instances)
     cfg = cfg.with_recipe(read_user_deepspeed_config(cfg))
     cfg.check()
@@ -81,8 +84,10 @@ def _pretrain(cfg: PretrainConfig, manifest, rank: int, world: int, device) -> d
         raise ConfigError(str(e)) from None
     chosen = choose_checkpoint(run_dir, rank, say) if cfg.resume else None
     previous_run = prepare_run_dir(cfg, manifest, chosen)
-    ds_config, settings = resolve_settings(cfg, world, rank, on_cuda, previous_run)
+    ds_config, settings = resolve_settings(cfg, world, rank, on_cuda)
     objective = cfg.effective_objective(previous_run.objective if previous_run else manifest.objective)
+    changes = [] if previous_run is None else \
+        resume_changes(previous_run, cfg, settings, world, manifest, objective, chosen.marker and chosen.marker.step)
     if cfg.recipe and rank == 0:
         say_recipe(cfg, manifest)
     if objective == "electra" and manifest.objective in ("nsp", "sop") and rank == 0:
@@ -102,12 +107,16 @@ def _pretrain(cfg: PretrainConfig, manifest, rank: int, world: int, device) -> d
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                            config=ds_config, dist_init_required=False)
     if rank == 0:
-        write_run_folder(cfg, settings, ds_config, describe(model), init_source, manifest, world, backend, objective)
+        write_run_folder(cfg, settings, ds_config, describe(model), init_source, manifest, world, backend, objective,
+                         previous_run, changes, chosen.marker.step if changes and chosen.marker else None)
     dist.barrier()
 
     step, skipped, last_ckpt = 0, 0, None  # skipped: micro batches passed over by divergence rollbacks
     if cfg.resume:
         step, skipped, last_ckpt = load_checkpoint(engine, run_dir, chosen)  # restores the budget's time used too
+        apply_resume_changes(changes, scheduler, settings, ds_config)
+        if changes and rank == 0:
+            say(f"--resume at step {step} changes {'; '.join(map(str, changes))} (from step {step + 1} on)")
     else:
         seed_rank(cfg.seed, rank)
 
@@ -129,6 +138,8 @@ def _pretrain(cfg: PretrainConfig, manifest, rank: int, world: int, device) -> d
         divergence = Divergence(cfg)
         log = MetricsLog(run_dir, rank == 0, max_steps, step, cfg.progress, cfg.report_to or default_report_to(),
                          config={"pretrain": asdict(cfg), "resolved": asdict(settings), "model": bert_cfg.to_dict()})
+        if changes:
+            log.write({"step": step, "resume_changes": {c.setting: [c.before, c.after] for c in changes}})
         meter = Meter(device, train.mask_id)
         count_flops = functools.partial(training_flops, sum(p.numel() for p in model.parameters()),
                                         model.cfg.num_layers, model.cfg.hidden_size)
@@ -395,9 +406,8 @@ def init_distributed():
     return dist.get_rank(), dist.get_world_size(), local_rank, device
 
 
-def resolve_settings(cfg: PretrainConfig, world: int, rank: int, on_cuda: bool, previous_run):
-    """(DeepSpeed config, DeepSpeedSettings): the flags merged with the user's DeepSpeed config, checked against the
-    run being resumed."""
+def resolve_settings(cfg: PretrainConfig, world: int, rank: int, on_cuda: bool):
+    """(DeepSpeed config, DeepSpeedSettings): the flags merged with the user's DeepSpeed config."""
     ds_config, settings = resolve_deepspeed_config(cfg, world, read_user_deepspeed_config(cfg), on_cuda,
                                                    on_cuda and torch.cuda.is_bf16_supported(),
                                                    source=str(cfg.deepspeed_config))
@@ -405,8 +415,6 @@ def resolve_settings(cfg: PretrainConfig, world: int, rank: int, on_cuda: bool, 
         print(f"warning: LAMB under ZeRO stage {settings.zero_stage} sees flat partitions, so its trust ratio is "
               "per partition, not per layer; use --zero-stage 0 for layer-wise LAMB, or --optimizer adamw",
               file=sys.stderr, flush=True)
-    if previous_run is not None:
-        check_resume(previous_run, cfg, settings, world)
     if on_cuda and cfg.precision in (None, "auto") and rank == 0:
         picked = "bf16 (this GPU has it)" if settings.precision == "bf16" else \
             "fp16 with dynamic loss scaling (this GPU has no bf16)"
@@ -431,7 +439,7 @@ def build_model(cfg: PretrainConfig, manifest: InstancesManifest, previous_run: 
     vocab_size = manifest.vocab_size
     state, source, init_model = None, "random initialisation", {}
     if previous_run is not None:
-        bert_cfg = BertConfig.from_dict(previous_run.model)
+        bert_cfg, source = BertConfig.from_dict(previous_run.model), previous_run.init_from
     elif cfg.init_from:
         init = Path(cfg.init_from)
         if (init / "checkpoints").is_dir():
@@ -452,13 +460,8 @@ def build_model(cfg: PretrainConfig, manifest: InstancesManifest, previous_run: 
             raise ConfigError(f"--init-from {init} was trained with another vocabulary (vocab.txt sha256 "
                               f"{init_sha[:12]}...) than --instances {cfg.instances} ({manifest.vocab_sha256[:12]}"
                               "...); make the instances with the tokenizer of the first phase")
-    elif Path(cfg.model).exists():
-        p = Path(cfg.model)
-        p = p / "config.json" if p.is_dir() else p
-        d = json.loads(p.read_text())
-        bert_cfg = BertConfig.from_hf_dict(d, str(p)) if "model_type" in d else BertConfig.from_dict(d)
     else:
-        bert_cfg = BertConfig.preset(cfg.model, vocab_size=vocab_size)
+        bert_cfg = BertConfig.from_spec(cfg.model, vocab_size)
     # --dropout is a pretraining choice: an export keeps the model's own dropout for fine-tuning (cramming's way)
     recorded = (previous_run.model if previous_run else init_model).get("export_dropout")
     export_dropout = recorded

@@ -2,6 +2,7 @@
 left marked complete, and the same command afterwards resumes to the bytes of an undisturbed run. (A checkpoint
 that meets one: tests/faults/test_checkpoints.py.)"""
 import errno
+import os
 import random
 
 import pytest
@@ -91,3 +92,62 @@ def test_io_error_in_make_instances_is_a_message_then_resumes(tmp_path, monkeypa
     monkeypatch.undo()
     resumed = make_instances(tmp_path / "corpus", tmp_path / "vocab.txt", out, cfg, progress=False)
     assert [s.checksum for s in resumed.shards] == [s.checksum for s in clean.shards]
+
+
+# ---------------------------------------------------------------- a real full device (issue 36, part 5)
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A tmpfs of a given size (KiB), mounted for the test; skipped where mounting is not allowed (not root)."""
+    import subprocess
+
+    mounted = []
+
+    def mount(kib: int):
+        where = tmp_path / f"tmpfs{len(mounted)}"
+        where.mkdir()
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={kib}k", "tmpfs", str(where)], capture_output=True)
+        if r.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here ({r.stderr.decode().strip()}); needs root")
+        mounted.append(where)
+        return where
+
+    yield mount
+    import gc
+
+    gc.collect()  # a failed write's traceback holds torch's file writer until collected
+    for where in mounted:
+        held = [os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
+                if str(where) in os.path.realpath(f"/proc/self/fd/{fd}")] if os.path.isdir("/proc/self/fd") else []
+        held += [line.split()[-1] for line in open("/proc/self/maps") if str(where) in line]
+        subprocess.run(["umount", "-l", str(where)], check=True)
+        assert not held, f"files left open on the full device: {held}"
+
+
+def test_a_full_device_during_a_checkpoint_save_and_an_export_is_the_one_message(tmp_path, small_tmpfs,
+                                                                                 clean_dist_env):
+    """torch reports ENOSPC as a RuntimeError ("unexpected pos"); both become the DiskError the README promises,
+    with no .partial checkpoint left behind and no export marked complete."""
+    import json
+
+    from tests.helpers import TINY, make_instances_dir
+
+    inst = make_instances_dir(tmp_path / "inst", n=64, holdout=8, max_len=32)
+    (tmp_path / "model.json").write_text(json.dumps(TINY))
+    args = ["pretrain", "--instances", str(inst), "--model", str(tmp_path / "model.json"), "--max-steps", "2",
+            "--save-every", "2", "--micro-batch", "8", "--optimizer", "adamw", "--zero-stage", "0",
+            "--num-workers", "0", "--no-progress", "--report-to", "none"]
+    small = small_tmpfs(300)  # the run's files fit, its 360 kB checkpoint does not
+    r = CliRunner().invoke(main, [*args, "--out", str(small / "run")])
+    assert r.exit_code == 1 and "Traceback" not in r.output, r.output
+    assert f"{small / 'run'}: no space left on the device while writing" in r.output
+    assert "then resume with --resume" in r.output
+    assert not list((small / "run" / "checkpoints").glob("*")), "a .partial checkpoint was left"
+
+    r = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "run")])
+    assert r.exit_code == 0, r.output
+    tiny = small_tmpfs(48)
+    e = CliRunner().invoke(main, ["export", str(tmp_path / "run"), "--out", str(tiny / "export")])
+    assert e.exit_code == 1 and "Traceback" not in e.output, e.output
+    assert f"{tiny / 'export'}: no space left on the device while writing" in e.output
+    assert not (tiny / "export" / "manifest.json").exists()

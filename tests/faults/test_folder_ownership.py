@@ -106,3 +106,45 @@ def test_report_replaces_only_its_own_page(stages):
     for _ in range(2):  # the default page, written again over itself
         r = CliRunner().invoke(main, ["report", str(stages["run"])])
         assert r.exit_code == 0, r.output
+
+
+def test_an_export_of_another_run_needs_overwrite_and_leaves_nothing_stale(stages, tmp_path):
+    """Issue 36, part 3: another run's export is refused naming both runs; --overwrite replaces it whole (a stale
+    generator/ of an ELECTRA export included); the same run's export is its own."""
+    import shutil
+
+    other, out = tmp_path / "other-run", tmp_path / "export"
+    shutil.copytree(stages["run"], other)
+    assert CliRunner().invoke(main, ["export", str(stages["run"]), "--out", str(out)]).exit_code == 0
+    (out / "generator").mkdir()
+    (out / "generator" / "config.json").write_text("{}")  # as an ELECTRA export leaves
+    before = snapshot(out)
+    r = CliRunner().invoke(main, ["export", str(other), "--out", str(out)])
+    assert r.exit_code == 1 and "holds an earlier export of another run" in r.output, r.output
+    assert str(stages["run"].resolve()) in r.output and str(other.resolve()) in r.output and "--overwrite" in r.output
+    assert snapshot(out) == before
+    r = CliRunner().invoke(main, ["export", str(other), "--out", str(out), "--overwrite"])
+    assert r.exit_code == 0, r.output
+    assert not (out / "generator").exists()
+    assert json.loads((out / "manifest.json").read_text())["run"] == str(other.resolve())
+    (out / "generator").mkdir()
+    assert CliRunner().invoke(main, ["export", str(other), "--out", str(out)]).exit_code == 0  # its own: no flag
+    assert not (out / "generator").exists()
+    assert CliRunner().invoke(main, ["verify", str(out)]).exit_code == 0
+
+
+def test_a_fine_tuning_of_another_task_needs_overwrite(stages, tmp_path):
+    from tests.helpers import quick_finetune
+
+    out = tmp_path / "ft"
+    out.mkdir()
+    (out / "metrics.json").write_text(json.dumps({"task": "rte", "settings": {}, "best": {"accuracy": 0.6}}))
+    (out / "predictions.json").write_text("{}")
+    from bertkit.fileio import FolderNotOwnedError
+
+    with pytest.raises(FolderNotOwnedError, match=r"holds an earlier fine-tuning of another task: task rte "
+                                                  r"\(this command: classify\).*--overwrite"):
+        quick_finetune(stages["export"], tmp_path / "data", run=out)
+    assert (out / "predictions.json").exists()
+    summary = quick_finetune(stages["export"], tmp_path / "data", run=out, overwrite=True)
+    assert summary["task"] == "classify" and not (out / "predictions.json").exists()

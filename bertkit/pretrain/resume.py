@@ -1,0 +1,126 @@
+"""What a --resume may change, in one place. A setting the command does not give is the run's own (read from its
+config.json), so `pretrain --out RUN --resume` alone continues the run. A setting it gives is compared with what
+the run recorded:
+
+- KEPT settings (what the data order, the weights and the optimizer state depend on) must match: a change is
+  refused naming both values;
+- every other setting is APPLIED from the resumed step on, said on the terminal and recorded (metrics.jsonl, and
+  config.json's `changes` with the step it took effect).
+"""
+from dataclasses import dataclass, fields, replace
+
+from bertkit.formats import RunConfig
+from bertkit.pretrain.config import ConfigError, DeepSpeedSettings, PretrainConfig
+
+# flags (PretrainConfig) and resolved settings (DeepSpeedSettings) a resume cannot change
+KEPT_FLAGS = ("seed", "time_budget", "schedule_from", "betas", "eps", "norm", "pad_vocab_to", "model", "init_from")
+KEPT_SETTINGS = ("micro_batch", "global_batch", "zero_stage", "precision", "optimizer")
+APPLIED_SETTINGS = ("lr", "weight_decay", "grad_clip")
+NOT_COMPARED = ("instances", "out", "resume", "progress", "deepspeed_config", "recipe", "objective")
+WHY_KEPT = {"seed": "the data order", "micro_batch": "the data order", "global_batch": "the data order",
+            "time_budget": "the schedule", "schedule_from": "the schedule", "model": "the weights",
+            "norm": "the weights", "pad_vocab_to": "the weights", "init_from": "the weights (the run's own checkpoint "
+            "continues it)", "zero_stage": "the optimizer state", "precision": "the optimizer state",
+            "optimizer": "the optimizer state", "betas": "the optimizer state", "eps": "the optimizer state"}
+
+
+@dataclass
+class Change:
+    setting: str
+    before: object
+    after: object
+
+    def __str__(self) -> str:
+        return f"{self.setting} {self.before} -> {self.after}"
+
+
+def inherit(cfg: PretrainConfig, run: RunConfig, given: set | None = None) -> PretrainConfig:
+    """cfg with the run's recorded value wherever the command gave none: a field left None, or (from the CLI, which
+    knows) a flag not on the command line."""
+    values = {}
+    for f in fields(PretrainConfig):
+        if f.name in ("resume", "out", "progress") or f.name not in run.pretrain:
+            continue
+        unset = getattr(cfg, f.name) is None or (given is not None and f.name not in given)
+        if unset:
+            values[f.name] = run.pretrain[f.name]
+    if "instances" in values:
+        values["instances"] = run.instances  # recorded resolved: the run can be resumed from any folder
+    if isinstance(values.get("betas"), list):
+        values["betas"] = tuple(values["betas"])
+    return replace(cfg, **values)
+
+
+def compare(run: RunConfig, cfg: PretrainConfig, settings: DeepSpeedSettings, world: int, manifest, objective: str,
+            step: int | None) -> list[Change]:
+    """The applied changes; a kept setting that differs raises ConfigError naming each one."""
+    def norm(v):
+        return list(v) if isinstance(v, tuple) else v
+
+    refused, applied = [], []
+    if run.world_size != world:
+        raise ConfigError(f"--resume: the run used {run.world_size} rank(s), this launch has {world}; "
+                          "resume with the same number")
+    for name in KEPT_SETTINGS + APPLIED_SETTINGS:
+        before, after = run.resolved.get(name), getattr(settings, name)
+        if before is not None and before != after:
+            (refused if name in KEPT_SETTINGS else applied).append(Change(name, before, after))
+    for f in fields(PretrainConfig):
+        if f.name in NOT_COMPARED or f.name not in run.pretrain or f.name in DeepSpeedSettings.__dataclass_fields__:
+            continue
+        before, after = norm(run.pretrain[f.name]), norm(getattr(cfg, f.name))
+        if f.name == "model" and before != after and same_shape(after, run):
+            continue  # another path to the same shape
+        if before != after and not (f.name in ("norm", "pad_vocab_to", "init_from") and after is None):
+            (refused if f.name in KEPT_FLAGS else applied).append(Change(f.name, before, after))
+    if run.objective != objective:
+        refused.append(Change("objective", run.objective, objective))
+    if run.max_seq_length and manifest.max_seq_length != run.max_seq_length:
+        refused.append(Change("the instances' max_seq_length", run.max_seq_length, manifest.max_seq_length))
+    if run.instances_id and manifest_id(manifest) != run.instances_id:
+        refused.append(Change("the instances", f"{run.instances} ({run.instances_id[:12]}...)",
+                              f"{cfg.instances} ({manifest_id(manifest)[:12]}...)"))
+    if refused:
+        why = sorted({WHY_KEPT.get(c.setting, "the data") for c in refused})
+        raise ConfigError(f"--resume: {'; '.join(map(str, refused))}; the run's data order and schedule depend on "
+                          f"these ({', '.join(why)}), so resume with the values it started with (see its "
+                          "config.json), or start a new run from it with --init-from")
+    if step is not None and cfg.max_steps is not None and cfg.max_steps <= step:
+        raise ConfigError(f"--max-steps {cfg.max_steps}: the run is already at step {step}; give more steps to "
+                          f"train on, or export it as it is (bertkit export {cfg.out})")
+    return applied
+
+
+def same_shape(spec, run: RunConfig) -> bool:
+    from bertkit.config import BertConfig
+
+    try:
+        return BertConfig.from_spec(spec, run.vocab_size).shape() == BertConfig.from_dict(run.model).shape()
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def manifest_id(manifest) -> str:
+    """The instances' identity: their shards' checksums (a moved folder keeps it, other instances do not)."""
+    import hashlib
+
+    return hashlib.sha256("".join(f"{s.file}:{s.checksum};" for s in manifest.shards).encode()).hexdigest()
+
+
+def apply(changes: list[Change], scheduler, settings: DeepSpeedSettings, ds_config: dict) -> None:
+    """After the checkpoint is loaded (which restores the old learning rate and weight decay into the optimizer):
+    the new peak rate and decay, and the learning rate of the next step from the schedule as it is now (a changed
+    --max-steps, --warmup or --schedule takes effect at once)."""
+    names = {c.setting for c in changes}
+    schedule_changes = names & {"lr", "max_steps", "warmup", "schedule"}
+    if "scheduler" in ds_config and schedule_changes:
+        raise ConfigError(f"--resume: {', '.join(sorted(schedule_changes))} cannot change under the DeepSpeed "
+                          "config's own scheduler; change it there, or resume with the run's values")
+    if scheduler is None:
+        return
+    if "lr" in names:
+        scheduler.base_lrs = [settings.lr for _ in scheduler.base_lrs]
+    for group, base, fn in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
+        group["lr"] = base * fn(scheduler.last_epoch)
+        if "weight_decay" in names and group.get("weight_decay"):
+            group["weight_decay"] = settings.weight_decay
