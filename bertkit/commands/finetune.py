@@ -43,6 +43,9 @@ def common_options(default_lr: float, default_epochs: float, default_batch: int,
                               "BERT's is 0.1]."),
             click.option("--no-save-model", is_flag=True, help="Skip writing OUT/best/ (metrics only)."),
             click.option("--overwrite", is_flag=True, help="Replace an earlier fine-tuning of another task in OUT."),
+            click.option("--threads", type=click.IntRange(min=1),
+                         help="Torch threads  [default: the cores other processes leave free; OMP_NUM_THREADS also "
+                              "sets it]."),
         ]
         for option in reversed(options):
             f = option(f)
@@ -65,7 +68,8 @@ def _train_config(kw: dict, pooling: str | None = None):
                        max_grad_norm=kw.pop("max_grad_norm"), seed=kw.pop("seed"), device=kw.pop("device"),
                        kernels=kw.pop("kernels"), report_to=kw.pop("report_to"), log_every=kw.pop("log_every"),
                        unpadded=kw.pop("unpadded"), save_model=not kw.pop("no_save_model"),
-                       dropout=kw.pop("dropout"), pooling=pooling, overwrite=kw.pop("overwrite"))
+                       dropout=kw.pop("dropout"), pooling=pooling, overwrite=kw.pop("overwrite"),
+                       threads=kw.pop("threads"))
 
 
 def _report(summary: dict) -> None:

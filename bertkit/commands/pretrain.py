@@ -100,6 +100,9 @@ class Duration(click.ParamType):
 @click.option("--max-rollbacks", type=count(0), default=3, show_default=True, help="Then the run stops.")
 @kernels_option
 @report_to_option
+@click.option("--threads", type=click.IntRange(min=1),
+              help="Torch threads per rank  [default: the cores other processes leave free, divided among the "
+                   "ranks; OMP_NUM_THREADS also sets it].")
 @click.option("--progress/--no-progress", default=True, show_default=True)
 def pretrain(**flags):
     """Pretrain BERT (MLM + NSP) on an instances folder with DeepSpeed.

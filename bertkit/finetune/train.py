@@ -24,6 +24,7 @@ from bertkit.kernel_guard import kernel_uses, resolve_guarded
 from bertkit.optim import build_scheduler, param_groups
 from bertkit.progress import tqdm
 from bertkit.runlog import RunLog, default_report_to
+from bertkit.threads import choose_threads
 
 
 @dataclass
@@ -46,6 +47,7 @@ class TrainConfig:
     dropout: float | None = None  # hidden and attention dropout while fine-tuning; None: the model's config.json
     pooling: str | None = None    # sequence classifiers: cls or mean (BertConfig.classifier_pooling); None: the model's
     overwrite: bool = False       # replace an earlier fine-tuning of another task in out_dir
+    threads: int | None = None    # torch threads; None: the free cores / processes (bertkit.threads)
 
 
 def set_seed(seed: int) -> None:
@@ -155,6 +157,9 @@ def train(model, train_rows: list, evaluate, best_metric: str, cfg: TrainConfig,
     model goes to OUT/best/ (HF format). With no train rows, evaluates once (prediction only).
     Returns the summary written to OUT/metrics.json."""
     world, rank, local_rank = _distributed()
+    threads = choose_threads(cfg.threads)
+    if rank == 0:
+        tqdm.write(threads.describe())
     out_dir = Path(cfg.out_dir)
     device = pick_device(cfg.device, local_rank)
     kernels.use(cfg.kernels)
@@ -179,6 +184,7 @@ def train(model, train_rows: list, evaluate, best_metric: str, cfg: TrainConfig,
     warmup = int(cfg.warmup_ratio * total_steps)
     summary = {"task": task, "settings": {**(settings or {}), **asdict(cfg), "world_size": world,
                                           "device": str(device), "kernels_used": backend,
+                                          "threads": threads.record(),
                                           "train_rows": len(train_rows),
                                           "total_steps": total_steps, "warmup_steps": warmup},
                "best_metric": best_metric, "epochs": []}

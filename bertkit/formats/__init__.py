@@ -348,6 +348,7 @@ class RunConfig:
     objective: str = "nsp"      # the instances' objective: nsp | sop | none (export writes no NSP head then)
     instances_id: str | None = None   # sha256 over the instances' shard checksums (bertkit.pretrain.resume)
     changes: list = field(default_factory=list)  # settings a --resume changed: {"step", "setting", "before", "after"}
+    threads: dict | None = None       # rank 0's torch threads and why (bertkit.threads.ThreadChoice)
 
     @property
     def zero_stage(self) -> int:

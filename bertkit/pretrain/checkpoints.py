@@ -227,7 +227,8 @@ def prepare_run_dir(cfg: PretrainConfig, manifest: InstancesManifest, chosen: Ch
 
 def write_run_folder(cfg: PretrainConfig, settings: DeepSpeedSettings, ds_config: dict, model: dict,
                      init_source: str, manifest: InstancesManifest, world: int, kernels: str, objective: str,
-                     previous: RunConfig | None = None, changes=(), step: int | None = None) -> None:
+                     previous: RunConfig | None = None, changes=(), step: int | None = None,
+                     threads: dict | None = None) -> None:
     """config.json, deepspeed_config.json and the tokenizer files (rank 0). On --resume config.json keeps the
     run's history of changes and adds this resume's (each with the step it took effect)."""
     from bertkit.pretrain.resume import manifest_id
@@ -243,7 +244,7 @@ def write_run_folder(cfg: PretrainConfig, settings: DeepSpeedSettings, ds_config
         stage="pretrain", pretrain=asdict(cfg), resolved=asdict(settings), model=model,
         init_from=init_source, instances=str(Path(cfg.instances).resolve()), vocab_size=manifest.vocab_size,
         vocab_sha256=manifest.vocab_sha256, max_seq_length=manifest.max_seq_length, world_size=world,
-        deepspeed=ds_config, kernels=kernels, objective=objective, instances_id=manifest_id(manifest),
+        deepspeed=ds_config, kernels=kernels, objective=objective, instances_id=manifest_id(manifest), threads=threads,
         changes=(previous.changes if previous else []) + [
             {"step": step, "setting": c.setting, "before": c.before, "after": c.after} for c in changes]))
 

@@ -61,6 +61,7 @@ class PretrainConfig:
                                           # MosaicBERT's and ModernBERT's. Export trims them
     unpadded: bool = False                # packed batches (varlen attention): no compute on padding
     kernels: str = "auto"                 # attention/LayerNorm backend (bertkit.kernels): auto|triton|torch|reference
+    threads: int | None = None            # torch threads per rank; None: the free cores / ranks (bertkit.threads)
     report_to: str | None = None          # tensorboard, wandb (offline), both "tensorboard,wandb", or none;
                                           # None: tensorboard when installed
     # divergence: stop (raise, as BERT trainers do) or roll back to the last good checkpoint, skipping the data

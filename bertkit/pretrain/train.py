@@ -52,6 +52,7 @@ from bertkit.pretrain.metrics import Meter, MetricsLog, as_float, current_lr, pe
 from bertkit.pretrain.resume import apply as apply_resume_changes, compare as resume_changes, inherit
 from bertkit.recipes import RECIPES, as_flags
 from bertkit.runlog import ReportError, default_report_to, parse_report_to
+from bertkit.threads import choose_threads
 
 
 def pretrain(cfg: PretrainConfig, given: set | None = None) -> dict:
@@ -76,6 +77,9 @@ def pretrain(cfg: PretrainConfig, given: set | None = None) -> dict:
 def _pretrain(cfg: PretrainConfig, manifest, rank: int, world: int, device) -> dict:
     run_dir = Path(cfg.out)
     on_cuda = device.type == "cuda"
+    threads = choose_threads(cfg.threads)
+    if rank == 0:
+        say(threads.describe())
     kernels.use(cfg.kernels)
     try:
         kernels.resolve(device)  # a backend this device cannot run stops here, before anything is loaded
@@ -108,7 +112,8 @@ def _pretrain(cfg: PretrainConfig, manifest, rank: int, world: int, device) -> d
                                            config=ds_config, dist_init_required=False)
     if rank == 0:
         write_run_folder(cfg, settings, ds_config, describe(model), init_source, manifest, world, backend, objective,
-                         previous_run, changes, chosen.marker.step if changes and chosen.marker else None)
+                         previous_run, changes, chosen.marker.step if changes and chosen.marker else None,
+                         threads.record())
     dist.barrier()
 
     step, skipped, last_ckpt = 0, 0, None  # skipped: micro batches passed over by divergence rollbacks
