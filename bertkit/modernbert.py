@@ -1,0 +1,338 @@
+"""ModernBERT (Warner et al. 2024), the encoder family people start from in 2026: no position or token-type
+embeddings; rotary position embeddings (θ 160,000 in global layers, 10,000 in local ones); every third layer global,
+the others attending to ±window/2 tokens; pre-LN with bias-free LayerNorms and linears (the first layer's attention
+norm is the identity); GeGLU MLP; a final norm; an MLM head (dense → GELU → norm → decoder tied to the embedding)
+computed only where a token is masked.
+
+Module names are transformers' own (`ModernBertForMaskedLM`), so its weights load with no renaming: a bertkit
+checkpoint saves as a folder transformers loads, and a transformers folder loads here. Batches are padded
+(input_ids (B, L) + attention_mask) or packed (input_ids (T,) + cu_seqlens: documents end to end, positions
+restarting at each, none attending across another).
+"""
+from dataclasses import asdict, dataclass, fields
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bertkit.formats import IGNORE_INDEX
+
+# layers, hidden, heads, GLU width: base is ModernBERT-base; the smaller ones keep its proportions
+PRESETS = {"tiny": (4, 128, 2, 192), "mini": (6, 256, 4, 384), "small": (12, 384, 6, 576),
+           "medium": (16, 512, 8, 768), "base": (22, 768, 12, 1152)}
+
+
+@dataclass
+class ModernBertConfig:
+    vocab_size: int
+    hidden_size: int = 768
+    num_layers: int = 22
+    num_heads: int = 12
+    intermediate_size: int = 1152       # the GLU's width (Wi projects to twice this)
+    max_position_embeddings: int = 8192
+    local_window: int = 128             # tokens a local layer sees: ±local_window // 2 around each token
+    global_every: int = 3               # layer i is global when i % global_every == 0
+    global_rope_theta: float = 160_000.0
+    local_rope_theta: float = 10_000.0
+    norm_eps: float = 1e-5
+    initializer_range: float = 0.02
+    embedding_dropout: float = 0.0
+    attention_dropout: float = 0.0
+    mlp_dropout: float = 0.0
+    classifier_dropout: float = 0.0
+    classifier_pooling: str = "mean"    # sequence classifiers read the mean over the tokens, or [CLS] ("cls")
+    vocab_pad_multiple: int = 64        # embedding rows rounded up to this (trimmed on export)
+    pad_token_id: int = 0
+    cls_token_id: int = 2
+    sep_token_id: int = 3
+
+    @classmethod
+    def preset(cls, name: str, **overrides) -> "ModernBertConfig":
+        if name not in PRESETS:
+            raise ValueError(f"unknown ModernBERT preset {name!r}; choose one of {', '.join(PRESETS)}")
+        layers, hidden, heads, glu = PRESETS[name]
+        return cls(num_layers=layers, hidden_size=hidden, num_heads=heads, intermediate_size=glu, **overrides)
+
+    @property
+    def padded_vocab_size(self) -> int:
+        m = self.vocab_pad_multiple
+        return (self.vocab_size + m - 1) // m * m
+
+    def is_global(self, layer: int) -> bool:
+        return layer % self.global_every == 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModernBertConfig":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+    def to_hf_dict(self) -> dict:
+        """config.json for transformers' ModernBert (both the 4.x keys and 5.x's layer_types / rope_parameters)."""
+        layer_types = ["full_attention" if self.is_global(i) else "sliding_attention" for i in range(self.num_layers)]
+        return {"architectures": ["ModernBertForMaskedLM"], "model_type": "modernbert",
+                "vocab_size": self.vocab_size, "hidden_size": self.hidden_size,
+                "intermediate_size": self.intermediate_size, "num_hidden_layers": self.num_layers,
+                "num_attention_heads": self.num_heads, "max_position_embeddings": self.max_position_embeddings,
+                "local_attention": self.local_window, "global_attn_every_n_layers": self.global_every,
+                "global_rope_theta": self.global_rope_theta, "local_rope_theta": self.local_rope_theta,
+                "layer_types": layer_types,
+                "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": self.global_rope_theta},
+                                    "sliding_attention": {"rope_type": "default",
+                                                          "rope_theta": self.local_rope_theta}},
+                "hidden_activation": "gelu", "classifier_activation": "gelu", "norm_eps": self.norm_eps,
+                "norm_bias": False, "attention_bias": False, "mlp_bias": False, "classifier_bias": False,
+                "decoder_bias": True, "initializer_range": self.initializer_range,
+                "embedding_dropout": self.embedding_dropout, "attention_dropout": self.attention_dropout,
+                "mlp_dropout": self.mlp_dropout, "classifier_dropout": self.classifier_dropout,
+                "classifier_pooling": self.classifier_pooling, "pad_token_id": self.pad_token_id,
+                "cls_token_id": self.cls_token_id, "bos_token_id": self.cls_token_id,
+                "sep_token_id": self.sep_token_id, "eos_token_id": self.sep_token_id,
+                "tie_word_embeddings": True}
+
+    @classmethod
+    def from_hf_dict(cls, d: dict, source: str = "config.json") -> "ModernBertConfig":
+        """Read transformers' ModernBert config.json (4.x or 5.x keys); refuses what this model does not implement."""
+        for key, ours in (("hidden_activation", "gelu"), ("norm_bias", False), ("attention_bias", False),
+                          ("mlp_bias", False), ("classifier_bias", False), ("classifier_activation", "gelu")):
+            if d.get(key, ours) != ours:
+                raise ValueError(f"{source}: {key} = {d[key]!r}; bertkit's ModernBERT implements {ours!r} only")
+        layers = d["num_hidden_layers"]
+        every = d.get("global_attn_every_n_layers", 3)
+        if d.get("layer_types"):
+            globals_ = [i for i, t in enumerate(d["layer_types"]) if t == "full_attention"]
+            every = globals_[1] - globals_[0] if len(globals_) > 1 else layers
+            expected = [i for i in range(layers) if i % every == 0]
+            if globals_ != expected:
+                raise ValueError(f"{source}: layer_types puts global layers at {globals_}; bertkit's ModernBERT "
+                                 f"needs one every n layers from the first")
+        rope = d.get("rope_parameters") or {}
+        return cls(vocab_size=d["vocab_size"], hidden_size=d["hidden_size"], num_layers=layers,
+                   num_heads=d["num_attention_heads"], intermediate_size=d["intermediate_size"],
+                   max_position_embeddings=d.get("max_position_embeddings", 8192),
+                   local_window=d.get("local_attention", 128), global_every=every,
+                   global_rope_theta=(rope.get("full_attention") or {}).get(
+                       "rope_theta", d.get("global_rope_theta", 160_000.0)),
+                   local_rope_theta=(rope.get("sliding_attention") or {}).get(
+                       "rope_theta", d.get("local_rope_theta", 10_000.0)),
+                   norm_eps=d.get("norm_eps", 1e-5), initializer_range=d.get("initializer_range", 0.02),
+                   embedding_dropout=d.get("embedding_dropout", 0.0),
+                   attention_dropout=d.get("attention_dropout", 0.0), mlp_dropout=d.get("mlp_dropout", 0.0),
+                   classifier_dropout=d.get("classifier_dropout", 0.0),
+                   classifier_pooling=d.get("classifier_pooling", "cls"), vocab_pad_multiple=1,
+                   pad_token_id=d.get("pad_token_id", 0), cls_token_id=d.get("cls_token_id", 2),
+                   sep_token_id=d.get("sep_token_id", 3))
+
+
+# ---------------------------------------------------------------- positions and masks
+
+def rotary(positions: torch.Tensor, head_dim: int, theta: float, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin (..., head_dim) for integer positions: the two halves of each head rotate by the same angles."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float) / head_dim)
+    angles = positions[..., None].float() * inv_freq
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+
+
+@dataclass
+class Layout:
+    """Where each token is and what it may see: positions (for RoPE) and the global and local masks (True =
+    attend), shaped for SDPA over (batch, heads, queries, keys)."""
+    positions: torch.Tensor
+    global_mask: torch.Tensor
+    local_mask: torch.Tensor
+
+
+def padded_layout(attention_mask: torch.Tensor, half_window: int) -> Layout:
+    n = attention_mask.shape[1]
+    idx = torch.arange(n, device=attention_mask.device)
+    keys = attention_mask.bool()[:, None, None, :]                                 # (B, 1, 1, L)
+    near = (idx[:, None] - idx[None, :]).abs() <= half_window                     # (L, L)
+    return Layout(idx[None, :].expand(attention_mask.shape[0], n), keys, keys & near)
+
+
+def packed_layout(cu_seqlens: torch.Tensor, total: int, half_window: int) -> Layout:
+    """Documents end to end in one row: positions restart at each; a token sees only its own document."""
+    idx = torch.arange(total, device=cu_seqlens.device)
+    doc = torch.searchsorted(cu_seqlens[1:].long(), idx, right=True)
+    positions = idx - cu_seqlens.long()[doc]
+    same = (doc[:, None] == doc[None, :])[None, None]                              # (1, 1, T, T)
+    near = ((idx[:, None] - idx[None, :]).abs() <= half_window)[None, None]
+    return Layout(positions[None, :], same, same & near)
+
+
+# ---------------------------------------------------------------- the encoder
+
+class ModernBertEmbeddings(nn.Module):
+    def __init__(self, cfg: ModernBertConfig):
+        super().__init__()
+        self.tok_embeddings = nn.Embedding(cfg.padded_vocab_size, cfg.hidden_size)
+        self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps, bias=False)
+        self.drop = nn.Dropout(cfg.embedding_dropout)
+
+    def forward(self, input_ids):
+        return self.drop(self.norm(self.tok_embeddings(input_ids)))
+
+
+class ModernBertAttention(nn.Module):
+    def __init__(self, cfg: ModernBertConfig, layer: int):
+        super().__init__()
+        self.heads, self.head_dim = cfg.num_heads, cfg.hidden_size // cfg.num_heads
+        self.is_global = cfg.is_global(layer)
+        self.theta = cfg.global_rope_theta if self.is_global else cfg.local_rope_theta
+        self.dropout = cfg.attention_dropout
+        self.Wqkv = nn.Linear(cfg.hidden_size, 3 * cfg.hidden_size, bias=False)
+        self.Wo = nn.Linear(cfg.hidden_size, cfg.hidden_size, bias=False)
+        self.out_drop = nn.Dropout(cfg.attention_dropout)
+
+    def forward(self, x, layout: Layout):
+        b, n, _ = x.shape
+        q, k, v = self.Wqkv(x).view(b, n, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)  # each (B, H, L, D)
+        cos, sin = rotary(layout.positions, self.head_dim, self.theta, x.dtype)
+        q, k = apply_rotary(q, cos[:, None], sin[:, None]), apply_rotary(k, cos[:, None], sin[:, None])
+        mask = layout.global_mask if self.is_global else layout.local_mask
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                             dropout_p=self.dropout if self.training else 0.0)
+        return self.out_drop(self.Wo(out.transpose(1, 2).reshape(b, n, -1)))
+
+
+class ModernBertMLP(nn.Module):
+    def __init__(self, cfg: ModernBertConfig):
+        super().__init__()
+        self.Wi = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.drop = nn.Dropout(cfg.mlp_dropout)
+        self.Wo = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x):
+        value, gate = self.Wi(x).chunk(2, dim=-1)
+        return self.Wo(self.drop(F.gelu(value) * gate))
+
+
+class ModernBertLayer(nn.Module):
+    def __init__(self, cfg: ModernBertConfig, layer: int):
+        super().__init__()
+        self.attn_norm = nn.Identity() if layer == 0 else nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps, bias=False)
+        self.attn = ModernBertAttention(cfg, layer)
+        self.mlp_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps, bias=False)
+        self.mlp = ModernBertMLP(cfg)
+
+    def forward(self, x, layout: Layout):
+        x = x + self.attn(self.attn_norm(x), layout)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class ModernBertModel(nn.Module):
+    """The encoder: (B, L) ids with an attention mask, or (T,) packed ids with cu_seqlens -> hidden states of the
+    same layout."""
+
+    def __init__(self, cfg: ModernBertConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embeddings = ModernBertEmbeddings(cfg)
+        self.layers = nn.ModuleList(ModernBertLayer(cfg, i) for i in range(cfg.num_layers))
+        self.final_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps, bias=False)
+
+    def forward(self, input_ids, attention_mask=None, cu_seqlens=None):
+        half = self.cfg.local_window // 2
+        if cu_seqlens is not None:
+            layout, ids = packed_layout(cu_seqlens, input_ids.shape[0], half), input_ids[None]
+        else:
+            mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
+            layout, ids = padded_layout(mask, half), input_ids
+        x = self.embeddings(ids)
+        for layer in self.layers:
+            x = layer(x, layout)
+        x = self.final_norm(x)
+        return x[0] if cu_seqlens is not None else x
+
+
+class ModernBertPredictionHead(nn.Module):
+    def __init__(self, cfg: ModernBertConfig):
+        super().__init__()
+        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size, bias=False)
+        self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps, bias=False)
+
+    def forward(self, x):
+        return self.norm(F.gelu(self.dense(x)))
+
+
+def init_weights(module: nn.Module, cfg: ModernBertConfig) -> None:
+    """Truncated normal (±2 σ) weights as ModernBERT initialises them, σ = initializer_range; zero biases; unit
+    norms. (ModernBERT scales σ per layer kind; the transformers port and this use one σ: fine-tuning and continued
+    pretraining start from loaded weights anyway.)"""
+    for m in module.modules():
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.trunc_normal_(m.weight, std=cfg.initializer_range, a=-2 * cfg.initializer_range,
+                                  b=2 * cfg.initializer_range)
+            if getattr(m, "bias", None) is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.LayerNorm):
+            nn.init.ones_(m.weight)
+
+
+@dataclass
+class MaskedLMOutput:
+    loss: torch.Tensor | None
+    logits: torch.Tensor      # (masked positions, vocab) when labels are given, else per token
+
+
+class ModernBertForMaskedLM(nn.Module):
+    """MLM only (ModernBERT has no sentence task). With labels, the head and decoder run only at the masked
+    positions (labels != -100), ModernBERT's sparse prediction."""
+
+    def __init__(self, cfg: ModernBertConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.model = ModernBertModel(cfg)
+        self.head = ModernBertPredictionHead(cfg)
+        self.decoder = nn.Linear(cfg.hidden_size, cfg.padded_vocab_size, bias=True)
+        init_weights(self, cfg)
+        self.decoder.weight = self.model.embeddings.tok_embeddings.weight
+
+    def forward(self, input_ids, attention_mask=None, labels=None, cu_seqlens=None, **unused) -> MaskedLMOutput:
+        h = self.model(input_ids, attention_mask, cu_seqlens)
+        if labels is not None:
+            picked = labels != IGNORE_INDEX
+            h, labels = h[picked], labels[picked]
+        logits = self.decoder(self.head(h))
+        if self.cfg.padded_vocab_size != self.cfg.vocab_size:  # padding rows never win
+            logits = logits[..., :self.cfg.vocab_size]
+        loss = F.cross_entropy(logits.float(), labels) if labels is not None and labels.numel() else None
+        return MaskedLMOutput(loss, logits)
+
+
+# ---------------------------------------------------------------- transformers' format
+
+def hf_state_dict(model: ModernBertForMaskedLM) -> dict:
+    """transformers' ModernBertForMaskedLM tensors: the same names, the vocabulary padding trimmed, the tied
+    decoder weight left to the embedding (transformers ties it on load)."""
+    n = model.cfg.vocab_size
+    out = {}
+    for name, t in model.state_dict().items():
+        if name == "decoder.weight":
+            continue
+        out[name] = (t[:n] if name in ("model.embeddings.tok_embeddings.weight", "decoder.bias") else t).contiguous()
+    return out
+
+
+def load_hf_state_dict(model: ModernBertForMaskedLM, tensors: dict, source) -> None:
+    """Load transformers' ModernBertForMaskedLM tensors (padding the vocabulary); every encoder tensor must be there."""
+    cfg, state = model.cfg, {}
+    for name, t in tensors.items():
+        if name in ("model.embeddings.tok_embeddings.weight", "decoder.bias", "decoder.weight"):
+            t = torch.cat([t, t.new_zeros((cfg.padded_vocab_size - t.shape[0], *t.shape[1:]))])
+        state[name] = t
+    state.pop("decoder.weight", None)  # tied to the embedding
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [k for k in missing if k != "decoder.weight"]
+    if missing or unexpected:
+        raise ValueError(f"{source}: does not fit a ModernBERT of this shape (missing {missing[:5]}, unexpected "
+                         f"{unexpected[:5]})")

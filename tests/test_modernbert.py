@@ -1,0 +1,108 @@
+"""ModernBERT equals transformers' ModernBertForMaskedLM (built small and random with transformers itself, no hub):
+logits within 1e-5 in fp32 on padded batches longer than the local window, packed batches equal to padded ones, the
+sparse MLM loss equal to transformers', and a bertkit model's tensors load into transformers with no missing or
+unexpected keys."""
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from bertkit.modernbert import (  # noqa: E402
+    ModernBertConfig,
+    ModernBertForMaskedLM,
+    hf_state_dict,
+    load_hf_state_dict,
+)
+
+VOCAB = 97
+
+
+def hf_config(**kw):
+    args = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=4, num_attention_heads=2,
+                max_position_embeddings=128, local_attention=8, global_attn_every_n_layers=3,
+                global_rope_theta=160_000.0, local_rope_theta=10_000.0, pad_token_id=0, bos_token_id=2,
+                eos_token_id=3, cls_token_id=2, sep_token_id=3, attn_implementation="sdpa")
+    return transformers.ModernBertConfig(**{**args, **kw})
+
+
+@pytest.fixture(scope="module")
+def pair():
+    torch.manual_seed(0)
+    hf = transformers.ModernBertForMaskedLM(hf_config()).eval()
+    cfg = ModernBertConfig.from_hf_dict(hf.config.to_dict())
+    ours = ModernBertForMaskedLM(cfg).eval()
+    load_hf_state_dict(ours, hf.state_dict(), "test")
+    return hf, ours
+
+
+def batch(lengths, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    width = max(lengths)
+    ids = torch.zeros(len(lengths), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, n in enumerate(lengths):
+        ids[i, :n] = torch.randint(4, VOCAB, (n,), generator=g)
+        mask[i, :n] = 1
+    return ids, mask
+
+
+def test_the_config_round_trips_through_transformers():
+    cfg = ModernBertConfig.from_hf_dict(hf_config().to_dict())
+    assert (cfg.local_window, cfg.global_every, cfg.global_rope_theta, cfg.local_rope_theta) == (8, 3, 160_000.0,
+                                                                                                  10_000.0)
+    back = transformers.ModernBertConfig(**cfg.to_hf_dict())
+    assert back.layer_types == ["full_attention", "sliding_attention", "sliding_attention", "full_attention"]
+    assert back.sliding_window == 4 and back.rope_parameters["sliding_attention"]["rope_theta"] == 10_000.0
+
+
+@pytest.mark.parametrize("lengths", [[30, 17, 5], [64], [9, 9]])
+def test_logits_equal_transformers_on_padded_batches(pair, lengths):
+    hf, ours = pair
+    ids, mask = batch(lengths)
+    with torch.no_grad():
+        want = hf(input_ids=ids, attention_mask=mask).logits
+        got = ours(ids, mask).logits
+    valid = mask.bool()
+    assert got.shape == want.shape
+    torch.testing.assert_close(got[valid], want[valid], rtol=0, atol=1e-5)
+
+
+def test_packed_equals_padded(pair):
+    _, ours = pair
+    lengths = [30, 17, 5]
+    ids, mask = batch(lengths)
+    packed = ids[mask.bool()]
+    cu = torch.tensor([0, 30, 47, 52], dtype=torch.int32)
+    with torch.no_grad():
+        padded = ours(ids, mask).logits[mask.bool()]
+        flat = ours(packed, cu_seqlens=cu).logits
+    torch.testing.assert_close(flat, padded, rtol=0, atol=1e-5)
+
+
+def test_the_sparse_mlm_loss_equals_transformers(pair):
+    hf, ours = pair
+    ids, mask = batch([30, 17])
+    labels = torch.full_like(ids, -100)
+    labels[0, [3, 20, 29]] = ids[0, [3, 20, 29]]
+    labels[1, [0, 16]] = ids[1, [0, 16]]
+    with torch.no_grad():
+        want = hf(input_ids=ids, attention_mask=mask, labels=labels).loss
+        out = ours(ids, mask, labels=labels)
+    assert out.logits.shape == (5, VOCAB)  # only the masked positions reach the head
+    torch.testing.assert_close(out.loss, want, rtol=0, atol=1e-5)
+
+
+def test_a_bertkit_model_loads_into_transformers_with_every_key(pair):
+    torch.manual_seed(3)
+    cfg = ModernBertConfig.preset("tiny", vocab_size=VOCAB, local_window=8, max_position_embeddings=128)
+    ours = ModernBertForMaskedLM(cfg).eval()
+    assert ours.decoder.weight.shape[0] == 128  # padded to 64
+    hf = transformers.ModernBertForMaskedLM(transformers.ModernBertConfig(**cfg.to_hf_dict(),
+                                                                          attn_implementation="sdpa")).eval()
+    missing, unexpected = hf.load_state_dict(hf_state_dict(ours), strict=False)
+    assert unexpected == [] and set(missing) <= {"decoder.weight"}
+    hf.tie_weights()
+    ids, mask = batch([40, 12])
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids, mask).logits[mask.bool()], hf(input_ids=ids, attention_mask=mask)
+                                   .logits[mask.bool()], rtol=0, atol=1e-5)
