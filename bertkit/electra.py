@@ -117,6 +117,10 @@ def build(model_dict: dict, objective: str):
     """The pretraining model a run folder describes (see describe)."""
     from bertkit.model import BertForPreTraining
 
+    if model_dict.get("family") == "modernbert":
+        from bertkit.modernbert import ModernBertConfig, ModernBertForMaskedLM
+
+        return ModernBertForMaskedLM(ModernBertConfig.from_dict(model_dict))
     cfg = BertConfig.from_dict(model_dict)
     if objective == "electra":
         return ElectraForPreTraining(cfg, **model_dict["electra"])

@@ -73,6 +73,8 @@ def run_checks(use: KernelUse, device) -> list:
 
 def kernel_uses(model, precision: str, unpadded: bool) -> list[KernelUse]:
     """What a model asks of the kernels: its encoder's shape (and for ELECTRA its generator's too)."""
+    if not getattr(model, "uses_kernels", True):  # ModernBERT: the torch path until the kernels learn RoPE
+        return []
     cfgs = [model.cfg] + ([model.gen_cfg] if hasattr(model, "gen_cfg") else [])
     return [KernelUse(c.head_dim, c.hidden_size, precision, unpadded, c.hidden_dropout or c.attention_dropout,
                       c.norm == "pre") for c in cfgs]
@@ -84,6 +86,8 @@ def resolve_guarded(device, uses: list[KernelUse], say=print) -> str:
     from bertkit import kernels
 
     backend = kernels.resolve(device)
+    if not uses:  # a model that calls no bertkit kernel (ModernBERT) runs, and is recorded, as torch
+        return "torch"
     if kernels.backend() == "auto" and backend == "triton" and torch.device(device).type == "cuda":
         backend = "triton" if all(choose_backend(device, u, say) == "triton" for u in uses) else "torch"
         kernels.use(backend)

@@ -10,12 +10,14 @@ checkpoint saves as a folder transformers loads, and a transformers folder loads
 restarting at each, none attending across another).
 """
 from dataclasses import asdict, dataclass, fields
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from bertkit.formats import IGNORE_INDEX
+from bertkit.model import PreTrainingOutput
 
 # layers, hidden, heads, GLU width: base is ModernBERT-base; the smaller ones keep its proportions
 PRESETS = {"tiny": (4, 128, 2, 192), "mini": (6, 256, 4, 384), "small": (12, 384, 6, 576),
@@ -46,6 +48,38 @@ class ModernBertConfig:
     cls_token_id: int = 2
     sep_token_id: int = 3
 
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    def set_dropout(self, hidden: float, attention: float | None = None) -> None:
+        """BertConfig.set_dropout's meaning: hidden (embeddings, MLP) and attention dropout."""
+        self.embedding_dropout = self.mlp_dropout = hidden
+        self.attention_dropout = hidden if attention is None else attention
+
+    def set_pooling(self, pooling: str) -> None:
+        if pooling not in ("cls", "mean"):
+            raise ValueError(f"classifier pooling must be 'cls' or 'mean', got {pooling!r}")
+        self.classifier_pooling = pooling
+
+    @classmethod
+    def from_spec(cls, spec: str | None, vocab_size: int) -> "ModernBertConfig | None":
+        """What --model names when it is a ModernBERT: a preset `modernbert-NAME`, or transformers' ModernBert
+        config.json (or its folder); None for anything else."""
+        import json
+        from pathlib import Path
+
+        if spec and spec.startswith("modernbert-"):
+            return cls.preset(spec[len("modernbert-"):], vocab_size=vocab_size)
+        if spec and Path(spec).exists():
+            p = Path(spec) / "config.json" if Path(spec).is_dir() else Path(spec)
+            d = json.loads(p.read_text())
+            if d.get("model_type") == "modernbert":
+                return cls.from_hf_dict(d, str(p))
+            if d.get("family") == "modernbert":
+                return cls.from_dict(d)
+        return None
+
     @classmethod
     def preset(cls, name: str, **overrides) -> "ModernBertConfig":
         if name not in PRESETS:
@@ -62,7 +96,7 @@ class ModernBertConfig:
         return layer % self.global_every == 0
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {"family": "modernbert", **asdict(self)}
 
     @classmethod
     def from_dict(cls, d: dict) -> "ModernBertConfig":
@@ -278,15 +312,12 @@ def init_weights(module: nn.Module, cfg: ModernBertConfig) -> None:
             nn.init.ones_(m.weight)
 
 
-@dataclass
-class MaskedLMOutput:
-    loss: torch.Tensor | None
-    logits: torch.Tensor      # (masked positions, vocab) when labels are given, else per token
-
-
 class ModernBertForMaskedLM(nn.Module):
-    """MLM only (ModernBERT has no sentence task). With labels, the head and decoder run only at the masked
-    positions (labels != -100), ModernBERT's sparse prediction."""
+    """MLM only (ModernBERT has no sentence task). The head and decoder run only where a prediction is asked for
+    (ModernBERT's sparse prediction): at mlm_positions (bertkit's pretraining batches, as BertForPreTraining takes
+    them), or where per-token `labels` (transformers' layout) are not -100; else at every token."""
+    family = "modernbert"
+    uses_kernels = False  # SDPA with the window and RoPE in PyTorch, until the Triton attention learns both
 
     def __init__(self, cfg: ModernBertConfig):
         super().__init__()
@@ -297,16 +328,25 @@ class ModernBertForMaskedLM(nn.Module):
         init_weights(self, cfg)
         self.decoder.weight = self.model.embeddings.tok_embeddings.weight
 
-    def forward(self, input_ids, attention_mask=None, labels=None, cu_seqlens=None, **unused) -> MaskedLMOutput:
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, mlm_positions=None, mlm_labels=None,
+                next_sentence_label=None, position_ids=None, cu_seqlens=None, max_seqlen=None,
+                labels=None) -> PreTrainingOutput:
+        if next_sentence_label is not None:
+            raise ValueError("ModernBERT is MLM-only: no next-sentence label (make-instances --objective none)")
         h = self.model(input_ids, attention_mask, cu_seqlens)
-        if labels is not None:
+        if mlm_positions is not None and cu_seqlens is not None:
+            h = h.index_select(0, mlm_positions.long())
+        elif mlm_positions is not None:
+            h = torch.gather(h, 1, mlm_positions.long().unsqueeze(-1).expand(-1, -1, h.shape[-1]))
+        elif labels is not None:
             picked = labels != IGNORE_INDEX
-            h, labels = h[picked], labels[picked]
-        logits = self.decoder(self.head(h))
-        if self.cfg.padded_vocab_size != self.cfg.vocab_size:  # padding rows never win
-            logits = logits[..., :self.cfg.vocab_size]
-        loss = F.cross_entropy(logits.float(), labels) if labels is not None and labels.numel() else None
-        return MaskedLMOutput(loss, logits)
+            h, mlm_labels = h[picked], labels[picked]
+        logits = self.decoder(self.head(h))[..., :self.cfg.vocab_size]  # padding rows are never predicted
+        loss = None
+        if mlm_labels is not None:
+            loss = F.cross_entropy(logits.float().flatten(0, -2), mlm_labels.flatten().long(),
+                                   ignore_index=IGNORE_INDEX)
+        return PreTrainingOutput(loss, loss, None, logits, None)
 
 
 # ---------------------------------------------------------------- transformers' format
@@ -336,3 +376,32 @@ def load_hf_state_dict(model: ModernBertForMaskedLM, tensors: dict, source) -> N
     if missing or unexpected:
         raise ValueError(f"{source}: does not fit a ModernBERT of this shape (missing {missing[:5]}, unexpected "
                          f"{unexpected[:5]})")
+
+
+def save_hf(model: ModernBertForMaskedLM, out_dir, tokenizer_dir=None, extra_config: dict | None = None) -> Path:
+    """A folder transformers' ModernBertForMaskedLM (and AutoModel*) loads: config.json (window, layer pattern, both
+    RoPE bases, the tokenizer's special ids), model.safetensors and the tokenizer files."""
+    from safetensors.torch import save
+
+    from bertkit.fileio import atomic_copy, atomic_write_bytes, atomic_write_json
+    from bertkit.formats import TOKENIZER_FILES
+    from bertkit.tokenization import read_vocab
+
+    model = getattr(model, "module", model)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config = model.cfg.to_hf_dict()
+    if tokenizer_dir is not None and (Path(tokenizer_dir) / "vocab.txt").is_file():
+        vocab = read_vocab(Path(tokenizer_dir) / "vocab.txt")
+        if len(vocab) != model.cfg.vocab_size:
+            raise ValueError(f"{tokenizer_dir}/vocab.txt has {len(vocab)} tokens, the model {model.cfg.vocab_size}")
+        ids = {t: i for i, t in enumerate(vocab)}
+        config.update(pad_token_id=ids["[PAD]"], cls_token_id=ids["[CLS]"], bos_token_id=ids["[CLS]"],
+                      sep_token_id=ids["[SEP]"], eos_token_id=ids["[SEP]"])
+    config.update(extra_config or {})
+    atomic_write_bytes(out_dir / "model.safetensors", save(hf_state_dict(model), metadata={"format": "pt"}))
+    atomic_write_json(out_dir / "config.json", config)
+    for name in TOKENIZER_FILES if tokenizer_dir is not None else ():
+        if (Path(tokenizer_dir) / name).is_file():
+            atomic_copy(Path(tokenizer_dir) / name, out_dir / name)
+    return out_dir

@@ -61,7 +61,7 @@ def test_logits_equal_transformers_on_padded_batches(pair, lengths):
     ids, mask = batch(lengths)
     with torch.no_grad():
         want = hf(input_ids=ids, attention_mask=mask).logits
-        got = ours(ids, mask).logits
+        got = ours(ids, attention_mask=mask).mlm_logits
     valid = mask.bool()
     assert got.shape == want.shape
     torch.testing.assert_close(got[valid], want[valid], rtol=0, atol=1e-5)
@@ -74,8 +74,8 @@ def test_packed_equals_padded(pair):
     packed = ids[mask.bool()]
     cu = torch.tensor([0, 30, 47, 52], dtype=torch.int32)
     with torch.no_grad():
-        padded = ours(ids, mask).logits[mask.bool()]
-        flat = ours(packed, cu_seqlens=cu).logits
+        padded = ours(ids, attention_mask=mask).mlm_logits[mask.bool()]
+        flat = ours(packed, cu_seqlens=cu).mlm_logits
     torch.testing.assert_close(flat, padded, rtol=0, atol=1e-5)
 
 
@@ -87,8 +87,8 @@ def test_the_sparse_mlm_loss_equals_transformers(pair):
     labels[1, [0, 16]] = ids[1, [0, 16]]
     with torch.no_grad():
         want = hf(input_ids=ids, attention_mask=mask, labels=labels).loss
-        out = ours(ids, mask, labels=labels)
-    assert out.logits.shape == (5, VOCAB)  # only the masked positions reach the head
+        out = ours(ids, attention_mask=mask, labels=labels)
+    assert out.mlm_logits.shape == (5, VOCAB)  # only the masked positions reach the head
     torch.testing.assert_close(out.loss, want, rtol=0, atol=1e-5)
 
 
@@ -104,5 +104,41 @@ def test_a_bertkit_model_loads_into_transformers_with_every_key(pair):
     hf.tie_weights()
     ids, mask = batch([40, 12])
     with torch.no_grad():
-        torch.testing.assert_close(ours(ids, mask).logits[mask.bool()], hf(input_ids=ids, attention_mask=mask)
-                                   .logits[mask.bool()], rtol=0, atol=1e-5)
+        want = hf(input_ids=ids, attention_mask=mask).logits[mask.bool()]
+        torch.testing.assert_close(ours(ids, attention_mask=mask).mlm_logits[mask.bool()], want, rtol=0, atol=1e-5)
+
+
+def test_pretrain_a_modernbert_then_export_it_for_transformers(tmp_path, clean_dist_env):
+    """`pretrain --model modernbert-tiny` trains (padded and packed), refuses NSP instances unless --objective mlm,
+    and its export loads in transformers' ModernBertForMaskedLM giving the checkpoint's logits."""
+    import json
+
+    from bertkit.pretrain import ConfigError, PretrainConfig, export, load_run_state_dict, pretrain
+    from bertkit.pretrain.checkpoints import build
+    from tests.helpers import make_instances_dir
+
+    inst = make_instances_dir(tmp_path / "inst", n=64, holdout=8, max_len=48)
+    args = dict(instances=str(inst), model="modernbert-tiny", micro_batch=8, max_steps=4, save_every=4, log_every=1,
+                eval_every=0, num_workers=0, optimizer="adamw", lr=1e-3, progress=False, report_to="none")
+    with pytest.raises(ConfigError, match="ModernBERT is MLM-only.*--objective none"):
+        pretrain(PretrainConfig(out=str(tmp_path / "nsp"), **args))
+    for unpadded in (False, True):
+        run = tmp_path / f"run{int(unpadded)}"
+        result = pretrain(PretrainConfig(out=str(run), objective="mlm", unpadded=unpadded, **args))
+        assert result["step"] == 4 and result["loss"] < 6.0
+        config = json.loads((run / "config.json").read_text())
+        assert config["model"]["family"] == "modernbert" and config["kernels"] == "torch"
+    out = export(tmp_path / "run1", tmp_path / "export")
+    hf_cfg = json.loads((out / "config.json").read_text())
+    assert hf_cfg["model_type"] == "modernbert" and hf_cfg["local_attention"] == 128
+    assert hf_cfg["pad_token_id"] == 0 and hf_cfg["cls_token_id"] == 2 and hf_cfg["sep_token_id"] == 3
+    hf, info = transformers.ModernBertForMaskedLM.from_pretrained(out, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    state, run_cfg, _ = load_run_state_dict(tmp_path / "run1")
+    ours = build(run_cfg.model, run_cfg.objective)
+    ours.load_state_dict(state, strict=False)
+    ids, mask = batch([40, 12])
+    with torch.no_grad():
+        torch.testing.assert_close(ours.eval()(ids, attention_mask=mask).mlm_logits[mask.bool()],
+                                   hf.eval()(input_ids=ids, attention_mask=mask).logits[mask.bool()],
+                                   rtol=0, atol=1e-5)

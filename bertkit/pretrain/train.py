@@ -34,6 +34,7 @@ from bertkit.formats import RUN_CONFIG, InstancesManifest, RunConfig, read_insta
 from bertkit.hf import load_pretrained, repad_vocab
 from bertkit.kernel_guard import kernel_uses, resolve_guarded
 from bertkit.model import BertForPreTraining
+from bertkit.modernbert import ModernBertConfig, ModernBertForMaskedLM
 from bertkit.optim import build_optimizer, build_scheduler, param_groups
 from bertkit.pretrain.budget import BudgetSchedule, plan_schedule
 from bertkit.pretrain.checkpoints import (
@@ -442,6 +443,11 @@ def build_model(cfg: PretrainConfig, manifest: InstancesManifest, previous_run: 
     checkpoint), --init-from's weights, an HF config, or a preset sized to the instances' vocabulary. ELECTRA
     (objective "electra") builds the generator and discriminator pair, the BertConfig being the discriminator's."""
     vocab_size = manifest.vocab_size
+    if previous_run is not None and previous_run.model.get("family") == "modernbert":
+        return build_modernbert(cfg, manifest, ModernBertConfig.from_dict(previous_run.model), objective,
+                                previous_run.init_from)
+    if previous_run is None and not cfg.init_from and (mb := ModernBertConfig.from_spec(cfg.model, vocab_size)):
+        return build_modernbert(cfg, manifest, mb, objective, "random initialisation")
     state, source, init_model = None, "random initialisation", {}
     if previous_run is not None:
         bert_cfg, source = BertConfig.from_dict(previous_run.model), previous_run.init_from
@@ -501,6 +507,30 @@ def build_model(cfg: PretrainConfig, manifest: InstancesManifest, previous_run: 
             raise ConfigError(f"--init-from {cfg.init_from}: weights do not fit the pretraining model "
                               f"(missing {missing[:5]}, unexpected {unexpected[:5]})")
     return model, bert_cfg, source
+
+
+def build_modernbert(cfg: PretrainConfig, manifest: InstancesManifest, mb: ModernBertConfig, objective: str,
+                     source: str):
+    """(model, config, init source) for the ModernBERT family: MLM only, pre-LN by design, the torch backend."""
+    if objective != "none":
+        raise ConfigError(f"ModernBERT is MLM-only, but {cfg.instances} holds {objective.upper()} instances: make them "
+                          "with `bertkit make-instances --objective none`, or pretrain with --objective mlm")
+    if cfg.norm == "post":
+        raise ConfigError("--norm post: ModernBERT is pre-LN by design; drop --norm")
+    if cfg.kernels == "triton":
+        raise ConfigError("--kernels triton: ModernBERT's attention (RoPE, the local window) runs on the torch backend "
+                          "until bertkit's Triton kernels learn both; use --kernels auto or torch")
+    if cfg.dropout is not None:
+        mb.set_dropout(cfg.dropout)
+    if cfg.pad_vocab_to is not None:
+        mb.vocab_pad_multiple = cfg.pad_vocab_to
+    if mb.vocab_size != manifest.vocab_size:
+        raise ConfigError(f"the model's vocabulary has {mb.vocab_size} tokens but {cfg.instances} was made with "
+                          f"{manifest.vocab_size}: use instances made with the model's tokenizer")
+    if manifest.max_seq_length > mb.max_position_embeddings:
+        raise ConfigError(f"{cfg.instances} has sequences of {manifest.max_seq_length} tokens, past the model's "
+                          f"{mb.max_position_embeddings}")
+    return ModernBertForMaskedLM(mb), mb, source
 
 
 def global_grad_norm(model) -> torch.Tensor:
