@@ -280,6 +280,12 @@ def infer_head(hf_config: dict, tensors: dict) -> str | None:
 
 
 # ---------------------------------------------------------------- load / save
+def _modernbert_config(path: Path) -> dict | None:
+    config = path / "config.json"
+    d = _read_json(config) if config.is_file() else None
+    return d if isinstance(d, dict) and d.get("model_type") == "modernbert" else None
+
+
 def load_pretrained(path, head: str | None = "auto", num_labels: int | None = None, require_head: bool = False):
     """Build a bertkit model from an HF BERT folder (or a bertkit export) and load its weights.
 
@@ -290,6 +296,13 @@ def load_pretrained(path, head: str | None = "auto", num_labels: int | None = No
     {"head", "missing", "unused"} (HF tensor names) and `model.hf_config`.
     """
     path = Path(path)
+    if (modern := _modernbert_config(path)) is not None:  # the other family in transformers' format
+        from bertkit import modernbert
+
+        try:
+            return modernbert.load_pretrained(path, modern, read_weights(path), head, num_labels, require_head)
+        except (ValueError, KeyError, TypeError) as e:
+            raise ModelFolderError(str(e) if str(path) in str(e) else f"{path}: {e}") from None
     cfg, hf_config, tensors = read_checkpoint(path)
     saved_head = infer_head(hf_config, tensors)
     if head == "auto":
@@ -371,6 +384,10 @@ def save_pretrained(model, out_dir, tokenizer_dir=None, extra_config: dict | Non
     into config.json.
     """
     model = getattr(model, "module", model)  # DDP / DeepSpeed engine wrappers
+    if getattr(model, "family", "bert") == "modernbert":
+        from bertkit.modernbert import save_hf
+
+        return save_hf(model, out_dir, tokenizer_dir, extra_config)
     cfg = model.cfg
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bertkit.formats import IGNORE_INDEX
-from bertkit.model import PreTrainingOutput
+from bertkit.model import MASKED_LOGIT, ClassifierOutput, PreTrainingOutput, QuestionAnsweringOutput, mean_over_tokens
 
 # layers, hidden, heads, GLU width: base is ModernBERT-base; the smaller ones keep its proportions
 PRESETS = {"tiny": (4, 128, 2, 192), "mini": (6, 256, 4, 384), "small": (12, 384, 6, 576),
@@ -349,38 +349,124 @@ class ModernBertForMaskedLM(nn.Module):
         return PreTrainingOutput(loss, loss, None, logits, None)
 
 
+class _WithHead(nn.Module):
+    """The encoder, ModernBERT's prediction head (dense, GELU, norm), dropout and a linear classifier."""
+    family = "modernbert"
+    uses_kernels = False
+
+    def __init__(self, cfg: ModernBertConfig, num_labels: int):
+        super().__init__()
+        self.cfg, self.num_labels = cfg, num_labels
+        self.model = ModernBertModel(cfg)
+        self.head = ModernBertPredictionHead(cfg)
+        self.drop = nn.Dropout(cfg.classifier_dropout)
+        self.classifier = nn.Linear(cfg.hidden_size, num_labels)
+        init_weights(self, cfg)
+
+    def classify(self, h):
+        return self.classifier(self.drop(self.head(h)))
+
+
+class ModernBertForSequenceClassification(_WithHead):
+    """Reads [CLS] or the mean over the tokens (cfg.classifier_pooling); num_labels == 1 is regression (MSE)."""
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None, cu_seqlens=None,
+                max_seqlen=None) -> ClassifierOutput:
+        h = self.model(input_ids, attention_mask, cu_seqlens)
+        if self.cfg.classifier_pooling == "mean":
+            pooled = mean_over_tokens(h, attention_mask, cu_seqlens)
+        else:
+            pooled = h[cu_seqlens[:-1].long()] if cu_seqlens is not None else h[:, 0]
+        logits = self.classify(pooled)
+        loss = None
+        if labels is not None:
+            loss = F.mse_loss(logits.squeeze(-1).float(), labels.float()) if self.num_labels == 1 else \
+                F.cross_entropy(logits.float(), labels.long())
+        return ClassifierOutput(loss, logits)
+
+
+class ModernBertForTokenClassification(_WithHead):
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None, cu_seqlens=None,
+                max_seqlen=None) -> ClassifierOutput:
+        logits = self.classify(self.model(input_ids, attention_mask, cu_seqlens))
+        loss = None if labels is None else F.cross_entropy(logits.float().flatten(0, -2), labels.flatten().long(),
+                                                          ignore_index=IGNORE_INDEX)
+        return ClassifierOutput(loss, logits)
+
+
+class ModernBertForQuestionAnswering(_WithHead):
+    """Start/end logits per token (padded positions masked); loss = mean of the two cross-entropies."""
+
+    def __init__(self, cfg: ModernBertConfig, num_labels: int = 2):
+        super().__init__(cfg, 2)
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, start_positions=None,
+                end_positions=None) -> QuestionAnsweringOutput:
+        start, end = self.classify(self.model(input_ids, attention_mask)).unbind(-1)
+        if attention_mask is not None:
+            start = start.masked_fill(attention_mask == 0, MASKED_LOGIT)
+            end = end.masked_fill(attention_mask == 0, MASKED_LOGIT)
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            seq = start.shape[1]  # a position outside the window (answer cut away) is ignored, as in transformers
+            s, e = start_positions.view(-1).long().clamp(0, seq), end_positions.view(-1).long().clamp(0, seq)
+            loss = (F.cross_entropy(start.float(), s, ignore_index=seq)
+                    + F.cross_entropy(end.float(), e, ignore_index=seq)) / 2
+        return QuestionAnsweringOutput(loss, start, end)
+
+
+HEADS = {None: ModernBertModel, "pretraining": ModernBertForMaskedLM, "masked_lm": ModernBertForMaskedLM,
+         "sequence_classification": ModernBertForSequenceClassification,
+         "token_classification": ModernBertForTokenClassification, "question_answering": ModernBertForQuestionAnswering}
+ARCHITECTURES = {ModernBertModel: "ModernBertModel", ModernBertForMaskedLM: "ModernBertForMaskedLM",
+                 ModernBertForSequenceClassification: "ModernBertForSequenceClassification",
+                 ModernBertForTokenClassification: "ModernBertForTokenClassification",
+                 ModernBertForQuestionAnswering: "ModernBertForQuestionAnswering"}
+
+
 # ---------------------------------------------------------------- transformers' format
 
-def hf_state_dict(model: ModernBertForMaskedLM) -> dict:
-    """transformers' ModernBertForMaskedLM tensors: the same names, the vocabulary padding trimmed, the tied
-    decoder weight left to the embedding (transformers ties it on load)."""
+VOCAB_ROWS = ("model.embeddings.tok_embeddings.weight", "decoder.bias", "decoder.weight")
+
+
+def hf_state_dict(model: nn.Module) -> dict:
+    """transformers' tensors for the same class: the same names (a bare encoder's without `model.`), the
+    vocabulary padding trimmed, the tied decoder weight left to the embedding (transformers ties it on load)."""
     n = model.cfg.vocab_size
+    bare = isinstance(model, ModernBertModel)
     out = {}
     for name, t in model.state_dict().items():
+        name = f"model.{name}" if bare else name
         if name == "decoder.weight":
             continue
-        out[name] = (t[:n] if name in ("model.embeddings.tok_embeddings.weight", "decoder.bias") else t).contiguous()
+        out[name[len("model."):] if bare else name] = (t[:n] if name in VOCAB_ROWS else t).contiguous()
     return out
 
 
-def load_hf_state_dict(model: ModernBertForMaskedLM, tensors: dict, source) -> None:
-    """Load transformers' ModernBertForMaskedLM tensors (padding the vocabulary); every encoder tensor must be there."""
+def load_hf_state_dict(model: nn.Module, tensors: dict, source) -> tuple[list, list]:
+    """Load transformers' tensors (any ModernBert class: `model.`-prefixed or a bare encoder's) into `model`,
+    padding the vocabulary. Every encoder tensor must be there; returns (head tensors missing, tensors unused)."""
     cfg, state = model.cfg, {}
+    if not any(k.startswith("model.") for k in tensors):
+        tensors = {f"model.{k}": v for k, v in tensors.items()}
     for name, t in tensors.items():
-        if name in ("model.embeddings.tok_embeddings.weight", "decoder.bias", "decoder.weight"):
+        if name in VOCAB_ROWS:
             t = torch.cat([t, t.new_zeros((cfg.padded_vocab_size - t.shape[0], *t.shape[1:]))])
         state[name] = t
     state.pop("decoder.weight", None)  # tied to the embedding
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    if isinstance(model, ModernBertModel):
+        state = {k[len("model."):]: v for k, v in state.items() if k.startswith("model.")}
+    missing, unused = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if k != "decoder.weight"]
-    if missing or unexpected:
-        raise ValueError(f"{source}: does not fit a ModernBERT of this shape (missing {missing[:5]}, unexpected "
-                         f"{unexpected[:5]})")
+    encoder = [k for k in missing if k.startswith("model.") or isinstance(model, ModernBertModel)]
+    if encoder:
+        raise ValueError(f"{source}: lacks the encoder tensors {encoder[:3]}; not a ModernBERT of this config.json")
+    return missing, list(unused)
 
 
-def save_hf(model: ModernBertForMaskedLM, out_dir, tokenizer_dir=None, extra_config: dict | None = None) -> Path:
-    """A folder transformers' ModernBertForMaskedLM (and AutoModel*) loads: config.json (window, layer pattern, both
-    RoPE bases, the tokenizer's special ids), model.safetensors and the tokenizer files."""
+def save_hf(model: nn.Module, out_dir, tokenizer_dir=None, extra_config: dict | None = None) -> Path:
+    """A folder transformers' matching ModernBert class (and AutoModel*) loads: config.json (window, layer pattern,
+    both RoPE bases, the tokenizer's special ids, labels), model.safetensors and the tokenizer files."""
     from safetensors.torch import save
 
     from bertkit.fileio import atomic_copy, atomic_write_bytes, atomic_write_json
@@ -391,6 +477,10 @@ def save_hf(model: ModernBertForMaskedLM, out_dir, tokenizer_dir=None, extra_con
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     config = model.cfg.to_hf_dict()
+    config["architectures"] = [ARCHITECTURES[type(model)]]
+    if getattr(model, "num_labels", None) is not None:
+        config["id2label"] = {str(i): f"LABEL_{i}" for i in range(model.num_labels)}
+        config["label2id"] = {f"LABEL_{i}": i for i in range(model.num_labels)}
     if tokenizer_dir is not None and (Path(tokenizer_dir) / "vocab.txt").is_file():
         vocab = read_vocab(Path(tokenizer_dir) / "vocab.txt")
         if len(vocab) != model.cfg.vocab_size:
@@ -405,3 +495,32 @@ def save_hf(model: ModernBertForMaskedLM, out_dir, tokenizer_dir=None, extra_con
         if (Path(tokenizer_dir) / name).is_file():
             atomic_copy(Path(tokenizer_dir) / name, out_dir / name)
     return out_dir
+
+
+def load_pretrained(path: Path, hf_config: dict, tensors: dict, head="auto", num_labels=None,
+                    require_head: bool = False) -> nn.Module:
+    """bertkit.hf.load_pretrained for a ModernBERT folder (transformers' or a bertkit export)."""
+    import logging
+
+    cfg = ModernBertConfig.from_hf_dict(hf_config, str(path / "config.json"))
+    saved = {v: k for k, v in ARCHITECTURES.items()}.get((hf_config.get("architectures") or [""])[0])
+    if head == "auto":
+        head = next((h for h, cls in HEADS.items() if cls is saved), "pretraining")
+    if head in ("sequence_classification", "token_classification") and num_labels is None:
+        if "classifier.weight" in tensors:
+            num_labels = tensors["classifier.weight"].shape[0]
+        elif hf_config.get("id2label") and HEADS[head] is saved:
+            num_labels = len(hf_config["id2label"])
+        else:
+            raise ValueError(f"{path} has no classifier; pass num_labels to build a {head} head")
+    cls = HEADS[head]
+    model = cls(cfg) if cls in (ModernBertModel, ModernBertForMaskedLM) else cls(cfg, num_labels or 2)
+    missing, unused = load_hf_state_dict(model, tensors, path)
+    if missing and require_head:
+        raise ValueError(f"{path}: has no trained {head} head (missing {missing[:3]})")
+    if missing:
+        logging.getLogger("bertkit.hf").warning("%s: initialised the %s head (not in the checkpoint): %s", path, head,
+                                                ", ".join(missing))
+    model.loading_info = {"head": head, "missing": missing, "unused": unused}
+    model.hf_config = hf_config
+    return model.eval()

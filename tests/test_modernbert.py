@@ -142,3 +142,49 @@ def test_pretrain_a_modernbert_then_export_it_for_transformers(tmp_path, clean_d
         torch.testing.assert_close(ours.eval()(ids, attention_mask=mask).mlm_logits[mask.bool()],
                                    hf.eval()(input_ids=ids, attention_mask=mask).logits[mask.bool()],
                                    rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("cls_name,head,pooling", [
+    ("ModernBertForSequenceClassification", "sequence_classification", "mean"),
+    ("ModernBertForSequenceClassification", "sequence_classification", "cls"),
+    ("ModernBertForTokenClassification", "token_classification", "mean"),
+    ("ModernBertForQuestionAnswering", "question_answering", "mean"),
+])
+def test_the_heads_equal_transformers_both_ways(tmp_path, cls_name, head, pooling):
+    from bertkit.hf import load_pretrained, save_pretrained
+
+    torch.manual_seed(5)
+    labels = 2 if head == "question_answering" else 3
+    hf = getattr(transformers, cls_name)(hf_config(num_labels=labels, classifier_pooling=pooling)).eval()
+    hf.save_pretrained(tmp_path / "hf")
+    ours = load_pretrained(tmp_path / "hf", head="auto")
+    assert ours.loading_info["head"] == head and not ours.loading_info["missing"]
+    ids, mask = batch([30, 11])
+
+    def outputs(model, **kw):
+        with torch.no_grad():
+            out = model(input_ids=ids, attention_mask=mask, **kw)
+        if head == "question_answering":
+            return torch.stack([out.start_logits, out.end_logits], -1)[mask.bool()]
+        return out.logits[mask.bool()] if head == "token_classification" else out.logits
+
+    torch.testing.assert_close(outputs(ours), outputs(hf), rtol=0, atol=1e-5)
+    save_pretrained(ours, tmp_path / "ours")
+    back = getattr(transformers, cls_name).from_pretrained(tmp_path / "ours").eval()
+    torch.testing.assert_close(outputs(back), outputs(hf), rtol=0, atol=1e-5)
+
+
+def test_fine_tuning_and_fill_mask_start_from_a_modernbert_export(tmp_path, clean_dist_env):
+    from click.testing import CliRunner
+
+    from bertkit.cli import main
+    from bertkit.pretrain import export
+    from tests.helpers import quick_finetune, tiny_run
+
+    _, run = tiny_run(tmp_path, model="modernbert-tiny", objective="mlm", max_steps=2)
+    out = export(run, tmp_path / "export")
+    summary = quick_finetune(out, tmp_path / "ft")
+    assert summary["epochs"] and 0.0 <= summary["epochs"][-1]["accuracy"] <= 1.0
+    r = CliRunner().invoke(main, ["fill-mask", "--model", str(out), "w1 [MASK] w2"])
+    assert r.exit_code == 0, r.output
+    assert "1. " in r.output

@@ -179,7 +179,7 @@ def run_classification(model_path, train_examples, dev_examples, labels, cfg, *,
     model = load_pretrained(model_path, head="sequence_classification", num_labels=num_labels)
     if cfg.pooling is not None:  # saved with best/ (config.json classifier_pooling)
         model.cfg.set_pooling(cfg.pooling)
-    if model.cfg.classifier_pooling == "mean":
+    if model.cfg.classifier_pooling == "mean" and hasattr(model, "bert"):  # BERT's pooler; ModernBERT has none
         model.bert.pooler.requires_grad_(False)  # unread: data-parallel training would wait for its gradients
         if cfg.save_model:
             log.warning("mean pooling: load OUT/best/ with bertkit; transformers' BertForSequenceClassification "

@@ -59,7 +59,6 @@ from bertkit.formats import (
     write_run_config,
 )
 from bertkit.hf import save_pretrained
-from bertkit.modernbert import save_hf as save_modernbert
 from bertkit.pretrain.config import ConfigError, DeepSpeedSettings, PretrainConfig, TrainingError
 from bertkit.safe_load import UnsafeCheckpointError, first_unsafe_file, refusing_code, safe_load
 
@@ -425,8 +424,6 @@ def export(run_dir, out_dir, tag: str | None = None, say=None, overwrite: bool =
         tokenizer = tok if (tok / "vocab.txt").is_file() else None
         if electra:  # the discriminator here, the generator in generator/
             write_hf(model, out_dir, tokenizer)
-        elif getattr(model, "family", "bert") == "modernbert":
-            save_modernbert(model, out_dir, tokenizer, extra_config=extra)
         else:
             save_pretrained(model, out_dir, tokenizer_dir=tokenizer, extra_config=extra,
                             masked_lm_only=run.objective == "none")
