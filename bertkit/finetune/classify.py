@@ -27,6 +27,7 @@ class TextExample:
     text_a: str
     text_b: str | None
     label: str | None
+    binary: int | None = None  # KLUE-STS: the binarised similarity label it is also scored on
 
 
 def _column(header: list | None, col, path: Path):

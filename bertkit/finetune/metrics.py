@@ -5,6 +5,8 @@
   best threshold over null odds).
 - Matthews correlation (CoLA), F1 of the positive class + accuracy (MRPC, QQP), Pearson + Spearman (STS-B).
 - Entity-level precision/recall/F1 over IOB2 spans, as seqeval's default (conlleval-compatible) mode computes them.
+- KorQuAD 1.0 EM/F1: its own evaluate-v1.0.py rules, which differ from SQuAD's (quotes and brackets become spaces,
+  no article removal, and F1 counts characters, not words: Korean words carry particles).
 """
 import collections
 import math
@@ -39,6 +41,42 @@ def span_f1(prediction: str, gold: str) -> float:
         return 0.0
     precision, recall = same / len(pred_tokens), same / len(gold_tokens)
     return 2 * precision * recall / (precision + recall)
+
+
+# KorQuAD 1.0: quote marks and brackets (Korean and Western) turn into spaces before SQuAD's punctuation removal
+_KORQUAD_SPACED = re.compile("['\"《》<>〈〉()‘’]")
+
+
+def korquad_normalize(s: str) -> str:
+    s = _KORQUAD_SPACED.sub(" ", s).lower()
+    return " ".join("".join(ch for ch in s if ch not in _PUNCT).split())
+
+
+def korquad_exact_match(prediction: str, gold: str) -> float:
+    return float(korquad_normalize(prediction) == korquad_normalize(gold))
+
+
+def korquad_f1(prediction: str, gold: str) -> float:
+    """F1 over the characters of the normalised words (spaces not counted)."""
+    pred = [ch for word in korquad_normalize(prediction).split() for ch in word]
+    ref = [ch for word in korquad_normalize(gold).split() for ch in word]
+    same = sum((collections.Counter(pred) & collections.Counter(ref)).values())
+    if same == 0:
+        return 0.0
+    precision, recall = same / len(pred), same / len(ref)
+    return 2 * precision * recall / (precision + recall)
+
+
+def korquad_evaluate(dataset: list, predictions: dict, null_odds: dict | None = None) -> dict:
+    """KorQuAD 1.0 scores in percent ({"exact_match", "f1"}), max over each question's gold answers; a missing
+    prediction scores 0."""
+    gold = squad_gold_answers(dataset)
+    em = f1 = 0.0
+    for qid, answers in gold.items():
+        if qid in predictions:
+            em += max(korquad_exact_match(predictions[qid], g) for g in answers)
+            f1 += max(korquad_f1(predictions[qid], g) for g in answers)
+    return {"exact_match": 100.0 * em / len(gold), "f1": 100.0 * f1 / len(gold)}
 
 
 def squad_gold_answers(dataset: list) -> dict:

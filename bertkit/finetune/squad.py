@@ -313,8 +313,10 @@ def finetune_squad(model_path, train_file, predict_file, cfg, *, version_2: bool
                    max_seq_length: int = 384, window_step: int = 128, max_query_length: int = 64,
                    n_best_size: int = 20, max_answer_length: int = 30, null_score_diff_threshold: float = 0.0,
                    train_articles: slice | None = None, predict_articles: slice | None = None,
-                   every_nth_train_question: int = 1, every_nth_predict_question: int = 1) -> dict:
-    """`bertkit finetune squad`. Without train_file, only predicts and scores predict_file.
+                   every_nth_train_question: int = 1, every_nth_predict_question: int = 1, scorer=None,
+                   task: str | None = None) -> dict:
+    """`bertkit finetune squad`. Without train_file, only predicts and scores predict_file. `scorer(data,
+    predictions, null_odds)` replaces SQuAD's official scores (KorQuAD's own), `task` the name recorded.
     train_articles/predict_articles select articles of each file (e.g. train on one half of dev, score the other)."""
     if cfg.unpadded:
         raise SquadFormatError("--unpadded: the span head reads padded windows; leave --unpadded out for squad")
@@ -342,7 +344,7 @@ def finetune_squad(model_path, train_file, predict_file, cfg, *, version_2: bool
         out = predict(m, dev_rows, cfg.eval_batch_size, outputs=("start_logits", "end_logits"), per_token=True)
         preds, nbest, odds = postprocess(dev_examples, dev_features, out["start_logits"], out["end_logits"],
                                          n_best_size, max_answer_length, version_2, null_score_diff_threshold)
-        scores = squad_evaluate(dev_data, preds, odds if version_2 else None)
+        scores = (scorer or squad_evaluate)(dev_data, preds, odds if version_2 else None)
         files = {"predictions.json": preds, "nbest_predictions.json": nbest}
         if version_2:
             files["null_odds.json"] = odds
@@ -357,8 +359,9 @@ def finetune_squad(model_path, train_file, predict_file, cfg, *, version_2: bool
                 "train_questions": len(examples) if train_file else 0,
                 "train_features": len(train_rows), "predict_questions": len(dev_examples),
                 "predict_features": len(dev_rows), **stats}
-    return train(model, train_rows, evaluate, "f1", cfg, task="squad2" if version_2 else "squad", settings=settings,
-                 tokenizer_dir=model_path, extra_config={"finetuning_task": "squad2" if version_2 else "squad"})
+    task = task or ("squad2" if version_2 else "squad")
+    return train(model, train_rows, evaluate, "f1", cfg, task=task, settings=settings, tokenizer_dir=model_path,
+                 extra_config={"finetuning_task": task})
 
 
 def _slice_text(s: slice | None):

