@@ -206,3 +206,26 @@ def test_a_missing_splitter_says_how_to_install_it(tmp_path, monkeypatch):
         korean_splitter.cache_clear()
     assert r.exit_code != 0 and "pip install 'bertkit[korean]'" in r.output and "Traceback" not in r.output
     assert not (tmp_path / "c").exists()
+
+
+@pytest.mark.slow
+def test_the_korean_modernbert_block_runs_as_written(shared_data, tmp_path):
+    """README.ko.md's ModernBERT block, as written, small: a Korean corpus to a ModernBERT that transformers reads,
+    fine-tuned and scored on three Korean tasks (the first rows of each, one epoch)."""
+    text = (REPO / "README.ko.md").read_text(encoding="utf-8")
+    script = next(b for b in re.findall(r"```bash\n(.*?)```", text, re.S) if "--objective none" in b)
+    (tmp_path / "ko").mkdir()
+    (tmp_path / "ko" / "wiki_02").symlink_to(shared_data / KO_WIKI / "wiki_02")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+    env.update(PATH=f"{BIN}:{env['PATH']}", KO=str(tmp_path / "ko"), DATA=str(shared_data), OUT=str(tmp_path / "out"),
+               MODEL="modernbert-tiny", STEPS="20", LEN="128", VOCAB="6000", OMP_NUM_THREADS="2",
+               FT="--max-train-rows 48 --max-dev-rows 48 --epochs 1 --max-seq-length 48 --no-save-model")
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = tmp_path / "out"
+    assert json.loads((out / "model" / "config.json").read_text())["model_type"] == "modernbert"
+    assert f"transformers reads {out / 'model'}" in done.stdout
+    for task, metric in (("nsmc", "accuracy"), ("klue-nli", "accuracy"), ("klue-sts", "pearson")):
+        summary = json.loads((out / task / "metrics.json").read_text())
+        assert summary["task"] == task and metric in summary["best"]

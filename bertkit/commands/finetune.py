@@ -167,6 +167,8 @@ def glue(**kw):
 @click.option("--train-file", type=click.Path(exists=True, dir_okay=False),
               help="Instead of the task's training file (e.g. the official train set where you have it).")
 @click.option("--dev-file", type=click.Path(exists=True, dir_okay=False), help="Instead of the task's scored file.")
+@click.option("--max-train-rows", type=count(1), help="Train on the first N rows only (a quick look).")
+@click.option("--max-dev-rows", type=count(1), help="Score the first N rows only (a quick look, not a score).")
 @pooling_option
 @friendly_errors
 def korean(**kw):
@@ -189,7 +191,8 @@ def korean(**kw):
         return
     cfg = _train_config(kw, pooling=kw.pop("pooling"))
     _report(finetune_korean(kw["task"], kw["data_dir"], kw["model_path"], cfg, max_seq_length=kw["max_seq_length"],
-                            train_file=kw["train_file"], dev_file=kw["dev_file"]))
+                            train_file=kw["train_file"], dev_file=kw["dev_file"], max_train_rows=kw["max_train_rows"],
+                            max_dev_rows=kw["max_dev_rows"]))
 
 
 @finetune.command("classify")

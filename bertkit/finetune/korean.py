@@ -115,8 +115,9 @@ def sts_metrics(preds, golds, binary=None) -> dict:
 
 
 def finetune_korean(task: str, data_dir, model_path, cfg, max_seq_length: int = 128, train_file=None,
-                    dev_file=None) -> dict:
-    """`bertkit finetune korean --task TASK` (korquad goes through finetune_korquad)."""
+                    dev_file=None, max_train_rows: int | None = None, max_dev_rows: int | None = None) -> dict:
+    """`bertkit finetune korean --task TASK` (korquad goes through finetune_korquad); max_*_rows keep the first
+    rows only (a quick look, not a score to report)."""
     if task not in TASKS:
         raise DataError(f"unknown Korean task {task!r}; one of {sorted(TASKS) + ['korquad']}")
     spec, data_dir = TASKS[task], Path(data_dir)
@@ -128,6 +129,7 @@ def finetune_korean(task: str, data_dir, model_path, cfg, max_seq_length: int = 
                             "(../shared/data), or the files with --train-file / --dev-file")
     train = read_examples(train_path)[spec.train_rows if not train_file and spec.train_rows else slice(None)]
     dev = read_examples(dev_path)[spec.dev_rows if not dev_file and spec.dev_rows else slice(None)]
+    train, dev = train[:max_train_rows], dev[:max_dev_rows]  # a quick look: the first rows only
     check_labels(train, spec.labels, train_path)
     check_labels(dev, spec.labels, dev_path)
     labels = list(spec.labels) if spec.labels else None
