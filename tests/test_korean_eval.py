@@ -102,3 +102,43 @@ def test_korquad_end_to_end_reads_the_file_in_place(shared_data, minilm, tmp_pat
                                       every_nth_predict_question=4)
     assert summary["task"] == "korquad" and {"exact_match", "f1"} <= set(summary["best"])
     assert summary["best"]["f1"] >= summary["best"]["exact_match"]
+
+
+def test_klue_ner_reads_its_characters_and_scores_as_klue(shared_data):
+    sentences = korean.read_klue_ner(shared_data / korean.KLUE_NER)
+    assert len(sentences) == 5000 and sentences[0].guid == "klue-ner-v1_dev_00000-wikitree"
+    assert "".join(sentences[0].chars).startswith("경찰은 또 성매매") and sentences[0].tags[:3] == ["B-OG", "I-OG", "O"]
+    gold = [["B-PS", "I-PS", "O", "B-LC"], ["I-OG", "O", "B-OG", "I-OG"]]
+    pred = [["B-PS", "I-PS", "O", "B-OG"], ["I-OG", "O", "B-OG", "O"]]
+    # strict IOB2 over one sequence (the stray I-OG starts nothing): gold PS[0,2) LC[3,4) OG[6,8); pred PS[0,2)
+    # OG[3,5) OG[6,7): PS right, LC missed, OG wrong twice
+    assert M.klue_ner_entity_macro_f1(gold, pred) == pytest.approx((1.0 + 0.0 + 0.0) / 3)
+    char = M.klue_ner_char_macro_f1(gold, pred, ["B-PS", "I-PS", "B-LC", "B-OG", "I-OG", "O"])
+    # B-PS 1, I-PS 1, B-LC 0, B-OG 2*1/(1+2), I-OG 2*1/(2+1)
+    assert char == pytest.approx((1 + 1 + 0 + 2 / 3 + 2 / 3) / 5)
+
+
+def test_klue_ner_tags_go_to_tokens_and_back(minilm):
+    from bertkit.tokenization import load_tokenizer
+
+    s = korean.CharSentence("g", 1, list("Seoul is big"), ["B-LC"] + ["I-LC"] * 4 + ["O"] * 7)
+    rows, spans = korean.encode_char_tags([s], load_tokenizer(minilm), 32, True)
+    tags = list(korean.KLUE_NER_TAGS)
+    first = next(i for i, o in enumerate(spans[0]) if o is not None)
+    assert tags[rows[0]["labels"][first]] == "B-LC"
+    import numpy as np
+
+    logits = np.full((len(rows[0]["input_ids"]), len(tags)), -5.0)
+    for pos, label in enumerate(rows[0]["labels"]):
+        logits[pos, label if label >= 0 else tags.index("O")] = 5.0
+    assert korean.decode_char_tags([logits], spans, [s]) == [s.tags]  # a perfect token tagging gives the chars back
+
+
+def test_klue_ner_end_to_end(shared_data, minilm, tmp_path):
+    r = CliRunner().invoke(main, ["finetune", "korean", "--task", "klue-ner", "--data-dir", str(shared_data),
+                                  "--model", str(minilm), "--out", str(tmp_path / "out"), "--max-train-rows", "32",
+                                  "--max-dev-rows", "16", "--epochs", "1", "--batch-size", "8", "--max-seq-length",
+                                  "64", "--no-save-model", "--report-to", "none"])
+    assert r.exit_code == 0, r.output
+    best = json.loads((tmp_path / "out" / "metrics.json").read_text())["best"]
+    assert {"entity_macro_f1", "char_macro_f1"} <= set(best)

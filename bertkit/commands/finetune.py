@@ -161,7 +161,7 @@ def glue(**kw):
 @finetune.command("korean")
 @common_options(default_lr=2e-5, default_epochs=3.0, default_batch=32, default_max_len=128)
 @click.option("--task", required=True,
-              type=click.Choice(["klue-nli", "kornli", "nsmc", "korsts", "klue-sts", "korquad"]))
+              type=click.Choice(["klue-nli", "kornli", "nsmc", "korsts", "klue-sts", "klue-ner", "korquad"]))
 @click.option("--data-dir", required=True, type=click.Path(exists=True, file_okay=False),
               help="The folder holding klue/, kornlu/, nsmc/ and korquad_v1.0/ as published (../shared/data).")
 @click.option("--train-file", type=click.Path(exists=True, dir_okay=False),
@@ -173,10 +173,11 @@ def glue(**kw):
 @friendly_errors
 def korean(**kw):
     """A Korean benchmark from its official files, with its official metric: KLUE-NLI, KorNLI, NSMC (accuracy);
-    KorSTS, KLUE-STS (Pearson, Spearman; KLUE-STS also binary F1); KorQuAD 1.0 (its own EM and character F1).
+    KorSTS, KLUE-STS (Pearson, Spearman; KLUE-STS also binary F1); KLUE-NER (entity and character macro F1);
+    KorQuAD 1.0 (its own EM and character F1).
     Where ../shared/data holds no training split, the task trains on part of what is there (see
     bertkit/finetune/korean.py). korquad takes SQuAD's defaults (384 tokens, lr 5e-5, 2 epochs) unless given."""
-    from bertkit.finetune.korean import finetune_korean, finetune_korquad
+    from bertkit.finetune.korean import finetune_klue_ner, finetune_korean, finetune_korquad
 
     ctx = click.get_current_context()
     if kw["task"] == "korquad":
@@ -188,6 +189,11 @@ def korean(**kw):
         cfg = _train_config(kw)
         _report(finetune_korquad(kw["data_dir"], kw["model_path"], cfg, kw["train_file"], kw["dev_file"],
                                  max_seq_length=kw["max_seq_length"]))
+        return
+    if kw["task"] == "klue-ner":
+        kw.pop("pooling")
+        _report(finetune_klue_ner(kw["data_dir"], kw["model_path"], _train_config(kw), kw["max_seq_length"],
+                                  kw["train_file"], kw["dev_file"], kw["max_train_rows"], kw["max_dev_rows"]))
         return
     cfg = _train_config(kw, pooling=kw.pop("pooling"))
     _report(finetune_korean(kw["task"], kw["data_dir"], kw["model_path"], cfg, max_seq_length=kw["max_seq_length"],

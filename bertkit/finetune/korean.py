@@ -7,6 +7,9 @@
 - korsts: kornlu/KorSTS/sts-{train,dev}.tsv; Pearson and Spearman.
 - klue-sts: trains on KorSTS train (KLUE-STS train is not here), scores klue/klue-sts-v1.1/klue-sts-v1.1_dev.json;
   Pearson, Spearman and, as KLUE reports it, F1 of the binary label (a prediction of 3.0 or more is "similar").
+- klue-ner: klue/klue-ner-v1.1/klue-ner-v1.1_dev.tsv, character-level BIO (KLUE-NER train is not here: its first
+  4,000 sentences train, the last 1,000 score); tags go from characters to tokens (a token takes its first
+  character's) and predictions back to characters; KLUE's entity-level and character-level macro F1.
 - korquad: korquad_v1.0/KorQuAD_v1.0_dev.json (only dev is here: articles 0-99 train, 100-139 score); KorQuAD's
   own EM and character F1.
 
@@ -157,3 +160,120 @@ def finetune_korquad(data_dir, model_path, cfg, train_file=None, dev_file=None, 
         squad.setdefault("train_articles", slice(0, 100))
         squad.setdefault("predict_articles", slice(100, None))
     return finetune_squad(model_path, train_path, dev_path, cfg, scorer=korquad_evaluate, task="korquad", **squad)
+
+
+# ---------------------------------------------------------------- KLUE-NER: character-level BIO
+
+KLUE_NER = "klue/klue-ner-v1.1/klue-ner-v1.1_dev.tsv"
+KLUE_NER_TAGS = tuple(f"{p}-{k}" for k in ("DT", "LC", "OG", "PS", "QT", "TI") for p in "BI") + ("O",)
+
+
+@dataclass
+class CharSentence:
+    guid: str
+    line: int            # of its first character, 1-based
+    chars: list
+    tags: list
+
+
+def read_klue_ner(path) -> list:
+    """Sentences of KLUE-NER's TSV: `## guid<TAB>tagged text` heads each one, then one `char<TAB>tag` line per
+    character (a space is a character, tagged O); a blank line ends it; other `##` lines are the file's notes."""
+    path = Path(path)
+    sentences, current = [], None
+    for n, raw in enumerate(path.read_text(encoding="utf-8").split("\n"), 1):
+        line = raw.rstrip("\r")
+        if line.startswith("##"):
+            head = line[2:].strip().split("\t", 1)
+            if len(head) == 2 and head[0].startswith("klue-ner"):
+                current = CharSentence(head[0], n + 1, [], [])
+            continue
+        if not line:
+            if current is not None and current.chars:
+                sentences.append(current)
+            current = None
+            continue
+        if current is None:
+            raise DataError(f"{path}:{n}: a character line outside a sentence (no `## guid` line before it)")
+        char, sep, tag = line.rpartition("\t")
+        if not sep or len(char) != 1:
+            raise DataError(f"{path}:{n}: expected one character, a tab and its tag; got {line!r}")
+        if tag not in KLUE_NER_TAGS:
+            raise DataError(f"{path}:{n}: tag {tag!r} is not KLUE-NER's ({', '.join(KLUE_NER_TAGS)})")
+        current.chars.append(char)
+        current.tags.append(tag)
+    if current is not None and current.chars:
+        sentences.append(current)
+    if not sentences:
+        raise DataError(f"{path}: no sentences; is this KLUE-NER's character-level TSV?")
+    return sentences
+
+
+def encode_char_tags(sentences: list, tokenizer, max_seq_length: int, with_labels: bool) -> tuple:
+    """-> (rows, spans): each token labelled with its first character's tag; spans[i] the (start, end) character
+    span of each input position (None for [CLS]/[SEP])."""
+    from bertkit.formats import IGNORE_INDEX
+
+    index = {t: i for i, t in enumerate(KLUE_NER_TAGS)}
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(max_length=max_seq_length)
+    encodings = tokenizer.encode_batch(["".join(s.chars) for s in sentences], add_special_tokens=True)
+    tokenizer.no_truncation()
+    rows, spans = [], []
+    for s, enc in zip(sentences, encodings):
+        span = [o if t is not None else None for o, t in zip(enc.offsets, enc.word_ids)]
+        row = {"input_ids": enc.ids, "token_type_ids": enc.type_ids}
+        if with_labels:
+            row["labels"] = [index[s.tags[o[0]]] if o is not None and o[1] > o[0] else IGNORE_INDEX for o in span]
+        rows.append(row)
+        spans.append(span)
+    return rows, spans
+
+
+def decode_char_tags(logits: list, spans: list, sentences: list) -> list:
+    """Per-character tags: a token's tag on its first character, I- of its type on the rest, O where no token is."""
+    out = []
+    for token_logits, span, s in zip(logits, spans, sentences):
+        tags = ["O"] * len(s.chars)
+        best = token_logits.argmax(-1)
+        for pos, o in enumerate(span):
+            if o is None or o[1] <= o[0]:
+                continue
+            tag = KLUE_NER_TAGS[int(best[pos])]
+            tags[o[0]] = tag
+            for c in range(o[0] + 1, min(o[1], len(tags))):
+                tags[c] = "O" if tag == "O" else f"I-{tag[2:]}"
+        out.append(tags)
+    return out
+
+
+def finetune_klue_ner(data_dir, model_path, cfg, max_seq_length: int = 128, train_file=None, dev_file=None,
+                      max_train_rows: int | None = None, max_dev_rows: int | None = None) -> dict:
+    from bertkit.finetune.train import predict, set_seed, train
+    from bertkit.hf import load_pretrained
+    from bertkit.tokenization import load_tokenizer
+
+    default = Path(data_dir) / KLUE_NER
+    train_s = read_klue_ner(train_file or default)[slice(None) if train_file else slice(0, 4000)][:max_train_rows]
+    dev_s = read_klue_ner(dev_file or default)[slice(None) if dev_file else slice(4000, None)][:max_dev_rows]
+    tokenizer = load_tokenizer(model_path)
+    train_rows, _ = encode_char_tags(train_s, tokenizer, max_seq_length, True)
+    dev_rows, dev_spans = encode_char_tags(dev_s, tokenizer, max_seq_length, False)
+    set_seed(cfg.seed)
+    model = load_pretrained(model_path, head="token_classification", num_labels=len(KLUE_NER_TAGS))
+    gold = [s.tags for s in dev_s]
+
+    def evaluate(m):
+        logits = predict(m, dev_rows, cfg.eval_batch_size, per_token=True)["logits"]
+        predicted = decode_char_tags(logits, dev_spans, dev_s)
+        scores = {"entity_macro_f1": 100 * M.klue_ner_entity_macro_f1(gold, predicted),
+                  "char_macro_f1": 100 * M.klue_ner_char_macro_f1(gold, predicted, list(KLUE_NER_TAGS))}
+        return scores, {"dev_predictions.json": [{"guid": s.guid, "text": "".join(s.chars), "gold": s.tags,
+                                                  "predicted": p} for s, p in zip(dev_s, predicted)]}
+
+    extra = {"finetuning_task": "klue-ner", "id2label": dict(enumerate(KLUE_NER_TAGS)),
+             "label2id": {t: i for i, t in enumerate(KLUE_NER_TAGS)}}
+    settings = {"model": str(model_path), "max_seq_length": max_seq_length, "korean_task": "klue-ner",
+                "train_sentences": len(train_s), "dev_sentences": len(dev_s)}
+    return train(model, train_rows, evaluate, "entity_macro_f1", cfg, task="klue-ner", settings=settings,
+                 tokenizer_dir=model_path, extra_config=extra)

@@ -5,6 +5,8 @@
   best threshold over null odds).
 - Matthews correlation (CoLA), F1 of the positive class + accuracy (MRPC, QQP), Pearson + Spearman (STS-B).
 - Entity-level precision/recall/F1 over IOB2 spans, as seqeval's default (conlleval-compatible) mode computes them.
+- KLUE-NER: entity-level macro F1 (strict IOB2 over the characters of all sentences as one sequence, the mean of
+  each entity type's F1) and character-level macro F1 (over every tag but O), as KLUE's baseline scores them.
 - KorQuAD 1.0 EM/F1: its own evaluate-v1.0.py rules, which differ from SQuAD's (quotes and brackets become spaces,
   no article removal, and F1 counts characters, not words: Korean words carry particles).
 """
@@ -269,3 +271,42 @@ def _prf(n_correct, n_pred, n_gold) -> dict:
     recall = n_correct / n_gold if n_gold else 0.0
     f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
     return {"precision": precision, "recall": recall, "f1": f1}
+
+
+# ---------------------------------------------------------------- KLUE-NER
+
+def strict_entities(tags: list) -> set:
+    """{(type, start, end)} in strict IOB2: an entity is B-X then I-X...; an I- that does not continue one is none."""
+    spans, kind, start = set(), None, None
+    for i, tag in enumerate(list(tags) + ["O"]):
+        prefix, type_ = _split_tag(tag)
+        if kind is not None and not (prefix == "I" and type_ == kind):
+            spans.add((kind, start, i))
+            kind = None
+        if prefix == "B":
+            kind, start = type_, i
+    return spans
+
+
+def klue_ner_entity_macro_f1(gold_sentences: list, pred_sentences: list) -> float:
+    gold = strict_entities([t for s in gold_sentences for t in s])  # one sequence, as KLUE's baseline
+    pred = strict_entities([t for s in pred_sentences for t in s])
+    kinds = sorted({k for k, _, _ in gold | pred})
+    scores = []
+    for k in kinds:
+        g, p = {e for e in gold if e[0] == k}, {e for e in pred if e[0] == k}
+        tp = len(g & p)
+        scores.append(2 * tp / (len(g) + len(p)) if g or p else 0.0)
+    return sum(scores) / len(scores) if scores else 0.0
+
+
+def klue_ner_char_macro_f1(gold_sentences: list, pred_sentences: list, tags: list) -> float:
+    """The mean F1 of every tag but O over all characters (a tag never seen in gold or prediction scores 0)."""
+    gold = [t for s in gold_sentences for t in s]
+    pred = [t for s in pred_sentences for t in s]
+    scores = []
+    for tag in (t for t in tags if t != "O"):
+        tp = sum(g == tag and p == tag for g, p in zip(gold, pred))
+        n = sum(g == tag for g in gold) + sum(p == tag for p in pred)
+        scores.append(2 * tp / n if n else 0.0)
+    return sum(scores) / len(scores) if scores else 0.0
