@@ -37,7 +37,7 @@ class CheckConfig:
     timing: bool = True
     small: bool = False                   # tiny shapes (the Triton interpreter, tests)
     dropout: float = 0.1
-    out: str | None = "check_gpu.json"
+    out: str | None = None                # a JSON report file; None: written nowhere (--json prints it)
     timing_shapes: tuple = ((128, 128), (32, 512))   # (batch, seq)
 
 

@@ -3,6 +3,9 @@
 Each command lives in bertkit/commands/ and only maps flags onto a Python function;
 heavy imports (torch, deepspeed) happen inside the commands so `bertkit --help` stays fast.
 """
+import glob
+import os
+
 import click
 
 from bertkit import __version__
@@ -15,6 +18,17 @@ from bertkit.commands.pretrain import export, pretrain
 from bertkit.commands.report import report
 from bertkit.commands.tokenizer import train_tokenizer
 from bertkit.commands.verify import verify
+
+
+def quiet_deepspeed_on_cpu() -> None:
+    """DeepSpeed warns "Setting accelerator to CPU" in every process of a CPU run (five times in the demo). Where
+    the machine has no GPU device at all, naming the CPU accelerator ourselves keeps it quiet; a machine with one
+    is left to DeepSpeed's own detection."""
+    if "DS_ACCELERATOR" not in os.environ and not glob.glob("/dev/nvidia[0-9]*") and not os.path.exists("/dev/kfd"):
+        os.environ["DS_ACCELERATOR"] = "cpu"
+
+
+quiet_deepspeed_on_cpu()
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})

@@ -363,8 +363,10 @@ def load_pretrained(path, head: str | None = "auto", num_labels: int | None = No
         loaded = {k[len("bert."):]: v for k, v in loaded.items()}
     model.load_state_dict(loaded, strict=True)
     unused = sorted(set(tensors) - used)
-    if missing:
-        log.warning("%s: no weights for %s; initialised them randomly (train before use)", path, ", ".join(missing))
+    if essential:
+        log.warning("%s: no weights for %s; initialised them randomly (train before use)", path, ", ".join(essential))
+    elif missing:  # the NSP classifier or the pooler: fill-mask and mean pooling never read them
+        log.info("%s: no weights for %s (initialised; unused by fill-mask and mean pooling)", path, ", ".join(missing))
     if unused:
         log.info("%s: tensors not used by the %s model: %s", path, head or "encoder-only", ", ".join(unused))
     model.loading_info = {"head": head, "missing": missing, "unused": unused}

@@ -12,8 +12,8 @@ import click
 @click.option("--quick", is_flag=True, help="Only each kernel's default tile configuration, not every shipped one.")
 @click.option("--no-timing", is_flag=True, help="Correctness only.")
 @click.option("--small", is_flag=True, help="Tiny shapes (for the CPU interpreter and tests), not BERT's.")
-@click.option("--out", default="check_gpu.json", show_default=True, type=click.Path(dir_okay=False),
-              help="JSON report.")
+@click.option("--out", default=None, type=click.Path(dir_okay=False),
+              help="Write the JSON report to this file  [default: none; --json prints it].")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the JSON report (versions, device, every case) on stdout, to attach to a bug report as it "
                    "is; the progress lines go to stderr.")

@@ -133,7 +133,9 @@ def pretrain(**flags):
 @click.option("--checkpoint", "tag", help="Checkpoint tag (e.g. global_step1000)  [default: the latest].")
 @click.option("--overwrite", is_flag=True, help="Replace an earlier export of another run in --out.")
 def export(run_dir, out, tag, overwrite):
-    """Write a pretrain run's checkpoint (any ZeRO stage) as an HF BertForPreTraining folder."""
+    """Write a pretrain run's checkpoint (any ZeRO stage) as a folder transformers loads: BertForPreTraining
+    (BertForMaskedLM for an MLM-only run, MegatronBert* for pre-LN, ElectraForPreTraining with generator/ for ELECTRA,
+    ModernBertForMaskedLM for ModernBERT)."""
     from bertkit.fileio import FolderError
     from bertkit.formats import FormatError
     from bertkit.pretrain import ConfigError, TrainingError, export as run

@@ -381,7 +381,9 @@ def load_run_state_dict(run_dir, tag: str | None = None, say=None) -> tuple[dict
         Chosen(tag, marker, [], first_unsafe_file(ckpt / tag)).refuse_unsafe()
     with refusing_code():
         if run.zero_stage >= 1:
-            state = get_fp32_state_dict_from_zero_checkpoint(str(ckpt), tag=tag)
+            # zero_to_fp32's prints and bars are DeepSpeed's chatter, not the user's business
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                state = get_fp32_state_dict_from_zero_checkpoint(str(ckpt), tag=tag)
         else:
             files = sorted((ckpt / tag).glob("mp_rank_*_model_states.pt"))
             state = safe_load(files[0])["module"]

@@ -401,7 +401,13 @@ def init_distributed():
         # training's collectives go through gloo either way, so skip building it.
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     made_here = not dist.is_initialized()
-    deepspeed.init_distributed(dist_backend=acc.communication_backend_name())  # or adopts the caller's group
+    try:
+        deepspeed.init_distributed(dist_backend=acc.communication_backend_name())  # or adopts the caller's group
+    except dist.DistNetworkError as e:
+        if "EADDRINUSE" not in str(e):
+            raise
+        raise ConfigError(f"port {os.environ.get('MASTER_PORT')} is taken (another run on this machine?): launch "
+                          "with `deepspeed --master_port N …` (any free port), or set MASTER_PORT") from None
     if made_here:
         destroy_at_exit()
     local_rank = int(os.environ.get("LOCAL_RANK", 0))

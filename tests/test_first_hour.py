@@ -1,0 +1,38 @@
+"""A newcomer's first hour (issue 40, item 4): quiet, consistent messages. A busy port is one line saying what to
+do; DeepSpeed's accelerator warning stays out of a CPU user's terminal; check-gpu writes no file unless asked."""
+import json
+import socket
+import subprocess
+
+from tests.helpers import BIN, TINY, env_without_dist, make_instances_dir
+
+
+def test_a_busy_port_is_one_line(tmp_path):
+    inst = make_instances_dir(tmp_path / "inst", n=32, holdout=4, max_len=32)
+    (tmp_path / "model.json").write_text(json.dumps(TINY))
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        r = subprocess.run([str(BIN / "bertkit"), "pretrain", "--instances", str(inst), "--model",
+                            str(tmp_path / "model.json"), "--out", str(tmp_path / "run"), "--max-steps", "1",
+                            "--no-progress"], capture_output=True, text=True, timeout=300,
+                           env=env_without_dist(MASTER_PORT=str(port), MASTER_ADDR="127.0.0.1"))
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert f"port {port} is taken" in r.stderr and "--master_port" in r.stderr
+
+
+def test_export_and_check_gpu_say_only_their_own_lines(tmp_path):
+    from tests.helpers import tiny_run
+
+    _, run = tiny_run(tmp_path)
+    env = env_without_dist()
+    env.pop("DS_ACCELERATOR", None)
+    r = subprocess.run([str(BIN / "bertkit"), "export", str(run), "--out", str(tmp_path / "export")],
+                       capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "Setting accelerator" not in r.stdout + r.stderr
+    assert (r.stdout + r.stderr).strip().splitlines() == [f"wrote {tmp_path / 'export'}"]
+    subprocess.run([str(BIN / "bertkit"), "check-gpu"], capture_output=True, text=True, timeout=300, env=env,
+                   cwd=tmp_path)
+    assert not (tmp_path / "check_gpu.json").exists()
