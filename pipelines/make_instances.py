@@ -562,8 +562,9 @@ def _make_instances(corpus_dir: Path, tokenizer_dir, out: Path, config: Instance
     if config.objective == "nsp" and stats["not_next_share"] > 0.6:
         tqdm.write(f"warning: {stats['not_next_share']:.0%} of the pairs are NotNext (about 50 % expected): "
                    f"--max-seq-length {config.max_seq_length} leaves {config.max_seq_length - 3} tokens for two "
-                   "segments, too few for most pairs of sentences; 64 or more keeps next-sentence prediction "
-                   "meaningful", file=sys.stderr)
+                   "segments, too few for most pairs of this corpus's sentences: a longer --max-seq-length (BERT "
+                   "uses 128, then 512) keeps next-sentence prediction meaningful, or --objective none trains MLM "
+                   "alone", file=sys.stderr)
     if stats["instances"].get("train", 0) == 0:
         raise InstancesError(f"{corpus_dir}: no instance could be made: the corpus has no non-empty document "
                              f"(every sentence tokenized to nothing)")
