@@ -64,6 +64,47 @@ class Lamb(torch.optim.Optimizer):
         return loss
 
 
+class StableAdamW(torch.optim.Optimizer):
+    """AdamW with update clipping (Wortsman et al. 2023, the optimizer ModernBERT trained with): each tensor's step
+    size is divided by max(1, RMS(g² / v̂)), so a gradient far above its running second moment (a spike) cannot
+    take a step far larger than the rate; otherwise it is AdamW exactly (decoupled weight decay, bias correction)."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.98), eps=1e-6, weight_decay=0.0):
+        if lr < 0 or eps < 0 or not (0 <= betas[0] < 1 and 0 <= betas[1] < 1):
+            raise ValueError(f"invalid StableAdamW settings lr={lr} betas={betas} eps={eps}")
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                grad = p.grad.float()
+                state = self.state[p]
+                if not state:
+                    state["step"] = 0
+                    state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32)
+                    state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32)
+                state["step"] += 1
+                m, v = state["exp_avg"], state["exp_avg_sq"]
+                m.mul_(beta1).add_(grad, alpha=1 - beta1)
+                v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                m_hat = m / (1 - beta1 ** state["step"])
+                v_hat = v / (1 - beta2 ** state["step"])
+                rms = (grad.square() / v_hat.clamp_min(group["eps"] ** 2)).mean().sqrt()
+                lr = group["lr"] / max(1.0, float(rms))
+                w = p.float()
+                w.mul_(1 - lr * group["weight_decay"]).addcdiv_(m_hat, v_hat.sqrt().add_(group["eps"]), value=-lr)
+                p.copy_(w)
+        return loss
+
+
 def build_optimizer(name: str, groups: list[dict], lr: float, betas, eps: float, on_cuda: bool):
     name = name.lower()
     if name == "lamb":
@@ -74,25 +115,43 @@ def build_optimizer(name: str, groups: list[dict], lr: float, betas, eps: float,
         return Lamb(groups, lr=lr, betas=betas, eps=eps)
     if name == "adamw":
         return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, fused=on_cuda or None)
-    raise ValueError(f"unknown optimizer {name!r}; choose 'lamb' or 'adamw'")
+    if name == "stableadamw":
+        return StableAdamW(groups, lr=lr, betas=tuple(betas), eps=eps)
+    raise ValueError(f"unknown optimizer {name!r}; choose 'lamb', 'adamw' or 'stableadamw'")
 
 
-def lr_factor(step: int, total_steps: int, warmup_steps: int, schedule: str) -> float:
-    """Multiplier of the peak learning rate after `step` optimizer steps.
+SCHEDULES = ("linear", "poly", "wsd")
 
-    linear: linear warmup, then linear decay to 0 at total_steps (the BERT paper).
-    poly:   linear warmup, then (1 - progress) ** 0.5 (NVIDIA's BERT recipe).
+
+def after_warmup(progress: float, schedule: str, decay: float = 0.1) -> float:
+    """The peak rate's multiplier at `progress` (0 to 1) of the steps after warmup.
+
+    linear: linear decay to 0 (the BERT paper); poly: (1 - progress) ** 0.5 (NVIDIA's BERT recipe);
+    wsd:    warmup-stable-decay (ModernBERT's): the peak until the last `decay` of the run, then 1 - sqrt of the
+            decay's progress down to 0. A run still in its stable phase can be extended (--resume --max-steps) and
+            decays at its new end.
     """
-    if schedule not in ("linear", "poly"):
-        raise ValueError(f"unknown schedule {schedule!r}; choose 'linear' or 'poly'")
-    if warmup_steps > 0 and step < warmup_steps:
-        return (step + 1) / warmup_steps
-    progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
     remaining = max(0.0, 1.0 - progress)
-    return remaining if schedule == "linear" else math.sqrt(remaining)
+    if schedule == "linear":
+        return remaining
+    if schedule == "poly":
+        return math.sqrt(remaining)
+    if remaining >= decay:
+        return 1.0
+    return 1.0 - math.sqrt(min(1.0, (decay - remaining) / decay)) if decay > 0 else 1.0
 
 
-def build_scheduler(optimizer, total_steps: int, warmup_steps: int, schedule: str):
-    lr_factor(0, total_steps, warmup_steps, schedule)  # validates the name now, not at the first step
+def lr_factor(step: int, total_steps: int, warmup_steps: int, schedule: str, decay: float = 0.1) -> float:
+    """Multiplier of the peak learning rate after `step` optimizer steps: linear warmup, then after_warmup."""
+    if warmup_steps > 0 and step < warmup_steps:
+        after_warmup(0.0, schedule, decay)  # validates the name
+        return (step + 1) / warmup_steps
+    return after_warmup((step - warmup_steps) / max(1, total_steps - warmup_steps), schedule, decay)
+
+
+def build_scheduler(optimizer, total_steps: int, warmup_steps: int, schedule: str, decay: float = 0.1):
+    after_warmup(0.0, schedule, decay)  # validates the name now, not at the first step
     return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: lr_factor(step, total_steps, warmup_steps, schedule))
+        optimizer, lambda step: lr_factor(step, total_steps, warmup_steps, schedule, decay))

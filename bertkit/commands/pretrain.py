@@ -45,12 +45,17 @@ class Duration(click.ParamType):
               help="DeepSpeed ZeRO stage  [default: 0 with LAMB (per-layer trust ratios), 2 with AdamW].")
 @click.option("--precision", type=click.Choice(["auto", "fp32", "bf16", "fp16"]),
               help="auto = bf16 on GPUs that have it, else fp16 (dynamic loss scaling); fp32 on the CPU.")
-@click.option("--optimizer", type=click.Choice(["lamb", "adamw"]), help="[default: lamb]")
+@click.option("--optimizer", type=click.Choice(["lamb", "adamw", "stableadamw"]),
+              help="stableadamw: AdamW with update clipping (ModernBERT's)  [default: lamb]")
 @click.option("--lr", type=POSITIVE, help="Peak learning rate  [default: 1e-3].")
 @click.option("--weight-decay", type=NON_NEGATIVE, help="[default: 0.01; never on biases and LayerNorm]")
 @click.option("--grad-clip", type=NON_NEGATIVE, help="Global gradient-norm clipping; 0: none  [default: 1.0].")
-@click.option("--schedule", type=click.Choice(["linear", "poly"]), default="linear", show_default=True,
-              help="Warmup then linear decay (BERT), or polynomial decay with power 0.5 (NVIDIA).")
+@click.option("--schedule", type=click.Choice(["linear", "poly", "wsd"]), default="linear", show_default=True,
+              help="Warmup then linear decay (BERT), polynomial decay with power 0.5 (NVIDIA), or warmup-stable-"
+                   "decay (ModernBERT: the peak rate until the last --decay of the run, then 1 - sqrt down to 0; "
+                   "extend a run in its stable phase with --resume --max-steps, and it decays at the new end).")
+@click.option("--decay", type=Real(0, 1), default=0.1, show_default=True,
+              help="wsd: the fraction of the run the decay takes.")
 @click.option("--warmup", type=NON_NEGATIVE, show_default=False,
               help="Warmup: a fraction of --max-steps (or of --time-budget) when < 1, else a number of steps  "
                    "[default: 0.01, or the recipe's].")

@@ -7,11 +7,11 @@ value per step), the schedule records the fraction each step's rate was computed
 that record: `--schedule-from RUN` replays it step for step on any machine, so a budgeted run is reproducible.
 """
 import json
-import math
 import re
 from pathlib import Path
 
 from bertkit.fileio import atomic_write_json
+from bertkit.optim import after_warmup
 
 SCHEDULE_FILE = "schedule.json"
 DEFAULT_MAX_STEPS = 10000
@@ -30,13 +30,12 @@ def parse_duration(text: str) -> float:
     return seconds
 
 
-def lr_at(fraction: float, warmup: float, schedule: str) -> float:
-    """The peak rate's multiplier at `fraction` (0 to 1) of a run: linear warmup over the first `warmup`, then
-    linear decay (BERT) or (1 - progress) ** 0.5 (NVIDIA's poly) to 0 at 1."""
+def lr_at(fraction: float, warmup: float, schedule: str, decay: float = 0.1) -> float:
+    """The peak rate's multiplier at `fraction` (0 to 1) of a run: linear warmup over the first `warmup`, then the
+    schedule's shape (bertkit.optim.after_warmup) to 0 at 1."""
     if warmup > 0 and fraction < warmup:
         return max(fraction / warmup, 1e-3)  # never exactly 0: the first step still moves
-    remaining = max(0.0, 1.0 - (fraction - warmup) / max(1e-12, 1.0 - warmup))
-    return remaining if schedule == "linear" else math.sqrt(remaining)
+    return after_warmup((fraction - warmup) / max(1e-12, 1.0 - warmup), schedule, decay)
 
 
 class BudgetSchedule:
@@ -44,10 +43,10 @@ class BudgetSchedule:
     fraction that the rate of step s + 1 came from (a replay reads it back instead of the clock). LambdaLR keeps
     this object's fields in its state, so a checkpoint carries the time used and the trace: --resume continues both."""
 
-    def __init__(self, budget_s: float | None, warmup: float, schedule: str, replay: list[float] | None = None):
-        if schedule not in ("linear", "poly"):
-            raise ValueError(f"unknown schedule {schedule!r}; choose 'linear' or 'poly'")
-        self.budget_s, self.warmup, self.schedule = budget_s, warmup, schedule
+    def __init__(self, budget_s: float | None, warmup: float, schedule: str, replay: list[float] | None = None,
+                 decay: float = 0.1):
+        after_warmup(0.0, schedule, decay)  # validates the name
+        self.budget_s, self.warmup, self.schedule, self.decay = budget_s, warmup, schedule, decay
         self.replay = replay
         self.used_s = 0.0
         self.trace: list[float] = []
@@ -62,13 +61,14 @@ class BudgetSchedule:
             fraction = min(1.0, self.used_s / self.budget_s)
         del self.trace[step:]  # a rollback or a resume rewinds the record with the step count
         self.trace.append(fraction)
-        return lr_at(fraction, self.warmup, self.schedule)
+        return lr_at(fraction, self.warmup, self.schedule, getattr(self, "decay", 0.1))
 
     def record(self, run_dir: Path, steps: int) -> None:
         """RUN/schedule.json: what --schedule-from replays (rank 0, at every checkpoint)."""
         atomic_write_json(Path(run_dir) / SCHEDULE_FILE, {
             "time_budget_s": self.budget_s, "time_used_s": round(self.used_s, 3), "steps": steps,
-            "warmup": self.warmup, "schedule": self.schedule, "fraction": self.trace[:steps]})
+            "warmup": self.warmup, "schedule": self.schedule, "decay": getattr(self, "decay", 0.1),
+            "fraction": self.trace[:steps]})
 
 
 def read_schedule(run_dir) -> dict:
@@ -97,7 +97,8 @@ def plan_schedule(cfg) -> tuple[BudgetSchedule | None, int | None]:
         if steps > len(rec["fraction"]):
             raise ValueError(f"--max-steps {steps}: --schedule-from {cfg.schedule_from} recorded only "
                              f"{len(rec['fraction'])} steps")
-        return BudgetSchedule(rec["time_budget_s"], rec["warmup"], rec["schedule"], replay=rec["fraction"]), steps
+        return BudgetSchedule(rec["time_budget_s"], rec["warmup"], rec["schedule"], replay=rec["fraction"],
+                              decay=rec.get("decay", 0.1)), steps
     if cfg.time_budget:
-        return BudgetSchedule(cfg.time_budget, cfg.warmup, cfg.schedule), cfg.max_steps
+        return BudgetSchedule(cfg.time_budget, cfg.warmup, cfg.schedule, decay=cfg.decay), cfg.max_steps
     return None, cfg.max_steps or DEFAULT_MAX_STEPS

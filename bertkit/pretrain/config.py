@@ -33,12 +33,14 @@ class PretrainConfig:
     zero_stage: int | None = None
     precision: str | None = None          # auto | fp32 | bf16 | fp16; auto = bf16 if the GPU has it, fp16, CPU fp32
     grad_clip: float | None = None
-    optimizer: str | None = None          # lamb | adamw
+    optimizer: str | None = None          # lamb | adamw | stableadamw (AdamW with update clipping)
     lr: float | None = None               # peak learning rate
     weight_decay: float | None = None
     betas: tuple = (0.9, 0.999)
     eps: float = 1e-6
-    schedule: str = "linear"              # linear (BERT paper) | poly (power 0.5, NVIDIA's recipe)
+    schedule: str = "linear"              # linear (BERT paper) | poly (power 0.5, NVIDIA's recipe) | wsd (ModernBERT's
+                                          # warmup-stable-decay)
+    decay: float = 0.1                    # wsd: the last fraction of the run, decayed as 1 - sqrt
     warmup: float | None = None           # < 1: fraction of max_steps (or of the time budget); >= 1: steps;
                                           # None: the recipe's, else DEFAULT_WARMUP
     recipe: str | None = None             # a RECIPES name: its settings where the flags are silent
@@ -134,7 +136,7 @@ DEEPSPEED_PATHS = {"micro_batch": ("train_micro_batch_size_per_gpu",), "global_b
                    "weight_decay": ("optimizer", "params", "weight_decay")}
 # ZeRO 1-3 hand the optimizer flat partitions, so LAMB would take one trust ratio per partition instead of one
 # per tensor: LAMB defaults to stage 0 (plain data parallel, per-tensor LAMB), AdamW to 2.
-DEFAULT_ZERO_STAGE = {"lamb": 0, "adamw": 2}
+DEFAULT_ZERO_STAGE = {"lamb": 0, "adamw": 2, "stableadamw": 2}
 
 
 def _get(d: dict, path):

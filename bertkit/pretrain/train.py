@@ -108,7 +108,7 @@ def _pretrain(cfg: PretrainConfig, manifest, rank: int, world: int, device) -> d
     optimizer = build_optimizer(settings.optimizer, param_groups(model, settings.weight_decay), settings.lr,
                                 cfg.betas, cfg.eps, on_cuda)
     scheduler = None if "scheduler" in ds_config else LambdaLR(optimizer, budget) if budget else \
-        build_scheduler(optimizer, max_steps, cfg.warmup_steps(max_steps), cfg.schedule)
+        build_scheduler(optimizer, max_steps, cfg.warmup_steps(max_steps), cfg.schedule, cfg.decay)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                            config=ds_config, dist_init_required=False)
     if rank == 0:
