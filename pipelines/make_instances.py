@@ -66,7 +66,8 @@ from bertkit.pipelines.instance_io import (
 )
 from bertkit.progress import tqdm
 
-MAX_POSITIONS = 512          # BERT's position embeddings
+MAX_POSITIONS = 512          # BERT's position embeddings: the limit of NSP/SOP pairs
+MAX_MLM_ONLY = 8192          # --objective none: ModernBERT's context (RoPE has no position table)
 SPLIT_CODE = {"train": 0, "holdout": 1}
 
 
@@ -110,9 +111,12 @@ class InstancesConfig:
         return self.dupe if self.dupe is not None else (10 if self.mode == "static" else 1)
 
     def check(self) -> None:
-        if not 8 <= self.max_seq_length <= MAX_POSITIONS:
-            raise InstancesError(f"--max-seq-length {self.max_seq_length}: must be between 8 and {MAX_POSITIONS} "
-                                 f"(BERT has {MAX_POSITIONS} positions; [CLS] A [SEP] B [SEP] needs room for A and B)")
+        limit = MAX_MLM_ONLY if self.objective == "none" else MAX_POSITIONS
+        if not 8 <= self.max_seq_length <= limit:
+            longer = "" if self.objective == "none" else f"; up to {MAX_MLM_ONLY:,} with --objective none (MLM only)"
+            raise InstancesError(f"--max-seq-length {self.max_seq_length}: must be between 8 and {limit} "
+                                 f"(BERT has {MAX_POSITIONS} positions; [CLS] A [SEP] B [SEP] needs room for A and B"
+                                 f"{longer})")
         if self.mode not in ("static", "dynamic"):
             raise InstancesError(f"--mode {self.mode!r}: use static or dynamic")
         if self.compat not in (None, "google"):

@@ -188,3 +188,32 @@ def test_fine_tuning_and_fill_mask_start_from_a_modernbert_export(tmp_path, clea
     r = CliRunner().invoke(main, ["fill-mask", "--model", str(out), "w1 [MASK] w2"])
     assert r.exit_code == 0, r.output
     assert "1. " in r.output
+
+
+def test_long_mlm_only_instances_for_modernbert(tmp_path, clean_dist_env):
+    """make-instances goes past BERT's 512 positions with --objective none (up to 8,192), refuses it with NSP, and a
+    ModernBERT pretrains on 1,024-token rows, packed."""
+    from click.testing import CliRunner
+
+    from bertkit.cli import main
+    from bertkit.formats import read_instances_manifest
+    from bertkit.pretrain import PretrainConfig, pretrain
+    from tests.helpers import make_instances_dir, write_corpus
+
+    tok = make_instances_dir(tmp_path / "tok", n=8, holdout=2, max_len=16)  # a folder holding the toy vocab.txt
+    doc = [" ".join(f"w{(7 * i + j) % 120}" for j in range(40)) + "." for i in range(30)]
+    corpus = write_corpus(tmp_path / "corpus", [[doc] * 6], holdout=[[doc]])
+    r = CliRunner().invoke(main, ["make-instances", str(corpus), "--tokenizer", str(tok), "--out",
+                                  str(tmp_path / "nsp"), "--max-seq-length", "1024", "--no-progress"])
+    assert r.exit_code != 0 and "up to 8,192 with --objective none" in r.output
+    r = CliRunner().invoke(main, ["make-instances", str(corpus), "--tokenizer", str(tok), "--out",
+                                  str(tmp_path / "long"), "--max-seq-length", "1024", "--objective", "none",
+                                  "--mode", "dynamic", "--no-progress"])
+    assert r.exit_code == 0, r.output
+    manifest = read_instances_manifest(tmp_path / "long")
+    assert manifest.max_seq_length == 1024 and manifest.stats["mean_length"] > 512
+    result = pretrain(PretrainConfig(instances=str(tmp_path / "long"), out=str(tmp_path / "run"),
+                                     model="modernbert-tiny", micro_batch=2, max_steps=2, save_every=2, eval_every=0,
+                                     num_workers=0, optimizer="adamw", unpadded=True, progress=False,
+                                     report_to="none"))
+    assert result["step"] == 2

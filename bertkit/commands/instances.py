@@ -12,8 +12,9 @@ from bertkit.recipes import RECIPES, as_flags
               help="train-tokenizer output folder, HF model folder, or a vocab.txt.")
 @click.option("--out", "-o", default="instances", show_default=True, type=click.Path(file_okay=False),
               help="Output folder (the default is where pretrain looks).")
-@click.option("--max-seq-length", default=128, show_default=True, type=click.IntRange(8, 512),
-              help="Tokens per instance, 8..512.")
+@click.option("--max-seq-length", default=128, show_default=True, type=click.IntRange(8, 8192),
+              help="Tokens per instance: 8..512 with NSP/SOP (BERT's positions); up to 8,192 with --objective none "
+                   "(MLM only, for ModernBERT).")
 @click.option("--max-predictions", default=None, type=count(1), show_default="20 at 0.15, else max-seq-length x rate",
               help="Most masked positions per instance.")
 @click.option("--masked-lm-prob", default=0.15, show_default=True, type=Real(0, 1, min_open=True, max_open=True),
