@@ -85,6 +85,15 @@ class InstanceDataset:
                                                decide_per_piece=m.reference_behaviour.wwm_decide_per_piece,
                                                mask_replace=m.mask_replace)
 
+    @cached_property
+    def sep_id(self) -> int | None:
+        """The [SEP] id (it ends each document inside an MLM-only row), or None without a vocabulary."""
+        from bertkit.tokenization import read_vocab
+
+        vocab_file = self.dir / "vocab.txt"
+        tokens = read_vocab(vocab_file) if vocab_file.is_file() else []
+        return tokens.index("[SEP]") if "[SEP]" in tokens else None
+
     @cached_property  # read once: evaluate() asks at every --eval-every
     def mask_id(self) -> int | None:
         """The [MASK] id, from the vocabulary make-instances copied beside the shards (None without one)."""
@@ -157,10 +166,12 @@ def collate(rows: list[dict], pad_multiple: int = 8, pad_id: int = 0) -> dict:
                                                    ("mlm_labels", labels), ("next_sentence_label", nsp))}
 
 
-def collate_packed(rows: list[dict], pad_multiple: int = 8) -> dict:
+def collate_packed(rows: list[dict], pad_multiple: int = 8, split_at: int | None = None) -> dict:
     """The rows end to end, unpadded: input_ids / token_type_ids / position_ids (T,), cu_seqlens (B+1,) int32,
     max_seqlen (the longest row rounded up to pad_multiple: a host-side bucket, so the GPU is never asked),
-    mlm_positions / mlm_labels (P,) at flat token positions, next_sentence_label (B,)."""
+    mlm_positions / mlm_labels (P,) at flat token positions, next_sentence_label (B,). With split_at (the [SEP] id),
+    doc_cu_seqlens also cuts each row after every [SEP] inside it: the documents an MLM-only row holds, which a
+    model that reads it (ModernBERT) keeps from attending across each other."""
     import torch
 
     lengths = np.array([len(r["input_ids"]) for r in rows], dtype=np.int64)
@@ -175,6 +186,10 @@ def collate_packed(rows: list[dict], pad_multiple: int = 8) -> dict:
         "mlm_labels": np.concatenate([np.asarray(r["mlm_labels"], np.int64) for r in rows]).astype(np.int64),
         "next_sentence_label": np.array([r["next_sentence_label"] for r in rows], dtype=np.int64),
     }
+    if split_at is not None:
+        ids = batch["input_ids"]
+        ends = np.flatnonzero(ids == split_at) + 1
+        batch["doc_cu_seqlens"] = np.union1d(starts, ends).astype(np.int32)
     batch = {k: torch.from_numpy(v) for k, v in batch.items()}
     batch["max_seqlen"] = round_up(int(lengths.max()), pad_multiple)
     return batch
@@ -221,12 +236,15 @@ class EpochBatches:
 class _Rows:
     """Map-style view for torch's DataLoader: a sampler-produced list of keys -> one collated batch."""
 
-    def __init__(self, dataset: InstanceDataset, pad_multiple: int, unpadded: bool = False):
-        self.dataset, self.pad_multiple = dataset, pad_multiple
-        self.collate = collate_packed if unpadded else collate
+    def __init__(self, dataset: InstanceDataset, pad_multiple: int, unpadded: bool = False,
+                 split_at: int | None = None):
+        self.dataset, self.pad_multiple, self.unpadded, self.split_at = dataset, pad_multiple, unpadded, split_at
 
     def __getitem__(self, keys):
-        return self.collate([self.dataset[k] for k in keys], self.pad_multiple)
+        rows = [self.dataset[k] for k in keys]
+        if self.unpadded:
+            return collate_packed(rows, self.pad_multiple, self.split_at)
+        return collate(rows, self.pad_multiple)
 
 
 def _ignore_stop_signals(worker_id: int) -> None:
@@ -239,12 +257,13 @@ def _ignore_stop_signals(worker_id: int) -> None:
 
 
 def batch_loader(dataset: InstanceDataset, batches, num_workers: int = 0, pad_multiple: int = 8,
-                 unpadded: bool = False):
+                 unpadded: bool = False, split_at: int | None = None):
     """Iterate collated micro batches in `batches` order; workers prefetch, the order never changes.
-    unpadded: packed batches (collate_packed) instead of padded ones."""
+    unpadded: packed batches (collate_packed, split_at: its document cuts) instead of padded ones."""
     import torch
 
-    return torch.utils.data.DataLoader(_Rows(dataset, pad_multiple, unpadded), sampler=batches, batch_size=None,
+    return torch.utils.data.DataLoader(_Rows(dataset, pad_multiple, unpadded, split_at), sampler=batches,
+                                       batch_size=None,
                                        num_workers=num_workers, persistent_workers=False,
                                        prefetch_factor=4 if num_workers else None,
                                        worker_init_fn=_ignore_stop_signals if num_workers else None)

@@ -330,10 +330,11 @@ class ModernBertForMaskedLM(nn.Module):
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, mlm_positions=None, mlm_labels=None,
                 next_sentence_label=None, position_ids=None, cu_seqlens=None, max_seqlen=None,
-                labels=None) -> PreTrainingOutput:
+                labels=None, doc_cu_seqlens=None) -> PreTrainingOutput:
+        """doc_cu_seqlens (packed input): the documents inside the rows, each attending only to itself."""
         if next_sentence_label is not None:
             raise ValueError("ModernBERT is MLM-only: no next-sentence label (make-instances --objective none)")
-        h = self.model(input_ids, attention_mask, cu_seqlens)
+        h = self.model(input_ids, attention_mask, doc_cu_seqlens if doc_cu_seqlens is not None else cu_seqlens)
         if mlm_positions is not None and cu_seqlens is not None:
             h = h.index_select(0, mlm_positions.long())
         elif mlm_positions is not None:

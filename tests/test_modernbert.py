@@ -217,3 +217,29 @@ def test_long_mlm_only_instances_for_modernbert(tmp_path, clean_dist_env):
                                      num_workers=0, optimizer="adamw", unpadded=True, progress=False,
                                      report_to="none"))
     assert result["step"] == 2
+
+
+def test_documents_in_a_packed_row_never_attend_across_each_other(pair):
+    """An MLM-only row holds several documents, each ending in [SEP]: collate_packed cuts them apart
+    (doc_cu_seqlens), and ModernBERT's logits for each equal those of the document on its own."""
+    import numpy as np
+
+    from bertkit.data import collate_packed
+
+    _, ours = pair
+    sep = 3
+    docs = [[2, 11, 12, 13, 14, 15, 16, 17, 18, 19, sep], [21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, sep],
+            [41, 42, sep]]
+    row = {"input_ids": np.array(sum(docs, [])), "token_type_ids": np.zeros(27, dtype=np.int64),
+           "mlm_positions": np.array([1, 14]), "mlm_labels": np.array([11, 23]), "next_sentence_label": 0}
+    batch = collate_packed([row, row], split_at=sep)
+    assert batch["cu_seqlens"].tolist() == [0, 27, 54]
+    assert batch["doc_cu_seqlens"].tolist() == [0, 11, 24, 27, 38, 51, 54]
+    with torch.no_grad():
+        together = ours(batch["input_ids"], doc_cu_seqlens=batch["doc_cu_seqlens"],
+                        cu_seqlens=batch["cu_seqlens"]).mlm_logits
+        alone = torch.cat([ours(torch.tensor([d])).mlm_logits[0] for d in docs])
+    torch.testing.assert_close(together[:27], alone, rtol=0, atol=1e-5)
+    with torch.no_grad():  # without the cuts the documents would see each other (the local window spans them)
+        joined = ours(batch["input_ids"], cu_seqlens=batch["cu_seqlens"]).mlm_logits
+    assert (joined[:27] - alone).abs().max() > 1e-4  # far beyond the 1e-5 the cut rows meet

@@ -14,7 +14,7 @@ import socket
 import statistics
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import deepspeed
@@ -89,6 +89,12 @@ def _pretrain(cfg: PretrainConfig, manifest, rank: int, world: int, device) -> d
         raise ConfigError(str(e)) from None
     chosen = choose_checkpoint(run_dir, rank, say) if cfg.resume else None
     previous_run = prepare_run_dir(cfg, manifest, chosen)
+    modern = previous_run.model.get("family") == "modernbert" if previous_run else \
+        not cfg.init_from and ModernBertConfig.from_spec(cfg.model, manifest.vocab_size) is not None
+    if modern and not cfg.unpadded:
+        cfg = replace(cfg, unpadded=True)  # its documents are cut apart in packed rows; padding would join them
+        if rank == 0:
+            say("ModernBERT trains on packed batches (--unpadded): each document attends only to itself")
     ds_config, settings = resolve_settings(cfg, world, rank, on_cuda)
     objective = cfg.effective_objective(previous_run.objective if previous_run else manifest.objective)
     changes = [] if previous_run is None else \
@@ -134,7 +140,9 @@ def _pretrain(cfg: PretrainConfig, manifest, rank: int, world: int, device) -> d
     if sampler.per_epoch == 0:
         raise ConfigError(f"{cfg.instances}: {len(train)} training instances cannot fill one micro batch of "
                           f"{micro} on each of {world} rank(s); lower --micro-batch")
-    loader = open_loader(train, sampler, step * gas + skipped, cfg)
+    # ModernBERT: the documents an MLM-only row holds never attend across each other
+    split_at = train.sep_id if getattr(model, "family", "bert") == "modernbert" else None
+    loader = open_loader(train, sampler, step * gas + skipped, cfg, split_at)
     stop = StopFlag()
     old_handlers = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
     log = None
@@ -179,7 +187,7 @@ def _pretrain(cfg: PretrainConfig, manifest, rank: int, world: int, device) -> d
                 bad_step, consumed = step, step * gas + skipped
                 step, skipped, last_ckpt, chosen = roll_back(engine, run_dir, rank, bad_step, consumed, gas, problem)
                 close_loader(loader)
-                loader = open_loader(train, sampler, step * gas + skipped, cfg)
+                loader = open_loader(train, sampler, step * gas + skipped, cfg, split_at)
                 restore_rng(last_ckpt, rank)
                 meter.reduce()  # drop the sums of the rolled-back steps
                 log.write({"step": bad_step, "rollback_to": step, "rollback_reason": problem,
@@ -200,7 +208,7 @@ def _pretrain(cfg: PretrainConfig, manifest, rank: int, world: int, device) -> d
 
             if len(holdout) and cfg.eval_every and step % cfg.eval_every == 0:
                 ev = evaluate(engine, holdout, micro, rank, world, cfg.eval_batches, device, cfg.seed, cfg.unpadded,
-                              objective)
+                              objective, split_at)
                 if ev:
                     log.write({"step": step, "elapsed_s": seconds, **ev})
                 t0 = time.perf_counter()
@@ -247,10 +255,10 @@ def finished(step: int, max_steps: int | None, budget: BudgetSchedule | None) ->
     return (max_steps is not None and step >= max_steps) or (budget is not None and budget.spent())
 
 
-def open_loader(train, sampler: EpochBatches, consumed: int, cfg: PretrainConfig):
+def open_loader(train, sampler: EpochBatches, consumed: int, cfg: PretrainConfig, split_at: int | None = None):
     """This rank's batches from micro batch `consumed` (counted over epochs) on."""
     sampler.start_epoch, sampler.start = divmod(consumed, sampler.per_epoch)
-    return iter(batch_loader(train, sampler, cfg.num_workers, unpadded=cfg.unpadded))
+    return iter(batch_loader(train, sampler, cfg.num_workers, unpadded=cfg.unpadded, split_at=split_at))
 
 
 def roll_back(engine, run_dir: Path, rank: int, bad_step: int, consumed: int, gas: int, problem: str):
@@ -334,7 +342,7 @@ def say(message: str) -> None:
 
 
 def evaluate(engine, dataset, micro_batch: int, rank: int, world: int, max_batches: int, device, seed: int,
-             unpadded: bool = False, objective: str = "nsp"):
+             unpadded: bool = False, objective: str = "nsp", split_at: int | None = None):
     """MLM (and NSP/SOP) loss and accuracy on the first max_batches micro batches (per rank) of the held-out
     instances."""
     micro_batch = min(micro_batch, len(dataset) // world)  # a small holdout still gets evaluated
@@ -350,7 +358,8 @@ def evaluate(engine, dataset, micro_batch: int, rank: int, world: int, max_batch
         for i, keys in enumerate(batches):
             if i >= min(max_batches, batches.per_epoch):
                 break
-            batch = to_device((collate_packed if unpadded else collate)([dataset[k] for k in keys]), device)
+            rows = [dataset[k] for k in keys]
+            batch = to_device(collate_packed(rows, split_at=split_at) if unpadded else collate(rows), device)
             batch = for_objective(batch, objective)
             meter.add(engine(**batch), batch)
     engine.module.train(was_training)
