@@ -9,6 +9,7 @@ checkpoint saves as a folder transformers loads, and a transformers folder loads
 (input_ids (B, L) + attention_mask) or packed (input_ids (T,) + cu_seqlens: documents end to end, positions
 restarting at each, none attending across another).
 """
+import json
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -155,7 +156,7 @@ class ModernBertConfig:
                    embedding_dropout=d.get("embedding_dropout", 0.0),
                    attention_dropout=d.get("attention_dropout", 0.0), mlp_dropout=d.get("mlp_dropout", 0.0),
                    classifier_dropout=d.get("classifier_dropout", 0.0),
-                   classifier_pooling=d.get("classifier_pooling", "cls"), vocab_pad_multiple=1,
+                   classifier_pooling=d.get("classifier_pooling", "cls"),
                    pad_token_id=d.get("pad_token_id", 0), cls_token_id=d.get("cls_token_id", 2),
                    sep_token_id=d.get("sep_token_id", 3))
 
@@ -326,6 +327,8 @@ class ModernBertForMaskedLM(nn.Module):
         self.head = ModernBertPredictionHead(cfg)
         self.decoder = nn.Linear(cfg.hidden_size, cfg.padded_vocab_size, bias=True)
         init_weights(self, cfg)
+        with torch.no_grad():  # rows past the vocabulary are padding: zero, never an input, never predicted
+            self.model.embeddings.tok_embeddings.weight[cfg.vocab_size:] = 0
         self.decoder.weight = self.model.embeddings.tok_embeddings.weight
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, mlm_positions=None, mlm_labels=None,
@@ -451,7 +454,8 @@ def load_hf_state_dict(model: nn.Module, tensors: dict, source) -> tuple[list, l
     if not any(k.startswith("model.") for k in tensors):
         tensors = {f"model.{k}": v for k, v in tensors.items()}
     for name, t in tensors.items():
-        if name in VOCAB_ROWS:
+        if name in VOCAB_ROWS:  # whatever padding the source had, this model's own
+            t = t[:cfg.vocab_size]
             t = torch.cat([t, t.new_zeros((cfg.padded_vocab_size - t.shape[0], *t.shape[1:]))])
         state[name] = t
     state.pop("decoder.weight", None)  # tied to the embedding
@@ -525,3 +529,31 @@ def load_pretrained(path: Path, hf_config: dict, tensors: dict, head="auto", num
     model.loading_info = {"head": head, "missing": missing, "unused": unused}
     model.hf_config = hf_config
     return model.eval()
+
+
+def start_from(init: Path, say=None) -> tuple | None:
+    """(config, tensors in transformers' names, source, vocab sha256 or None) when `init` (--init-from) is a
+    ModernBERT run folder or model folder, else None."""
+    from bertkit.fileio import sha256_file
+    from bertkit.formats import read_run_config
+
+    if (init / "checkpoints").is_dir():
+        run = read_run_config(init)
+        if run.model.get("family") != "modernbert":
+            return None
+        from bertkit.pretrain.checkpoints import load_run_state_dict
+
+        state, run, tag = load_run_state_dict(init, say=say)
+        return ModernBertConfig.from_dict(run.model), state, f"{init} ({tag})", run.vocab_sha256
+    config = init / "config.json"
+    try:
+        is_modern = json.loads(config.read_text()).get("model_type") == "modernbert"
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not is_modern:
+        return None
+    from bertkit.hf import load_pretrained as load_any
+
+    loaded = load_any(init, head="pretraining")
+    vocab = init / "vocab.txt"
+    return loaded.cfg, hf_state_dict(loaded), str(init), sha256_file(vocab) if vocab.is_file() else None

@@ -243,3 +243,27 @@ def test_documents_in_a_packed_row_never_attend_across_each_other(pair):
     with torch.no_grad():  # without the cuts the documents would see each other (the local window spans them)
         joined = ours(batch["input_ids"], cu_seqlens=batch["cu_seqlens"]).mlm_logits
     assert (joined[:27] - alone).abs().max() > 1e-4  # far beyond the 1e-5 the cut rows meet
+
+
+def test_a_second_phase_starts_from_a_modernbert_run_or_export(tmp_path, clean_dist_env):
+    """--init-from a ModernBERT run folder or its export continues from its weights, with the second phase's own
+    RoPE base (--rope-theta) and longer instances."""
+    from bertkit.formats import read_instances_manifest
+    from bertkit.pretrain import PretrainConfig, export, load_run_state_dict
+    from bertkit.pretrain.train import build_model
+    from tests.helpers import make_instances_dir, tiny_run
+
+    _, run = tiny_run(tmp_path, model="modernbert-tiny", objective="mlm", max_steps=2)
+    out = export(run, tmp_path / "export")
+    longer = make_instances_dir(tmp_path / "long", n=16, holdout=2, max_len=96)
+    first, _, _ = load_run_state_dict(run)
+    for source in (run, out):
+        cfg = PretrainConfig(instances=str(longer), out=str(tmp_path / "p2"), init_from=str(source),
+                             rope_theta=320_000.0, objective="mlm")
+        model, mb, described = build_model(cfg, read_instances_manifest(longer), None, "none")
+        assert mb.global_rope_theta == 320_000.0 and mb.local_rope_theta == 10_000.0
+        assert str(source) in described
+        state = model.state_dict()
+        for name in ("model.layers.1.attn.Wqkv.weight", "model.embeddings.tok_embeddings.weight", "head.dense.weight"):
+            n = 133 if "tok_embeddings" in name else state[name].shape[0]  # the vocabulary's rows
+            torch.testing.assert_close(state[name][:n], first[name][:n].float(), rtol=0, atol=0)

@@ -89,6 +89,9 @@ class Duration(click.ParamType):
 @click.option("--norm", type=click.Choice(["post", "pre"]),
               help="LayerNorm after each residual add (post, BERT's) or before each sub-layer (pre, MegatronBERT's: "
                    "stable with less warmup; exported as MegatronBertForPreTraining)  [default: the model's, post].")
+@click.option("--rope-theta", type=POSITIVE,
+              help="ModernBERT: the global layers' RoPE base; a second phase at a longer length (--init-from the "
+                   "first) raises it  [default: the model's, 160,000].")
 @click.option("--pad-vocab-to", type=click.IntRange(min=1), default=None, show_default="8",
               help="Round the embedding and decoder rows up to this multiple (64: MosaicBERT, ModernBERT); the extra "
                    "rows are never predicted and export trims them.")

@@ -59,6 +59,7 @@ class PretrainConfig:
     objective: str | None = None          # None: the instances' (MLM + NSP/SOP, or MLM); mlm: MLM alone; electra
     generator_size: float = 0.25          # ELECTRA: the generator's width as a fraction of the discriminator's
     disc_weight: float = 50.0             # ELECTRA: loss = generator MLM + disc_weight x discriminator
+    rope_theta: float | None = None       # ModernBERT: the global layers' RoPE base (a longer second phase raises it)
     pad_vocab_to: int | None = None       # embedding/decoder rows rounded up to this multiple (default 8); 64 is
                                           # MosaicBERT's and ModernBERT's. Export trims them
     unpadded: bool = False                # packed batches (varlen attention): no compute on padding

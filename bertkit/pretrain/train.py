@@ -34,7 +34,12 @@ from bertkit.formats import RUN_CONFIG, InstancesManifest, RunConfig, read_insta
 from bertkit.hf import load_pretrained, repad_vocab
 from bertkit.kernel_guard import kernel_uses, resolve_guarded
 from bertkit.model import BertForPreTraining
-from bertkit.modernbert import ModernBertConfig, ModernBertForMaskedLM
+from bertkit.modernbert import (
+    ModernBertConfig,
+    ModernBertForMaskedLM,
+    load_hf_state_dict as load_modernbert_tensors,
+    start_from as modernbert_start,
+)
 from bertkit.optim import build_optimizer, build_scheduler, param_groups
 from bertkit.pretrain.budget import BudgetSchedule, plan_schedule
 from bertkit.pretrain.checkpoints import (
@@ -463,6 +468,14 @@ def build_model(cfg: PretrainConfig, manifest: InstancesManifest, previous_run: 
                                 previous_run.init_from)
     if previous_run is None and not cfg.init_from and (mb := ModernBertConfig.from_spec(cfg.model, vocab_size)):
         return build_modernbert(cfg, manifest, mb, objective, "random initialisation")
+    if previous_run is None and cfg.init_from and (start := modernbert_start(Path(cfg.init_from), say)):
+        mb, tensors, source, init_sha = start
+        if init_sha and manifest.vocab_sha256 and init_sha != manifest.vocab_sha256:
+            raise ConfigError(f"--init-from {cfg.init_from} was trained with another vocabulary than --instances "
+                              f"{cfg.instances}; make the instances with the tokenizer of the first phase")
+        model, mb, source = build_modernbert(cfg, manifest, mb, objective, source)
+        load_modernbert_tensors(model, tensors, cfg.init_from)
+        return model, mb, source
     state, source, init_model = None, "random initialisation", {}
     if previous_run is not None:
         bert_cfg, source = BertConfig.from_dict(previous_run.model), previous_run.init_from
@@ -539,12 +552,12 @@ def build_modernbert(cfg: PretrainConfig, manifest: InstancesManifest, mb: Moder
         mb.set_dropout(cfg.dropout)
     if cfg.pad_vocab_to is not None:
         mb.vocab_pad_multiple = cfg.pad_vocab_to
+    if cfg.rope_theta is not None:  # a second, longer phase raises the global layers' base (ModernBERT: 160,000)
+        mb.global_rope_theta = cfg.rope_theta
+    mb.max_position_embeddings = max(mb.max_position_embeddings, manifest.max_seq_length)  # RoPE has no table
     if mb.vocab_size != manifest.vocab_size:
         raise ConfigError(f"the model's vocabulary has {mb.vocab_size} tokens but {cfg.instances} was made with "
                           f"{manifest.vocab_size}: use instances made with the model's tokenizer")
-    if manifest.max_seq_length > mb.max_position_embeddings:
-        raise ConfigError(f"{cfg.instances} has sequences of {manifest.max_seq_length} tokens, past the model's "
-                          f"{mb.max_position_embeddings}")
     return ModernBertForMaskedLM(mb), mb, source
 
 
