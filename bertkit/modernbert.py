@@ -179,11 +179,14 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 @dataclass
 class Layout:
-    """Where each token is and what it may see: positions (for RoPE) and the global and local masks (True =
-    attend), shaped for SDPA over (batch, heads, queries, keys)."""
+    """Where each token is and what it may see, for attention over a (B, L) grid: positions (for RoPE) and the
+    global and local masks (True = attend), shaped for SDPA over (batch, heads, queries, keys). Packed input keeps
+    its T tokens everywhere else; `index` says where each sits in the grid (document d, position p: d * L + p), so
+    attention costs each document its own length squared, never T squared."""
     positions: torch.Tensor
     global_mask: torch.Tensor
     local_mask: torch.Tensor
+    index: torch.Tensor | None = None
 
 
 def padded_layout(attention_mask: torch.Tensor, half_window: int) -> Layout:
@@ -195,13 +198,15 @@ def padded_layout(attention_mask: torch.Tensor, half_window: int) -> Layout:
 
 
 def packed_layout(cu_seqlens: torch.Tensor, total: int, half_window: int) -> Layout:
-    """Documents end to end in one row: positions restart at each; a token sees only its own document."""
-    idx = torch.arange(total, device=cu_seqlens.device)
-    doc = torch.searchsorted(cu_seqlens[1:].long(), idx, right=True)
-    positions = idx - cu_seqlens.long()[doc]
-    same = (doc[:, None] == doc[None, :])[None, None]                              # (1, 1, T, T)
-    near = ((idx[:, None] - idx[None, :]).abs() <= half_window)[None, None]
-    return Layout(positions[None, :], same, same & near)
+    """Documents end to end: each is a row of the grid, positions restarting at 0; none sees another."""
+    cu = cu_seqlens.long()
+    lengths = cu.diff()
+    width = int(lengths.max())
+    idx = torch.arange(total, device=cu.device)
+    doc = torch.searchsorted(cu[1:], idx, right=True)
+    grid = padded_layout(torch.arange(width, device=cu.device)[None, :] < lengths[:, None], half_window)
+    grid.index = doc * width + (idx - cu[doc])
+    return grid
 
 
 # ---------------------------------------------------------------- the encoder
@@ -229,14 +234,20 @@ class ModernBertAttention(nn.Module):
         self.out_drop = nn.Dropout(cfg.attention_dropout)
 
     def forward(self, x, layout: Layout):
-        b, n, _ = x.shape
-        q, k, v = self.Wqkv(x).view(b, n, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)  # each (B, H, L, D)
+        qkv = self.Wqkv(x)
+        b, n = layout.positions.shape
+        if layout.index is not None:  # packed (T, 3H) into the documents' grid
+            qkv = qkv.new_zeros(b * n, qkv.shape[-1]).index_copy(0, layout.index, qkv)
+        q, k, v = qkv.view(b, n, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)  # each (B, H, L, D)
         cos, sin = rotary(layout.positions, self.head_dim, self.theta, x.dtype)
         q, k = apply_rotary(q, cos[:, None], sin[:, None]), apply_rotary(k, cos[:, None], sin[:, None])
         mask = layout.global_mask if self.is_global else layout.local_mask
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
                                              dropout_p=self.dropout if self.training else 0.0)
-        return self.out_drop(self.Wo(out.transpose(1, 2).reshape(b, n, -1)))
+        out = out.transpose(1, 2).reshape(b, n, -1)
+        if layout.index is not None:  # back to the packed tokens
+            out = out.reshape(b * n, -1).index_select(0, layout.index)
+        return self.out_drop(self.Wo(out))
 
 
 class ModernBertMLP(nn.Module):
@@ -278,15 +289,13 @@ class ModernBertModel(nn.Module):
     def forward(self, input_ids, attention_mask=None, cu_seqlens=None):
         half = self.cfg.local_window // 2
         if cu_seqlens is not None:
-            layout, ids = packed_layout(cu_seqlens, input_ids.shape[0], half), input_ids[None]
+            layout = packed_layout(cu_seqlens, input_ids.shape[0], half)
         else:
-            mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
-            layout, ids = padded_layout(mask, half), input_ids
-        x = self.embeddings(ids)
+            layout = padded_layout(attention_mask if attention_mask is not None else torch.ones_like(input_ids), half)
+        x = self.embeddings(input_ids)
         for layer in self.layers:
             x = layer(x, layout)
-        x = self.final_norm(x)
-        return x[0] if cu_seqlens is not None else x
+        return self.final_norm(x)
 
 
 class ModernBertPredictionHead(nn.Module):
