@@ -1,0 +1,113 @@
+"""A ModernBERT pretraining step on this CPU: bertkit's (packed: no padding, each document attending only to itself)
+against transformers' ModernBertForMaskedLM on the same documents padded to the longest in the batch, the same
+shape, fp32, forward + backward + AdamW, 30 % of the tokens masked (sparse prediction in both). Issue 37's goal: at
+least 2x at 128, 512 and 1,024 tokens.
+
+    python benchmarks/modernbert_step.py                      # prints the table, writes results/modernbert_step.json
+    python benchmarks/modernbert_step.py --lengths 128 --steps 3
+
+Documents have lengths drawn uniformly from [L/4, L] (real corpora mix short and long ones), as many per batch as
+make about --tokens real tokens. Run it on an otherwise idle machine; the load average is recorded.
+"""
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+sys.path.insert(0, str(REPO))
+from record import run_info, write_result  # noqa: E402
+
+from bertkit.modernbert import ModernBertConfig, ModernBertForMaskedLM, hf_state_dict  # noqa: E402
+
+VOCAB = 16000
+
+
+def documents(length: int, tokens: int, seed: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    docs, total = [], 0
+    while total < tokens:
+        n = int(torch.randint(length // 4, length + 1, (1,), generator=g))
+        docs.append(torch.randint(5, VOCAB, (n,), generator=g))
+        total += n
+    return docs
+
+
+def masked(ids: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+    labels = torch.full_like(ids, -100)
+    pick = torch.rand(ids.shape, generator=g) < 0.3
+    labels[pick] = ids[pick]
+    return labels
+
+
+def time_steps(step, steps: int) -> float:
+    step()  # warm-up
+    times = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--lengths", default="128,512,1024")
+    ap.add_argument("--preset", default="mini")
+    ap.add_argument("--tokens", type=int, default=4096, help="real tokens per batch")
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    import transformers
+
+    cfg = ModernBertConfig.preset(args.preset, vocab_size=VOCAB, max_position_embeddings=8192)
+    result = {**run_info("modernbert_step"), "preset": args.preset, "threads": args.threads, "rows": []}
+    print(f"{'tokens':>7} {'docs':>5} {'real tokens':>11} {'peer slots':>10} {'bertkit s':>10} {'peer s':>8} "
+          f"{'speed-up':>8}")
+    for length in map(int, args.lengths.split(",")):
+        torch.manual_seed(0)
+        ours = ModernBertForMaskedLM(cfg).train()
+        peer = transformers.ModernBertForMaskedLM(transformers.ModernBertConfig(
+            **cfg.to_hf_dict(), attn_implementation="sdpa", sparse_prediction=True)).train()
+        peer.load_state_dict(hf_state_dict(ours), strict=False)
+        docs = documents(length, args.tokens, length)
+        g = torch.Generator().manual_seed(1)
+        packed = torch.cat(docs)
+        cu = torch.tensor([0] + [len(d) for d in docs]).cumsum(0).to(torch.int32)
+        labels = masked(packed, g)
+        width = max(len(d) for d in docs)
+        padded = torch.zeros(len(docs), width, dtype=torch.long)
+        attention = torch.zeros_like(padded)
+        padded_labels = torch.full_like(padded, -100)
+        for i, d in enumerate(docs):
+            padded[i, :len(d)], attention[i, :len(d)] = d, 1
+            padded_labels[i, :len(d)] = labels[cu[i]:cu[i + 1]]
+        opt_ours = torch.optim.AdamW(ours.parameters(), lr=1e-4)
+        opt_peer = torch.optim.AdamW(peer.parameters(), lr=1e-4)
+
+        def step_ours():
+            ours(packed, cu_seqlens=cu, labels=labels).loss.backward()
+            opt_ours.step()
+            opt_ours.zero_grad(set_to_none=True)
+
+        def step_peer():
+            peer(input_ids=padded, attention_mask=attention, labels=padded_labels).loss.backward()
+            opt_peer.step()
+            opt_peer.zero_grad(set_to_none=True)
+
+        ours_s, peer_s = time_steps(step_ours, args.steps), time_steps(step_peer, args.steps)
+        row = {"length": length, "documents": len(docs), "real_tokens": int(packed.numel()),
+               "peer_slots": int(padded.numel()), "bertkit_s": ours_s, "peer_s": peer_s, "speedup": peer_s / ours_s}
+        result["rows"].append(row)
+        print(f"{length:>7} {len(docs):>5} {row['real_tokens']:>11} {row['peer_slots']:>10} {ours_s:>10.3f} "
+              f"{peer_s:>8.3f} {row['speedup']:>7.2f}x", flush=True)
+    write_result("modernbert_step", result)
+
+
+if __name__ == "__main__":
+    main()
