@@ -101,3 +101,15 @@ def test_flags(inst, tmp_path):
                            (["--max-steps", "0"], "--max-steps")):
         r = CliRunner().invoke(cli, base + flags)
         assert r.exit_code == 2 and message in r.output, r.output
+
+
+def test_a_budget_shorter_than_eval_every_still_evaluates_on_the_clock(inst, tmp_path):
+    """Issue 40: --eval-every counts steps, which a short budget never reaches; the clock adds an evaluation every
+    tenth of the budget and one at the end."""
+    run = tmp_path / "clock"
+    pretrain(cfg(inst, run, time_budget=3.0, eval_every=10 ** 6, eval_batches=1))
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in records if "eval_loss" in r]
+    last_step = max(r["step"] for r in records)
+    assert len(evals) >= 2 and evals[-1]["step"] == last_step
+    assert len(evals) <= 11  # a tenth of the budget apart, plus the end

@@ -164,6 +164,7 @@ def _pretrain(cfg: PretrainConfig, manifest, rank: int, world: int, device) -> d
                                         model.cfg.num_layers, model.cfg.hidden_size)
         record, t0, steps_in_interval, grad_norm = {}, time.perf_counter(), 0, None
         clock0 = time.perf_counter() - (budget.used_s if budget else 0.0)  # a resumed budget counts time used
+        eval_clock = EvalClock(budget, cfg.eval_every)
         engine.train()
         while not finished(step, max_steps, budget):
             step_loss = torch.zeros(3, dtype=torch.float64, device=device)  # [loss sum, stop requested, seconds]
@@ -211,7 +212,7 @@ def _pretrain(cfg: PretrainConfig, manifest, rank: int, world: int, device) -> d
                 log.advance(steps_in_interval, {"loss": f"{record['loss']:.3f}", "seq/s": f"{record['seq_per_s']:.0f}"})
                 t0, steps_in_interval = time.perf_counter(), 0
 
-            if len(holdout) and cfg.eval_every and step % cfg.eval_every == 0:
+            if len(holdout) and cfg.eval_every and (step % cfg.eval_every == 0 or eval_clock.due(seconds, last)):
                 ev = evaluate(engine, holdout, micro, rank, world, cfg.eval_batches, device, cfg.seed, cfg.unpadded,
                               objective, split_at)
                 if ev:
@@ -254,6 +255,22 @@ def say_recipe(cfg: PretrainConfig, manifest: InstancesManifest) -> None:
     if differ:
         say(f"note: recipe {cfg.recipe} was measured on instances made with `make-instances --recipe {cfg.recipe}` "
             f"({as_flags(recipe['make-instances'])}); {cfg.instances} has {as_flags(differ)}")
+
+
+class EvalClock:
+    """A time-budgeted run also evaluates every tenth of its budget and at its end, so a budget shorter than
+    --eval-every steps still draws a held-out curve. Every rank sees the same all-reduced clock: all evaluate."""
+
+    def __init__(self, budget: BudgetSchedule | None, eval_every: int):
+        live = budget is not None and budget.replay is None and budget.budget_s  # a replay keeps its steps' evals
+        self.every = budget.budget_s / 10 if live and eval_every else None
+        self.next = ((budget.used_s // self.every) + 1) * self.every if self.every else None
+
+    def due(self, seconds: float, last: bool) -> bool:
+        if self.every is None or not (last or seconds >= self.next):
+            return False
+        self.next = (seconds // self.every + 1) * self.every
+        return True
 
 
 def finished(step: int, max_steps: int | None, budget: BudgetSchedule | None) -> bool:
