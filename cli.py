@@ -1,15 +1,8 @@
-"""Entry for the DeepSpeed launcher: `deepspeed cli.py pretrain ...` runs the `bertkit` click group."""
-import os
-import sys
+"""Entry for the DeepSpeed launcher from a clone: `deepspeed cli.py pretrain ...` runs the `bertkit` click group.
+From any folder: `deepspeed --module bertkit pretrain ...` (bertkit/__main__.py)."""
+from bertkit.cli import entry, strip_launcher_args
 
-# The launcher appends --local_rank=N; torch.distributed reads LOCAL_RANK from the environment instead.
-for arg in list(sys.argv[1:]):
-    if arg.startswith("--local_rank"):
-        sys.argv.remove(arg)
-        if "=" in arg:
-            os.environ.setdefault("LOCAL_RANK", arg.split("=", 1)[1])
-
-from bertkit.cli import entry  # noqa: E402
+strip_launcher_args()
 
 if __name__ == "__main__":
     entry()

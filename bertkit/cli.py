@@ -5,6 +5,7 @@ heavy imports (torch, deepspeed) happen inside the commands so `bertkit --help` 
 """
 import glob
 import os
+import sys
 
 import click
 
@@ -18,6 +19,15 @@ from bertkit.commands.pretrain import export, pretrain
 from bertkit.commands.report import report
 from bertkit.commands.tokenizer import train_tokenizer
 from bertkit.commands.verify import verify
+
+
+def strip_launcher_args() -> None:
+    """The DeepSpeed launcher appends --local_rank=N; torch.distributed reads LOCAL_RANK from the environment."""
+    for arg in list(sys.argv[1:]):
+        if arg.startswith("--local_rank"):
+            sys.argv.remove(arg)
+            if "=" in arg:
+                os.environ.setdefault("LOCAL_RANK", arg.split("=", 1)[1])
 
 
 def quiet_deepspeed_on_cpu() -> None:

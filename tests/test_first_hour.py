@@ -36,3 +36,20 @@ def test_export_and_check_gpu_say_only_their_own_lines(tmp_path):
     subprocess.run([str(BIN / "bertkit"), "check-gpu"], capture_output=True, text=True, timeout=300, env=env,
                    cwd=tmp_path)
     assert not (tmp_path / "check_gpu.json").exists()
+
+
+def test_the_multi_rank_launch_runs_from_any_folder(tmp_path):
+    """Issue 40, item 2: `deepspeed --module bertkit pretrain` needs no clone's cli.py."""
+    from tests.helpers import free_port
+
+    inst = make_instances_dir(tmp_path / "inst", n=64, holdout=4, max_len=32)
+    (tmp_path / "model.json").write_text(json.dumps(TINY))
+    empty = tmp_path / "elsewhere"
+    empty.mkdir()
+    r = subprocess.run([str(BIN / "deepspeed"), "--num_gpus", "2", "--master_port", str(free_port()), "--module",
+                        "bertkit", "pretrain", "--instances", str(inst), "--model", str(tmp_path / "model.json"),
+                        "--out", str(tmp_path / "run"), "--max-steps", "2", "--micro-batch", "4", "--optimizer",
+                        "adamw", "--num-workers", "0", "--eval-every", "0", "--no-progress", "--report-to", "none"],
+                       cwd=empty, capture_output=True, text=True, timeout=300, env=env_without_dist())
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["world_size"] == 2
