@@ -68,3 +68,4 @@ def prepare_corpus(inputs, out, fmt, text_field, language, splitter, min_chars, 
         run(list(inputs), out, config)
     except (FormatError, FolderError, EngineError) as e:
         raise click.ClickException(str(e))
+    click.echo(f"next: bertkit train-tokenizer {out} --out tokenizer/", err=True)

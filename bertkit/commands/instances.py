@@ -101,3 +101,6 @@ def make_instances(ctx, corpus_dir, tokenizer_dir, out, max_seq_length, max_pred
         line += (f", selected {s['selected_fraction']:.2%} of tokens: [MASK] {s['mask_share']:.1%} / "
                  f"random {s['random_share']:.1%} / kept {s['kept_share']:.1%}")
     click.echo(line, err=True)
+    model = "tiny (or modernbert-tiny)" if manifest.objective == "none" else "tiny"
+    click.echo(f"next: bertkit pretrain --instances {out} --model {model} --out runs/pretrain (one process), or "
+               f"deepspeed --num_gpus N --module bertkit pretrain --instances {out} …", err=True)

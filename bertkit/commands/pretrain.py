@@ -131,6 +131,8 @@ def pretrain(**flags):
         raise click.ClickException(str(e)) from e
     if result.get("checkpoint") and os.environ.get("RANK", "0") == "0":
         click.echo(f"step {result['step']}: checkpoint {result['checkpoint']}", err=True)
+        if not result.get("stopped_by_signal"):
+            click.echo(f"next: bertkit export {flags['out']} --out model/", err=True)
     if result.get("stopped_by_signal"):  # saved, but not finished: 130 / 143 as shells expect, so `&& export` waits
         raise SystemExit(128 + int(result["stopped_by_signal"]))
 
@@ -153,3 +155,5 @@ def export(run_dir, out, tag, overwrite):
     except (FormatError, FolderError, ConfigError, TrainingError) as e:
         raise click.ClickException(str(e)) from e
     click.echo(f"wrote {path}")
+    click.echo(f"next: bertkit fill-mask --model {path} \"… [MASK] …\"  or  bertkit finetune glue|korean|squad "
+               f"--model {path} …", err=True)

@@ -97,3 +97,4 @@ def train_tokenizer(corpus_dir, out, vocab_size, lowercase, strip_accents, min_f
         s = m.stats
         click.echo(f"  {s['split']}: {s['sentences']} sentences, [UNK] {100 * s['unk_word_rate']:.3f}% of words, "
                    f"{s['pieces_per_word']:.3f} pieces per word")
+    click.echo(f"next: bertkit make-instances {corpus_dir} --tokenizer {out} --out instances/", err=True)
