@@ -55,6 +55,7 @@ from bertkit.pretrain.checkpoints import (
 )
 from bertkit.pretrain.config import ConfigError, PretrainConfig, TrainingError, resolve_deepspeed_config
 from bertkit.pretrain.metrics import Meter, MetricsLog, as_float, current_lr, peak_flops, training_flops
+from bertkit.pretrain.plateau import Plateau
 from bertkit.pretrain.resume import apply as apply_resume_changes, compare as resume_changes, inherit
 from bertkit.recipes import RECIPES, as_flags
 from bertkit.runlog import ReportError, default_report_to, parse_report_to
@@ -165,6 +166,7 @@ def _pretrain(cfg: PretrainConfig, manifest, rank: int, world: int, device) -> d
         record, t0, steps_in_interval, grad_norm = {}, time.perf_counter(), 0, None
         clock0 = time.perf_counter() - (budget.used_s if budget else 0.0)  # a resumed budget counts time used
         eval_clock = EvalClock(budget, cfg.eval_every)
+        plateau = Plateau.measure(holdout) if len(holdout) and cfg.eval_every and rank == 0 else None
         engine.train()
         while not finished(step, max_steps, budget):
             step_loss = torch.zeros(3, dtype=torch.float64, device=device)  # [loss sum, stop requested, seconds]
@@ -217,6 +219,10 @@ def _pretrain(cfg: PretrainConfig, manifest, rank: int, world: int, device) -> d
                               objective, split_at)
                 if ev:
                     log.write({"step": step, "elapsed_s": seconds, **ev})
+                    progress = seconds / budget.budget_s if budget and budget.budget_s else step / (max_steps or step)
+                    if plateau and (note := plateau.check(ev, step, progress)):
+                        say(note)
+                        log.write({"step": step, "plateau": {"baseline": plateau.baseline, "token": plateau.token}})
                 t0 = time.perf_counter()
 
             stopping = step_loss[1].item() > 0
