@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bertkit.config import BertConfig
 from bertkit.formats import IGNORE_INDEX
 from bertkit.model import MASKED_LOGIT, ClassifierOutput, PreTrainingOutput, QuestionAnsweringOutput, mean_over_tokens
 
@@ -58,10 +59,7 @@ class ModernBertConfig:
         self.embedding_dropout = self.mlp_dropout = hidden
         self.attention_dropout = hidden if attention is None else attention
 
-    def set_pooling(self, pooling: str) -> None:
-        if pooling not in ("cls", "mean"):
-            raise ValueError(f"classifier pooling must be 'cls' or 'mean', got {pooling!r}")
-        self.classifier_pooling = pooling
+    set_pooling = BertConfig.set_pooling
 
     @classmethod
     def from_spec(cls, spec: str | None, vocab_size: int) -> "ModernBertConfig | None":

@@ -19,6 +19,20 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
+def adam_moments(p, state: dict, beta1: float, beta2: float):
+    """Adam's moment update for one tensor (fp32 state); returns (grad, m_hat, v_hat), bias-corrected."""
+    grad = p.grad.float()
+    if not state:
+        state["step"] = 0
+        state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32)
+        state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32)
+    state["step"] += 1
+    m, v = state["exp_avg"], state["exp_avg_sq"]
+    m.mul_(beta1).add_(grad, alpha=1 - beta1)
+    v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+    return grad, m / (1 - beta1 ** state["step"]), v / (1 - beta2 ** state["step"])
+
+
 class Lamb(torch.optim.Optimizer):
     """LAMB in PyTorch (CPU, or any device without DeepSpeed's fused op).
 
@@ -42,18 +56,7 @@ class Lamb(torch.optim.Optimizer):
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                grad = p.grad.float()
-                state = self.state[p]
-                if not state:
-                    state["step"] = 0
-                    state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32)
-                    state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32)
-                state["step"] += 1
-                m, v = state["exp_avg"], state["exp_avg_sq"]
-                m.mul_(beta1).add_(grad, alpha=1 - beta1)
-                v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-                m_hat = m / (1 - beta1 ** state["step"])
-                v_hat = v / (1 - beta2 ** state["step"])
+                grad, m_hat, v_hat = adam_moments(p, self.state[p], beta1, beta2)
                 update = m_hat / (v_hat.sqrt() + group["eps"])
                 w = p.float()
                 if group["weight_decay"]:
@@ -85,18 +88,7 @@ class StableAdamW(torch.optim.Optimizer):
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                grad = p.grad.float()
-                state = self.state[p]
-                if not state:
-                    state["step"] = 0
-                    state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32)
-                    state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32)
-                state["step"] += 1
-                m, v = state["exp_avg"], state["exp_avg_sq"]
-                m.mul_(beta1).add_(grad, alpha=1 - beta1)
-                v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-                m_hat = m / (1 - beta1 ** state["step"])
-                v_hat = v / (1 - beta2 ** state["step"])
+                grad, m_hat, v_hat = adam_moments(p, self.state[p], beta1, beta2)
                 rms = (grad.square() / v_hat.clamp_min(group["eps"] ** 2)).mean().sqrt()
                 lr = group["lr"] / max(1.0, float(rms))
                 w = p.float()
@@ -145,8 +137,9 @@ def after_warmup(progress: float, schedule: str, decay: float = 0.1) -> float:
 
 def lr_factor(step: int, total_steps: int, warmup_steps: int, schedule: str, decay: float = 0.1) -> float:
     """Multiplier of the peak learning rate after `step` optimizer steps: linear warmup, then after_warmup."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
     if warmup_steps > 0 and step < warmup_steps:
-        after_warmup(0.0, schedule, decay)  # validates the name
         return (step + 1) / warmup_steps
     return after_warmup((step - warmup_steps) / max(1, total_steps - warmup_steps), schedule, decay)
 

@@ -89,8 +89,7 @@ _TORCH_LOAD = torch.load
 
 @contextlib.contextmanager
 def refusing_code():
-    """Every torch.load made inside (DeepSpeed's included, which ask for weights_only=False) goes through
-    safe_load."""
+    """Every torch.load made inside (DeepSpeed's included, which ask for full unpickling) goes through safe_load."""
     def load(f, map_location=None, pickle_module=None, **kwargs):
         return safe_load(f, map_location=map_location, **kwargs)
 

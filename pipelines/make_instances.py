@@ -527,19 +527,19 @@ def make_instances(corpus_dir, tokenizer_dir, out, config: InstancesConfig | Non
         check_shared_path(path, what)
     check_available(config.engine)
     corpus_dir, out = Path(corpus_dir), Path(out)
-    check_tokenizer(tokenizer_dir)  # a tokenizer that does not fit stops before anything is written
+    checked = check_tokenizer(tokenizer_dir)  # a tokenizer that does not fit stops before anything is written
     with folder_lock(out, "make-instances", tqdm.write), \
             disk_errors(out, "free space (or fix the disk), then run the same command again to resume"):
-        return _make_instances(corpus_dir, tokenizer_dir, out, config, progress)
+        return _make_instances(corpus_dir, tokenizer_dir, out, config, progress, checked)
 
 
 def _make_instances(corpus_dir: Path, tokenizer_dir, out: Path, config: InstancesConfig,
-                    progress: bool) -> InstancesManifest:
+                    progress: bool, checked: tuple) -> InstancesManifest:
     corpus_manifest = read_corpus_manifest(corpus_dir)
     train, holdout = corpus_shards(corpus_dir, "train"), corpus_shards(corpus_dir, "holdout")
     if not train:
         raise InstancesError(f"{corpus_dir}: the corpus has no training shard; run prepare-corpus on some text")
-    vocab, vocab_sha = check_tokenizer(tokenizer_dir)
+    vocab, vocab_sha = checked
 
     identity = {"config": config.identity(), "vocab_sha256": vocab_sha,
                 "corpus": _corpus_identity(corpus_manifest)}

@@ -61,13 +61,13 @@ class BudgetSchedule:
             fraction = min(1.0, self.used_s / self.budget_s)
         del self.trace[step:]  # a rollback or a resume rewinds the record with the step count
         self.trace.append(fraction)
-        return lr_at(fraction, self.warmup, self.schedule, getattr(self, "decay", 0.1))
+        return lr_at(fraction, self.warmup, self.schedule, self.decay)
 
     def record(self, run_dir: Path, steps: int) -> None:
         """RUN/schedule.json: what --schedule-from replays (rank 0, at every checkpoint)."""
         atomic_write_json(Path(run_dir) / SCHEDULE_FILE, {
             "time_budget_s": self.budget_s, "time_used_s": round(self.used_s, 3), "steps": steps,
-            "warmup": self.warmup, "schedule": self.schedule, "decay": getattr(self, "decay", 0.1),
+            "warmup": self.warmup, "schedule": self.schedule, "decay": self.decay,
             "fraction": self.trace[:steps]})
 
 

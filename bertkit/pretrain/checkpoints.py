@@ -378,7 +378,8 @@ def load_run_state_dict(run_dir, tag: str | None = None, say=None) -> tuple[dict
         if problems:
             raise ConfigError(f"{ckpt / tag}: damaged ({'; '.join(problems)}); choose another --checkpoint, or "
                               "leave it out to take the newest one that verifies")
-        Chosen(tag, marker, [], first_unsafe_file(ckpt / tag)).refuse_unsafe()
+        if unsafe := first_unsafe_file(ckpt / tag):
+            raise UnsafeCheckpointError(*unsafe)
     with refusing_code():
         if run.zero_stage >= 1:
             # zero_to_fp32's prints and bars are DeepSpeed's chatter, not the user's business

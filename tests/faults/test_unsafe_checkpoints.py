@@ -41,7 +41,7 @@ def plant(run: Path, name_pattern: str, marker: Path) -> Path:
     hostile folder's author would. Returns the file."""
     folder = run / "checkpoints" / "global_step2"
     target = next(p for p in sorted(folder.glob("*.pt")) if re.fullmatch(name_pattern, p.name))
-    data = torch.load(target, weights_only=False)  # our own file, trusted
+    data = safe_load(target)  # our own file: plain data
     data["extra"] = Payload(marker)
     torch.save(data, target)
     marker_file = folder / "checkpoint.json"
