@@ -130,8 +130,8 @@ def random_export(arm: Arm, en: dict, out: Path) -> Path:
     import torch
 
     from bertkit.config import BertConfig
-    from bertkit.hf import save_pretrained
-    from bertkit.model import BertForPreTraining
+    from bertkit.models import save_pretrained
+    from bertkit.models.bert import BertForPreTraining
     from bertkit.tokenization import read_vocab
 
     if not (out / "model.safetensors").is_file():

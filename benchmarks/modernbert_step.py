@@ -22,7 +22,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 sys.path.insert(0, str(REPO))
 from record import run_info, write_result  # noqa: E402
 
-from bertkit.modernbert import ModernBertConfig, ModernBertForMaskedLM, hf_state_dict  # noqa: E402
+from bertkit.models.modernbert import ModernBertConfig, ModernBertForMaskedLM, hf_state_dict  # noqa: E402
 
 VOCAB = 16000
 

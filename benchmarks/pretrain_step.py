@@ -65,7 +65,7 @@ def measure(impl: str, config: str, seq: int, batch: int, device: str, precision
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     if impl.startswith("bertkit"):
         from bertkit import kernels
-        from bertkit.model import BertForPreTraining
+        from bertkit.models.bert import BertForPreTraining
 
         kernels.use(impl.split(":")[1])
         impl = f"bertkit:{kernels.resolve(device)}"

@@ -140,8 +140,8 @@ def random_init(pretrained: Path, out: Path) -> Path:
     """The pretrained export's architecture and tokenizer with BERT's random initialisation."""
     import torch
 
-    from bertkit.hf import load_pretrained, save_pretrained
-    from bertkit.model import BertForPreTraining
+    from bertkit.models import load_pretrained, save_pretrained
+    from bertkit.models.bert import BertForPreTraining
 
     if not (out / "model.safetensors").is_file():
         torch.manual_seed(0)
@@ -177,7 +177,7 @@ def masked_only_accuracy(model_dir: Path, instances: Path, rows: int = 400, seed
     import torch
 
     from bertkit.fileio import read_arrow
-    from bertkit.hf import load_pretrained
+    from bertkit.models import load_pretrained
     from bertkit.tokenization import load_tokenizer
 
     model = load_pretrained(model_dir, head="pretraining").eval()
@@ -214,7 +214,7 @@ def masked_only_accuracy(model_dir: Path, instances: Path, rows: int = 400, seed
 
 def fill_mask(model_dir: Path, texts: list[str]) -> list:
     from bertkit.fill_mask import fill_mask_predictions
-    from bertkit.hf import load_pretrained
+    from bertkit.models import load_pretrained
     from bertkit.tokenization import load_tokenizer
 
     model = load_pretrained(model_dir, head="pretraining")

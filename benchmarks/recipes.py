@@ -128,7 +128,7 @@ def speed(args):
     from bertkit.finetune.classify import encode, label_ids, label_list
     from bertkit.finetune.glue import read_glue
     from bertkit.finetune.train import collate as ft_collate, collate_packed
-    from bertkit.model import BertForPreTraining, BertForSequenceClassification
+    from bertkit.models.bert import BertForPreTraining, BertForSequenceClassification
     from bertkit.tokenization import load_tokenizer
 
     rows = []

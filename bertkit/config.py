@@ -89,7 +89,7 @@ class BertConfig:
         """The fields of a transformers BertConfig (config.json), without architectures/labels."""
         if self.embedding_width != self.hidden_size:
             raise ValueError(f"embeddings of width {self.embedding_width} projected to {self.hidden_size} have no BERT "
-                             "form in transformers; an ELECTRA generator is written by bertkit.electra.write_hf")
+                             "form in transformers; an ELECTRA generator is written by bertkit.models.electra.write_hf")
         pooling = {} if self.classifier_pooling == "cls" else {"classifier_pooling": self.classifier_pooling}
         return {
             "model_type": "bert" if self.norm == "post" else "megatron-bert",

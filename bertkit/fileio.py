@@ -21,6 +21,8 @@ from pathlib import Path
 
 import xxhash
 
+from bertkit.errors import DamagedFileError
+
 CHECKSUM = "xxh3_128"
 DISK_ERRORS = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "the disk quota is exceeded",
                errno.EIO: "an input/output error (a failing disk or network file system)",
@@ -118,10 +120,8 @@ def atomic_write_arrow(path, table) -> None:
 
 def read_arrow(path, memory_map: bool = True):
     """Read an Arrow IPC file written by atomic_write_arrow, memory-mapped by default. A file that is not a
-    readable Arrow file raises formats.DamagedFileError naming it (never pyarrow's own error)."""
+    readable Arrow file raises DamagedFileError naming it (never pyarrow's own error)."""
     import pyarrow as pa
-
-    from bertkit.formats import DamagedFileError
 
     try:
         source = pa.memory_map(str(path), "r") if memory_map else pa.OSFile(str(path), "rb")

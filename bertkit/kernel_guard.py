@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from bertkit import __version__
+from bertkit.models import family_of
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ def run_checks(use: KernelUse, device) -> list:
 
 def kernel_uses(model, precision: str, unpadded: bool) -> list[KernelUse]:
     """What a model asks of the kernels: its encoder's shape (and for ELECTRA its generator's too)."""
-    if not getattr(model, "uses_kernels", True):  # ModernBERT: the torch path until the kernels learn RoPE
+    if not family_of(model).uses_kernels:  # ModernBERT: the torch path until the kernels learn RoPE
         return []
     cfgs = [model.cfg] + ([model.gen_cfg] if hasattr(model, "gen_cfg") else [])
     return [KernelUse(c.head_dim, c.hidden_size, precision, unpadded, c.hidden_dropout or c.attention_dropout,

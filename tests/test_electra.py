@@ -1,11 +1,11 @@
-"""ELECTRA (bertkit.electra): the replaced-token labels on hand-made batches, the loss, and the export against
+"""ELECTRA (bertkit.models.electra): the replaced-token labels on hand-made batches, the loss, and the export against
 transformers: the discriminator as ElectraForPreTraining, the generator as ElectraForMaskedLM, both loading with no
 missing or unexpected keys and agreeing with bertkit within 1e-5 (fp32); bertkit reads both back."""
 import pytest
 import torch
 
-from bertkit.electra import ElectraForPreTraining, corrupt, flat_positions, generator_config, write_hf
-from bertkit.hf import load_pretrained
+from bertkit.models import load_pretrained
+from bertkit.models.electra import ElectraForPreTraining, corrupt, flat_positions, generator_config, write_hf
 from tests.test_model import LENGTHS, assert_close, batch, tiny_config
 
 transformers = pytest.importorskip("transformers")
@@ -192,7 +192,7 @@ def test_electra_on_two_ranks_trains_resumes_exports_fine_tunes_and_fills_masks(
 def test_packed_batches_give_the_padded_losses(monkeypatch):
     """--unpadded: the same rows end to end give the same generator and discriminator losses (sampling made
     deterministic here: the two layouts draw their samples in different orders)."""
-    import bertkit.electra as electra
+    import bertkit.models.electra as electra
 
     monkeypatch.setattr(electra, "sample", lambda logits: logits.argmax(-1))
     torch.manual_seed(0)

@@ -98,8 +98,8 @@ def test_data_parallel_under_deepspeed_launcher(tmp_path, pooling):
     torch.distributed; rank 0 evaluates and writes metrics and the model. With mean pooling the pooler gets no
     gradient, which DDP must not wait for."""
     from bertkit.config import BertConfig
-    from bertkit.hf import save_pretrained
-    from bertkit.model import BertForSequenceClassification
+    from bertkit.models import save_pretrained
+    from bertkit.models.bert import BertForSequenceClassification
 
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(27)]
     (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")
@@ -127,8 +127,8 @@ def test_finetune_is_deterministic_given_the_seed(tmp_path):
     random seed in every process); another seed gives another run."""
     from bertkit.config import BertConfig
     from bertkit.finetune.classify import finetune_classify
-    from bertkit.hf import save_pretrained
-    from bertkit.model import BertForPreTraining
+    from bertkit.models import save_pretrained
+    from bertkit.models.bert import BertForPreTraining
 
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(27)]
     (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")
@@ -159,8 +159,8 @@ def test_dropout_flag_is_the_same_as_the_models_own(tmp_path):
 
     from bertkit.config import BertConfig
     from bertkit.finetune.classify import finetune_classify
-    from bertkit.hf import save_pretrained
-    from bertkit.model import BertForPreTraining
+    from bertkit.models import save_pretrained
+    from bertkit.models.bert import BertForPreTraining
 
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(27)]
     (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")
@@ -193,8 +193,8 @@ def test_pooling_flag_is_the_same_as_the_models_own(tmp_path):
 
     from bertkit.cli import main as cli
     from bertkit.config import BertConfig
-    from bertkit.hf import save_pretrained
-    from bertkit.model import BertForPreTraining
+    from bertkit.models import save_pretrained
+    from bertkit.models.bert import BertForPreTraining
 
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(27)]
     (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")
@@ -229,8 +229,8 @@ def test_finetune_logs_steps_and_evaluations_to_jsonl_and_tensorboard(tmp_path):
                                             reason="the tensorboard extra is not installed")
     from bertkit.config import BertConfig
     from bertkit.finetune.classify import finetune_classify
-    from bertkit.hf import save_pretrained
-    from bertkit.model import BertForPreTraining
+    from bertkit.models import save_pretrained
+    from bertkit.models.bert import BertForPreTraining
     from bertkit.runlog import read_metrics, scalar_tag
 
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(27)]
@@ -292,8 +292,8 @@ def test_report_to_wandb_writes_an_offline_run(tmp_path, monkeypatch):
     pytest.importorskip("wandb", reason="wandb is not installed")
     from bertkit.config import BertConfig
     from bertkit.finetune.classify import finetune_classify
-    from bertkit.hf import save_pretrained
-    from bertkit.model import BertForPreTraining
+    from bertkit.models import save_pretrained
+    from bertkit.models.bert import BertForPreTraining
     from bertkit.runlog import read_metrics, scalar_tag
 
     monkeypatch.delenv("WANDB_MODE", raising=False)

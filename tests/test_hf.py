@@ -7,10 +7,9 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
 
-from bertkit import model as bm
 from bertkit.cli import main as cli
 from bertkit.config import BertConfig
-from bertkit.hf import ModelFolderError, load_pretrained, save_pretrained
+from bertkit.models import ModelFolderError, bert as bm, load_pretrained, save_pretrained
 
 transformers = pytest.importorskip("transformers")
 
@@ -181,7 +180,7 @@ def test_pickled_code_is_never_executed(tmp_path):
 def test_missing_heads_are_initialised_and_logged(tmp_path, caplog):
     encoder = random_hf(transformers.BertModel)
     encoder.save_pretrained(tmp_path)  # no heads, no `bert.` prefix (like all-MiniLM-L6-v2)
-    with caplog.at_level(logging.WARNING, logger="bertkit.hf"):
+    with caplog.at_level(logging.WARNING, logger="bertkit.models"):
         model = load_pretrained(tmp_path, head="pretraining")
     missing = model.loading_info["missing"]
     assert "cls.predictions.bias" in missing and "cls.seq_relationship.weight" in missing

@@ -91,7 +91,7 @@ def test_auto_on_the_cpu_and_forced_triton_never_check(monkeypatch):
 
 def test_the_uses_of_an_electra_pair_cover_both_models():
     from bertkit.config import BertConfig
-    from bertkit.electra import ElectraForPreTraining
+    from bertkit.models.electra import ElectraForPreTraining
 
     model = ElectraForPreTraining(BertConfig.preset("tiny", vocab_size=64, norm="post"))
     uses = kernel_uses(model, "bf16", True)

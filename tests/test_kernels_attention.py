@@ -242,7 +242,7 @@ def test_tiny_bert_through_triton_matches_reference_path():
     the kernels' masks exactly."""
     from bertkit import kernels
     from bertkit.config import BertConfig
-    from bertkit.model import BertForPreTraining
+    from bertkit.models.bert import BertForPreTraining
 
     torch.manual_seed(0)
     cfg = BertConfig.preset("tiny", vocab_size=96)

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from bertkit.hf import load_pretrained, save_pretrained
-from bertkit.model import BertModel
+from bertkit.models import load_pretrained, save_pretrained
+from bertkit.models.bert import BertModel
 from bertkit.tokenization import load_tokenizer
 
 transformers = pytest.importorskip("transformers")

@@ -2,9 +2,10 @@
 import pytest
 import torch
 
-from bertkit import kernels, model as bm
+from bertkit import kernels
 from bertkit.config import PRESETS, BertConfig
-from bertkit.hf import _canonical_state, to_hf_state_dict
+from bertkit.models import bert as bm
+from bertkit.models.bert_hf import _canonical_state, to_hf_state_dict
 
 transformers = pytest.importorskip("transformers")
 

@@ -7,7 +7,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from bertkit.modernbert import (  # noqa: E402
+from bertkit.models.modernbert import (  # noqa: E402
     ModernBertConfig,
     ModernBertForMaskedLM,
     hf_state_dict,
@@ -114,7 +114,7 @@ def test_pretrain_a_modernbert_then_export_it_for_transformers(tmp_path, clean_d
     import json
 
     from bertkit.pretrain import ConfigError, PretrainConfig, export, load_run_state_dict, pretrain
-    from bertkit.pretrain.checkpoints import build
+    from bertkit.models import build_pretraining
     from tests.helpers import make_instances_dir
 
     inst = make_instances_dir(tmp_path / "inst", n=64, holdout=8, max_len=48)
@@ -135,7 +135,7 @@ def test_pretrain_a_modernbert_then_export_it_for_transformers(tmp_path, clean_d
     hf, info = transformers.ModernBertForMaskedLM.from_pretrained(out, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"]
     state, run_cfg, _ = load_run_state_dict(tmp_path / "run1")
-    ours = build(run_cfg.model, run_cfg.objective)
+    ours = build_pretraining(run_cfg.model, run_cfg.objective)
     ours.load_state_dict(state, strict=False)
     ids, mask = batch([40, 12])
     with torch.no_grad():
@@ -151,7 +151,7 @@ def test_pretrain_a_modernbert_then_export_it_for_transformers(tmp_path, clean_d
     ("ModernBertForQuestionAnswering", "question_answering", "mean"),
 ])
 def test_the_heads_equal_transformers_both_ways(tmp_path, cls_name, head, pooling):
-    from bertkit.hf import load_pretrained, save_pretrained
+    from bertkit.models import load_pretrained, save_pretrained
 
     torch.manual_seed(5)
     labels = 2 if head == "question_answering" else 3
@@ -250,7 +250,7 @@ def test_a_second_phase_starts_from_a_modernbert_run_or_export(tmp_path, clean_d
     RoPE base (--rope-theta) and longer instances."""
     from bertkit.formats import read_instances_manifest
     from bertkit.pretrain import PretrainConfig, export, load_run_state_dict
-    from bertkit.pretrain.train import build_model
+    from bertkit.pretrain.start import build_model
     from tests.helpers import make_instances_dir, tiny_run
 
     _, run = tiny_run(tmp_path, model="modernbert-tiny", objective="mlm", max_steps=2)

@@ -4,8 +4,8 @@ save loads in transformers with no missing or unexpected keys, and transformers'
 import pytest
 import torch
 
-from bertkit import model as bm
-from bertkit.hf import load_pretrained, save_pretrained, to_hf_state_dict
+from bertkit.models import bert as bm, load_pretrained, save_pretrained
+from bertkit.models.bert_hf import to_hf_state_dict
 from tests.test_model import LENGTHS, _canonical_state_params, assert_close, batch, hf_twin, randomise, tiny_config
 
 transformers = pytest.importorskip("transformers")
@@ -24,7 +24,7 @@ def test_pre_ln_matches_megatron_bert_forward_and_backward():
                 output_hidden_states=True)
     ours = model(ids, types, mask, next_sentence_label=nsp)
     hidden = model.bert(ids, types, mask).last_hidden_state
-    for i, n in enumerate(LENGTHS):  # padded rows are not meaningful (see bertkit.model)
+    for i, n in enumerate(LENGTHS):  # padded rows are not meaningful (see bertkit.models.bert)
         assert_close(hidden[i, :n], theirs.hidden_states[-1][i, :n], f"hidden row {i}")
         assert_close(ours.mlm_logits[i, :n], theirs.prediction_logits[i, :n], f"MLM logits row {i}")
     assert_close(ours.nsp_logits, theirs.seq_relationship_logits, "NSP logits")

@@ -49,7 +49,7 @@ def test_lamb_matches_the_paper():
 
 def test_no_weight_decay_on_biases_and_layer_norm():
     from bertkit.config import BertConfig
-    from bertkit.model import BertForPreTraining
+    from bertkit.models.bert import BertForPreTraining
 
     model = BertForPreTraining(BertConfig(**TINY))
     decay, no_decay = param_groups(model, 0.01)
@@ -147,7 +147,7 @@ def test_bad_inputs_give_clear_errors(instances, tmp_path, clean_dist_env):
 
 def test_out_of_memory_names_the_step_and_the_fix(instances, tmp_path, clean_dist_env, monkeypatch):
     """A micro batch that does not fit stops with where it happened and the flags that fix it."""
-    from bertkit.model import BertForPreTraining
+    from bertkit.models.bert import BertForPreTraining
 
     real_forward, calls = BertForPreTraining.forward, []
 
@@ -219,7 +219,7 @@ def test_mask_accuracy_counts_only_the_positions_that_read_mask(tmp_path):
     is [MASK], the same for a padded and a packed batch."""
     import torch.distributed as dist
 
-    from bertkit.model import PreTrainingOutput
+    from bertkit.models.bert import PreTrainingOutput
     from bertkit.pretrain.metrics import Meter
 
     made_group = not dist.is_initialized()

@@ -182,7 +182,7 @@ def test_one_process_sigterm_saves_then_exits(setup, clean_dist_env):
 
     from bertkit.formats import read_instances_manifest
     from bertkit.pretrain import load_run_state_dict
-    from bertkit.pretrain.train import build_model
+    from bertkit.pretrain.start import build_model
 
     state, _, _ = load_run_state_dict(run)
     model, _, source = build_model(PretrainConfig(instances=str(inst), out=str(root / "phase2"), init_from=str(run)),

@@ -139,8 +139,8 @@ def test_finetuning_report_renders(tmp_path):
     from bertkit.config import BertConfig
     from bertkit.finetune.classify import finetune_classify
     from bertkit.finetune.train import TrainConfig
-    from bertkit.hf import save_pretrained
-    from bertkit.model import BertForPreTraining
+    from bertkit.models import save_pretrained
+    from bertkit.models.bert import BertForPreTraining
 
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(27)]
     (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")

@@ -7,9 +7,9 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from bertkit import model as bm
 from bertkit.config import BertConfig
 from bertkit.data import InstanceDataset, collate, collate_packed
+from bertkit.models import bert as bm
 from tests.helpers import TINY, make_instances_dir
 
 TOL = 1e-5

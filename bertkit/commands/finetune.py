@@ -94,7 +94,7 @@ def friendly_errors(f):
         try:
             return f(*args, **kwargs)
         except (DataError, SquadFormatError, BackendError, ReportError, FolderError, FormatError,
-                TokenizerError) as e:  # FormatError: a model folder that cannot be loaded (bertkit.hf)
+                TokenizerError) as e:  # FormatError: a model folder that cannot be loaded (bertkit.models)
             raise click.ClickException(str(e)) from None
     return run
 

@@ -20,7 +20,7 @@ def fill_mask(model_dir, top_k, device, kernels, texts):
 
     from bertkit import kernels as backends
     from bertkit.fill_mask import fill_mask_predictions
-    from bertkit.hf import load_pretrained
+    from bertkit.models import load_pretrained
     from bertkit.tokenization import TokenizerError, load_tokenizer
 
     if device == "auto":

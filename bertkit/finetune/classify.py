@@ -167,7 +167,7 @@ def run_classification(model_path, train_examples, dev_examples, labels, cfg, *,
     import numpy as np
 
     from bertkit.finetune.train import predict, set_seed, train
-    from bertkit.hf import load_pretrained
+    from bertkit.models import load_pretrained
     from bertkit.tokenization import load_tokenizer
 
     tokenizer = load_tokenizer(model_path)

@@ -250,7 +250,7 @@ def decode_char_tags(logits: list, spans: list, sentences: list) -> list:
 def finetune_klue_ner(data_dir, model_path, cfg, max_seq_length: int = 128, train_file=None, dev_file=None,
                       max_train_rows: int | None = None, max_dev_rows: int | None = None) -> dict:
     from bertkit.finetune.train import predict, set_seed, train
-    from bertkit.hf import load_pretrained
+    from bertkit.models import load_pretrained
     from bertkit.tokenization import load_tokenizer
 
     default = Path(data_dir) / KLUE_NER

@@ -111,7 +111,7 @@ def decode(logits: list, first_piece: list, tags: list) -> tuple:
 def finetune_ner(model_path, train_file, dev_file, cfg, max_seq_length: int = 128) -> dict:
     """`bertkit finetune ner`."""
     from bertkit.finetune.train import predict, set_seed, train
-    from bertkit.hf import load_pretrained
+    from bertkit.models import load_pretrained
     from bertkit.tokenization import load_tokenizer
 
     train_sentences = read_conll(train_file) if train_file else []

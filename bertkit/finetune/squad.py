@@ -322,7 +322,7 @@ def finetune_squad(model_path, train_file, predict_file, cfg, *, version_2: bool
         raise SquadFormatError("--unpadded: the span head reads padded windows; leave --unpadded out for squad")
     from bertkit.finetune.metrics import squad_evaluate
     from bertkit.finetune.train import predict, set_seed, train
-    from bertkit.hf import load_pretrained
+    from bertkit.models import load_pretrained
     from bertkit.tokenization import load_tokenizer
 
     tokenizer = load_tokenizer(model_path)

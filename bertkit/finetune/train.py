@@ -19,8 +19,8 @@ from bertkit import kernels
 from bertkit.distributed import destroy_at_exit
 from bertkit.fileio import atomic_write_json, check_folder_owned, read_json_or_none, replace_earlier_output
 from bertkit.formats import IGNORE_INDEX
-from bertkit.hf import save_pretrained
 from bertkit.kernel_guard import kernel_uses, resolve_guarded
+from bertkit.models import save_pretrained
 from bertkit.optim import build_scheduler, param_groups
 from bertkit.progress import tqdm
 from bertkit.runlog import RunLog, default_report_to

@@ -10,38 +10,13 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from bertkit.errors import CorpusError, DamagedFileError, FormatError, InstancesError, RunError  # noqa: F401
+
 MANIFEST = "manifest.json"
 # A tokenizer folder; make-instances, a pretraining run and an export carry copies of these files.
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 SPLITS = ("train", "holdout")
 IGNORE_INDEX = -100   # label of a position that is not predicted, in every collated batch (torch's ignore_index)
-
-
-class FormatError(ValueError):
-    """A folder is missing, unfinished or not what a stage expects; the message names it and what to run."""
-
-
-class CorpusError(FormatError):
-    pass
-
-
-class InstancesError(FormatError):
-    pass
-
-
-class RunError(FormatError):
-    pass
-
-
-class DamagedFileError(FormatError):
-    """A file of a bertkit folder is missing, cut short, replaced or unreadable."""
-
-    def __init__(self, path, what: str, fix: str = ""):
-        self.path = Path(path)
-        folder = self.path.parent
-        fix = fix or (f"`bertkit verify {folder}` checks every file of the folder; then re-run the stage that "
-                      "wrote it")
-        super().__init__(f"{self.path}: {what}. {fix}")
 
 
 def listed_file(folder, name, listed_in) -> Path:

@@ -27,7 +27,6 @@ import torch
 import torch.distributed as dist
 from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-from bertkit.electra import build, write_hf
 from bertkit.fileio import (
     LOCK_FILE,
     FolderLockedError,
@@ -58,7 +57,7 @@ from bertkit.formats import (
     write_manifest,
     write_run_config,
 )
-from bertkit.hf import save_pretrained
+from bertkit.models import build_pretraining, save_pretrained
 from bertkit.pretrain.config import ConfigError, DeepSpeedSettings, PretrainConfig, TrainingError
 from bertkit.safe_load import UnsafeCheckpointError, first_unsafe_file, refusing_code, safe_load
 
@@ -396,7 +395,7 @@ def export(run_dir, out_dir, tag: str | None = None, say=None, overwrite: bool =
     newest one that verifies), and manifest.json with every file's checksum, written last. An ELECTRA run: the
     discriminator (ElectraForPreTraining) in out_dir, the generator (ElectraForMaskedLM) in out_dir/generator."""
     state, run, tag = load_run_state_dict(run_dir, tag, say)
-    model = build(run.model, run.objective)
+    model = build_pretraining(run.model, run.objective)
     if dropout := run.model.get("export_dropout"):  # pretrained with --dropout: fine-tuning gets the model's own
         for shape in (model.cfg, getattr(model, "gen_cfg", None)):  # ELECTRA's generator too
             if shape is not None:
@@ -410,7 +409,6 @@ def export(run_dir, out_dir, tag: str | None = None, say=None, overwrite: bool =
     if run.objective == "none" and say:
         say("export: classifier_pooling mean in config.json (pretrained without NSP/SOP, so [CLS] learnt nothing); "
             "finetune --pooling cls overrides it")
-    electra = run.objective == "electra"
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise TrainingError(f"{run_dir} ({tag}): checkpoint does not fit the model "
@@ -425,11 +423,9 @@ def export(run_dir, out_dir, tag: str | None = None, say=None, overwrite: bool =
         replace_earlier_output(out_dir, "export", {"run": str(Path(run_dir).resolve())},
                                earlier if isinstance(earlier, dict) else None, overwrite)
         tokenizer = tok if (tok / "vocab.txt").is_file() else None
-        if electra:  # the discriminator here, the generator in generator/
-            write_hf(model, out_dir, tokenizer)
-        else:
-            save_pretrained(model, out_dir, tokenizer_dir=tokenizer, extra_config=extra,
-                            masked_lm_only=run.objective == "none")
+        # an ELECTRA pair: the discriminator here, the generator in generator/
+        save_pretrained(model, out_dir, tokenizer_dir=tokenizer, extra_config=extra,
+                        masked_lm_only=run.objective == "none")
         files = {p.relative_to(out_dir).as_posix(): file_entry(p) for p in sorted(out_dir.rglob("*"))
                  if p.is_file() and p.name not in (MANIFEST, LOCK_FILE)}
         write_manifest(out_dir, ExportManifest(stage="export", complete=True, run=str(Path(run_dir).resolve()),

@@ -5,8 +5,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from bertkit.electra import rtd_metrics
 from bertkit.formats import IGNORE_INDEX
+from bertkit.models.electra import rtd_metrics
 from bertkit.runlog import RunLog
 
 # dense bf16/fp16 tensor-core peak per GPU, for MFU

@@ -25,27 +25,17 @@ from deepspeed.accelerator import get_accelerator
 from torch.optim.lr_scheduler import LambdaLR
 
 from bertkit import kernels
-from bertkit.config import BertConfig
 from bertkit.data import EpochBatches, InstanceDataset, batch_loader, close_loader, collate, collate_packed
 from bertkit.distributed import destroy_at_exit
-from bertkit.electra import ElectraForPreTraining, describe
-from bertkit.fileio import disk_errors, sha256_file
-from bertkit.formats import RUN_CONFIG, InstancesManifest, RunConfig, read_instances_manifest, read_run_config
-from bertkit.hf import load_pretrained, repad_vocab
+from bertkit.fileio import disk_errors
+from bertkit.formats import RUN_CONFIG, InstancesManifest, read_instances_manifest, read_run_config
 from bertkit.kernel_guard import kernel_uses, resolve_guarded
-from bertkit.model import BertForPreTraining
-from bertkit.modernbert import (
-    ModernBertConfig,
-    ModernBertForMaskedLM,
-    load_hf_state_dict as load_modernbert_tensors,
-    start_from as modernbert_start,
-)
+from bertkit.models import describe, family_of
 from bertkit.optim import build_optimizer, build_scheduler, param_groups
 from bertkit.pretrain.budget import BudgetSchedule, plan_schedule
 from bertkit.pretrain.checkpoints import (
     choose_checkpoint,
     load_checkpoint,
-    load_run_state_dict,
     prepare_run_dir,
     restore_rng,
     run_folder_lock,
@@ -57,6 +47,7 @@ from bertkit.pretrain.config import ConfigError, PretrainConfig, TrainingError, 
 from bertkit.pretrain.metrics import Meter, MetricsLog, as_float, current_lr, peak_flops, training_flops
 from bertkit.pretrain.plateau import Plateau
 from bertkit.pretrain.resume import apply as apply_resume_changes, compare as resume_changes, inherit
+from bertkit.pretrain.start import build_model, planned_family
 from bertkit.recipes import RECIPES, as_flags
 from bertkit.runlog import ReportError, default_report_to, parse_report_to
 from bertkit.threads import choose_threads
@@ -95,9 +86,7 @@ def _pretrain(cfg: PretrainConfig, manifest, rank: int, world: int, device) -> d
         raise ConfigError(str(e)) from None
     chosen = choose_checkpoint(run_dir, rank, say) if cfg.resume else None
     previous_run = prepare_run_dir(cfg, manifest, chosen)
-    modern = previous_run.model.get("family") == "modernbert" if previous_run else \
-        not cfg.init_from and ModernBertConfig.from_spec(cfg.model, manifest.vocab_size) is not None
-    if modern and not cfg.unpadded:
+    if planned_family(cfg, manifest, previous_run).splits_documents and not cfg.unpadded:
         cfg = replace(cfg, unpadded=True)  # its documents are cut apart in packed rows; padding would join them
         if rank == 0:
             say("ModernBERT trains on packed batches (--unpadded): each document attends only to itself")
@@ -147,7 +136,7 @@ def _pretrain(cfg: PretrainConfig, manifest, rank: int, world: int, device) -> d
         raise ConfigError(f"{cfg.instances}: {len(train)} training instances cannot fill one micro batch of "
                           f"{micro} on each of {world} rank(s); lower --micro-batch")
     # ModernBERT: the documents an MLM-only row holds never attend across each other
-    split_at = train.sep_id if getattr(model, "family", "bert") == "modernbert" else None
+    split_at = train.sep_id if family_of(model).splits_documents else None
     loader = open_loader(train, sampler, step * gas + skipped, cfg, split_at)
     stop = StopFlag()
     old_handlers = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
@@ -478,110 +467,6 @@ def read_user_deepspeed_config(cfg: PretrainConfig) -> dict | None:
         return json.loads(Path(cfg.deepspeed_config).read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise ConfigError(f"--deepspeed-config {cfg.deepspeed_config}: cannot read it ({e})") from e
-
-
-def build_model(cfg: PretrainConfig, manifest: InstancesManifest, previous_run: RunConfig | None,
-                objective: str = "nsp"):
-    """(model, BertConfig, init source description): the run's own shape on --resume (weights come from the
-    checkpoint), --init-from's weights, an HF config, or a preset sized to the instances' vocabulary. ELECTRA
-    (objective "electra") builds the generator and discriminator pair, the BertConfig being the discriminator's."""
-    vocab_size = manifest.vocab_size
-    if previous_run is not None and previous_run.model.get("family") == "modernbert":
-        return build_modernbert(cfg, manifest, ModernBertConfig.from_dict(previous_run.model), objective,
-                                previous_run.init_from)
-    if previous_run is None and not cfg.init_from and (mb := ModernBertConfig.from_spec(cfg.model, vocab_size)):
-        return build_modernbert(cfg, manifest, mb, objective, "random initialisation")
-    if previous_run is None and cfg.init_from and (start := modernbert_start(Path(cfg.init_from), say)):
-        mb, tensors, source, init_sha = start
-        if init_sha and manifest.vocab_sha256 and init_sha != manifest.vocab_sha256:
-            raise ConfigError(f"--init-from {cfg.init_from} was trained with another vocabulary than --instances "
-                              f"{cfg.instances}; make the instances with the tokenizer of the first phase")
-        model, mb, source = build_modernbert(cfg, manifest, mb, objective, source)
-        load_modernbert_tensors(model, tensors, cfg.init_from)
-        return model, mb, source
-    state, source, init_model = None, "random initialisation", {}
-    if previous_run is not None:
-        bert_cfg, source = BertConfig.from_dict(previous_run.model), previous_run.init_from
-    elif cfg.init_from:
-        init = Path(cfg.init_from)
-        if (init / "checkpoints").is_dir():
-            state, run, tag = load_run_state_dict(init, say=say)
-            if (run.objective == "electra") != (objective == "electra"):
-                raise ConfigError(f"--init-from {init}: an {run.objective} run cannot start this {objective} run")
-            bert_cfg, init_model = BertConfig.from_dict(run.model), run.model
-            source = f"{init} ({tag})"
-            init_sha = run.vocab_sha256
-        elif objective == "electra":
-            raise ConfigError(f"--init-from {init}: ELECTRA continues from its run folder (the one with "
-                              "checkpoints/), which holds both the generator and the discriminator")
-        else:
-            loaded = load_pretrained(init, head="pretraining")
-            bert_cfg, state, source = loaded.cfg, loaded.state_dict(), str(init)
-            init_sha = sha256_file(init / "vocab.txt") if (init / "vocab.txt").is_file() else None
-        if init_sha and manifest.vocab_sha256 and init_sha != manifest.vocab_sha256:
-            raise ConfigError(f"--init-from {init} was trained with another vocabulary (vocab.txt sha256 "
-                              f"{init_sha[:12]}...) than --instances {cfg.instances} ({manifest.vocab_sha256[:12]}"
-                              "...); make the instances with the tokenizer of the first phase")
-    else:
-        bert_cfg = BertConfig.from_spec(cfg.model, vocab_size)
-    # --dropout is a pretraining choice: an export keeps the model's own dropout for fine-tuning (cramming's way)
-    recorded = (previous_run.model if previous_run else init_model).get("export_dropout")
-    export_dropout = recorded
-    own = {"hidden": bert_cfg.hidden_dropout, "attention": bert_cfg.attention_dropout}
-    if cfg.dropout is not None and set(own.values()) != {cfg.dropout}:
-        bert_cfg.set_dropout(cfg.dropout)
-        export_dropout = recorded or own
-    if cfg.norm is not None and cfg.norm != bert_cfg.norm:
-        if state is not None or previous_run is not None:
-            origin = source if state is not None else "the run being resumed"
-            raise ConfigError(f"--norm {cfg.norm}: the weights this run starts from ({origin}) are "
-                              f"{bert_cfg.norm}-LN; drop --norm")
-        bert_cfg.norm = cfg.norm
-    if cfg.pad_vocab_to is not None and previous_run is None:
-        bert_cfg.vocab_pad_multiple = cfg.pad_vocab_to
-    if bert_cfg.vocab_size != vocab_size:
-        raise ConfigError(f"the model's vocabulary has {bert_cfg.vocab_size} tokens ({source if state else cfg.model})"
-                          f" but {cfg.instances} was made with {vocab_size} (manifest vocab_size): use instances "
-                          "made with the model's tokenizer, or a model config with the instances' vocab_size")
-    if manifest.max_seq_length > bert_cfg.max_position_embeddings:
-        raise ConfigError(f"{cfg.instances} has sequences of {manifest.max_seq_length} tokens but the model has only "
-                          f"{bert_cfg.max_position_embeddings} positions")
-    # ELECTRA's generator: the resumed (or --init-from) run's own, else from the flags
-    recorded = (previous_run.model if previous_run else init_model).get("electra")
-    generator = recorded or {"generator_size": cfg.generator_size, "disc_weight": cfg.disc_weight}
-    model = ElectraForPreTraining(bert_cfg, **generator) if objective == "electra" else BertForPreTraining(bert_cfg)
-    model.export_dropout = export_dropout  # describe() records it in the run's config.json; export writes it
-    if state is not None:
-        state = repad_vocab(state, bert_cfg)  # --pad-vocab-to may differ from the source's padding
-        missing, unexpected = model.load_state_dict(state, strict=False)
-        if missing or unexpected:
-            raise ConfigError(f"--init-from {cfg.init_from}: weights do not fit the pretraining model "
-                              f"(missing {missing[:5]}, unexpected {unexpected[:5]})")
-    return model, bert_cfg, source
-
-
-def build_modernbert(cfg: PretrainConfig, manifest: InstancesManifest, mb: ModernBertConfig, objective: str,
-                     source: str):
-    """(model, config, init source) for the ModernBERT family: MLM only, pre-LN by design, the torch backend."""
-    if objective != "none":
-        raise ConfigError(f"ModernBERT is MLM-only, but {cfg.instances} holds {objective.upper()} instances: make them "
-                          "with `bertkit make-instances --objective none`, or pretrain with --objective mlm")
-    if cfg.norm == "post":
-        raise ConfigError("--norm post: ModernBERT is pre-LN by design; drop --norm")
-    if cfg.kernels == "triton":
-        raise ConfigError("--kernels triton: ModernBERT's attention (RoPE, the local window) runs on the torch backend "
-                          "until bertkit's Triton kernels learn both; use --kernels auto or torch")
-    if cfg.dropout is not None:
-        mb.set_dropout(cfg.dropout)
-    if cfg.pad_vocab_to is not None:
-        mb.vocab_pad_multiple = cfg.pad_vocab_to
-    if cfg.rope_theta is not None:  # a second, longer phase raises the global layers' base (ModernBERT: 160,000)
-        mb.global_rope_theta = cfg.rope_theta
-    mb.max_position_embeddings = max(mb.max_position_embeddings, manifest.max_seq_length)  # RoPE has no table
-    if mb.vocab_size != manifest.vocab_size:
-        raise ConfigError(f"the model's vocabulary has {mb.vocab_size} tokens but {cfg.instances} was made with "
-                          f"{manifest.vocab_size}: use instances made with the model's tokenizer")
-    return ModernBertForMaskedLM(mb), mb, source
 
 
 def global_grad_norm(model) -> torch.Tensor:

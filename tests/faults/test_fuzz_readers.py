@@ -202,7 +202,7 @@ model_config_like = st.one_of(st.binary(max_size=150), json_value.map(lambda v: 
 @given(model_config_like, st.binary(max_size=200), st.booleans())
 def test_model_folder(config, weights, with_vocab):
     """What fill-mask, finetune and --init-from load: config.json, model.safetensors, the tokenizer files."""
-    from bertkit.hf import ModelFolderError, load_pretrained
+    from bertkit.models import ModelFolderError, load_pretrained
 
     folder = write(config, "config.json").parent
     (folder / "model.safetensors").write_bytes(weights)

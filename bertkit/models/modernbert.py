@@ -19,7 +19,13 @@ from torch import nn
 
 from bertkit.config import BertConfig
 from bertkit.formats import IGNORE_INDEX
-from bertkit.model import MASKED_LOGIT, ClassifierOutput, PreTrainingOutput, QuestionAnsweringOutput, mean_over_tokens
+from bertkit.models.bert import (
+    MASKED_LOGIT,
+    ClassifierOutput,
+    PreTrainingOutput,
+    QuestionAnsweringOutput,
+    mean_over_tokens,
+)
 
 # layers, hidden, heads, GLU width: base is ModernBERT-base; the smaller ones keep its proportions
 PRESETS = {"tiny": (4, 128, 2, 192), "mini": (6, 256, 4, 384), "small": (12, 384, 6, 576),
@@ -65,7 +71,6 @@ class ModernBertConfig:
     def from_spec(cls, spec: str | None, vocab_size: int) -> "ModernBertConfig | None":
         """What --model names when it is a ModernBERT: a preset `modernbert-NAME`, or transformers' ModernBert
         config.json (or its folder); None for anything else."""
-        import json
         from pathlib import Path
 
         if spec and spec.startswith("modernbert-"):
@@ -325,7 +330,6 @@ class ModernBertForMaskedLM(nn.Module):
     (ModernBERT's sparse prediction): at mlm_positions (bertkit's pretraining batches, as BertForPreTraining takes
     them), or where per-token `labels` (transformers' layout) are not -100; else at every token."""
     family = "modernbert"
-    uses_kernels = False  # SDPA with the window and RoPE in PyTorch, until the Triton attention learns both
 
     def __init__(self, cfg: ModernBertConfig):
         super().__init__()
@@ -363,7 +367,6 @@ class ModernBertForMaskedLM(nn.Module):
 class _WithHead(nn.Module):
     """The encoder, ModernBERT's prediction head (dense, GELU, norm), dropout and a linear classifier."""
     family = "modernbert"
-    uses_kernels = False
 
     def __init__(self, cfg: ModernBertConfig, num_labels: int):
         super().__init__()
@@ -509,9 +512,9 @@ def save_hf(model: nn.Module, out_dir, tokenizer_dir=None, extra_config: dict | 
     return out_dir
 
 
-def load_pretrained(path: Path, hf_config: dict, tensors: dict, head="auto", num_labels=None,
-                    require_head: bool = False) -> nn.Module:
-    """bertkit.hf.load_pretrained for a ModernBERT folder (transformers' or a bertkit export)."""
+def load_hf(path: Path, hf_config: dict, tensors: dict, head="auto", num_labels=None,
+            require_head: bool = False) -> nn.Module:
+    """bertkit.models.load_pretrained for a ModernBERT folder (transformers' or a bertkit export)."""
     import logging
 
     cfg = ModernBertConfig.from_hf_dict(hf_config, str(path / "config.json"))
@@ -531,36 +534,8 @@ def load_pretrained(path: Path, hf_config: dict, tensors: dict, head="auto", num
     if missing and require_head:
         raise ValueError(f"{path}: has no trained {head} head (missing {missing[:3]})")
     if missing:
-        logging.getLogger("bertkit.hf").warning("%s: initialised the %s head (not in the checkpoint): %s", path, head,
-                                                ", ".join(missing))
+        logging.getLogger("bertkit.models").warning("%s: initialised the %s head (not in the checkpoint): %s", path,
+                                                    head, ", ".join(missing))
     model.loading_info = {"head": head, "missing": missing, "unused": unused}
     model.hf_config = hf_config
     return model.eval()
-
-
-def start_from(init: Path, say=None) -> tuple | None:
-    """(config, tensors in transformers' names, source, vocab sha256 or None) when `init` (--init-from) is a
-    ModernBERT run folder or model folder, else None."""
-    from bertkit.fileio import sha256_file
-    from bertkit.formats import read_run_config
-
-    if (init / "checkpoints").is_dir():
-        run = read_run_config(init)
-        if run.model.get("family") != "modernbert":
-            return None
-        from bertkit.pretrain.checkpoints import load_run_state_dict
-
-        state, run, tag = load_run_state_dict(init, say=say)
-        return ModernBertConfig.from_dict(run.model), state, f"{init} ({tag})", run.vocab_sha256
-    config = init / "config.json"
-    try:
-        is_modern = json.loads(config.read_text()).get("model_type") == "modernbert"
-    except (OSError, ValueError, AttributeError):
-        return None
-    if not is_modern:
-        return None
-    from bertkit.hf import load_pretrained as load_any
-
-    loaded = load_any(init, head="pretraining")
-    vocab = init / "vocab.txt"
-    return loaded.cfg, hf_state_dict(loaded), str(init), sha256_file(vocab) if vocab.is_file() else None

@@ -1,4 +1,7 @@
-"""HF format: load any HF BERT folder into bertkit, save bertkit models that transformers loads.
+"""BERT's HF format: load any HF BERT folder (post-LN BERT, pre-LN MegatronBERT, an ELECTRA discriminator) into
+bertkit's BERT, save bertkit's BERT models that transformers loads. Also the model-folder reading every family
+shares (weights files, config.json, the tokenizer files beside the model). bertkit.models.load_pretrained /
+save_pretrained choose the family; this is the BERT family's part.
 
 The HF layout differs from ours in three ways, all handled here:
 - names (`encoder.layer.3.attention.output.LayerNorm.weight` vs `layers.3.attn_norm.weight`);
@@ -18,7 +21,7 @@ from safetensors.torch import load_file, save
 from bertkit.config import BertConfig
 from bertkit.fileio import atomic_copy, atomic_write_bytes, atomic_write_json
 from bertkit.formats import TOKENIZER_FILES, DamagedFileError, FormatError, listed_file
-from bertkit.model import (
+from bertkit.models.bert import (
     BertForPreTraining,
     BertForQuestionAnswering,
     BertForSequenceClassification,
@@ -28,7 +31,7 @@ from bertkit.model import (
 )
 from bertkit.safe_load import UnsafeCheckpointError, safe_load
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("bertkit.models")  # one logger for every family's loading
 
 
 class ModelFolderError(FormatError):
@@ -225,6 +228,13 @@ def _read_json(path: Path):
         raise ModelFolderError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
 
 
+def read_config_or_none(path: Path) -> dict | None:
+    """config.json of a model folder as a dict, or None when there is none (the loader then says what is missing)."""
+    config = Path(path) / "config.json"
+    d = _read_json(config) if config.is_file() else None
+    return d if isinstance(d, dict) else None
+
+
 def read_checkpoint(path):
     """(BertConfig, HF config dict, HF-named tensors with `bert.`-prefixed encoder names) of a directory."""
     path = Path(path)
@@ -280,14 +290,8 @@ def infer_head(hf_config: dict, tensors: dict) -> str | None:
 
 
 # ---------------------------------------------------------------- load / save
-def _modernbert_config(path: Path) -> dict | None:
-    config = path / "config.json"
-    d = _read_json(config) if config.is_file() else None
-    return d if isinstance(d, dict) and d.get("model_type") == "modernbert" else None
-
-
-def load_pretrained(path, head: str | None = "auto", num_labels: int | None = None, require_head: bool = False):
-    """Build a bertkit model from an HF BERT folder (or a bertkit export) and load its weights.
+def load_hf(path, head: str | None = "auto", num_labels: int | None = None, require_head: bool = False):
+    """Build a bertkit BERT from an HF BERT folder (or a bertkit export) and load its weights.
 
     head: None (bare encoder), "pretraining", "sequence_classification", "token_classification",
     "question_answering", or "auto" (from config.json's architectures). Heads missing from the checkpoint
@@ -296,13 +300,6 @@ def load_pretrained(path, head: str | None = "auto", num_labels: int | None = No
     {"head", "missing", "unused"} (HF tensor names) and `model.hf_config`.
     """
     path = Path(path)
-    if (modern := _modernbert_config(path)) is not None:  # the other family in transformers' format
-        from bertkit import modernbert
-
-        try:
-            return modernbert.load_pretrained(path, modern, read_weights(path), head, num_labels, require_head)
-        except (ValueError, KeyError, TypeError) as e:
-            raise ModelFolderError(str(e) if str(path) in str(e) else f"{path}: {e}") from None
     cfg, hf_config, tensors = read_checkpoint(path)
     saved_head = infer_head(hf_config, tensors)
     if head == "auto":
@@ -374,8 +371,8 @@ def load_pretrained(path, head: str | None = "auto", num_labels: int | None = No
     return model.eval()
 
 
-def save_pretrained(model, out_dir, tokenizer_dir=None, extra_config: dict | None = None,
-                    safe_serialization: bool = True, masked_lm_only: bool = False) -> Path:
+def save_hf(model, out_dir, tokenizer_dir=None, extra_config: dict | None = None,
+            safe_serialization: bool = True, masked_lm_only: bool = False) -> Path:
     """Write `model` as an HF BERT folder: config.json, model.safetensors, and the tokenizer files.
 
     transformers' matching class (BertModel / BertForPreTraining / BertForSequenceClassification /
@@ -385,11 +382,6 @@ def save_pretrained(model, out_dir, tokenizer_dir=None, extra_config: dict | Non
     next-sentence head and pooler. extra_config entries (e.g. id2label, label2id, finetuning task) are merged
     into config.json.
     """
-    model = getattr(model, "module", model)  # DDP / DeepSpeed engine wrappers
-    if getattr(model, "family", "bert") == "modernbert":
-        from bertkit.modernbert import save_hf
-
-        return save_hf(model, out_dir, tokenizer_dir, extra_config)
     cfg = model.cfg
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

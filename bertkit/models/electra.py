@@ -9,7 +9,7 @@ discriminator's binary cross-entropy (disc_weight 50, the paper's lambda). Sampl
 so a resumed run (which restores the RNG) samples what the uninterrupted run would have.
 
 Export (`write_hf`) writes the discriminator as transformers' ElectraForPreTraining and the generator, in a
-`generator/` subfolder, as ElectraForMaskedLM; bertkit.hf.load_pretrained reads both (fine-tuning starts from the
+`generator/` subfolder, as ElectraForMaskedLM; bertkit.models.load_pretrained reads both (fine-tuning starts from the
 discriminator, fill-mask from the generator).
 """
 from dataclasses import replace
@@ -23,7 +23,8 @@ import torch.nn.functional as F
 from bertkit import kernels
 from bertkit.config import BertConfig
 from bertkit.formats import IGNORE_INDEX
-from bertkit.model import BertModel, Embeddings, init_weights, packed_position_ids
+from bertkit.models.bert import BertForPreTraining, BertModel, Embeddings, init_weights, packed_position_ids
+from bertkit.models.bert_hf import copy_tokenizer_files, to_hf_state_dict
 
 GENERATOR_FOLDER = "generator"  # inside an ELECTRA export: the generator, as ElectraForMaskedLM
 
@@ -101,26 +102,8 @@ class ElectraForPreTraining(nn.Module):
                              rtd_counts(disc_logits.detach(), replaced, real))
 
 
-def describe(model) -> dict:
-    """A pretraining model's shape as a run folder records it: the (discriminator's) BertConfig, for ELECTRA the
-    generator's settings under "electra", so that resume and export rebuild the same pair, and under
-    "export_dropout" the model's own dropout when --dropout changed it for pretraining."""
-    d = model.cfg.to_dict()
-    if getattr(model, "export_dropout", None):  # pretrained with --dropout: the dropout an export writes
-        d["export_dropout"] = model.export_dropout
-    if isinstance(model, ElectraForPreTraining):
-        d["electra"] = {"generator_size": model.generator_size, "disc_weight": model.disc_weight}
-    return d
-
-
 def build(model_dict: dict, objective: str):
-    """The pretraining model a run folder describes (see describe)."""
-    from bertkit.model import BertForPreTraining
-
-    if model_dict.get("family") == "modernbert":
-        from bertkit.modernbert import ModernBertConfig, ModernBertForMaskedLM
-
-        return ModernBertForMaskedLM(ModernBertConfig.from_dict(model_dict))
+    """The BERT-family pretraining model a run folder describes (bertkit.models.describe): ELECTRA's pair or BERT."""
     cfg = BertConfig.from_dict(model_dict)
     if objective == "electra":
         return ElectraForPreTraining(cfg, **model_dict["electra"])
@@ -180,8 +163,6 @@ def hf_config(cfg: BertConfig, architecture: str) -> dict:
 
 def hf_state_dicts(model: ElectraForPreTraining) -> tuple[dict, dict]:
     """(discriminator tensors as ElectraForPreTraining names them, generator tensors as ElectraForMaskedLM does)."""
-    from bertkit.hf import to_hf_state_dict
-
     state, v = model.state_dict(), model.cfg.vocab_size
     emb = {f"electra.embeddings.{name}": state[f"embeddings.{name}"] for name in
            ("word_embeddings.weight", "position_embeddings.weight", "token_type_embeddings.weight")}
@@ -216,7 +197,6 @@ def write_hf(model: ElectraForPreTraining, out_dir, tokenizer_dir=None) -> Path:
     from safetensors.torch import save
 
     from bertkit.fileio import atomic_write_bytes, atomic_write_json
-    from bertkit.hf import copy_tokenizer_files
 
     out_dir = Path(out_dir)
     disc, gen = hf_state_dicts(model)
