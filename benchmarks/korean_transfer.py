@@ -8,7 +8,8 @@ NSMC, KLUE-NLI, KorSTS, KLUE-NER and KorQuAD 1.0 (`bertkit finetune korean --tas
 
     python benchmarks/korean_transfer.py --hours 2               # pace probe, pretraining, then the fine-tunes
     python benchmarks/korean_transfer.py --hours 2 --only pretrain
-    python benchmarks/korean_transfer.py --only report
+    python benchmarks/korean_transfer.py --hours 2 --only finetune    # the sweep, from the finished export
+    python benchmarks/korean_transfer.py --hours 2 --only report
 
 "2 CPU-hours" is a step count, not a clock: a short probe alone on the machine measures this run's steps per
 second (its load average recorded beside it), and the run takes as many steps as 2 hours of that pace buy, on the
@@ -26,7 +27,16 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
-from pretrain_transfer import SHARED, done, masked_only_accuracy, say, timed_curve  # noqa: E402
+from pretrain_transfer import (  # noqa: E402
+    FINETUNE_DROPOUT,
+    SHARED,
+    best_rate,
+    done,
+    masked_only_accuracy,
+    random_init,
+    say,
+    timed_curve,
+)
 from record import RESULTS, run_info, write_result  # noqa: E402
 
 PRESET = "tiny"
@@ -35,6 +45,13 @@ PROBE_STEPS = 300        # the pace is measured over steps 100-300 (the first on
 KO_TEXT = ["wikipedia_ko_wikiextractor", "wikipedia_ko_wikiextractor_more", "koconovel/data/jsonl",
            "boddari/unesco_report/in_txt"]
 KO_FILL_MASK = ["대한민국의 수도는 [MASK]이다.", "세종대왕은 [MASK]을 창제하였다.", "한국어는 [MASK] 언어이다."]
+# task: (metric, first training rows kept or None for all). The splits are `bertkit finetune korean`'s own (NSMC:
+# rows 0-39,999 train, the last 10,000 score; KLUE-NER: sentences 0-3,999 / 4,000-4,999; KorQuAD: articles 0-99 /
+# 100-139); NSMC keeps its first 10,000 training rows so that one fine-tune stays within minutes on 2 cores.
+TASKS = {"nsmc": ("accuracy", 10_000), "klue-nli": ("accuracy", None), "korsts": ("pearson", None),
+         "klue-ner": ("entity_macro_f1", None), "korquad": ("f1", None)}
+RATES = (1e-4, 3e-4, 1e-3)
+SEEDS = (0, 1, 2)
 
 
 def prepare(work: Path) -> dict:
@@ -109,6 +126,62 @@ def pretrain_hours(work: Path, instances: Path, hours: float, steps_per_s: float
     return export_dir
 
 
+def finetune(task: str, model: Path, out: Path, lr: float, seed: int) -> float:
+    """One fine-tune's best dev score; its metrics.json is the cache (a killed sweep resumes where it stopped)."""
+    from bertkit.finetune.korean import finetune_klue_ner, finetune_korean, finetune_korquad
+    from bertkit.finetune.train import TrainConfig
+
+    metric, rows = TASKS[task]
+    summary = json.loads((out / "metrics.json").read_text()) if (out / "metrics.json").is_file() else {}
+    if "train_seconds" not in summary:
+        t0 = time.time()
+        cfg = TrainConfig(out_dir=str(out), epochs=3, batch_size=32, learning_rate=lr, seed=seed, save_model=False,
+                          dropout=FINETUNE_DROPOUT, report_to="none", overwrite=True)
+        if task == "korquad":
+            summary = finetune_korquad(SHARED, model, cfg)
+        elif task == "klue-ner":
+            summary = finetune_klue_ner(SHARED, model, cfg)
+        else:
+            summary = finetune_korean(task, SHARED, model, cfg, max_train_rows=rows)
+        say(f"{out.name}: {metric} {summary['best'][metric]:.4f} ({time.time() - t0:.0f} s)")
+    return summary["best"][metric]
+
+
+def sweep(work: Path, export_dir: Path, hours: float, results: dict, save) -> None:
+    """Every task from the export and from random weights, each rate, each seed."""
+    models = {"pretrained": export_dir, "random": random_init(export_dir, work / "ko-random")}
+    for task in TASKS:
+        for lr in RATES:
+            for init, model in models.items():
+                for seed in SEEDS:
+                    tag = f"{hours:g}h-" if init == "pretrained" else ""
+                    score = finetune(task, model, work / "finetune" / f"{task}-{init}-{tag}lr{lr:g}-{seed}", lr, seed)
+                    results["sweep"].setdefault(task, {}).setdefault(init, {}).setdefault(f"{lr:g}", {})[
+                        str(seed)] = score
+                    save()
+
+
+def table(sweep_results: dict) -> list[dict]:
+    """Per task: each start at its best rate (every rate kept), the difference, whether the seeds' ranges part."""
+    rows = []
+    for task, by_init in sweep_results.items():
+        row = {"task": task, "metric": TASKS[task][0], **{init: best_rate(r) for init, r in by_init.items()}}
+        if "pretrained" in row and "random" in row:
+            row["difference"] = row["pretrained"]["mean"] - row["random"]["mean"]
+            row["apart"] = min(row["pretrained"]["seeds"]) > max(row["random"]["seeds"])
+        rows.append(row)
+    return rows
+
+
+def print_table(rows: list[dict]) -> None:
+    print(f"\n{'task':9} {'metric':16} {'random (best lr)':>22} {'pretrained (best lr)':>22} {'diff':>7} apart")
+    for r in rows:
+        cells = [f"{r[i]['mean']:7.3f} ± {r[i]['sd']:5.3f} ({r[i]['lr']:g})" if i in r else "-"
+                 for i in ("random", "pretrained")]
+        print(f"{r['task']:9} {r['metric']:16} {cells[0]:>22} {cells[1]:>22} {r.get('difference', 0):7.3f} "
+              f"{r.get('apart', '-')}")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hours", type=float, default=2.0, help="pretraining: this many hours of the measured pace")
@@ -129,7 +202,16 @@ def main(argv=None):
                        steps=round(args.hours * 3600 * results["pace"]["steps_per_s"]), curve=timed_curve(run),
                        masked_only=masked_only_accuracy(export_dir, d["instances"]))
         write_result(name, {**run_info(name), **results})
+    if args.only in (None, "finetune"):
+        export_dir = args.work / f"ko-run-{args.hours:g}h-export"
+        if not (export_dir / "model.safetensors").is_file():
+            raise SystemExit(f"{export_dir}: no export yet; run --only pretrain first")
+        results.setdefault("sweep", {})
+        sweep(args.work, export_dir, args.hours, results,
+              lambda: write_result(name, {**run_info(name), **results, "table": table(results["sweep"])}))
     say(json.dumps({k: results.get(k) for k in ("pace", "steps", "corpus", "masked_only")}, indent=1))
+    if results.get("sweep"):
+        print_table(table(results["sweep"]))
 
 
 if __name__ == "__main__":
