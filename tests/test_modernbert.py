@@ -113,8 +113,8 @@ def test_pretrain_a_modernbert_then_export_it_for_transformers(tmp_path, clean_d
     and its export loads in transformers' ModernBertForMaskedLM giving the checkpoint's logits."""
     import json
 
-    from bertkit.pretrain import ConfigError, PretrainConfig, export, load_run_state_dict, pretrain
     from bertkit.models import build_pretraining
+    from bertkit.pretrain import ConfigError, PretrainConfig, export, load_run_state_dict, pretrain
     from tests.helpers import make_instances_dir
 
     inst = make_instances_dir(tmp_path / "inst", n=64, holdout=8, max_len=48)

@@ -2,8 +2,12 @@
 `export(run_dir, out_dir)` writes a checkpoint in HF format.
 
   config.py       PretrainConfig (the flags) and their merge with a DeepSpeed config into DeepSpeedSettings
-  train.py        the loop, top to bottom
+  train.py        the loop on one screen: micro-steps -> roll back? -> log -> evaluate -> save -> stop?
+  run.py          start_run: settings, engine, run folder, resumed state, data -> the Run the loop drives
+  start.py        the model a run starts from (its family, --init-from, the resumed run's shape)
+  divergence.py   non-finite losses and spikes: stop, or roll back to the last good checkpoint
   checkpoints.py  the run folder: start/resume checks, checkpoints with RNG state, fp32 weights, export
+  resume.py       what a --resume keeps, applies and records; budget.py time budgets; plateau.py the plateau note
   metrics.py      Meter, MetricsLog (JSON lines, TensorBoard, progress bar), MFU
 
 The run folder (names in bertkit.formats):

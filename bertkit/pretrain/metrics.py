@@ -1,5 +1,6 @@
 """Pretraining metrics: sums kept on the device between logs (Meter), one record per log (MetricsLog: JSON lines,
-TensorBoard, W&B and the progress bar), and model FLOPs utilisation."""
+TensorBoard, W&B and the progress bar), model FLOPs utilisation, and `say` for the run's notes on stderr."""
+import sys
 from pathlib import Path
 
 import torch
@@ -12,6 +13,10 @@ from bertkit.runlog import RunLog
 # dense bf16/fp16 tensor-core peak per GPU, for MFU
 PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12, "A10": 125e12,
               "V100": 125e12, "RTX 4090": 165e12, "RTX 3090": 71e12}
+
+
+def say(message: str) -> None:
+    print(f"\n{message}", file=sys.stderr, flush=True)
 
 
 def peak_flops() -> float | None:

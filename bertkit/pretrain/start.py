@@ -2,7 +2,6 @@
 to the instances' vocabulary, with the weights of --init-from (a run folder or a model folder) when given, or the
 shape of the run being resumed (whose weights then come from its checkpoint)."""
 import json
-import sys
 from pathlib import Path
 
 from bertkit.config import BertConfig
@@ -15,10 +14,7 @@ from bertkit.models.electra import ElectraForPreTraining
 from bertkit.models.modernbert import ModernBertConfig, ModernBertForMaskedLM
 from bertkit.pretrain.checkpoints import load_run_state_dict
 from bertkit.pretrain.config import ConfigError, PretrainConfig
-
-
-def say(message: str) -> None:
-    print(f"\n{message}", file=sys.stderr, flush=True)
+from bertkit.pretrain.metrics import say
 
 
 def planned_family(cfg: PretrainConfig, manifest: InstancesManifest, previous_run: RunConfig | None) -> Family:

@@ -55,9 +55,9 @@ def test_a_loss_spike_rolls_back_and_the_skip_survives_a_resume(instances, tmp_p
     copy of the run from step 10 then sees exactly the data the uninterrupted rolled-back run saw."""
     import shutil
 
-    from bertkit import pretrain as pretrain_module
+    from bertkit.pretrain import divergence
 
-    monkeypatch.setattr(pretrain_module.train, "_FAULTS_DONE", set())
+    monkeypatch.setattr(divergence, "_FAULTS_DONE", set())
     monkeypatch.setenv("BERTKIT_FAULT_STEPS", "9:1000")
     cfg = dict(instances=str(instances), model=str(instances.parent / "model.json"), micro_batch=8, max_steps=14,
                optimizer="adamw", lr=1e-3, log_every=1, save_every=2, keep_last=10, eval_every=0, progress=False,
@@ -81,9 +81,9 @@ def test_a_loss_spike_rolls_back_and_the_skip_survives_a_resume(instances, tmp_p
 
 
 def test_rollbacks_are_limited(instances, tmp_path, clean_dist_env, monkeypatch):
-    from bertkit import pretrain as pretrain_module
+    from bertkit.pretrain import divergence
 
-    monkeypatch.setattr(pretrain_module.train, "_FAULTS_DONE", set())
+    monkeypatch.setattr(divergence, "_FAULTS_DONE", set())
     monkeypatch.setenv("BERTKIT_FAULT_STEPS", "3:nan,4:nan")
     with pytest.raises(TrainingError, match=r"loss is nan at step 4; cannot roll back \(1 rollbacks already\)"):
         pretrain(PretrainConfig(instances=str(instances), out=str(tmp_path / "run"),

@@ -1,0 +1,268 @@
+"""A pretraining run's set-up, torchtitan's shape: `start_run` turns a PretrainConfig into a Run (engine, data, log,
+meter, budget, divergence guard, step counters) that the loop in train.py drives. It reads top to bottom:
+settings, the model and its engine, the run folder, the resumed state, the data, the log."""
+import functools
+import json
+import signal
+import sys
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import deepspeed
+import torch
+from torch.optim.lr_scheduler import LambdaLR
+
+from bertkit import kernels
+from bertkit.data import EpochBatches, InstanceDataset, batch_loader, close_loader
+from bertkit.formats import InstancesManifest
+from bertkit.kernel_guard import kernel_uses, resolve_guarded
+from bertkit.models import describe, family_of
+from bertkit.optim import build_optimizer, build_scheduler, param_groups
+from bertkit.pretrain.budget import BudgetSchedule, plan_schedule
+from bertkit.pretrain.checkpoints import (
+    choose_checkpoint,
+    load_checkpoint,
+    prepare_run_dir,
+    restore_rng,
+    seed_rank,
+    write_run_folder,
+)
+from bertkit.pretrain.config import ConfigError, PretrainConfig, resolve_deepspeed_config
+from bertkit.pretrain.divergence import Divergence
+from bertkit.pretrain.metrics import Meter, MetricsLog, say, training_flops
+from bertkit.pretrain.plateau import Plateau
+from bertkit.pretrain.resume import apply as apply_resume_changes, compare as resume_changes
+from bertkit.pretrain.start import build_model, planned_family
+from bertkit.recipes import RECIPES, as_flags
+from bertkit.runlog import default_report_to
+from bertkit.threads import choose_threads
+
+
+@dataclass
+class Run:
+    """What the loop reads and moves: the engine and its settings, the data, the log, and where the run stands."""
+    cfg: PretrainConfig
+    rank: int
+    world: int
+    device: torch.device
+    engine: object
+    settings: object             # DeepSpeedSettings
+    objective: str               # nsp | sop | none (MLM alone) | electra
+    backend: str                 # the kernels' backend actually used
+    budget: BudgetSchedule | None
+    max_steps: int | None
+    train: InstanceDataset
+    holdout: InstanceDataset
+    sampler: EpochBatches
+    split_at: int | None         # ModernBERT: packed rows attend within each [SEP]-ended document
+    log: MetricsLog
+    meter: Meter
+    count_flops: object          # count_flops(seq_len, tokens) for the MFU
+    step: int = 0
+    skipped: int = 0             # micro batches passed over by divergence rollbacks
+    last_ckpt: Path | None = None
+    loader: object = None
+    divergence: Divergence = None
+    eval_clock: object = None
+    plateau: Plateau | None = None
+    stop: object = None
+    grad_norm: object = None     # measured by the loop where DeepSpeed reports none
+    record: dict = field(default_factory=dict)  # the last training record
+    batch: dict | None = None    # the last micro batch (its shape feeds the MFU)
+    old_handlers: dict = field(default_factory=dict)
+    clock0: float = 0.0          # perf_counter at the run's (or a resumed budget's) start
+    t0: float = 0.0              # the log interval's start
+    steps_in_interval: int = 0
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.cfg.out)
+
+    @property
+    def model(self):
+        return self.engine.module
+
+    def finished(self) -> bool:
+        return (self.max_steps is not None and self.step >= self.max_steps) or \
+            (self.budget is not None and self.budget.spent())
+
+    def consumed(self) -> int:
+        """Micro batches this rank has drawn from the data (over epochs), skipped ones included."""
+        return self.step * self.settings.grad_accum + self.skipped
+
+    def reopen_loader(self) -> None:
+        """This rank's batches from the first micro batch not yet consumed."""
+        if self.loader is not None:
+            close_loader(self.loader)
+        self.sampler.start_epoch, self.sampler.start = divmod(self.consumed(), self.sampler.per_epoch)
+        self.loader = iter(batch_loader(self.train, self.sampler, self.cfg.num_workers, unpadded=self.cfg.unpadded,
+                                        split_at=self.split_at))
+
+    def interval_started(self) -> None:
+        """A new log interval: throughput is measured from here."""
+        self.t0, self.steps_in_interval = time.perf_counter(), 0
+
+    def close(self) -> None:
+        if self.loader is not None:
+            close_loader(self.loader)  # its workers ignore SIGTERM: left to interpreter exit, they would hang it
+        self.log.close()
+        for s, h in self.old_handlers.items():
+            signal.signal(s, h)
+
+
+def start_run(cfg: PretrainConfig, manifest: InstancesManifest, rank: int, world: int, device) -> Run:
+    """Settings, model, engine, run folder, resumed state and data: everything the loop needs, on every rank."""
+    threads, budget, max_steps = threads_backend_schedule(cfg, rank, device)
+    chosen = choose_checkpoint(Path(cfg.out), rank, say) if cfg.resume else None
+    previous_run = prepare_run_dir(cfg, manifest, chosen)
+    if planned_family(cfg, manifest, previous_run).splits_documents and not cfg.unpadded:
+        cfg = replace(cfg, unpadded=True)  # its documents are cut apart in packed rows; padding would join them
+        if rank == 0:
+            say("ModernBERT trains on packed batches (--unpadded): each document attends only to itself")
+    on_cuda = device.type == "cuda"
+    ds_config, settings = resolve_settings(cfg, world, rank, on_cuda)
+    objective = cfg.effective_objective(previous_run.objective if previous_run else manifest.objective)
+    changes = [] if previous_run is None else \
+        resume_changes(previous_run, cfg, settings, world, manifest, objective, chosen.marker and chosen.marker.step)
+    if rank == 0:
+        say_plan(cfg, manifest, objective)
+
+    torch.manual_seed(cfg.seed)  # same initial weights on every rank
+    model, bert_cfg, init_source = build_model(cfg, manifest, previous_run, objective)
+    # logged with the run (the weights never depend on it); auto on a GPU is checked there first
+    backend = resolve_guarded(device, kernel_uses(model, settings.precision, cfg.unpadded),
+                              say=say if rank == 0 else lambda m: m.startswith("warning") and say(m))
+    optimizer = build_optimizer(settings.optimizer, param_groups(model, settings.weight_decay), settings.lr,
+                                cfg.betas, cfg.eps, on_cuda)
+    scheduler = None if "scheduler" in ds_config else LambdaLR(optimizer, budget) if budget else \
+        build_scheduler(optimizer, max_steps, cfg.warmup_steps(max_steps), cfg.schedule, cfg.decay)
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
+                                           config=ds_config, dist_init_required=False)
+    if rank == 0:
+        write_run_folder(cfg, settings, ds_config, describe(model), init_source, manifest, world, backend, objective,
+                         previous_run, changes, chosen.marker.step if changes and chosen.marker else None,
+                         threads.record())
+    torch.distributed.barrier()
+
+    step, skipped, last_ckpt = 0, 0, None
+    if cfg.resume:
+        step, skipped, last_ckpt = load_checkpoint(engine, Path(cfg.out), chosen)  # the budget's time used too
+        apply_resume_changes(changes, scheduler, settings, ds_config)
+        if changes and rank == 0:
+            say(f"--resume at step {step} changes {'; '.join(map(str, changes))} (from step {step + 1} on)")
+    else:
+        seed_rank(cfg.seed, rank)
+    train = InstanceDataset(cfg.instances, "train", cfg.seed, manifest)
+    sampler = EpochBatches(len(train), settings.micro_batch, cfg.seed, rank, world)
+    if sampler.per_epoch == 0:
+        raise ConfigError(f"{cfg.instances}: {len(train)} training instances cannot fill one micro batch of "
+                          f"{settings.micro_batch} on each of {world} rank(s); lower --micro-batch")
+    flops = functools.partial(training_flops, sum(p.numel() for p in model.parameters()), model.cfg.num_layers,
+                              model.cfg.hidden_size)
+    log = MetricsLog(Path(cfg.out), rank == 0, max_steps, step, cfg.progress, cfg.report_to or default_report_to(),
+                     config={"pretrain": asdict(cfg), "resolved": asdict(settings), "model": bert_cfg.to_dict()})
+    run = Run(cfg, rank, world, device, engine, settings, objective, backend, budget, max_steps, train,
+              InstanceDataset(cfg.instances, "holdout", cfg.seed, manifest), sampler,
+              train.sep_id if family_of(model).splits_documents else None, log, Meter(device, train.mask_id), flops,
+              step, skipped, last_ckpt)
+    try:
+        if changes:
+            log.write({"step": step, "resume_changes": {c.setting: [c.before, c.after] for c in changes}})
+        run.reopen_loader()
+        if cfg.resume:
+            restore_rng(last_ckpt, rank)  # after the loader: making it draws from torch's generator
+        run.divergence, run.eval_clock, run.stop = Divergence(cfg), EvalClock(budget, cfg.eval_every), StopFlag()
+        run.plateau = Plateau.measure(run.holdout) if len(run.holdout) and cfg.eval_every and rank == 0 else None
+        run.old_handlers = {s: signal.signal(s, run.stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    except BaseException:
+        run.close()
+        raise
+    run.clock0 = time.perf_counter() - (budget.used_s if budget else 0.0)  # a resumed budget counts time used
+    run.interval_started()
+    return run
+
+
+def resolve_settings(cfg: PretrainConfig, world: int, rank: int, on_cuda: bool):
+    """(DeepSpeed config, DeepSpeedSettings): the flags merged with the user's DeepSpeed config."""
+    ds_config, settings = resolve_deepspeed_config(cfg, world, read_user_deepspeed_config(cfg), on_cuda,
+                                                   on_cuda and torch.cuda.is_bf16_supported(),
+                                                   source=str(cfg.deepspeed_config))
+    if settings.optimizer == "lamb" and settings.zero_stage >= 1 and rank == 0:
+        print(f"warning: LAMB under ZeRO stage {settings.zero_stage} sees flat partitions, so its trust ratio is "
+              "per partition, not per layer; use --zero-stage 0 for layer-wise LAMB, or --optimizer adamw",
+              file=sys.stderr, flush=True)
+    if on_cuda and cfg.precision in (None, "auto") and rank == 0:
+        picked = "bf16 (this GPU has it)" if settings.precision == "bf16" else \
+            "fp16 with dynamic loss scaling (this GPU has no bf16)"
+        print(f"precision auto: {picked}", file=sys.stderr, flush=True)
+    return ds_config, settings
+
+
+def read_user_deepspeed_config(cfg: PretrainConfig) -> dict | None:
+    if not cfg.deepspeed_config:
+        return None
+    try:
+        return json.loads(Path(cfg.deepspeed_config).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConfigError(f"--deepspeed-config {cfg.deepspeed_config}: cannot read it ({e})") from e
+
+
+def threads_backend_schedule(cfg: PretrainConfig, rank: int, device):
+    """(threads, budget schedule or None, step limit or None); a kernel backend this device cannot run, or a
+    schedule that cannot be, stops here, before anything is loaded."""
+    threads = choose_threads(cfg.threads)
+    if rank == 0:
+        say(threads.describe())
+    kernels.use(cfg.kernels)
+    try:
+        kernels.resolve(device)
+        return (threads, *plan_schedule(cfg))  # budget: --time-budget / --schedule-from, else None
+    except (kernels.BackendError, ValueError) as e:
+        raise ConfigError(str(e)) from None
+
+
+def say_plan(cfg: PretrainConfig, manifest: InstancesManifest, objective: str) -> None:
+    """The recipe's settings, the ones the flags changed, instances made otherwise than it was measured on; what
+    ELECTRA leaves unused."""
+    if objective == "electra" and manifest.objective in ("nsp", "sop"):
+        say(f"note: ELECTRA trains replaced-token detection only; the instances' {manifest.objective.upper()} "
+            "labels are not used")
+    if not cfg.recipe:
+        return
+    recipe = RECIPES[cfg.recipe]
+    yours = {k: getattr(cfg, k) for k, v in recipe["pretrain"].items() if getattr(cfg, k) not in (None, v)}
+    say(f"recipe {cfg.recipe}: {as_flags(recipe['pretrain'])}" + (f"; yours win: {as_flags(yours)}" if yours else ""))
+    made = {"max_seq_length": manifest.max_seq_length, "mode": manifest.mode}
+    differ = {k: v for k, v in made.items() if recipe["make-instances"].get(k, v) != v}
+    if differ:
+        say(f"note: recipe {cfg.recipe} was measured on instances made with `make-instances --recipe {cfg.recipe}` "
+            f"({as_flags(recipe['make-instances'])}); {cfg.instances} has {as_flags(differ)}")
+
+
+class EvalClock:
+    """A time-budgeted run also evaluates every tenth of its budget and at its end, so a budget shorter than
+    --eval-every steps still draws a held-out curve. Every rank sees the same all-reduced clock: all evaluate."""
+
+    def __init__(self, budget: BudgetSchedule | None, eval_every: int):
+        live = budget is not None and budget.replay is None and budget.budget_s  # a replay keeps its steps' evals
+        self.every = budget.budget_s / 10 if live and eval_every else None
+        self.next = ((budget.used_s // self.every) + 1) * self.every if self.every else None
+
+    def due(self, seconds: float, last: bool) -> bool:
+        if self.every is None or not (last or seconds >= self.next):
+            return False
+        self.next = (seconds // self.every + 1) * self.every
+        return True
+
+
+class StopFlag:
+    """SIGTERM / SIGINT handler: the loop saves a checkpoint at the end of the step and stops."""
+
+    def __init__(self):
+        self.signal = None
+
+    def __call__(self, signum, frame):
+        if self.signal is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C: stop now
+        self.signal = signum
