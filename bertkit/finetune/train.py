@@ -5,6 +5,7 @@ Runs on the CPU, on one GPU, or data-parallel under a launcher that sets WORLD_S
 (`deepspeed cli.py finetune ...` or torchrun): then each process trains on its shard of the batches through
 torch.distributed (DDP), and rank 0 evaluates and saves.
 """
+import functools
 import math
 import os
 import random
@@ -150,17 +151,108 @@ def _optimizer(model, cfg: TrainConfig):
                              eps=1e-6)
 
 
+class Throughput:
+    """Steps, sequences, tokens and padded slots over a log interval: the rates a log record carries."""
+
+    def __init__(self):
+        self.start()
+
+    def start(self) -> None:
+        self.loss, self.steps, self.sequences, self.tokens, self.slots = 0.0, 0, 0, 0, 0
+        self.t = time.perf_counter()
+
+    def add(self, loss: float, sequences: int, tokens: int, slots: int) -> None:
+        self.loss += loss
+        self.steps += 1
+        self.sequences, self.tokens, self.slots = self.sequences + sequences, self.tokens + tokens, self.slots + slots
+
+    def record(self, world: int = 1) -> dict:
+        """The interval's mean loss and rates (over every process), then a new interval."""
+        seconds = time.perf_counter() - self.t
+        r = {"loss": self.loss / self.steps, "seq_per_s": self.sequences * world / seconds,
+             "tokens_per_s": self.tokens * world / seconds, "padding_efficiency": self.tokens / self.slots}
+        self.start()
+        return r
+
+
+@dataclass
+class FineTuning:
+    """One fine-tuning's state: where it runs, its output and log, and the summary metrics.json receives."""
+    cfg: TrainConfig
+    model: torch.nn.Module
+    net: torch.nn.Module         # the model, or its DDP wrapper
+    device: torch.device
+    world: int
+    rank: int
+    out_dir: Path
+    log: RunLog
+    summary: dict
+    backend: str
+    total_steps: int
+    step: int = 0
+
+
 def train(model, train_rows: list, evaluate, best_metric: str, cfg: TrainConfig, *, task: str,
           settings: dict | None = None, tokenizer_dir=None, extra_config: dict | None = None) -> dict:
     """Fine-tune `model` on `train_rows` (feature dicts with labels), calling `evaluate(model) -> (metrics, files)`
     after each epoch; `files` ({name: JSON object}, e.g. SQuAD predictions) are written for the best epoch, whose
     model goes to OUT/best/ (HF format). With no train rows, evaluates once (prediction only).
     Returns the summary written to OUT/metrics.json."""
+    ft = start_fine_tuning(model, train_rows, best_metric, cfg, task, settings)
+    save = functools.partial(save_pretrained, tokenizer_dir=tokenizer_dir, extra_config=extra_config)
+    if ft.total_steps == 0:
+        end_of_epoch(ft, evaluate, save, 0, None, 0.0)
+        ft.log.close()
+        return ft.summary
+    optimizer = _optimizer(model, cfg)
+    scheduler = build_scheduler(optimizer, ft.total_steps, ft.summary["settings"]["warmup_steps"], "linear")
+    rng, meter = np.random.default_rng(cfg.seed), Throughput()
+    per_rank = max(1, cfg.batch_size // ft.world)
+    epoch, t0 = 0, time.time()
+    progress = tqdm(total=ft.total_steps, desc=f"finetune {task}", disable=ft.rank != 0, mininterval=2.0)
+    while ft.step < ft.total_steps:
+        epoch += 1
+        ft.net.train()
+        losses = []
+        for idx in _batches(len(train_rows), per_rank * ft.world, rng):  # the same order on every rank (seed)
+            if ft.step >= ft.total_steps:
+                break
+            mine = idx[ft.rank::ft.world] if ft.world > 1 else idx
+            mine = mine if len(mine) else idx[:1]  # a last batch smaller than the world: one row each
+            batch = to_device(collate_packed([train_rows[i] for i in mine]) if cfg.unpadded else
+                              collate([train_rows[i] for i in mine]), ft.device)
+            loss = ft.net(**batch).loss
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm or float("inf"))
+            lr = scheduler.get_last_lr()[0]
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            losses.append(loss.item())
+            ft.step += 1
+            tokens = int(batch["cu_seqlens"][-1]) if cfg.unpadded else int(batch["attention_mask"].sum())
+            meter.add(losses[-1], len(mine), tokens, tokens if cfg.unpadded else batch["attention_mask"].numel())
+            if ft.step % cfg.log_every == 0 or ft.step == ft.total_steps:
+                ft.log.write({"step": ft.step, "epoch": epoch, **meter.record(ft.world), "lr": lr,
+                              "grad_norm": float(grad_norm), "kernels": ft.backend})
+            progress.update(1)
+            progress.set_postfix(epoch=epoch, loss=f"{np.mean(losses[-50:]):.4f}")
+        end_of_epoch(ft, evaluate, save, epoch, float(np.mean(losses)) if losses else None, time.time() - t0)
+    progress.close()
+    ft.log.close()
+    ft.summary["train_seconds"] = time.time() - t0
+    if ft.rank == 0:
+        atomic_write_json(ft.out_dir / "metrics.json", ft.summary)
+    return ft.summary
+
+
+def start_fine_tuning(model, train_rows: list, best_metric: str, cfg: TrainConfig, task: str,
+                      settings: dict | None) -> FineTuning:
+    """Threads, device and kernels, the process group, dropout, the seed, the steps and the output folder."""
     world, rank, local_rank = _distributed()
     threads = choose_threads(cfg.threads)
     if rank == 0:
         tqdm.write(threads.describe())
-    out_dir = Path(cfg.out_dir)
     device = pick_device(cfg.device, local_rank)
     kernels.use(cfg.kernels)
     backend = resolve_guarded(device, kernel_uses(model, "fp32", cfg.unpadded),  # auto on a GPU: checked there first
@@ -181,13 +273,13 @@ def train(model, train_rows: list, evaluate, best_metric: str, cfg: TrainConfig,
     per_rank = max(1, cfg.batch_size // world)
     steps_per_epoch = math.ceil(len(train_rows) / (per_rank * world)) if train_rows else 0
     total_steps = int(math.ceil(steps_per_epoch * cfg.epochs))
-    warmup = int(cfg.warmup_ratio * total_steps)
     summary = {"task": task, "settings": {**(settings or {}), **asdict(cfg), "world_size": world,
                                           "device": str(device), "kernels_used": backend,
-                                          "threads": threads.record(),
-                                          "train_rows": len(train_rows),
-                                          "total_steps": total_steps, "warmup_steps": warmup},
+                                          "threads": threads.record(), "train_rows": len(train_rows),
+                                          "total_steps": total_steps,
+                                          "warmup_steps": int(cfg.warmup_ratio * total_steps)},
                "best_metric": best_metric, "epochs": []}
+    out_dir = Path(cfg.out_dir)
     if rank == 0:
         check_folder_owned(out_dir, "finetune")  # a new or empty folder, or an earlier fine-tuning's
         earlier = read_json_or_none(out_dir / "metrics.json")
@@ -195,80 +287,30 @@ def train(model, train_rows: list, evaluate, best_metric: str, cfg: TrainConfig,
                                cfg.overwrite)
         out_dir.mkdir(parents=True, exist_ok=True)
     log = RunLog(out_dir, rank == 0, cfg.report_to or default_report_to(), config=summary["settings"])
-    step = 0
+    return FineTuning(cfg, model, net, device, world, rank, out_dir, log, summary, backend, total_steps)
 
-    def run_eval(epoch, train_loss, seconds):
-        if rank == 0:
-            metrics, files = evaluate(model)
-            record = {"epoch": epoch, "train_loss": train_loss, "train_seconds": seconds, **metrics}
-            summary["epochs"].append(record)
-            log.write({"step": step, "epoch": epoch,
-                       **{f"eval_{k}": v for k, v in metrics.items() if isinstance(v, (int, float))}})
-            tqdm.write(f"[{task}] epoch {epoch}: " + ", ".join(
-                f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items() if k != "epoch"))
-            best = summary.get("best")
-            if best is None or metrics[best_metric] > best[best_metric]:
-                summary["best"], summary["best_epoch"] = record, epoch
-                for name, obj in files.items():
-                    atomic_write_json(out_dir / name, obj)
-                if cfg.save_model:
-                    save_pretrained(model, out_dir / "best", tokenizer_dir=tokenizer_dir, extra_config=extra_config)
-            atomic_write_json(out_dir / "metrics.json", summary)
-        if world > 1:
-            torch.distributed.barrier()
 
-    if total_steps == 0:
-        run_eval(0, None, 0.0)
-        log.close()
-        return summary
-    optimizer = _optimizer(model, cfg)
-    scheduler = build_scheduler(optimizer, total_steps, warmup, "linear")
-    rng = np.random.default_rng(cfg.seed)
-    epoch, t0 = 0, time.time()
-    interval = {"loss": 0.0, "steps": 0, "sequences": 0, "tokens": 0, "slots": 0, "t": time.perf_counter()}
-    progress = tqdm(total=total_steps, desc=f"finetune {task}", disable=rank != 0, mininterval=2.0)
-    while step < total_steps:
-        epoch += 1
-        net.train()
-        losses = []
-        batches = _batches(len(train_rows), per_rank * world, rng)  # same order on every rank (same seed)
-        for idx in batches:
-            if step >= total_steps:
-                break
-            mine = idx[rank::world] if world > 1 else idx
-            if len(mine) == 0:
-                mine = idx[:1]
-            rows = [train_rows[i] for i in mine]
-            batch = {k: v.to(device) if hasattr(v, "to") else v
-                     for k, v in (collate_packed(rows) if cfg.unpadded else collate(rows)).items()}
-            loss = net(**batch).loss
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm or float("inf"))
-            lr = scheduler.get_last_lr()[0]
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            losses.append(loss.item())
-            step += 1
-            interval["loss"] += losses[-1]
-            interval["steps"] += 1
-            interval["sequences"] += len(mine)
-            tokens = int(batch["cu_seqlens"][-1]) if cfg.unpadded else int(batch["attention_mask"].sum())
-            interval["tokens"] += tokens
-            interval["slots"] += tokens if cfg.unpadded else batch["attention_mask"].numel()
-            if step % cfg.log_every == 0 or step == total_steps:
-                seconds = time.perf_counter() - interval["t"]
-                log.write({"step": step, "epoch": epoch, "loss": interval["loss"] / interval["steps"], "lr": lr,
-                           "grad_norm": float(grad_norm), "seq_per_s": interval["sequences"] * world / seconds,
-                           "tokens_per_s": interval["tokens"] * world / seconds,
-                           "padding_efficiency": interval["tokens"] / interval["slots"], "kernels": backend})
-                interval.update(loss=0.0, steps=0, sequences=0, tokens=0, slots=0, t=time.perf_counter())
-            progress.update(1)
-            progress.set_postfix(epoch=epoch, loss=f"{np.mean(losses[-50:]):.4f}")
-        run_eval(epoch, float(np.mean(losses)) if losses else None, time.time() - t0)
-    progress.close()
-    log.close()
-    summary["train_seconds"] = time.time() - t0
-    if rank == 0:
-        atomic_write_json(out_dir / "metrics.json", summary)
-    return summary
+def end_of_epoch(ft: FineTuning, evaluate, save, epoch: int, train_loss, seconds: float) -> None:
+    """Rank 0 evaluates; a better epoch writes its files and its model (OUT/best/); metrics.json every time."""
+    if ft.rank == 0:
+        metrics, files = evaluate(ft.model)
+        record = {"epoch": epoch, "train_loss": train_loss, "train_seconds": seconds, **metrics}
+        ft.summary["epochs"].append(record)
+        ft.log.write({"step": ft.step, "epoch": epoch,
+                      **{f"eval_{k}": v for k, v in metrics.items() if isinstance(v, (int, float))}})
+        tqdm.write(f"[{ft.summary['task']}] epoch {epoch}: " + ", ".join(
+            f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items() if k != "epoch"))
+        best, metric = ft.summary.get("best"), ft.summary["best_metric"]
+        if best is None or metrics[metric] > best[metric]:
+            ft.summary["best"], ft.summary["best_epoch"] = record, epoch
+            for name, obj in files.items():
+                atomic_write_json(ft.out_dir / name, obj)
+            if ft.cfg.save_model:
+                save(ft.model, ft.out_dir / "best")
+        atomic_write_json(ft.out_dir / "metrics.json", ft.summary)
+    if ft.world > 1:
+        torch.distributed.barrier()
+
+
+def to_device(batch: dict, device) -> dict:
+    return {k: v.to(device) if hasattr(v, "to") else v for k, v in batch.items()}
