@@ -44,8 +44,9 @@ def _series(records: list[dict], key: str):
     return [p[0] for p in points], [p[1] for p in points]
 
 
-def _line_plot(records, title, keys, ylabel=None, logy=False):
-    """A figure of the keys against steps, or None when no record has any of them."""
+def _line_plot(records, title, keys, ylabel=None, logy=False, level=None):
+    """A figure of the keys against steps, or None when no record has any of them; level = (value, label) draws a
+    dashed horizontal line (the unigram baseline on the accuracy plot)."""
     plt = _plt()
     drawn = [(k, *_series(records, k)) for k in keys]
     drawn = [d for d in drawn if d[1]]
@@ -55,6 +56,8 @@ def _line_plot(records, title, keys, ylabel=None, logy=False):
     for key, steps, values in drawn:
         ax.plot(steps, values, marker="o" if len(steps) < 30 else None, markersize=3,
                 label=key.replace("eval_", "held-out ").replace("_", " "))
+    if level is not None:
+        ax.axhline(level[0], linestyle="--", color="grey", linewidth=1, label=level[1])
     ax.set(title=title, xlabel="step", ylabel=ylabel or "")
     if logy:
         ax.set_yscale("log")
@@ -107,15 +110,34 @@ text-align: left; vertical-align: top; }} td {{ font-family: monospace; word-bre
 """
 
 
+def _notes(records: list[dict]) -> str:
+    """What the run said once, as the log recorded it: the unigram plateau, rollbacks, settings a --resume changed."""
+    items = []
+    for r in records:
+        if "plateau" in r:
+            p = r["plateau"]
+            items.append(f"step {r['step']}: held-out [MASK] accuracy was still at the unigram baseline "
+                         f"({100 * p['baseline']:.1f} %, always guessing {p['token']!r}): the model had not left the "
+                         "plateau (the log's note says what usually moves it)")
+        if "rollback_to" in r:
+            items.append(f"step {r['step']}: {r.get('rollback_reason')}; rolled back to step {r['rollback_to']}")
+        if "resume_changes" in r:
+            items.append(f"step {r['step']}: --resume changed " + ", ".join(
+                f"{k} {v[0]} -> {v[1]}" for k, v in r["resume_changes"].items()))
+    return "<ul>" + "".join(f"<li>{html.escape(i)}</li>" for i in items) + "</ul>" if items else ""
+
+
 def pretrain_report(run_dir: Path) -> str:
     run = read_run_config(run_dir)
     records = read_metrics(run_dir)
+    plateau = next((r["plateau"] for r in records if "plateau" in r), None)
+    baseline = (plateau["baseline"], f"unigram baseline ({plateau['token']})") if plateau else None
     figures = [f for f in (
         # the second task is NSP, SOP or (ELECTRA) the discriminator's replaced-token detection
         _line_plot(records, "loss", [f"{split}{k}" for split in ("", "eval_") for k in (
             "loss", "mlm_loss", "nsp_loss", "sop_loss", "disc_loss")]),
         _line_plot(records, "accuracy", [f"{split}{k}" for split in ("", "eval_") for k in (
-            "mlm_acc", "mlm_mask_acc", "nsp_acc", "sop_acc", "rtd_acc", "rtd_f1")]),
+            "mlm_acc", "mlm_mask_acc", "nsp_acc", "sop_acc", "rtd_acc", "rtd_f1")], level=baseline),
         _line_plot(records, "learning rate", ["lr"]),
         _line_plot(records, "gradient norm", ["grad_norm"], logy=True),
         _line_plot(records, "throughput (sequences/s)", ["seq_per_s"]),
@@ -123,7 +145,7 @@ def pretrain_report(run_dir: Path) -> str:
         _line_plot(records, "MFU and padding efficiency", ["mfu", "padding_efficiency"]),
         _line_plot(records, "fp16 loss scale", ["loss_scale"], logy=True),
     ) if f]
-    sections = []
+    sections = [("notes", notes)] if (notes := _notes(records)) else []
     try:
         manifest = read_instances_manifest(run.instances)
         figures += _instance_plots(manifest)

@@ -30,7 +30,13 @@ def test_check_says_it_once_and_only_past_a_quarter():
 
 
 def test_a_run_that_does_not_learn_is_told(tmp_path, capfd):
+    """In its log once, and on its report page, which names the baseline the log recorded."""
+    from bertkit.report import pretrain_report
+
     _, run = tiny_run(tmp_path, max_steps=8, eval_every=2, eval_batches=1, lr=1e-9, warmup=0)
     assert "has not left the plateau" in capfd.readouterr().err
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert len([r for r in records if "plateau" in r]) == 1
+    plateau = [r for r in records if "plateau" in r]
+    assert len(plateau) == 1
+    page = pretrain_report(run)
+    assert f"{100 * plateau[0]['plateau']['baseline']:.1f} %" in page and "had not left the plateau" in page
