@@ -66,3 +66,36 @@ def test_stages_chain_through_default_folders(tmp_path):
     bertkit("pretrain", "--model", "tiny", "--max-steps", "2", "--micro-batch", "4", "--eval-every", "0",
             "--save-every", "2", "--no-progress", cwd=tmp_path)
     assert (tmp_path / "runs" / "pretrain" / "checkpoints" / "latest").is_file()
+
+
+def readme_stage_block() -> list[str]:
+    """The `bertkit ...` lines of the README's Stages block, comments cut, as a user copies them."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    block = text.split("## Stages", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    return [line.split("  #", 1)[0].strip() for line in block.splitlines() if line.startswith("bertkit ")]
+
+
+# what each line gets appended so that a test finishes in about a minute: a flag given twice, the last one wins
+SMALLER = {"train-tokenizer": ["--vocab-size", "300"],
+           "pretrain": ["--time-budget", "10s", "--micro-batch", "8", "--eval-every", "0", "--no-progress"],
+           "finetune": ["--epochs", "1"]}
+
+
+@pytest.mark.slow
+def test_the_readme_stage_block_runs_as_written(tmp_path):
+    """Every line of README.md's Stages block, in order, in an empty folder holding only wiki/ and glue/: a README
+    edit that breaks the chain (a renamed flag, a default folder one stage no longer finds) fails here."""
+    lines = readme_stage_block()
+    assert [line.split()[1] for line in lines][:5] == ["prepare-corpus", "train-tokenizer", "make-instances",
+                                                      "pretrain", "export"]
+    write_wiki_tree(tmp_path / "wiki")
+    sst2 = tmp_path / "glue" / "SST-2"
+    sst2.mkdir(parents=True)
+    rows = [f"{s} \t{i % 2}" for i, s in enumerate(ENGLISH * 4)]
+    for split in ("train", "dev"):
+        (sst2 / f"{split}.tsv").write_text("sentence\tlabel\n" + "\n".join(rows) + "\n", encoding="utf-8")
+    for line in lines:
+        args = line.split()[1:]
+        bertkit(*args, *SMALLER.get(args[0], []), cwd=tmp_path)
+    assert json.loads((tmp_path / "model" / "config.json").read_text())["architectures"] == ["BertForMaskedLM"]
+    assert 0 <= json.loads((tmp_path / "runs" / "sst2" / "metrics.json").read_text())["best"]["accuracy"] <= 1
