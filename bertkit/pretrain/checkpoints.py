@@ -58,6 +58,7 @@ from bertkit.formats import (
     write_run_config,
 )
 from bertkit.models import build_pretraining, save_pretrained
+from bertkit.models.sentence_embeddings import write_sentence_transformers_files
 from bertkit.pretrain.config import ConfigError, DeepSpeedSettings, PretrainConfig, TrainingError
 from bertkit.safe_load import UnsafeCheckpointError, first_unsafe_file, refusing_code, safe_load
 
@@ -426,6 +427,9 @@ def export(run_dir, out_dir, tag: str | None = None, say=None, overwrite: bool =
         # an ELECTRA pair: the discriminator here, the generator in generator/
         save_pretrained(model, out_dir, tokenizer_dir=tokenizer, extra_config=extra,
                         masked_lm_only=run.objective == "none")
+        if run.objective == "none" and tokenizer is not None:  # read through the mean: a sentence encoder too
+            write_sentence_transformers_files(out_dir, model.cfg.hidden_size,
+                                              model.cfg.max_position_embeddings)
         files = {p.relative_to(out_dir).as_posix(): file_entry(p) for p in sorted(out_dir.rglob("*"))
                  if p.is_file() and p.name not in (MANIFEST, LOCK_FILE)}
         write_manifest(out_dir, ExportManifest(stage="export", complete=True, run=str(Path(run_dir).resolve()),
