@@ -36,6 +36,9 @@ class BertConfig:
                                              # the mean of the last layer over the tokens (ModernBERT's option)
 
     def __post_init__(self):
+        for name in ("hidden_size", "num_heads", "intermediate_size"):
+            if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 1):
+                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
         if self.hidden_size % self.num_heads:
             raise ValueError(f"hidden_size {self.hidden_size} is not a multiple of num_heads {self.num_heads}")
         if self.vocab_size < 1:
