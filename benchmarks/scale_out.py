@@ -61,7 +61,7 @@ def child(data: str, out: str, engine: str, workers: int, address: str, vocab_si
                 phases_cpu[key] = phases_cpu.get(key, 0.0) + time.process_time() - c
         setattr(owner, name, wrapper)
 
-    timed(pc, "_run_dedup", "corpus_dedup")
+    timed(pc, "run_dedup", "corpus_dedup")
     timed(pc.Merger, "add_part", "corpus_merge")
     timed(pc.Merger, "close", "corpus_merge")
     real_per_shard = tt._per_shard

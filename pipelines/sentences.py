@@ -10,6 +10,7 @@ Korean documents may instead go to a Korean splitter (--splitter kss|kiwi): on a
 but is ~800x slower, so sentencex stays the default.
 """
 import functools
+import hashlib
 import re
 import unicodedata
 import warnings
@@ -80,3 +81,67 @@ def split_sentences(text: str, language: str, splitter: str = "sentencex") -> li
     else:
         pieces = segment(language, text)
     return [s for s in (piece.strip() for piece in pieces) if s]
+
+
+# ---------------------------------------------------------------- a raw document's sentences (prepare-corpus)
+
+# WikiExtractor leftovers: unexpanded templates ('}}{{', '|{{#if:'), table rows ('!colspan=..', '|-'), HTML
+# attributes ('class="wikitable"', 'title="ctx_ver=..'), lone tags ('</dl>'). Whole lines of it are dropped;
+# inline tags such as '<br>' or '<poem>' are deleted and their text kept.
+_MARKUP = re.compile(r'^([|{}]|#(if|ifeq|switch|invoke|expr|tag)\b|</?[a-zA-Z][^>]*>$|[a-z-]+=")'
+                     r'|\{\{|\}\}|\w="[^"]*"\s*/?>?$')
+
+
+def _looks_like_markup(line: str) -> bool:
+    # the substring tests skip the regex for ~all prose lines (it is a third of the run time otherwise)
+    return ("{" in line or "}" in line or '="' in line or line[0] in "|#<") and bool(_MARKUP.search(line))
+
+
+_INLINE_TAG = re.compile(r"</?(br|poem|onlyinclude|includeonly|noinclude|span|div|center|small|big|sup|sub|"
+                         r"blockquote|dl|dd|dt|ul|ol|li|p|nowiki|gallery|font|abbr|s|u|tt)\b[^<>]*/?>", re.I)
+_KO_SENTENCE_END = ("다.", "요.", "까.")
+
+
+def _is_heading(line: str) -> bool:
+    """WikiExtractor section titles stand alone, end with '.', and are short ('History.', '생애.')."""
+    return (line.endswith(".") and len(line) <= 80 and len(line.split()) <= 8
+            and not re.search(r"[.!?]", line[:-1]) and not line.endswith(_KO_SENTENCE_END))
+
+
+def build_sentences(raw, language: str, splitter: str, removed: dict) -> list[str]:
+    """A raw document (corpus_readers.RawDoc) as cleaned sentences; WikiExtractor leftovers, repeated titles and
+    empty sections removed and counted in `removed`. language "auto": detected per document."""
+    lines = [clean_text(line) for line in raw.lines]
+    lines = [line for line in lines if line]
+    if raw.kind == "wiki":
+        if lines and raw.title is not None and lines[0] == clean_text(raw.title):
+            lines.pop(0)
+            removed["repeated_title"] = removed.get("repeated_title", 0) + 1
+        text = []
+        for line in lines:
+            if _looks_like_markup(line):
+                removed["markup"] = removed.get("markup", 0) + 1
+            elif "<" not in line:
+                text.append(line)
+            elif line := " ".join(_INLINE_TAG.sub(" ", line).split()):
+                text.append(line)
+        # a section title followed by another title or the end of the document is an empty section
+        lines = []
+        for i, line in enumerate(text):
+            if _is_heading(line) and (i + 1 == len(text) or _is_heading(text[i + 1])):
+                removed["empty_section"] = removed.get("empty_section", 0) + 1
+            else:
+                lines.append(line)
+    if raw.kind == "lines":
+        return lines
+    if not lines:
+        return []
+    language = language if language != "auto" else detect_language(" ".join(lines[:3]))
+    if raw.kind == "join":
+        return split_sentences(" ".join(lines), language, splitter)
+    return [s for line in lines for s in split_sentences(line, language, splitter)]
+
+
+def document_id(sentences: list[str]) -> str:
+    """A document's id: a hash of its sentences (the key duplicates are found by, and the holdout split's)."""
+    return hashlib.sha1("\n".join(sentences).encode("utf-8")).hexdigest()[:16]

@@ -245,6 +245,7 @@ def test_one_and_two_workers_write_identical_bytes(tmp_path, request, real):
 
 def test_resume_after_interrupt_in_merge_and_in_worker(tmp_path, monkeypatch):
     import bertkit.pipelines.prepare_corpus as pc
+    from bertkit.pipelines import corpus_merge
 
     inputs = _mixed_inputs(tmp_path)
     options = dict(holdout=0.05, shard_size=parse_size("8KB"))
@@ -268,7 +269,7 @@ def test_resume_after_interrupt_in_merge_and_in_worker(tmp_path, monkeypatch):
     assert len(list((tmp_path / "out" / ".work").glob("part-*.json"))) == 2
 
     # 2) then killed while merging the resumed run, after some shards were written
-    real_flush, calls = pc.ShardWriter.flush, []
+    real_flush, calls = corpus_merge.ShardWriter.flush, []
 
     def flush_then_die(self):
         real_flush(self)
@@ -276,10 +277,10 @@ def test_resume_after_interrupt_in_merge_and_in_worker(tmp_path, monkeypatch):
         if len(calls) == 3:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(pc.ShardWriter, "flush", flush_then_die)
+    monkeypatch.setattr(corpus_merge.ShardWriter, "flush", flush_then_die)
     with pytest.raises(KeyboardInterrupt):
         prepare_corpus(inputs, tmp_path / "out", cfg(**options))
-    monkeypatch.setattr(pc.ShardWriter, "flush", real_flush)
+    monkeypatch.setattr(corpus_merge.ShardWriter, "flush", real_flush)
     with pytest.raises(CorpusError, match="did not finish"):
         corpus_shards(tmp_path / "out")
 

@@ -23,7 +23,7 @@ import pytest
 from click.testing import CliRunner
 
 from bertkit.cli import main as cli
-from bertkit.pipelines import prepare_corpus as pc
+from bertkit.pipelines import corpus_merge, dedup, prepare_corpus as pc
 from bertkit.pipelines.engine import Engine
 from bertkit.pipelines.make_instances import InstancesConfig, make_instances
 from bertkit.pipelines.prepare_corpus import CorpusConfig, prepare_corpus
@@ -283,7 +283,7 @@ def test_partitioned_dedup_drops_exactly_what_one_set_drops(tmp_path, monkeypatc
         found = []
         for p in range(partitions):
             out = tmp_path / f"dedup-{partitions}-{p}.npy"
-            record = pc.find_duplicates(paths, p, partitions, str(out))
+            record = dedup.find_duplicates(paths, p, partitions, str(out))
             assert record["rows"] == sum(map(len, parts_ids))
             found += np.load(out).tolist()
         assert sorted(found) == expected, partitions
@@ -291,9 +291,9 @@ def test_partitioned_dedup_drops_exactly_what_one_set_drops(tmp_path, monkeypatc
 
 def test_id_keys_are_the_ids_as_numbers():
     ids = [f"{random.Random(i).getrandbits(64):016x}" for i in range(100)] + ["ffffffffffffffff", "0000000000000000"]
-    assert pc.id_keys(pa.array(ids)).tolist() == [int(i, 16) for i in ids]
-    assert pc.id_keys(pa.array(ids).slice(7, 20)).tolist() == [int(i, 16) for i in ids[7:27]]
-    assert pc.id_keys(pa.array(["abc", "0F"])).tolist() == [0xABC, 15]  # other widths: the plain conversion
+    assert dedup.id_keys(pa.array(ids)).tolist() == [int(i, 16) for i in ids]
+    assert dedup.id_keys(pa.array(ids).slice(7, 20)).tolist() == [int(i, 16) for i in ids[7:27]]
+    assert dedup.id_keys(pa.array(["abc", "0F"])).tolist() == [0xABC, 15]  # other widths: the plain conversion
 
 
 def raw_with_duplicates(folder: Path) -> Path:
@@ -322,22 +322,22 @@ def test_dedup_partitions_never_change_the_output_and_resume(tmp_path, monkeypat
     assert runs[7].options == runs[1].options  # dedup_partitions is not an output option
 
     # killed while merging: the dedup results are kept, and a re-run uses them instead of redoing them
-    real_flush = pc.ShardWriter.flush
+    real_flush = corpus_merge.ShardWriter.flush
 
     def flush_then_die(self):
         real_flush(self)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(pc.ShardWriter, "flush", flush_then_die)
+    monkeypatch.setattr(corpus_merge.ShardWriter, "flush", flush_then_die)
     with pytest.raises(KeyboardInterrupt):
         prepare_corpus([raw], tmp_path / "resumed", CorpusConfig(dedup_partitions=3, **options))
-    monkeypatch.setattr(pc.ShardWriter, "flush", real_flush)
+    monkeypatch.setattr(corpus_merge.ShardWriter, "flush", real_flush)
     assert len(list((tmp_path / "resumed" / ".work").glob("dedup-00003-*.json"))) == 3
 
     def must_not_run(*args):
         raise AssertionError("the finished dedup partitions were redone")
 
-    monkeypatch.setattr(pc, "find_duplicates", must_not_run)
+    monkeypatch.setattr(dedup, "find_duplicates", must_not_run)
     prepare_corpus([raw], tmp_path / "resumed", CorpusConfig(dedup_partitions=3, **options))
     assert outputs(tmp_path / "resumed") == outputs(tmp_path / "p1")
 

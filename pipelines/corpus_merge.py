@@ -1,0 +1,97 @@
+"""prepare-corpus's merge (step 3 of the stage, in the main process): the parts in input order, less the rows the
+dedup tasks recorded, each document to train or holdout by a hash of its text, cut into shards of --shard-size.
+Every decision depends only on the ordered document stream, never on timing, worker count or engine."""
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from bertkit.fileio import atomic_write_arrow, checksum_file
+from bertkit.formats import CORPUS_SCHEMA, CorpusColumns as C, ShardEntry, corpus_file_name
+
+
+def is_holdout(doc_id: str, fraction: float) -> bool:
+    """The id is a hash of the text, so this split is stable across runs, input orders and worker counts."""
+    return int(doc_id[8:16], 16) < fraction * (1 << 32)
+
+
+class ShardWriter:
+    """Cuts one split's ordered document stream into shards of about shard_size text bytes."""
+
+    def __init__(self, out: Path, split: str, shard_size: int):
+        self.out, self.split, self.shard_size = out, split, shard_size
+        self.tables, self.buffered, self.entries = [], 0, []
+        self.rows = self.sentences = self.text_bytes = 0
+
+    def add(self, table: pa.Table):
+        nbytes = table.column("nbytes").to_numpy()
+        while len(table):
+            cum = np.cumsum(nbytes)
+            cut = int(np.searchsorted(cum, self.shard_size - self.buffered))  # first row reaching the size
+            if cut >= len(table):
+                self.tables.append(table)
+                self.buffered += int(cum[-1])
+                return
+            self.tables.append(table.slice(0, cut + 1))
+            self.flush()
+            table, nbytes = table.slice(cut + 1), nbytes[cut + 1:]
+
+    def flush(self):
+        table = pa.concat_tables(self.tables).combine_chunks()
+        self.tables, self.buffered = [], 0
+        if not len(table):
+            return
+        self.rows += len(table)
+        self.sentences += int(pc.sum(pc.list_value_length(table.column(C.SENTENCES))).as_py())
+        self.text_bytes += int(pc.sum(table.column("nbytes")).as_py())
+        table = table.drop_columns(["nbytes"]).cast(CORPUS_SCHEMA)
+        name = corpus_file_name(self.split, len(self.entries))
+        atomic_write_arrow(self.out / name, table)
+        self.entries.append(ShardEntry(name, self.split, len(table), (self.out / name).stat().st_size,
+                                       checksum_file(self.out / name)))
+
+    def close(self):
+        if self.tables:
+            self.flush()
+
+
+class Merger:
+    """Splits the ordered stream of parts into the train and holdout shard writers, skipping the rows that the dedup
+    tasks found to repeat an earlier document. Memory: one batch, one shard being filled, and the duplicate lists
+    memory-mapped (only the slice of the current batch is read)."""
+
+    def __init__(self, out: Path, holdout: float, shard_size: int, duplicates: list[Path]):
+        self.holdout_fraction = holdout
+        self.duplicates = [np.load(p, mmap_mode="r") for p in duplicates]  # sorted row positions, one per partition
+        self.position = 0  # rows of the parts merged so far
+        self.train = ShardWriter(out, "train", shard_size)
+        self.holdout = ShardWriter(out, "holdout", shard_size)
+
+    def _skipped(self, rows: int) -> np.ndarray:
+        lo, hi = self.position, self.position + rows
+        skip = np.zeros(rows, dtype=bool)
+        for d in self.duplicates:
+            skip[np.asarray(d[np.searchsorted(d, lo): np.searchsorted(d, hi)]) - lo] = True
+        self.position = hi
+        return skip
+
+    def add_part(self, part: Path):
+        with pa.memory_map(str(part), "r") as source:
+            for batch in pa.ipc.open_stream(source):
+                keep, held = [], []
+                skip = self._skipped(batch.num_rows)
+                for i, doc_id in enumerate(batch.column(C.ID).to_pylist()):
+                    if skip[i]:
+                        continue  # exact duplicate of an earlier document
+                    (held if is_holdout(doc_id, self.holdout_fraction) else keep).append(i)
+                table = pa.Table.from_batches([batch])
+                if keep:
+                    self.train.add(table.take(keep))
+                if held:
+                    self.holdout.add(table.take(held))
+
+    def close(self) -> list[ShardEntry]:
+        self.train.close()
+        self.holdout.close()
+        return self.train.entries + self.holdout.entries
