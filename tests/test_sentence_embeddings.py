@@ -39,3 +39,29 @@ def test_an_nsp_export_is_not_offered_as_one(tmp_path, clean_dist_env):
     _, run = tiny_run(tmp_path)
     out = export(run, tmp_path / "export")
     assert not (out / "modules.json").exists() and not (out / "1_Pooling").exists()
+
+
+def test_a_modernbert_export_is_a_sentence_transformer_and_transformers_reads_its_tokenizer(tmp_path,
+                                                                                           clean_dist_env):
+    """A ModernBERT run whose tokenizer is a vocab.txt alone: the export gains the tokenizer.json transformers needs
+    for this family, AutoTokenizer + the model read it, and SentenceTransformer gives bertkit's own mean."""
+    import torch
+    import transformers
+
+    from bertkit.models import load_pretrained
+    from bertkit.pretrain import export
+    from bertkit.tokenization import load_tokenizer
+
+    _, run = tiny_run(tmp_path, model="modernbert-tiny", objective="mlm", micro_batch=4)
+    out = export(run, tmp_path / "export")
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    assert tok("w1 w2 w3")["input_ids"] == load_tokenizer(out).encode("w1 w2 w3").ids
+    got = sentence_transformers.SentenceTransformer(str(out), device="cpu").encode(["w1 w2 w3 w4", "w5 w6"],
+                                                                                  convert_to_tensor=True)
+    model = load_pretrained(out, head=None)
+    want = []
+    with torch.no_grad():
+        for s in ("w1 w2 w3 w4", "w5 w6"):
+            ids = torch.tensor([tok(s)["input_ids"]])
+            want.append(model(ids, attention_mask=torch.ones_like(ids)).mean(1)[0])  # the bare encoder: (B, S, H)
+    torch.testing.assert_close(got, torch.stack(want), atol=1e-5, rtol=1e-4)

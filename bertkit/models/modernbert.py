@@ -509,7 +509,23 @@ def save_hf(model: nn.Module, out_dir, tokenizer_dir=None, extra_config: dict | 
     for name in TOKENIZER_FILES if tokenizer_dir is not None else ():
         if (Path(tokenizer_dir) / name).is_file():
             atomic_copy(Path(tokenizer_dir) / name, out_dir / name)
+    if (out_dir / "vocab.txt").is_file() and not (out_dir / "tokenizer.json").is_file():
+        write_fast_tokenizer(out_dir)
     return out_dir
+
+
+def write_fast_tokenizer(out_dir: Path) -> None:
+    """tokenizer.json and tokenizer_config.json beside a vocab.txt alone: transformers has no ModernBERT tokenizer
+    that reads a vocab.txt, so without them AutoTokenizer (and sentence-transformers) cannot load the folder."""
+    from bertkit.fileio import atomic_write_bytes, atomic_write_json
+    from bertkit.tokenization import tokenizer_from_vocab
+
+    atomic_write_bytes(out_dir / "tokenizer.json", tokenizer_from_vocab(out_dir / "vocab.txt").to_str().encode())
+    if not (out_dir / "tokenizer_config.json").is_file():
+        atomic_write_json(out_dir / "tokenizer_config.json", {
+            "tokenizer_class": "PreTrainedTokenizerFast", "model_input_names": ["input_ids", "attention_mask"],
+            "unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
+            "mask_token": "[MASK]"})
 
 
 def load_hf(path: Path, hf_config: dict, tensors: dict, head="auto", num_labels=None,
