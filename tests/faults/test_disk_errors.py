@@ -49,12 +49,12 @@ def fail_on_nth_write(monkeypatch, module, n, code):
 
 
 def test_disk_full_in_prepare_corpus_then_the_same_command_resumes(tmp_path, monkeypatch):
-    import bertkit.pipelines.prepare_corpus as pc
+    from bertkit.pipelines import corpus_merge  # where the shards are written
 
     inputs = raw(tmp_path)
     cfg = CorpusConfig(min_chars=10, shard_size=2048, holdout=0.1, progress=False, workers=1)
     clean = prepare_corpus([inputs], tmp_path / "clean", cfg)
-    calls = fail_on_nth_write(monkeypatch, pc, 2, errno.ENOSPC)
+    calls = fail_on_nth_write(monkeypatch, corpus_merge, 2, errno.ENOSPC)
     out = tmp_path / "out"
     with pytest.raises(DiskError, match=rf"{out}: no space left on the device while writing .*\.arrow\)\. Nothing "
                                         r"unfinished was marked complete: free space .*run the same command again"):
