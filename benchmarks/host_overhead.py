@@ -46,7 +46,7 @@ def layer_norm_rows(calls):
     seed = torch.zeros(1, dtype=torch.int64, device="cuda")
     y, h, mean, rstd = ln.add_ln_forward(x, r, w, b, seed, 1e-12, 0.0)
     dy = torch.randn_like(y)
-    block_m, block_n, warps = ln._tile(hidden)
+    block_m, block_n, warps = ln.tile_shape(hidden)
     y2, h2 = torch.empty_like(x), torch.empty_like(x)
 
     def raw_launch():

@@ -49,7 +49,7 @@ def layer_norm_rows(hidden, dropout):
 
     from tests.kernel_utils import compile_layer_norm_kernels
 
-    block_m, block_n, warps = importlib.import_module("bertkit.kernels.layer_norm")._tile(hidden)
+    block_m, block_n, warps = importlib.import_module("bertkit.kernels.layer_norm").tile_shape(hidden)
     return [dict(kernel=name, block_m=block_m, block_n=block_n, warps=warps, stages=None, head_dim=None,
                  hidden=hidden, dropout=dropout, **_usage(compiled), wgmma=None)
             for name, compiled in compile_layer_norm_kernels(hidden, dropout).items()]
@@ -79,7 +79,7 @@ def main():
                    for r in layer_norm_rows(hidden, dropout)]
         else:
             new = [attention_row(kind, c, d, p, varlen) for d in args.head_dims
-                   for c in (GRID if args.grid else shipped[kind][attn._dim_class(attn._block_d(d))])
+                   for c in (GRID if args.grid else shipped[kind][attn.dim_class(attn.block_d_for(d))])
                    for varlen in ((False,) if args.grid else (False, True)) for p in (False, True)]
         for r in new:
             dim = r["head_dim"] if r["head_dim"] is not None else r["hidden"]

@@ -7,7 +7,7 @@ Bytes count the traffic the fused op needs: forward reads x and the residual and
 The same byte counts are used for both providers, so GB/s compare times; fractions are of the measured copy
 bandwidth. `--kernels torch` runs exactly the "torch add+layer_norm" provider (kernels/torch_backend.py uses it).
 `--sweep` times the fused kernel over launch shapes instead (rows per tile, warps, backward programs per SM), to
-choose kernels/layer_norm.py's `_tile`. Prints a table, writes JSON to benchmarks/results/.
+choose kernels/layer_norm.py's `tile_shape`. Prints a table, writes JSON to benchmarks/results/.
 """
 import argparse
 import sys
@@ -57,7 +57,7 @@ def measure(fn, leaves):
 def kernels_tile(hidden):
     import importlib
 
-    return importlib.import_module("bertkit.kernels.layer_norm")._tile(hidden)
+    return importlib.import_module("bertkit.kernels.layer_norm").tile_shape(hidden)
 
 
 def sweep(x, r, w, b, dropout_p, bytes_fwd, bytes_bwd, copy_GBps):
@@ -67,7 +67,7 @@ def sweep(x, r, w, b, dropout_p, bytes_fwd, bytes_bwd, copy_GBps):
     from bertkit import kernels
 
     ln = importlib.import_module("bertkit.kernels.layer_norm")
-    shipped_tile, shipped_programs = ln._tile, ln._num_programs
+    shipped_tile, shipped_programs = ln.tile_shape, ln._num_programs
     block_n = shipped_tile(x.shape[-1])[1]
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     out = []
@@ -75,14 +75,14 @@ def sweep(x, r, w, b, dropout_p, bytes_fwd, bytes_bwd, copy_GBps):
         for block_m in (1, 2, 4, 8, 16):
             for warps in (2, 4, 8):
                 for per_sm in (2, 4, 8):
-                    ln._tile = lambda n, bm=block_m, wp=warps: (bm, block_n, wp)
+                    ln.tile_shape = lambda n, bm=block_m, wp=warps: (bm, block_n, wp)
                     ln._num_programs = lambda n_rows, bm, device, k=per_sm: max(1, min(k * sms, -(-n_rows // bm)))
                     fwd, bwd = measure(lambda: kernels.add_layer_norm(x, r, w, b, 1e-12, dropout_p), [x, r, w, b])
                     out.append(dict(block_m=block_m, warps=warps, programs_per_sm=per_sm, fwd_ms=fwd, bwd_ms=bwd,
                                     fwd_frac_copy_bw=bytes_fwd / fwd / 1e6 / copy_GBps,
                                     bwd_frac_copy_bw=bytes_bwd / bwd / 1e6 / copy_GBps))
     finally:
-        ln._tile, ln._num_programs = shipped_tile, shipped_programs
+        ln.tile_shape, ln._num_programs = shipped_tile, shipped_programs
     for key in ("fwd", "bwd"):
         best = sorted(out, key=lambda row: row[f"{key}_ms"])[:3]
         print("  best " + key + ": " + "; ".join(

@@ -66,9 +66,9 @@ def _rule(errors: dict) -> bool:
 
 def _attention_configs(head_dim: int, every: bool) -> list[dict]:
     """One dict {fwd, dkdv, dq} per run: together the runs cover every shipped configuration of each kernel."""
-    from bertkit.kernels.attention import DKDV_CONFIGS, DQ_CONFIGS, FWD_CONFIGS, _block_d, _dim_class
+    from bertkit.kernels.attention import DKDV_CONFIGS, DQ_CONFIGS, FWD_CONFIGS, block_d_for, dim_class
 
-    dim = _dim_class(_block_d(head_dim))
+    dim = dim_class(block_d_for(head_dim))
     lists = {"fwd": FWD_CONFIGS[dim], "dkdv": DKDV_CONFIGS[dim], "dq": DQ_CONFIGS[dim]}
     runs = max(len(v) for v in lists.values()) if every else 1
     return [{name: configs[i % len(configs)] for name, configs in lists.items()} for i in range(runs)]
@@ -126,7 +126,7 @@ def _attention_case(head_dim, dtype_name, varlen, p, configs, device, small) -> 
 def _layer_norm_case(hidden, dtype_name, p, device, small, prenorm=False) -> CaseResult:
     """prenorm: the pre-LN form, whose sum h is also an output with its own incoming gradient."""
     from bertkit.kernels.common import draw_seed
-    from bertkit.kernels.layer_norm import _tile, add_ln_backward, add_ln_forward, ln_dropout_mask
+    from bertkit.kernels.layer_norm import add_ln_backward, add_ln_forward, ln_dropout_mask, tile_shape
     from bertkit.kernels.reference import add_layer_norm_reference
 
     dtype = DTYPES[dtype_name]
@@ -153,7 +153,7 @@ def _layer_norm_case(hidden, dtype_name, p, device, small, prenorm=False) -> Cas
     ours = {"y": y, "dx": dx if p > 0 else dh, "dresidual": dh, "dweight": dw, "dbias": db}
     errors = {k: [_max_err(o, e), _max_err(t, e)]
               for k, o, e, t in zip(ours, ours.values(), results["exact"], results["torch"])}
-    return CaseResult("layer_norm", dtype_name, "rows", p, {"hidden": hidden, "tile": list(_tile(hidden)),
+    return CaseResult("layer_norm", dtype_name, "rows", p, {"hidden": hidden, "tile": list(tile_shape(hidden)),
                                                             "prenorm": prenorm}, errors, True, _rule(errors))
 
 

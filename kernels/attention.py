@@ -375,11 +375,13 @@ AUTOTUNE = not INTERPRET and os.environ.get("BERTKIT_AUTOTUNE", "1") != "0"
 TUNE_KEY = ["HEAD_DIM", "MAX_SEQLEN", "VARLEN", "DROPOUT", "DOT_PREC"]
 
 
-def _block_d(head_dim):
+def block_d_for(head_dim):
+    """The head dimension's tile width (a power of two, at least 16); check_gpu and the benchmarks read it too."""
     return max(16, triton.next_power_of_2(head_dim))
 
 
-def _dim_class(block_d):
+def dim_class(block_d):
+    """Which config list (FWD_CONFIGS, DQ_CONFIGS, DKDV_CONFIGS) a tile width takes: 64 for 64 and below."""
     return 64 if block_d <= 64 else block_d
 
 
@@ -395,7 +397,7 @@ class _Launcher:
             key=TUNE_KEY)(kernel) for dim, configs in configs_by_dim.items()} if AUTOTUNE else None
 
     def __call__(self, grid, *args, BLOCK_D, **kwargs):
-        dim = _dim_class(BLOCK_D)
+        dim = dim_class(BLOCK_D)
         if self.forced is not None:
             m, n, w, st = self.forced
             return self.kernel[grid(m, n)](*args, BLOCK_D=BLOCK_D, **kwargs, BLOCK_M=m, BLOCK_N=n, num_warps=w,
@@ -485,7 +487,7 @@ def flash_attn_forward(q, k, v, seqinfo, seed, max_seqlen, varlen, dropout_p, so
         q, k, v, out, lse, seqinfo, seed if dropout else seqinfo,
         *_strides(q, varlen), *_strides(k, varlen), *_strides(v, varlen), *_strides(out, varlen),
         heads, max_seqlen, softmax_scale * LOG2E, threshold, dropout_scale,
-        HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim),
+        HEAD_DIM=head_dim, BLOCK_D=block_d_for(head_dim),
         VARLEN=varlen, DROPOUT=dropout, DOT_PREC=_dot_precision(q.dtype),
     )
     return out, lse
@@ -504,7 +506,7 @@ def flash_attn_backward(dout, q, k, v, out, lse, seqinfo, seed, max_seqlen, varl
     if dout.stride(-1) != 1:
         dout = dout.contiguous()
     block_m = INTERPRETER_CONFIG[0] if INTERPRET else 64
-    block_d = _block_d(head_dim)
+    block_d = block_d_for(head_dim)
     _check_offsets(max_seqlen, q, k, v, out, dout, dq, dk, dv)
     dropout = dropout_p > 0.0
     threshold, dropout_scale = threshold_and_scale(dropout_p)

@@ -128,7 +128,7 @@ def _ln_dropout_mask_kernel(MASK, SEED, n_rows, N, threshold,  # MASK: (n_rows, 
 # launchers
 
 
-def _tile(n):
+def tile_shape(n):
     """(BLOCK_M, BLOCK_N, num_warps): about 4k elements per tile; fewer warps under the interpreter is irrelevant."""
     block_n = max(GROUP, triton.next_power_of_2(n))
     block_m = max(1, min(16, 4096 // block_n))
@@ -187,7 +187,7 @@ def add_ln_forward(x, residual, weight, bias, seed, eps, dropout_p, y=None, h=No
         return y, h, mean, rstd
     y2 = y.view(-1, n)
     h2 = h.view(-1, n) if store_h else y2
-    block_m, block_n, warps = _tile(n)
+    block_m, block_n, warps = tile_shape(n)
     _add_ln_fwd[(triton.cdiv(n_rows, block_m),)](
         x2, r2, weight, bias, y2, h2, mean, rstd, seed if dropout else mean,
         n_rows, n, x2.stride(0), r2.stride(0), y2.stride(0), h2.stride(0), eps, *threshold_and_scale(dropout_p),
@@ -208,7 +208,7 @@ def add_ln_backward(dy, h, weight, mean, rstd, seed, dropout_p, dh=None, dx=None
     dh = torch.empty(h.shape, dtype=h.dtype, device=h.device) if dh is None else dh
     if dx is None:
         dx = torch.empty(h.shape if dropout else (0,), dtype=h.dtype, device=h.device)
-    block_m, block_n, warps = _tile(n)
+    block_m, block_n, warps = tile_shape(n)
     programs = _num_programs(n_rows, block_m, h.device)
     rows_per_program = triton.cdiv(triton.cdiv(n_rows, programs), block_m) * block_m
     dw_part = torch.empty((programs, n), dtype=torch.float32, device=h.device)
@@ -228,7 +228,7 @@ def add_ln_backward(dy, h, weight, mean, rstd, seed, dropout_p, dh=None, dx=None
 def ln_dropout_mask(seed, n_rows, n, dropout_p):
     """The keep mask (n_rows, n) bool that the kernels apply for this seed (for tests)."""
     mask = torch.empty((n_rows, n), dtype=torch.int8, device=seed.device)
-    block_m, block_n, _ = _tile(n)
+    block_m, block_n, _ = tile_shape(n)
     threshold = threshold_and_scale(dropout_p)[0]
     _ln_dropout_mask_kernel[(triton.cdiv(n_rows, block_m),)](mask, seed, n_rows, n, threshold,
                                                              BLOCK_M=block_m, BLOCK_N=block_n)

@@ -163,7 +163,7 @@ def compile_attention_kernel(kind, config, head_dim=64, dropout=True, varlen=Tru
     block_m, block_n, warps, stages = config
     pointers = {name: "*bf16" for name in ["Q", "K", "V", "O", "DO", "DK", "DV", "DQ"]}
     pointers.update(LSE="*fp32", DELTA="*fp32", SEQ="*i32", SEED="*i64")
-    constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=attn._block_d(head_dim),
+    constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=attn.block_d_for(head_dim),
                       VARLEN=varlen, DROPOUT=dropout, DOT_PREC="tf32")
     return compile_for_gpu(kernel, pointers, ("qk_scale", "sm_scale", "dropout_scale"), constexprs, warps, stages,
                            divisible=ATTENTION_DIVISIBLE)
@@ -175,7 +175,7 @@ def compile_layer_norm_kernels(hidden, dropout=True):
     import importlib
 
     ln = importlib.import_module("bertkit.kernels.layer_norm")
-    block_m, block_n, warps = ln._tile(hidden)
+    block_m, block_n, warps = ln.tile_shape(hidden)
     pointers = {name: "*bf16" for name in ["X", "R", "W", "B", "Y", "H", "DY", "DH", "DX", "DH_IN"]}
     pointers.update(MEAN="*fp32", RSTD="*fp32", SEED="*i64", DW_PART="*fp32", DB_PART="*fp32")
     tile = dict(BLOCK_M=block_m, BLOCK_N=block_n)
