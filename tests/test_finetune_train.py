@@ -314,3 +314,40 @@ def test_report_to_wandb_writes_an_offline_run(tmp_path, monkeypatch):
     expected = {(r["step"], scalar_tag(k)): v for r in read_metrics(tmp_path / "out") for k, v in r.items()
                 if k != "step" and isinstance(v, (int, float))}
     assert logged.keys() == expected.keys() and all(logged[k] == pytest.approx(v) for k, v in expected.items())
+
+
+def test_the_rate_follows_the_models_width_unless_given(tmp_path):
+    """Without --lr, a tiny model (128 wide) fine-tunes at 1e-3, which is also the run `--lr 1e-3` gives; a
+    BERT-base-wide model keeps the command's own default; --lr always wins."""
+    from click.testing import CliRunner
+
+    from bertkit.cli import main as cli
+    from bertkit.config import BertConfig
+    from bertkit.finetune.train import rate_for_width
+    from bertkit.models import save_pretrained
+    from bertkit.models.bert import BertForPreTraining
+
+    assert rate_for_width(768, 2e-5) == 2e-5 and rate_for_width(1024, 5e-5) == 5e-5
+    assert rate_for_width(128, 2e-5) == rate_for_width(64, 5e-5) == 1e-3
+    assert 2e-5 < rate_for_width(384, 2e-5) < rate_for_width(256, 2e-5) < 1e-3  # geometric between the two
+
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(27)]
+    (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    torch.manual_seed(0)
+    save_pretrained(BertForPreTraining(BertConfig.preset("tiny", vocab_size=len(vocab))), tmp_path / "tiny",
+                    tokenizer_dir=tmp_path)
+    rows = ["text\tlabel"] + [f"w{i} w{(i * 5) % 27} w{(i * 7) % 27}\t{i % 2}" for i in range(24)]
+    (tmp_path / "train.tsv").write_text("\n".join(rows) + "\n")
+    flags = ["--model", str(tmp_path / "tiny"), "--epochs", "1", "--batch-size", "8", "--max-seq-length", "16",
+             "--report-to", "none", "--no-save-model", "--train-file", str(tmp_path / "train.tsv"),
+             "--dev-file", str(tmp_path / "train.tsv"), "--text-a", "text"]
+
+    def run(name, *extra):
+        result = CliRunner().invoke(cli, ["finetune", "classify", "--out", str(tmp_path / name), *flags, *extra])
+        assert result.exit_code == 0, result.output
+        return json.loads((tmp_path / name / "metrics.json").read_text())
+
+    chosen, given = run("chosen"), run("given", "--lr", "1e-3")
+    assert chosen["settings"]["learning_rate"] == given["settings"]["learning_rate"] == 1e-3
+    assert [e["train_loss"] for e in chosen["epochs"]] == [e["train_loss"] for e in given["epochs"]]
+    assert run("lower", "--lr", "2e-5")["settings"]["learning_rate"] == 2e-5

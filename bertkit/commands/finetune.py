@@ -22,8 +22,9 @@ def common_options(default_lr: float, default_epochs: float, default_batch: int,
             click.option("--batch-size", default=default_batch, show_default=True, type=count(1),
                          help="Global train batch."),
             click.option("--eval-batch-size", default=64, show_default=True, type=count(1)),
-            click.option("--learning-rate", "--lr", "learning_rate", default=default_lr, show_default=True,
-                         type=POSITIVE),
+            click.option("--learning-rate", "--lr", "learning_rate", default=default_lr, type=POSITIVE,
+                         help=f"[default: {default_lr:g} for models 768 wide or wider; narrower models more, up "
+                              "to 1e-3 at 128 wide (tiny): bertkit.finetune.train.rate_for_width]"),
             click.option("--weight-decay", default=0.01, show_default=True, type=NON_NEGATIVE),
             click.option("--warmup-ratio", default=0.1, show_default=True, type=PROBABILITY,
                          help="Fraction of steps with linear warmup; linear decay to 0 after."),
@@ -62,8 +63,11 @@ pooling_option = click.option(
 def _train_config(kw: dict, pooling: str | None = None):
     from bertkit.finetune.train import TrainConfig
 
+    rate = kw.pop("learning_rate")  # not given: chosen by the model's width from the command's base rate
+    given = click.get_current_context().get_parameter_source("learning_rate") is not click.core.ParameterSource.DEFAULT
     return TrainConfig(out_dir=kw.pop("out_dir"), epochs=kw.pop("epochs"), batch_size=kw.pop("batch_size"),
-                       eval_batch_size=kw.pop("eval_batch_size"), learning_rate=kw.pop("learning_rate"),
+                       eval_batch_size=kw.pop("eval_batch_size"), learning_rate=rate if given else None,
+                       base_learning_rate=rate,
                        weight_decay=kw.pop("weight_decay"), warmup_ratio=kw.pop("warmup_ratio"),
                        max_grad_norm=kw.pop("max_grad_norm"), seed=kw.pop("seed"), device=kw.pop("device"),
                        kernels=kw.pop("kernels"), report_to=kw.pop("report_to"), log_every=kw.pop("log_every"),
