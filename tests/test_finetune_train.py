@@ -351,3 +351,26 @@ def test_the_rate_follows_the_models_width_unless_given(tmp_path):
     assert chosen["settings"]["learning_rate"] == given["settings"]["learning_rate"] == 1e-3
     assert [e["train_loss"] for e in chosen["epochs"]] == [e["train_loss"] for e in given["epochs"]]
     assert run("lower", "--lr", "2e-5")["settings"]["learning_rate"] == 2e-5
+
+
+def test_a_part_epoch_is_labelled_as_the_part(tmp_path):
+    """--epochs 0.5 evaluates once, as epoch 0.5 (not "epoch 1"); --epochs 1.5 as epochs 1 and 1.5."""
+    from bertkit.config import BertConfig
+    from bertkit.finetune.classify import TextExample, run_classification
+    from bertkit.finetune.train import TrainConfig
+    from bertkit.models import save_pretrained
+    from bertkit.models.bert import BertForPreTraining
+
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(27)]
+    (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    torch.manual_seed(0)
+    save_pretrained(BertForPreTraining(BertConfig.preset("tiny", vocab_size=len(vocab))), tmp_path / "tiny",
+                    tokenizer_dir=tmp_path)
+    rows = [TextExample(i + 1, f"w{i} w{(i * 5) % 27}", None, str(i % 2)) for i in range(32)]
+    for epochs, labels in ((0.5, [0.5]), (1.5, [1, 1.5])):
+        cfg = TrainConfig(out_dir=str(tmp_path / f"e{epochs}"), epochs=epochs, batch_size=8, save_model=False,
+                          report_to="none")
+        summary = run_classification(tmp_path / "tiny", rows, rows, ["0", "1"], cfg, task="t",
+                                     metric_fn=lambda p, g: {"accuracy": 0.0}, best_metric="accuracy",
+                                     max_seq_length=16)
+        assert [e["epoch"] for e in summary["epochs"]] == labels

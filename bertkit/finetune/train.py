@@ -254,7 +254,9 @@ def train(model, train_rows: list, evaluate, best_metric: str, cfg: TrainConfig,
                               "grad_norm": float(grad_norm), "kernels": ft.backend})
             progress.update(1)
             progress.set_postfix(epoch=epoch, loss=f"{np.mean(losses[-50:]):.4f}")
-        end_of_epoch(ft, evaluate, save, epoch, float(np.mean(losses)) if losses else None, time.time() - t0)
+        reached = round(ft.step / math.ceil(len(train_rows) / (per_rank * ft.world)), 2)  # --epochs 0.1: 0.1
+        end_of_epoch(ft, evaluate, save, min(epoch, reached), float(np.mean(losses)) if losses else None,
+                     time.time() - t0)
     progress.close()
     ft.log.close()
     ft.summary["train_seconds"] = time.time() - t0
