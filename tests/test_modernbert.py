@@ -267,3 +267,20 @@ def test_a_second_phase_starts_from_a_modernbert_run_or_export(tmp_path, clean_d
         for name in ("model.layers.1.attn.Wqkv.weight", "model.embeddings.tok_embeddings.weight", "head.dense.weight"):
             n = 133 if "tok_embeddings" in name else state[name].shape[0]  # the vocabulary's rows
             torch.testing.assert_close(state[name][:n], first[name][:n].float(), rtol=0, atol=0)
+
+
+def test_a_second_phase_from_a_modernbert_trains_packed(tmp_path, clean_dist_env):
+    """--init-from a ModernBERT run (or export) without --unpadded still trains packed, each document attending only
+    to itself, as a first phase does: the family decides, not the flag."""
+    from bertkit.formats import read_instances_manifest, read_run_config
+    from bertkit.pretrain import PretrainConfig, export
+    from bertkit.pretrain.start import planned_family
+    from tests.helpers import tiny_run
+
+    inst, run = tiny_run(tmp_path, model="modernbert-tiny", objective="mlm", max_steps=2)
+    out = export(run, tmp_path / "export")
+    for source in (run, out):
+        cfg = PretrainConfig(instances=str(inst), out=str(tmp_path / "p2"), init_from=str(source))
+        assert planned_family(cfg, read_instances_manifest(inst), None).splits_documents
+    _, second = tiny_run(tmp_path, out="phase2", init_from=str(out), objective="mlm", max_steps=2)
+    assert read_run_config(second).pretrain["unpadded"] is True
