@@ -44,18 +44,6 @@ class Divergence:
             f"then resume with --resume (from that checkpoint) or start again.")
 
 
-def _injected_fault(step: int) -> float:
-    """Test-only hook: BERTKIT_FAULT_STEPS="7:nan,9:1000" multiplies the loss of those steps' first attempt."""
-    faults = dict(f.split(":") for f in os.environ.get("BERTKIT_FAULT_STEPS", "").split(",") if f)
-    if str(step) not in faults or step in _FAULTS_DONE:
-        return 1.0
-    _FAULTS_DONE.add(step)
-    return float(faults[str(step)])
-
-
-_FAULTS_DONE: set = set()
-
-
 def roll_back(run, problem: str) -> None:
     """Reload the newest checkpoint that verifies; the data goes on after the bad step (its window is skipped),
     the RNG and the loader from there, and the metrics of the rolled-back steps are dropped."""
