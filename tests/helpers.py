@@ -189,3 +189,18 @@ def tiny_run(root: Path, out: str = "run", n: int = 64, **config) -> tuple[Path,
         os.environ.clear()
         os.environ.update(saved)
     return inst, root / out
+
+
+def tiny_model_folder(root: Path, name: str = "tiny") -> Path:
+    """A randomly initialised tiny BERT (seed 0) saved in HF format over a 32-token vocabulary (w0 .. w26)."""
+    import torch
+
+    from bertkit.config import BertConfig
+    from bertkit.models import save_pretrained
+    from bertkit.models.bert import BertForPreTraining
+
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(27)]
+    (root / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    torch.manual_seed(0)
+    return save_pretrained(BertForPreTraining(BertConfig.preset("tiny", vocab_size=len(vocab))), root / name,
+                           tokenizer_dir=root)

@@ -322,20 +322,14 @@ def test_the_rate_follows_the_models_width_unless_given(tmp_path):
     from click.testing import CliRunner
 
     from bertkit.cli import main as cli
-    from bertkit.config import BertConfig
     from bertkit.finetune.train import rate_for_width
-    from bertkit.models import save_pretrained
-    from bertkit.models.bert import BertForPreTraining
+    from tests.helpers import tiny_model_folder
 
     assert rate_for_width(768, 2e-5) == 2e-5 and rate_for_width(1024, 5e-5) == 5e-5
     assert rate_for_width(128, 2e-5) == rate_for_width(64, 5e-5) == 1e-3
     assert 2e-5 < rate_for_width(384, 2e-5) < rate_for_width(256, 2e-5) < 1e-3  # geometric between the two
 
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(27)]
-    (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    torch.manual_seed(0)
-    save_pretrained(BertForPreTraining(BertConfig.preset("tiny", vocab_size=len(vocab))), tmp_path / "tiny",
-                    tokenizer_dir=tmp_path)
+    tiny_model_folder(tmp_path)
     rows = ["text\tlabel"] + [f"w{i} w{(i * 5) % 27} w{(i * 7) % 27}\t{i % 2}" for i in range(24)]
     (tmp_path / "train.tsv").write_text("\n".join(rows) + "\n")
     flags = ["--model", str(tmp_path / "tiny"), "--epochs", "1", "--batch-size", "8", "--max-seq-length", "16",
@@ -355,17 +349,11 @@ def test_the_rate_follows_the_models_width_unless_given(tmp_path):
 
 def test_a_part_epoch_is_labelled_as_the_part(tmp_path):
     """--epochs 0.5 evaluates once, as epoch 0.5 (not "epoch 1"); --epochs 1.5 as epochs 1 and 1.5."""
-    from bertkit.config import BertConfig
     from bertkit.finetune.classify import TextExample, run_classification
     from bertkit.finetune.train import TrainConfig
-    from bertkit.models import save_pretrained
-    from bertkit.models.bert import BertForPreTraining
+    from tests.helpers import tiny_model_folder
 
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(27)]
-    (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    torch.manual_seed(0)
-    save_pretrained(BertForPreTraining(BertConfig.preset("tiny", vocab_size=len(vocab))), tmp_path / "tiny",
-                    tokenizer_dir=tmp_path)
+    tiny_model_folder(tmp_path)
     rows = [TextExample(i + 1, f"w{i} w{(i * 5) % 27}", None, str(i % 2)) for i in range(32)]
     for epochs, labels in ((0.5, [0.5]), (1.5, [1, 1.5])):
         cfg = TrainConfig(out_dir=str(tmp_path / f"e{epochs}"), epochs=epochs, batch_size=8, save_model=False,
