@@ -6,16 +6,20 @@ bertkit's own stages from Python: prepare-corpus -> train-tokenizer -> make-inst
 weights, 3 seeds at each of 3 rates, each start scored at its best rate (every rate kept in the results):
 NSMC, KLUE-NLI, KorSTS, KLUE-NER and KorQuAD 1.0 (`bertkit finetune korean --task ...`).
 
-    python benchmarks/korean_transfer.py --hours 2               # pace probe, pretraining, then the fine-tunes
+    python benchmarks/korean_transfer.py --only random            # the random side of the sweep (no pretraining)
+    python benchmarks/korean_transfer.py --hours 2                # pace probe, pretraining, then its fine-tunes
     python benchmarks/korean_transfer.py --hours 2 --only pretrain
     python benchmarks/korean_transfer.py --hours 2 --only finetune    # the sweep, from the finished export
-    python benchmarks/korean_transfer.py --hours 2 --only report
+    python benchmarks/korean_transfer.py --only report
 
 "2 CPU-hours" is a step count, not a clock: a short probe alone on the machine measures this run's steps per
 second (its load average recorded beside it), and the run takes as many steps as 2 hours of that pace buy, on the
 recipe's schedule over those steps. So the pretraining is a quality-against-steps run: it may go on beside other
 work, and a killed run resumes where its last checkpoint left it (run the same command again).
-Results: benchmarks/results/korean_transfer_<hours>h.json.
+The random start is the same architecture and tokenizer with BERT's initialisation (seed 0), so it needs no
+pretraining: `--only random` fine-tunes it alone, and a later session adds each pretrained start. One results file,
+benchmarks/results/korean_transfer.json, keeps every fine-tune's score as it finishes (a sweep skips what it holds)
+and the tokenizer's checksum: a start whose tokenizer differs from the recorded one is refused, not mixed in.
 """
 import argparse
 import json
@@ -147,70 +151,108 @@ def finetune(task: str, model: Path, out: Path, lr: float, seed: int) -> float:
     return summary["best"][metric]
 
 
-def sweep(work: Path, export_dir: Path, hours: float, results: dict, save) -> None:
-    """Every task from the export and from random weights, each rate, each seed."""
-    models = {"pretrained": export_dir, "random": random_init(export_dir, work / "ko-random")}
+def random_start(work: Path, instances: Path) -> Path:
+    """Random weights in the pretraining run's architecture, with its tokenizer: a one-step run's export,
+    re-initialised (pretrain_transfer.random_init), so the random side needs no pretraining."""
+    from bertkit.pretrain import export, pretrain
+
+    shape_run, shape_export = work / "ko-shape-run", work / "ko-shape-export"
+    if not (shape_export / "model.safetensors").is_file():
+        shutil.rmtree(shape_run, ignore_errors=True)
+        pretrain(pretrain_config(instances, shape_run, 1, eval_every=10 ** 9, save_every=10 ** 9))
+        export(shape_run, shape_export)
+    return random_init(shape_export, work / "ko-random")
+
+
+def vocab_checksum(model: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256((model / "vocab.txt").read_bytes()).hexdigest()
+
+
+def sweep(work: Path, start: str, model: Path, results: dict, save) -> None:
+    """Every task from one start (`random` or `<hours>h`), each rate, each seed; scores already held are kept."""
+    sha = vocab_checksum(model)
+    if results.setdefault("vocab_sha256", sha) != sha:
+        raise SystemExit(f"{model}: its vocab.txt differs from the one the recorded scores used "
+                         f"({results['vocab_sha256'][:12]}...); the starts would not be comparable")
     for task in TASKS:
         for lr in RATES:
-            for init, model in models.items():
-                for seed in SEEDS:
-                    tag = f"{hours:g}h-" if init == "pretrained" else ""
-                    score = finetune(task, model, work / "finetune" / f"{task}-{init}-{tag}lr{lr:g}-{seed}", lr, seed)
-                    results["sweep"].setdefault(task, {}).setdefault(init, {}).setdefault(f"{lr:g}", {})[
-                        str(seed)] = score
+            for seed in SEEDS:
+                held = results["sweep"].setdefault(task, {}).setdefault(start, {}).setdefault(f"{lr:g}", {})
+                if str(seed) not in held:
+                    held[str(seed)] = finetune(task, model, work / "finetune" / f"{task}-{start}-lr{lr:g}-{seed}",
+                                               lr, seed)
                     save()
 
 
 def table(sweep_results: dict) -> list[dict]:
-    """Per task: each start at its best rate (every rate kept), the difference, whether the seeds' ranges part."""
+    """Per task and pretrained start: random and it at their best rates (every rate kept), the difference, whether
+    the seeds' ranges part."""
     rows = []
-    for task, by_init in sweep_results.items():
-        row = {"task": task, "metric": TASKS[task][0], **{init: best_rate(r) for init, r in by_init.items()}}
-        if "pretrained" in row and "random" in row:
-            row["difference"] = row["pretrained"]["mean"] - row["random"]["mean"]
-            row["apart"] = min(row["pretrained"]["seeds"]) > max(row["random"]["seeds"])
-        rows.append(row)
+    for task, by_start in sweep_results.items():
+        random = best_rate(by_start["random"]) if by_start.get("random") else None
+        for start, by_lr in by_start.items():
+            if start == "random" and len(by_start) > 1:
+                continue
+            row = {"task": task, "metric": TASKS[task][0], "start": start, "random": random}
+            if start != "random":
+                row["pretrained"] = best_rate(by_lr)
+                if random:
+                    row["difference"] = row["pretrained"]["mean"] - random["mean"]
+                    row["apart"] = min(row["pretrained"]["seeds"]) > max(random["seeds"])
+            rows.append(row)
     return rows
 
 
 def print_table(rows: list[dict]) -> None:
-    print(f"\n{'task':9} {'metric':16} {'random (best lr)':>22} {'pretrained (best lr)':>22} {'diff':>7} apart")
+    print(f"\n{'task':9} {'metric':16} {'start':6} {'random (best lr)':>22} {'pretrained (best lr)':>22} "
+          f"{'diff':>7} apart")
     for r in rows:
-        cells = [f"{r[i]['mean']:7.3f} ± {r[i]['sd']:5.3f} ({r[i]['lr']:g})" if i in r else "-"
+        cells = [f"{r[i]['mean']:7.3f} ± {r[i]['sd']:5.3f} ({r[i]['lr']:g})" if r.get(i) else "-"
                  for i in ("random", "pretrained")]
-        print(f"{r['task']:9} {r['metric']:16} {cells[0]:>22} {cells[1]:>22} {r.get('difference', 0):7.3f} "
-              f"{r.get('apart', '-')}")
+        start = "-" if r["start"] == "random" else r["start"]
+        print(f"{r['task']:9} {r['metric']:16} {start:6} {cells[0]:>22} {cells[1]:>22} "
+              f"{r.get('difference', 0):7.3f} {r.get('apart', '-')}")
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hours", type=float, default=2.0, help="pretraining: this many hours of the measured pace")
-    ap.add_argument("--only", choices=["pretrain", "finetune", "report"])
+    ap.add_argument("--only", choices=["random", "pretrain", "finetune", "report"])
     ap.add_argument("--work", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "bertkit-korean-transfer")
     args = ap.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
-    name = f"korean_transfer_{args.hours:g}h"
+    name, hours = "korean_transfer", f"{args.hours:g}h"
     path = RESULTS / f"{name}.json"
     results = json.loads(path.read_text()) if path.is_file() else {}
-    if args.only in (None, "pretrain"):
+    results.setdefault("sweep", {})
+    results.setdefault("runs", {})
+
+    def save():
+        write_result(name, {**run_info(name), **{k: v for k, v in results.items() if k not in ("table",)},
+                            "table": table(results["sweep"])})
+
+    if args.only in ("random", "pretrain", None):
         d = prepare(args.work)
+        corpus = json.loads((d["corpus"] / "manifest.json").read_text())
+        results["corpus"] = {k: v for k, v in corpus.items() if isinstance(v, (int, float))}
+    if args.only == "random":
+        sweep(args.work, "random", random_start(args.work, d["instances"]), results, save)
+    if args.only in (None, "pretrain"):
         results["pace"] = pace(args.work, d["instances"])
         export_dir = pretrain_hours(args.work, d["instances"], args.hours, results["pace"]["steps_per_s"])
-        run = args.work / f"ko-run-{args.hours:g}h"
-        corpus = json.loads((d["corpus"] / "manifest.json").read_text())
-        results.update(corpus={k: v for k, v in corpus.items() if isinstance(v, (int, float))},
-                       steps=round(args.hours * 3600 * results["pace"]["steps_per_s"]), curve=timed_curve(run),
-                       masked_only=masked_only_accuracy(export_dir, d["instances"]))
-        write_result(name, {**run_info(name), **results})
+        results["runs"][hours] = {"steps": round(args.hours * 3600 * results["pace"]["steps_per_s"]),
+                                  "curve": timed_curve(args.work / f"ko-run-{hours}"),
+                                  "masked_only": masked_only_accuracy(export_dir, d["instances"])}
+        save()
     if args.only in (None, "finetune"):
-        export_dir = args.work / f"ko-run-{args.hours:g}h-export"
+        export_dir = args.work / f"ko-run-{hours}-export"
         if not (export_dir / "model.safetensors").is_file():
             raise SystemExit(f"{export_dir}: no export yet; run --only pretrain first")
-        results.setdefault("sweep", {})
-        sweep(args.work, export_dir, args.hours, results,
-              lambda: write_result(name, {**run_info(name), **results, "table": table(results["sweep"])}))
-    say(json.dumps({k: results.get(k) for k in ("pace", "steps", "corpus", "masked_only")}, indent=1))
-    if results.get("sweep"):
+        sweep(args.work, hours, export_dir, results, save)
+    say(json.dumps({k: results.get(k) for k in ("pace", "corpus")}, indent=1))
+    if results["sweep"]:
         print_table(table(results["sweep"]))
 
 
