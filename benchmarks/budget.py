@@ -76,8 +76,9 @@ def instances_for(work: Path, en: dict, arm: Arm) -> Path:
     if not (out / "manifest.json").is_file():
         say(f"make-instances {out.name}")
         make_instances(en["corpus"], en["tokenizer"], out,
-                       InstancesConfig(max_seq_length=arm.seq, mode="dynamic", dupe=1, workers=2,
-                                       objective=arm.objective, masked_lm_prob=arm.masked_lm_prob), progress=False)
+                       InstancesConfig.from_flags(dict(max_seq_length=arm.seq, mode="dynamic", dupe=1, workers=2,
+                                                       objective=arm.objective, masked_lm_prob=arm.masked_lm_prob)),
+                       progress=False)
     return out
 
 

@@ -47,7 +47,8 @@ def instances_for(work: Path, arm: str, en: dict) -> Path:
     if not done(out):
         say(f"make-instances {arm}")
         make_instances(en["corpus"], en["tokenizer"], out,
-                       InstancesConfig(max_seq_length=128, mode="dynamic", dupe=1, workers=2, **ARMS[arm]),
+                       InstancesConfig.from_flags(dict(max_seq_length=128, mode="dynamic", dupe=1, workers=2,
+                                                       **ARMS[arm])),
                        progress=False)
     return out
 

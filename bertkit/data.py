@@ -78,12 +78,7 @@ class InstanceDataset:
             except ValueError as e:  # TokenizerError: names the file and line
                 raise InstancesError(f"{e}. Re-run make-instances to copy a good vocab.txt.") from None
             # masked as make-instances would have, its reference-behaviour switches included
-            self.spec = MaskingSpec.from_vocab(vocab, masked_lm_prob=m.masked_lm_prob,
-                                               max_predictions=m.max_predictions,
-                                               whole_word_mask=m.whole_word_mask,
-                                               random_from_whole_vocab=m.reference_behaviour.random_from_whole_vocab,
-                                               decide_per_piece=m.reference_behaviour.wwm_decide_per_piece,
-                                               mask_replace=m.mask_replace)
+            self.spec = MaskingSpec.from_vocab(vocab, m.masking)
 
     @cached_property
     def sep_id(self) -> int | None:

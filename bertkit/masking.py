@@ -7,12 +7,12 @@ The rule is google-research/bert's `create_masked_lm_predictions`:
     len counting the special tokens;
   * candidate groups are visited in random order, a group that would exceed the number is skipped;
   * each chosen position becomes [MASK] (80%), stays itself (10%) or a random token (10%); labels are the original ids
-    (the shares are MaskingSpec.mask_replace: make-instances --mask-replace).
+    (the shares are MaskingOptions.mask_replace: make-instances --mask-replace).
 
 Two improvements over the reference, each on by default with a switch restoring it:
   * random replacements never draw special tokens or [unused...] slots (`random_from_whole_vocab=True` restores);
   * whole-word masking makes the 80/10/10 decision once per word, not per piece (google-research/bert#910;
-    `decide_per_piece=True` restores).
+    `wwm_decide_per_piece=True` restores).
 One deliberate detail: a `##` piece joins only the word at the position right before it, so a word never spans a [SEP]
 (the reference glues a `##` that starts segment B onto A's last word).
 
@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from bertkit.formats import MaskingOptions
 from bertkit.tokenization import CLS, MASK, SEP
 
 _BRACKETED = re.compile(r"^\[[^\[\]\s]+\]$")  # [PAD] [UNK] [CLS] [SEP] [MASK] [unused17] ...
@@ -33,28 +34,23 @@ KIND_MASK, KIND_KEPT, KIND_RANDOM = 0, 1, 2
 
 @dataclass(frozen=True, eq=False)
 class MaskingSpec:
+    """MaskingOptions resolved against a vocabulary: the ids the rule needs."""
     vocab_size: int
     mask_id: int
     cls_id: int
     sep_id: int
     random_ids: np.ndarray        # ids a random replacement draws from (uniformly)
     is_continuation: np.ndarray   # bool per id: the token starts with '##'
-    masked_lm_prob: float = 0.15
-    max_predictions: int = 20
-    whole_word_mask: bool = False
-    decide_per_piece: bool = False
-    mask_replace: tuple = (0.8, 0.1, 0.1)  # shares of chosen positions: [MASK], kept, random token
+    options: MaskingOptions
 
     @property
     def thresholds(self) -> tuple[float, float]:
         """u < first: [MASK]; u < second: kept; else random (BERT's 0.8 / 0.9)."""
-        mask, _, random = self.mask_replace
+        mask, _, random = self.options.mask_replace
         return mask, 1.0 - random  # 1 - 0.1 is exactly 0.9 (0.8 + 0.1 is not)
 
     @classmethod
-    def from_vocab(cls, vocab_tokens, masked_lm_prob: float = 0.15, max_predictions: int = 20,
-                   whole_word_mask: bool = False, random_from_whole_vocab: bool = False,
-                   decide_per_piece: bool = False, mask_replace=(0.8, 0.1, 0.1)) -> "MaskingSpec":
+    def from_vocab(cls, vocab_tokens, options: MaskingOptions = MaskingOptions()) -> "MaskingSpec":
         """Build the spec from the vocabulary in id order (vocab.txt lines). The spec holds no random state: all
         randomness comes from the generator given to mask_instance / mask_batch."""
         tokens = list(vocab_tokens)
@@ -63,15 +59,10 @@ class MaskingSpec:
         if missing:
             raise ValueError(f"vocabulary lacks the special token(s) {', '.join(missing)}; "
                              "use a BERT vocabulary (train one with `bertkit train-tokenizer`)")
-        if not 0.0 < masked_lm_prob < 1.0:
-            raise ValueError(f"masked_lm_prob must be in (0, 1), got {masked_lm_prob}")
-        mask_replace = tuple(float(x) for x in mask_replace)
-        if len(mask_replace) != 3 or min(mask_replace) < 0 or abs(sum(mask_replace) - 1.0) > 1e-9:
-            raise ValueError(f"mask_replace must be three shares ([MASK], kept, random) summing to 1, "
-                             f"got {mask_replace}")
-        if max_predictions < 1:
-            raise ValueError(f"max_predictions must be >= 1, got {max_predictions}")
-        if random_from_whole_vocab:
+        if options.problem():
+            raise ValueError(options.problem())
+        options = options.for_length(None)
+        if options.random_from_whole_vocab:
             random_ids = np.arange(len(tokens), dtype=np.int64)
         else:
             random_ids = np.array([i for i, t in enumerate(tokens) if not _BRACKETED.match(t)], dtype=np.int64)
@@ -79,16 +70,14 @@ class MaskingSpec:
                 raise ValueError("vocabulary has no ordinary token to use as a random replacement")
         return cls(vocab_size=len(tokens), mask_id=index[MASK], cls_id=index[CLS], sep_id=index[SEP],
                    random_ids=random_ids,
-                   is_continuation=np.array([t.startswith("##") for t in tokens], dtype=bool),
-                   masked_lm_prob=float(masked_lm_prob), max_predictions=int(max_predictions),
-                   whole_word_mask=bool(whole_word_mask), decide_per_piece=bool(decide_per_piece),
-                   mask_replace=mask_replace)
+                   is_continuation=np.array([t.startswith("##") for t in tokens], dtype=bool), options=options)
 
 
 def num_to_predict(lengths, spec: MaskingSpec) -> np.ndarray:
     """min(max_predictions, max(1, round(len * p))) per row; np.rint rounds half to even like Python's round."""
     lengths = np.asarray(lengths, dtype=np.float64)
-    return np.minimum(spec.max_predictions, np.maximum(1, np.rint(lengths * spec.masked_lm_prob))).astype(np.int64)
+    share = np.rint(lengths * spec.options.masked_lm_prob)
+    return np.minimum(spec.options.max_predictions, np.maximum(1, share)).astype(np.int64)
 
 
 def _choose_words(group_key: np.ndarray, group_size: np.ndarray, k_row: np.ndarray) -> np.ndarray:
@@ -183,13 +172,13 @@ def mask_batch(ids: np.ndarray, offsets: np.ndarray, rng: np.random.Generator, s
     cand = (ids != spec.cls_id) & (ids != spec.sep_id)
     if n_rows == 0:
         row = col = np.zeros(0, np.int64)
-    elif not spec.whole_word_mask:
+    elif not spec.options.whole_word_mask:
         row, col = _choose_positions(ids, offsets, lengths, cand, k_row, rng)
     else:
         row, col, word = _choose_whole_words(ids, offsets, lengths, cand, k_row, rng, spec)
     positions = offsets[row] + col
     labels = ids[positions]
-    if spec.whole_word_mask and not spec.decide_per_piece:
+    if spec.options.whole_word_mask and not spec.options.wwm_decide_per_piece:
         new_word = np.r_[True, word[1:] != word[:-1]]                    # one 80/10/10 draw per word
         u = np.repeat(rng.random(int(new_word.sum())), np.diff(np.r_[np.flatnonzero(new_word), len(word)]))
     else:
@@ -207,7 +196,7 @@ def mask_batch(ids: np.ndarray, offsets: np.ndarray, rng: np.random.Generator, s
 def mask_instance(input_ids: np.ndarray, rng: np.random.Generator, spec: MaskingSpec):
     """Mask one unpadded row. Returns (masked_ids, positions, labels): positions ascending, labels the original ids."""
     input_ids = np.asarray(input_ids)
-    if not spec.whole_word_mask:   # one row: a uniform k-subset of the candidates directly (~3x faster)
+    if not spec.options.whole_word_mask:   # one row: a uniform k-subset of the candidates directly (~3x faster)
         cand = np.flatnonzero((input_ids != spec.cls_id) & (input_ids != spec.sep_id))
         k = min(int(num_to_predict([len(input_ids)], spec)[0]), len(cand))
         positions = np.sort(cand[rng.choice(len(cand), size=k, replace=False)])

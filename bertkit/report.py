@@ -151,7 +151,7 @@ def pretrain_report(run_dir: Path) -> str:
         figures += _instance_plots(manifest)
         sections.append(("instances", _table({"folder": run.instances, "mode": manifest.mode,
                                               "max_seq_length": manifest.max_seq_length,
-                                              "masked_lm_prob": manifest.masked_lm_prob,
+                                              "masked_lm_prob": manifest.masking.masked_lm_prob,
                                               **{k: v for k, v in manifest.stats.items()
                                                  if k not in ("length_histogram", "train_counts")}})))
     except FormatError as e:

@@ -121,7 +121,7 @@ def instances_from_document(documents: list, doc_index: int, rng: random.Random,
             tokens = [vocab["cls"], *a, vocab["sep"], *b, vocab["sep"]]
             ids, pos, labels, kinds = mask_google(
                 tokens, rng, vocab["size"], vocab["cls"], vocab["sep"], vocab["mask"], vocab["is_continuation"],
-                config.masked_lm_prob, config.max_predictions, config.whole_word_mask)
+                config.masking.masked_lm_prob, config.masking.max_predictions, config.masking.whole_word_mask)
             out.append(Instance(array("i", ids), len(a) + 2, is_random, array("i", pos), array("i", labels),
                                 array("b", kinds)))
             chunk, length = [], 0
@@ -162,8 +162,7 @@ def make_instances_google(train, holdout, tokenizer_dir, out: Path, config, prog
     """The compat stage: one Random(seed) for the train split (the reference's run), another for holdout."""
     with single_threaded_tokenizers():   # single process, single core, like the reference
         _, vocab_tokens = load_stage_tokenizer(tokenizer_dir)
-        spec = masking_spec(vocab_tokens, config.masked_lm_prob, config.max_predictions, config.whole_word_mask,
-                            random_from_whole_vocab=True, decide_per_piece=True)
+        spec = masking_spec(vocab_tokens, config.masking)   # the config holds the reference's switches
         vocab = {"size": len(vocab_tokens), "cls": spec.cls_id, "sep": spec.sep_id, "mask": spec.mask_id,
                  "is_continuation": spec.is_continuation.tolist()}
         entries = []

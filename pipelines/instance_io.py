@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute  # noqa: F401  (pa.compute)
 
-from bertkit.formats import id_type, instance_schema
+from bertkit.formats import MaskingOptions, id_type, instance_schema
 from bertkit.masking import KIND_KEPT, KIND_MASK, KIND_RANDOM, MaskingSpec, num_to_predict
 
 
@@ -53,17 +53,11 @@ def load_stage_tokenizer(tokenizer_dir):
 _SPECS = {}
 
 
-def masking_spec(vocab: list[str], masked_lm_prob: float, max_predictions: int, whole_word_mask: bool,
-                 random_from_whole_vocab: bool = False, decide_per_piece: bool = False,
-                 mask_replace=(0.8, 0.1, 0.1)) -> MaskingSpec:
+def masking_spec(vocab: list[str], options: MaskingOptions) -> MaskingSpec:
     """MaskingSpec.from_vocab, cached per process (building it walks the vocabulary)."""
-    key = (id(vocab), masked_lm_prob, max_predictions, whole_word_mask, random_from_whole_vocab, decide_per_piece,
-           tuple(mask_replace))
+    key = (id(vocab), options)
     if key not in _SPECS:
-        _SPECS[key] = MaskingSpec.from_vocab(vocab, masked_lm_prob=masked_lm_prob, max_predictions=max_predictions,
-                                             whole_word_mask=whole_word_mask,
-                                             random_from_whole_vocab=random_from_whole_vocab,
-                                             decide_per_piece=decide_per_piece, mask_replace=mask_replace)
+        _SPECS[key] = MaskingSpec.from_vocab(vocab, options)
     return _SPECS[key]
 
 

@@ -14,11 +14,10 @@ in a process pool or as Ray tasks), and a killed run resumes by redoing only the
 one unit's tokens plus one pass of its instances, never corpus x dupe.
 `--compat google` (pipelines/google_compat.py) instead replays the reference's random calls exactly.
 """
-import math
 import sys
 from array import array
 from bisect import bisect_left
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -43,7 +42,7 @@ from bertkit.formats import (
     CorpusColumns,
     InstancesError,
     InstancesManifest,
-    ReferenceBehaviour,
+    MaskingOptions,
     ShardEntry,
     corpus_shards,
     instances_file_name,
@@ -65,6 +64,7 @@ from bertkit.pipelines.instance_io import (
     word_encoder,
 )
 from bertkit.progress import tqdm
+from bertkit.recipes import RECIPES
 
 MAX_POSITIONS = 512          # BERT's position embeddings: the limit of NSP/SOP pairs
 MAX_MLM_ONLY = 8192          # --objective none: ModernBERT's context (RoPE has no position table)
@@ -77,23 +77,17 @@ OBJECTIVES = ("nsp", "sop", "none")
 @dataclass
 class InstancesConfig:
     max_seq_length: int = 128
-    max_predictions: int | None = None # None: 20 (BERT's) at masked_lm_prob 0.15, else max_seq_length x prob
-    masked_lm_prob: float = 0.15
-    mask_replace: tuple = (0.8, 0.1, 0.1)   # shares of the chosen positions: [MASK], kept, random token
+    masking: MaskingOptions = field(default_factory=MaskingOptions)   # max_predictions resolved for the length
     objective: str = "nsp"             # nsp (BERT) | sop (ALBERT: same-document segments, swapped order negative)
                                        # | none (RoBERTa FULL-SENTENCES: one segment across documents, MLM only)
     short_seq_prob: float = 0.1
     dupe: int | None = None            # passes over the corpus; None: 10 in static mode, 1 in dynamic mode
     seed: int = 12345
-    whole_word_mask: bool = False
     mode: str = "static"               # "static": masked here; "dynamic": unmasked pairs, masked by the loader
     workers: int = 1                   # processes (--engine local); the output does not depend on it
     engine: str = "local"              # local | ray: where the work units run; the output does not depend on it
     ray_address: str | None = None     # --engine ray: head node host:port; None: a reachable cluster, else a local one
     compat: str | None = None          # "google": single process, the reference's exact random calls
-    # Each improvement over the reference is on by default; these restore the reference's behaviour.
-    random_from_whole_vocab: bool = False   # random replacements may draw [PAD], [CLS], [unused..] ...
-    wwm_decide_per_piece: bool = False      # whole-word masking draws 80/10/10 per piece (google-research/bert#910)
     same_doc_notnext: bool = False          # NotNext B may come from A's own document (NVIDIA/DeepLearningExamples#421)
     holdout_dupe: int = 1                   # passes over the held-out split (an evaluation set needs one)
     unit_mb: float | None = None            # work unit: a run of one shard's documents with about this much text;
@@ -101,10 +95,26 @@ class InstancesConfig:
     rows_per_file: int = 250_000            # --compat google only: it writes one shuffled list, cut into files
 
     def __post_init__(self):
-        if self.max_predictions is None:  # follows the masking rate; BERT's 20 at its own rate
-            self.max_predictions = 20 if self.masked_lm_prob == 0.15 else \
-                math.ceil(self.max_seq_length * self.masked_lm_prob)
-        self.mask_replace = tuple(float(x) for x in self.mask_replace)
+        if isinstance(self.masking, dict):   # from asdict (the workers' copy) or JSON
+            self.masking = MaskingOptions(**self.masking)
+        if self.compat == "google":         # the reference's behaviour in every respect
+            self.masking = replace(self.masking, random_from_whole_vocab=True, wwm_decide_per_piece=True)
+            self.same_doc_notnext = True
+        if self.masking.problem() is None:  # a bad rate is reported by check(), in the command's words
+            self.masking = self.masking.for_length(self.max_seq_length)
+
+    @classmethod
+    def from_flags(cls, flags: dict, given: set = frozenset()) -> "InstancesConfig":
+        """The config of `bertkit make-instances`' flags (named as the fields are; the masking ones gathered into
+        `masking`); a --recipe's settings fill the flags not in `given`."""
+        flags = dict(flags)
+        recipe = flags.pop("recipe", None)
+        if recipe:
+            if recipe not in RECIPES:
+                raise InstancesError(f"--recipe {recipe!r}: choose one of {', '.join(RECIPES)}")
+            flags.update({k: v for k, v in RECIPES[recipe]["make-instances"].items() if k not in given})
+        flags = MaskingOptions.gather(flags)
+        return cls(**{**flags, "masking": MaskingOptions(**flags["masking"])})
 
     @property
     def passes(self) -> int:
@@ -125,20 +135,15 @@ class InstancesConfig:
             raise InstancesError("--compat google writes masked instances as the reference does: use --mode static")
         if self.objective not in OBJECTIVES:
             raise InstancesError(f"--objective {self.objective!r}: choose nsp, sop or none")
-        if self.compat == "google" and (self.objective != "nsp" or self.mask_replace != (0.8, 0.1, 0.1)):
+        if self.compat == "google" and (self.objective != "nsp" or self.masking.mask_replace != (0.8, 0.1, 0.1)):
             raise InstancesError("--compat google replays BERT's recipe: --objective nsp and --mask-replace "
                                  "0.8,0.1,0.1")
-        if len(self.mask_replace) != 3 or min(self.mask_replace) < 0 or abs(sum(self.mask_replace) - 1) > 1e-9:
-            raise InstancesError(f"--mask-replace {','.join(map(str, self.mask_replace))}: three shares ([MASK], "
-                                 "kept, random) that sum to 1, e.g. 0.8,0.1,0.1")
+        if self.masking.problem():
+            raise InstancesError(self.masking.problem())
         if self.passes < 1 or self.holdout_dupe < 1:
             raise InstancesError(f"--dupe {self.passes}: must be at least 1")
-        if not 0.0 < self.masked_lm_prob < 1.0:
-            raise InstancesError(f"--masked-lm-prob {self.masked_lm_prob}: must be between 0 and 1")
         if not 0.0 <= self.short_seq_prob <= 1.0:
             raise InstancesError(f"--short-seq-prob {self.short_seq_prob}: must be between 0 and 1")
-        if self.max_predictions < 1:
-            raise InstancesError(f"--max-predictions {self.max_predictions}: must be at least 1")
         if self.workers < 1:
             raise InstancesError(f"--workers {self.workers}: must be at least 1")
         check_engine(self.engine, InstancesError)
@@ -152,7 +157,7 @@ class InstancesConfig:
         for run_only in ("workers", "engine", "ray_address"):
             d.pop(run_only)
         d["dupe"] = self.passes
-        d["mask_replace"] = list(self.mask_replace)  # as JSON keeps it
+        d["masking"]["mask_replace"] = list(self.masking.mask_replace)  # as JSON keeps it
         return d
 
 
@@ -385,8 +390,7 @@ def process_unit(task: dict) -> list[dict]:
         return [done[n] for n in names]
 
     _, vocab = load_stage_tokenizer(task["tokenizer"])
-    spec = masking_spec(vocab, config.masked_lm_prob, config.max_predictions, config.whole_word_mask,
-                        config.random_from_whole_vocab, config.wwm_decide_per_piece, config.mask_replace)
+    spec = masking_spec(vocab, config.masking)
     table = read_arrow(task["path"]).slice(task["row_lo"], task["row_hi"] - task["row_lo"])
     dtype = np.uint16 if len(vocab) <= 65536 else np.int32
     tokens, seg_start, doc_seg = tokenize_documents(word_encoder(task["tokenizer"]),
@@ -513,6 +517,10 @@ def summarize(entries: list[dict], config: InstancesConfig) -> dict:
     return out
 
 
+def _flat(settings: dict) -> dict:
+    return {**{k: v for k, v in settings.items() if k != "masking"}, **settings.get("masking", {})}
+
+
 def _corpus_identity(manifest) -> list:
     return [[s.file, s.split, s.checksum, s.rows] for s in manifest.shards]
 
@@ -546,8 +554,10 @@ def _make_instances(corpus_dir: Path, tokenizer_dir, out: Path, config: Instance
     run_file = out / ".parts" / "run.json"
     if run_file.is_file():
         previous = read_json_or_none(run_file) or {"config": {}, "vocab_sha256": None}
+        previous["config"] = MaskingOptions.gather(previous["config"])   # older records kept the options flat
         if previous != identity:
-            changed = sorted(k for k in identity["config"] if previous["config"].get(k) != identity["config"][k])
+            before, now = _flat(previous["config"]), _flat(identity["config"])
+            changed = sorted(k for k in now if before.get(k) != now[k])
             what = ", ".join(changed) or ("the tokenizer" if previous["vocab_sha256"] != vocab_sha else "the corpus")
             raise InstancesError(f"{out}: holds instances made with different settings ({what}); "
                                  f"use a new --out folder or delete {out}")
@@ -573,20 +583,13 @@ def _make_instances(corpus_dir: Path, tokenizer_dir, out: Path, config: Instance
         raise InstancesError(f"{corpus_dir}: no instance could be made: the corpus has no non-empty document "
                              f"(every sentence tokenized to nothing)")
     copy_tokenizer_files(tokenizer_dir, out, vocab)
-    google = config.compat == "google"
+    settings = {**config.identity(), "masking": config.masking}   # what decided the bytes
     manifest = InstancesManifest(
-        stage="make-instances", complete=True, mode=config.mode, compat=config.compat,
-        vocab_size=len(vocab), vocab_sha256=vocab_sha,
-        max_seq_length=config.max_seq_length, max_predictions=config.max_predictions,
-        masked_lm_prob=config.masked_lm_prob, whole_word_mask=config.whole_word_mask, seed=config.seed,
-        short_seq_prob=config.short_seq_prob, dupe=config.passes, holdout_dupe=config.holdout_dupe,
-        objective=config.objective, mask_replace=list(config.mask_replace),
+        stage="make-instances", complete=True, vocab_size=len(vocab), vocab_sha256=vocab_sha,
+        **{f.name: settings[f.name] for f in fields(InstancesManifest) if f.name in settings},
         next_sentence_label={"nsp": "0 = B follows A (IsNext), 1 = B is random (NotNext)",
                              "sop": "0 = A then B as in the document, 1 = the two swapped",
                              "none": "unused (0): one segment per instance"}[config.objective],
-        reference_behaviour=ReferenceBehaviour(random_from_whole_vocab=config.random_from_whole_vocab or google,
-                                               wwm_decide_per_piece=config.wwm_decide_per_piece or google,
-                                               same_doc_notnext=config.same_doc_notnext or google),
         tokenizer=str(Path(tokenizer_dir).resolve()), corpus=str(corpus_dir.resolve()),
         shards=[ShardEntry(*(e[k] for k in ("file", "split", "rows", "bytes", "checksum"))) for e in entries],
         files={name: file_entry(out / name) for name in TOKENIZER_FILES if (out / name).is_file()},

@@ -88,6 +88,10 @@ class TokenizerConfig:
     overwrite: bool = False            # replace a folder made from another corpus or with other settings
     progress: bool = True
 
+    def __post_init__(self):
+        if self.lowercase is None and self.vocab_file is None:   # nothing to guess from: BERT's uncased
+            self.lowercase = True
+
     def check(self):
         if self.vocab_file is None and self.vocab_size < len(SPECIAL_TOKENS) + 1:
             raise TokenizerError(f"vocab_size={self.vocab_size} is too small; BERT uses 30522")

@@ -15,6 +15,7 @@ from bertkit.formats import (
     CORPUS_SCHEMA,
     CorpusManifest,
     InstancesManifest,
+    MaskingOptions,
     ShardEntry,
     corpus_file_name,
     instance_schema,
@@ -95,7 +96,7 @@ def make_instances_dir(path, n=256, holdout=32, max_len=64, mode="dynamic", seed
     path.mkdir(parents=True, exist_ok=True)
     vocab = toy_vocab()
     (path / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
-    spec = MaskingSpec.from_vocab(vocab, max_predictions=max_predictions)
+    spec = MaskingSpec.from_vocab(vocab, MaskingOptions(max_predictions=max_predictions))
     schema = instance_schema(len(vocab), mode == "static")
     rng = np.random.default_rng(seed + 1)
     shards = []
@@ -118,8 +119,8 @@ def make_instances_dir(path, n=256, holdout=32, max_len=64, mode="dynamic", seed
             shards.append(ShardEntry(name, split, len(chunk), (path / name).stat().st_size, checksum_file(path / name)))
     write_manifest(path, InstancesManifest(
         stage="make-instances", complete=True, mode=mode, vocab_size=len(vocab),
-        vocab_sha256=sha256_file(path / "vocab.txt"), max_seq_length=max_len, max_predictions=max_predictions,
-        masked_lm_prob=0.15, whole_word_mask=False, seed=seed, shards=shards, tokenizer=str(path)))
+        vocab_sha256=sha256_file(path / "vocab.txt"), max_seq_length=max_len,
+        masking=MaskingOptions(max_predictions=max_predictions), seed=seed, shards=shards, tokenizer=str(path)))
     return path
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from bertkit.data import EpochBatches, InstanceDataset, collate
 from bertkit.fileio import atomic_write_json
-from bertkit.formats import DamagedFileError, InstancesError, read_instances_manifest
+from bertkit.formats import DamagedFileError, InstancesError, MaskingOptions, read_instances_manifest
 from bertkit.masking import MaskingSpec, mask_instance
 from tests.helpers import make_instances_dir, toy_vocab
 
@@ -39,7 +39,7 @@ def test_dynamic_masking_is_keyed_by_seed_epoch_index(tmp_path):
     assert a["mlm_positions"].tolist() != other_epoch["mlm_positions"].tolist()
     # the same function make-instances uses, with the documented seed
     raw = InstanceDataset(d, "train", seed=3).input_ids.get(0, 7).astype(np.int64)
-    spec = MaskingSpec.from_vocab(toy_vocab(), max_predictions=10)
+    spec = MaskingSpec.from_vocab(toy_vocab(), MaskingOptions(max_predictions=10))
     ids, pos, lab = mask_instance(raw, np.random.default_rng([3, 0, 7]), spec)
     assert a["input_ids"].tolist() == ids.tolist() and a["mlm_positions"].tolist() == pos.tolist()
     assert (raw[a["mlm_positions"]] == a["mlm_labels"]).all()
@@ -132,14 +132,29 @@ def test_bad_instances_folders(tmp_path):
 
 
 def test_dynamic_loader_keeps_the_reference_flags_of_make_instances(tmp_path):
-    """A dynamic folder made with --random-from-whole-vocab / --wwm-decide-per-piece is masked the same way."""
+    """A dynamic folder made with --random-from-whole-vocab / --wwm-decide-per-piece is masked the same way, and an
+    older manifest (the masking options flat, two switches under "reference_behaviour") is read as it was meant."""
     d = make_instances_dir(tmp_path / "inst", n=8, holdout=2)
     assert not np.isin(InstanceDataset(d, "train").spec.random_ids, [0, 1, 2, 3, 4]).any()
     manifest = json.loads((d / "manifest.json").read_text())
-    manifest["reference_behaviour"] = {"random_from_whole_vocab": True, "wwm_decide_per_piece": True}
+    manifest["masking"].update(random_from_whole_vocab=True, wwm_decide_per_piece=True)
     atomic_write_json(d / "manifest.json", manifest)
     spec = InstanceDataset(d, "train").spec
-    assert spec.random_ids.tolist() == list(range(len(toy_vocab()))) and spec.decide_per_piece
+    assert spec.random_ids.tolist() == list(range(len(toy_vocab()))) and spec.options.wwm_decide_per_piece
+
+    older = {k: v for k, v in manifest.items() if k not in ("masking", "same_doc_notnext")}
+    older.update(max_predictions=7, masked_lm_prob=0.2, whole_word_mask=True, mask_replace=[0.6, 0.2, 0.2],
+                 reference_behaviour={"random_from_whole_vocab": False, "wwm_decide_per_piece": True,
+                                      "same_doc_notnext": True})
+    atomic_write_json(d / "manifest.json", older)
+    m = read_instances_manifest(d)
+    assert m.masking == MaskingOptions(masked_lm_prob=0.2, max_predictions=7, whole_word_mask=True,
+                                       mask_replace=(0.6, 0.2, 0.2), wwm_decide_per_piece=True)
+    assert m.same_doc_notnext
+    older["mask_replace"] = [0.6, 0.6, 0.2]
+    atomic_write_json(d / "manifest.json", older)
+    with pytest.raises(InstancesError, match=r"manifest.json: its masking options are not usable \(--mask-replace"):
+        read_instances_manifest(d)
 
 
 @pytest.mark.parametrize("mode", ["static", "dynamic"])

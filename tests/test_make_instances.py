@@ -2,7 +2,6 @@
 call for call, the Arrow output, determinism, workers, resuming, bad inputs and statistics on English Wikipedia."""
 import json
 import random
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from bertkit.fileio import FolderNotOwnedError, checksum_file, read_arrow, sha256_file
-from bertkit.formats import InstancesError, instance_schema
+from bertkit.formats import InstancesError, MaskingOptions, instance_schema
 from bertkit.pipelines import google_compat
 from bertkit.pipelines.make_instances import InstancesConfig, assemble, build_pairs, make_instances, truncation_amounts
 from tests.helpers import doc_of, layout, write_corpus
@@ -361,8 +360,7 @@ def test_compat_end_to_end_deterministic(tmp_path, vocab):
     assert files_bytes(tmp_path / "o1") == files_bytes(tmp_path / "o2")
     t = read_arrow(tmp_path / "o1" / "instances-00000.arrow")
     assert t.schema.equals(instance_schema(30522, True)) and t.num_rows == sum(m1.stats["instances_per_pass"])
-    assert asdict(m1.reference_behaviour) == {"random_from_whole_vocab": True, "wwm_decide_per_piece": True,
-                                         "same_doc_notnext": True}
+    assert m1.masking.random_from_whole_vocab and m1.masking.wwm_decide_per_piece and m1.same_doc_notnext
     assert m2.stats["train_counts"]["selected"] == m2.stats["train_counts"]["expected_selected"]
 
 
@@ -523,17 +521,18 @@ def test_cli(tmp_path, small_corpus, vocab):
                                   "--whole-word-mask", "--no-progress"])
     assert r.exit_code == 0, r.output
     m = json.loads((tmp_path / "o" / "manifest.json").read_text())
-    assert m["whole_word_mask"] and m["max_seq_length"] == 32 and "NotNext" in r.output
-    assert m["reference_behaviour"] == {"random_from_whole_vocab": False, "wwm_decide_per_piece": False,
-                                        "same_doc_notnext": False}
+    assert m["masking"] == {"masked_lm_prob": 0.15, "max_predictions": 20, "whole_word_mask": True,
+                            "mask_replace": [0.8, 0.1, 0.1], "random_from_whole_vocab": False,
+                            "wwm_decide_per_piece": False}
+    assert m["max_seq_length"] == 32 and not m["same_doc_notnext"] and "NotNext" in r.output
     r = CliRunner().invoke(main, ["make-instances", str(small_corpus), "--tokenizer", vocab, "--out",
                                   str(tmp_path / "ref"), "--dupe", "1", "--workers", "1", "--max-seq-length", "32",
                                   "--random-from-whole-vocab", "--wwm-decide-per-piece", "--same-doc-notnext",
                                   "--mode", "dynamic", "--seed", "3", "--no-progress"])
     assert r.exit_code == 0, r.output
     m = json.loads((tmp_path / "ref" / "manifest.json").read_text())
-    assert m["reference_behaviour"] == {"random_from_whole_vocab": True, "wwm_decide_per_piece": True,
-                                        "same_doc_notnext": True} and m["mode"] == "dynamic" and m["seed"] == 3
+    assert m["masking"]["random_from_whole_vocab"] and m["masking"]["wwm_decide_per_piece"]
+    assert m["same_doc_notnext"] and m["mode"] == "dynamic" and m["seed"] == 3
     r = CliRunner().invoke(main, ["make-instances", str(tmp_path / "missing"), "--tokenizer", vocab,
                                   "--out", str(tmp_path / "o2")])
     assert r.exit_code != 0 and "prepare-corpus" in r.output
@@ -541,6 +540,51 @@ def test_cli(tmp_path, small_corpus, vocab):
 
 # ---------------------------------------------------------------------------------------------------------------
 # statistics on the English Wikipedia sample
+
+
+def test_every_masking_option_is_one_flag_that_reaches_the_manifest_and_the_loader(tmp_path, small_corpus, vocab):
+    """A masking option is a MaskingOptions field and a make-instances flag of the same name, nothing else: given on
+    the command line it lands in the manifest's "masking" and in the dynamic loader's spec unchanged."""
+    from dataclasses import fields
+
+    from bertkit.cli import main
+    from bertkit.data import InstanceDataset
+
+    flags = {p.name: p for p in main.commands["make-instances"].params}
+    chosen = {"masked_lm_prob": 0.2, "max_predictions": 9, "whole_word_mask": True, "mask_replace": (0.6, 0.3, 0.1),
+              "random_from_whole_vocab": True, "wwm_decide_per_piece": True}
+    assert {f.name for f in fields(MaskingOptions)} == set(chosen) <= set(flags)   # a new field needs a value here
+    args = []
+    for name, value in chosen.items():
+        flag = flags[name].opts[0]
+        args += [flag] if value is True else [flag, ",".join(map(str, value)) if isinstance(value, tuple) else
+                                              str(value)]
+    r = CliRunner().invoke(main, ["make-instances", str(small_corpus), "--tokenizer", vocab, "--out",
+                                  str(tmp_path / "o"), "--dupe", "1", "--workers", "1", "--max-seq-length", "32",
+                                  "--mode", "dynamic", "--no-progress", *args])
+    assert r.exit_code == 0, r.output
+    expected = MaskingOptions(**chosen)
+    assert MaskingOptions(**json.loads((tmp_path / "o" / "manifest.json").read_text())["masking"]) == expected
+    assert InstanceDataset(tmp_path / "o", "train").spec.options == expected
+
+
+def test_a_folder_begun_by_an_older_version_resumes_and_other_settings_are_named(tmp_path, small_corpus, vocab):
+    """Older resume records kept the masking options flat: read so, the same settings resume (a lost file is
+    redone), and a changed option is named by its flag's name."""
+    cfg = InstancesConfig(dupe=1, max_seq_length=32)
+    make_instances(small_corpus, vocab, tmp_path / "o", cfg, progress=False)
+    record = tmp_path / "o" / ".parts" / "run.json"
+    old = json.loads(record.read_text())
+    old["config"].update(old["config"].pop("masking"))
+    record.write_text(json.dumps(old))
+    before = files_bytes(tmp_path / "o")
+    (tmp_path / "o" / "instances-00000.arrow").unlink()
+    make_instances(small_corpus, vocab, tmp_path / "o", cfg, progress=False)
+    assert files_bytes(tmp_path / "o") == before
+    with pytest.raises(InstancesError, match=r"different settings \(whole_word_mask\)"):
+        make_instances(small_corpus, vocab, tmp_path / "o",
+                       InstancesConfig(dupe=1, max_seq_length=32, masking=MaskingOptions(whole_word_mask=True)),
+                       progress=False)
 
 
 @pytest.fixture(scope="module")

@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+from bertkit.formats import MaskingOptions
 from bertkit.masking import KIND_KEPT, KIND_MASK, KIND_RANDOM, MaskingSpec, mask_batch, mask_instance, num_to_predict
 
 # a tiny BERT-ordered vocabulary: ids 0..4 specials, 5..9 [unused], then words and pieces
@@ -20,7 +21,7 @@ def ragged(rows):
 
 
 def test_num_to_predict_matches_python_round_half_even():
-    spec = MaskingSpec.from_vocab(VOCAB, masked_lm_prob=0.15, max_predictions=20)
+    spec = MaskingSpec.from_vocab(VOCAB, MaskingOptions(masked_lm_prob=0.15, max_predictions=20))
     n = np.arange(1, 513)
     expected = [min(20, max(1, int(round(x * 0.15)))) for x in n]
     assert num_to_predict(n, spec).tolist() == expected
@@ -29,7 +30,7 @@ def test_num_to_predict_matches_python_round_half_even():
 
 
 def test_selection_count_candidates_labels_and_order():
-    spec = MaskingSpec.from_vocab(VOCAB, masked_lm_prob=0.3, max_predictions=5)
+    spec = MaskingSpec.from_vocab(VOCAB, MaskingOptions(masked_lm_prob=0.3, max_predictions=5))
     rows = [row("[CLS]", "g", "h", "i", "[SEP]", "j", "k", "l", "m", "n", "[SEP]"),   # len 11 -> round(3.3)=3
             row("[CLS]", "o", "[SEP]", "p", "[SEP]"),                                  # len 5 -> round(1.5)=2
             row("[CLS]", *["g"] * 40, "[SEP]", "h", "[SEP]")]                          # len 44 -> 13 -> cap 5
@@ -48,14 +49,14 @@ def test_selection_count_candidates_labels_and_order():
 
 
 def test_fewer_candidates_than_the_number_takes_them_all():
-    spec = MaskingSpec.from_vocab(VOCAB, masked_lm_prob=0.5, max_predictions=20)
+    spec = MaskingSpec.from_vocab(VOCAB, MaskingOptions(masked_lm_prob=0.5, max_predictions=20))
     r = row("[CLS]", "g", "[SEP]", "h", "[SEP]")  # round(2.5) = 2 = both candidates
     _, pos, labels = mask_instance(r, np.random.default_rng(1), spec)
     assert pos.tolist() == [1, 3] and labels.tolist() == [ID["g"], ID["h"]]
 
 
 def test_80_10_10_split_uniform_positions_and_random_tokens_avoid_specials():
-    spec = MaskingSpec.from_vocab(VOCAB, masked_lm_prob=0.15, max_predictions=20)
+    spec = MaskingSpec.from_vocab(VOCAB, MaskingOptions(masked_lm_prob=0.15, max_predictions=20))
     rows = [row("[CLS]", *"ghijklmnop", "[SEP]", *"ghijklmnop", "[SEP]")] * 4000  # len 23 -> 3 predictions each
     ids, offsets = ragged(rows)
     masked, pos, labels, pred_off, kinds = mask_batch(ids, offsets, np.random.default_rng(2), spec)
@@ -74,7 +75,7 @@ def test_80_10_10_split_uniform_positions_and_random_tokens_avoid_specials():
 
 
 def test_mask_instance_one_row_path_has_the_same_rule_and_split():
-    spec = MaskingSpec.from_vocab(VOCAB, masked_lm_prob=0.15, max_predictions=20)
+    spec = MaskingSpec.from_vocab(VOCAB, MaskingOptions(masked_lm_prob=0.15, max_predictions=20))
     r = row("[CLS]", *"ghijklmnop", "[SEP]", *"ghijklmnop", "[SEP]")      # len 23 -> 3 of 20 candidates
     rng = np.random.default_rng(12)
     counts, kinds = np.zeros(len(r), int), np.zeros(3, int)
@@ -94,7 +95,7 @@ def test_mask_instance_one_row_path_has_the_same_rule_and_split():
 
 
 def test_random_from_whole_vocab_restores_reference_draws():
-    spec = MaskingSpec.from_vocab(VOCAB, random_from_whole_vocab=True)
+    spec = MaskingSpec.from_vocab(VOCAB, MaskingOptions(random_from_whole_vocab=True))
     assert spec.random_ids.tolist() == list(range(len(VOCAB)))
     rows = [row("[CLS]", *"ghijklmnop", "[SEP]", *"ghijklmnop", "[SEP]")] * 3000
     ids, offsets = ragged(rows)
@@ -109,7 +110,8 @@ def test_whole_word_greedy_outcome_probabilities():
     # words {a ##b ##c} (3 pieces), {d} (1), {e ##f} (2); 9 tokens * p -> k = 3 predictions.
     # Visiting orders (6, equally likely): the 3-piece word first -> it alone (2 orders); otherwise it no longer
     # fits and d + e##f are taken (4 orders). So P({a,##b,##c}) = 1/3, P({d,e,##f}) = 2/3, nothing else.
-    spec = MaskingSpec.from_vocab(VOCAB, masked_lm_prob=3 / 9, max_predictions=20, whole_word_mask=True)
+    spec = MaskingSpec.from_vocab(VOCAB, MaskingOptions(masked_lm_prob=3 / 9, max_predictions=20,
+                                                        whole_word_mask=True))
     r = row("[CLS]", "a", "##b", "##c", "d", "[SEP]", "e", "##f", "[SEP]")
     ids, offsets = ragged([r] * 3000)
     _, pos, _, pred_off, _ = mask_batch(ids, offsets, np.random.default_rng(4), spec)
@@ -123,7 +125,8 @@ def test_whole_word_greedy_outcome_probabilities():
 
 
 def test_whole_word_skips_words_that_overflow_and_never_leaves_a_fitting_word():
-    spec = MaskingSpec.from_vocab(VOCAB, masked_lm_prob=0.25, max_predictions=20, whole_word_mask=True)
+    spec = MaskingSpec.from_vocab(VOCAB, MaskingOptions(masked_lm_prob=0.25, max_predictions=20,
+                                                        whole_word_mask=True))
     words = [["a", "##b", "##c"], ["e", "##f"], ["g"], ["h"], ["a", "##b"], ["i"], ["e", "##f", "##c"]]
     rng = np.random.default_rng(5)
     rows = []
@@ -159,7 +162,8 @@ def test_whole_word_skips_words_that_overflow_and_never_leaves_a_fitting_word():
 
 def test_piece_after_sep_starts_its_own_word():
     # B starting with ##f (after truncation) must not join A's last word across [SEP]
-    spec = MaskingSpec.from_vocab(VOCAB, masked_lm_prob=1 / 6, max_predictions=20, whole_word_mask=True)
+    spec = MaskingSpec.from_vocab(VOCAB, MaskingOptions(masked_lm_prob=1 / 6, max_predictions=20,
+                                                        whole_word_mask=True))
     r = row("[CLS]", "d", "[SEP]", "##f", "g", "[SEP]")  # k = 1: one single-piece word per row
     ids, offsets = ragged([r] * 300)
     _, pos, _, pred_off, _ = mask_batch(ids, offsets, np.random.default_rng(6), spec)
@@ -171,8 +175,9 @@ def test_piece_after_sep_starts_its_own_word():
 def test_whole_word_decision_once_per_word_vs_per_piece():
     r = row("[CLS]", "a", "##b", "##c", "[SEP]", "g", "[SEP]")  # k = round(7 * 3/7) = 3 -> the 3-piece word or g+?
     def mixed_share(decide_per_piece):
-        spec = MaskingSpec.from_vocab(VOCAB, masked_lm_prob=3 / 7, max_predictions=20, whole_word_mask=True,
-                                      decide_per_piece=decide_per_piece)
+        options = MaskingOptions(masked_lm_prob=3 / 7, max_predictions=20, whole_word_mask=True,
+                                 wwm_decide_per_piece=decide_per_piece)
+        spec = MaskingSpec.from_vocab(VOCAB, options)
         ids, offsets = ragged([r] * 2000)
         masked, pos, _, pred_off, kinds = mask_batch(ids, offsets, np.random.default_rng(7), spec)
         n_words = n_mixed = 0

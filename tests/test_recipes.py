@@ -10,6 +10,7 @@ import torch
 from click.testing import CliRunner
 
 from bertkit.cli import main
+from bertkit.formats import MaskingOptions
 from bertkit.pipelines.make_instances import InstancesConfig, build_pairs, full_sentences, make_instances
 from tests.helpers import TINY, doc_of, layout, toy_vocab, write_corpus
 
@@ -63,8 +64,9 @@ def toy_corpus(tmp_path_factory):
 def test_masking_rate_and_shares_are_switches(toy_corpus):
     from bertkit.fileio import read_arrow
 
-    cfg = InstancesConfig(max_seq_length=64, masked_lm_prob=0.3, mask_replace=(0.5, 0.3, 0.2), dupe=4)
-    assert cfg.max_predictions == math.ceil(64 * 0.3) and InstancesConfig().max_predictions == 20
+    cfg = InstancesConfig(max_seq_length=64, masking=MaskingOptions(masked_lm_prob=0.3, mask_replace=(0.5, 0.3, 0.2)),
+                          dupe=4)
+    assert cfg.masking.max_predictions == math.ceil(64 * 0.3) and InstancesConfig().masking.max_predictions == 20
     m = make_instances(toy_corpus / "corpus", toy_corpus / "vocab.txt", toy_corpus / "m30", cfg, progress=False)
     s = m.stats
     assert abs(s["selected_fraction"] - s["expected_selected_fraction"]) < 1e-12
@@ -72,10 +74,11 @@ def test_masking_rate_and_shares_are_switches(toy_corpus):
     assert 0.28 < counts["selected"] / counts["tokens"] < 0.32  # 30% of each row's tokens, rounded per row
     assert abs(s["mask_share"] - 0.5) < 0.03 and abs(s["kept_share"] - 0.3) < 0.03
     assert abs(s["random_share"] - 0.2) < 0.03
-    assert m.mask_replace == [0.5, 0.3, 0.2] and m.max_predictions == 20
+    assert m.masking == cfg.masking and m.masking.mask_replace == (0.5, 0.3, 0.2)
     mask_id = toy_vocab().index("[MASK]")
     only = make_instances(toy_corpus / "corpus", toy_corpus / "vocab.txt", toy_corpus / "all-mask",
-                          InstancesConfig(max_seq_length=64, mask_replace=(1, 0, 0), dupe=1), progress=False)
+                          InstancesConfig(max_seq_length=64, masking=MaskingOptions(mask_replace=(1, 0, 0)), dupe=1),
+                          progress=False)
     rows = read_arrow(toy_corpus / "all-mask" / only.shards[0].file).to_pydict()
     assert all(ids[p] == mask_id for ids, pos in zip(rows["input_ids"], rows["masked_positions"]) for p in pos)
     r = CliRunner().invoke(main, ["make-instances", str(toy_corpus / "corpus"), "--tokenizer",
@@ -257,7 +260,7 @@ def test_make_instances_applies_every_key_of_a_recipe(toy_corpus, monkeypatch):
     r = CliRunner().invoke(main, [*args, "--out", str(toy_corpus / "inst-keys")])
     assert r.exit_code == 0, r.output
     manifest = json.loads((toy_corpus / "inst-keys" / "manifest.json").read_text())
-    assert manifest["max_seq_length"] == 48 and manifest["masked_lm_prob"] == 0.3
+    assert manifest["max_seq_length"] == 48 and manifest["masking"]["masked_lm_prob"] == 0.3
     monkeypatch.setitem(RECIPES["budget"], "make-instances", {"max_seq_lenght": 48})
     r = CliRunner().invoke(main, [*args, "--out", str(toy_corpus / "inst-typo")])
     assert r.exit_code != 0 and "max_seq_lenght" in str(r.exception)

@@ -39,6 +39,34 @@ def count(minimum: int = 1) -> click.IntRange:
     return click.IntRange(min=minimum)
 
 
+class Size(click.ParamType):
+    """A number of bytes as 64MB, 512KB, 1GB or 100000."""
+    name = "size"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            return value
+        from bertkit.pipelines.prepare_corpus import parse_size
+
+        try:
+            return parse_size(value)
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+
+
+class Shares(click.ParamType):
+    """Comma-separated numbers, e.g. 0.8,0.1,0.1; the value is a tuple of floats."""
+    name = "shares"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        try:
+            return tuple(float(x) for x in str(value).split(","))
+        except ValueError:
+            self.fail(f"{value!r}: numbers separated by commas, such as 0.8,0.1,0.1", param, ctx)
+
+
 POSITIVE = Real(0, min_open=True)        # rates, weights, epochs
 NON_NEGATIVE = Real(0)                   # decays, thresholds that 0 switches off
 PROBABILITY = Real(0, 1)

@@ -1,7 +1,7 @@
 """`bertkit prepare-corpus`: maps flags onto pipelines.prepare_corpus.CorpusConfig and runs the stage."""
 import click
 
-from bertkit.commands import Real, default_workers
+from bertkit.commands import Real, Size, default_workers
 from bertkit.pipelines.engine import ENGINE_HELP, ENGINES, RAY_ADDRESS_HELP
 
 
@@ -9,7 +9,7 @@ from bertkit.pipelines.engine import ENGINE_HELP, ENGINES, RAY_ADDRESS_HELP
 @click.argument("inputs", nargs=-1, required=True, metavar="INPUT...")
 @click.option("--out", "-o", default="corpus", show_default=True, type=click.Path(file_okay=False),
               help="Output folder (the default is where train-tokenizer and make-instances look).")
-@click.option("--format", "fmt", default="auto", show_default=True,
+@click.option("--format", default="auto", show_default=True,
               type=click.Choice(["auto", "wikiextractor", "lines", "paragraphs", "jsonl", "parquet", "arrow"]),
               help="Input format for every file; auto detects per file (plain text counts as paragraphs).")
 @click.option("--text-field", default="text", show_default=True,
@@ -25,7 +25,8 @@ from bertkit.pipelines.engine import ENGINE_HELP, ENGINES, RAY_ADDRESS_HELP
               help="Drop documents with fewer sentences.")
 @click.option("--holdout", default=0.01, show_default=True, type=Real(0, 1, max_open=True),
               help="Fraction of documents held out (chosen by a hash of the text: stable across runs).")
-@click.option("--shard-size", default="64MB", show_default=True, help="Text bytes per shard, e.g. 64MB, 512KB.")
+@click.option("--shard-size", default="64MB", show_default=True, type=Size(),
+              help="Text bytes per shard, e.g. 64MB, 512KB.")
 @click.option("--workers", "-j", default=default_workers(), show_default="CPUs, at most 8", type=click.IntRange(min=1),
               help="Processes; the output is byte-identical for any number.")
 @click.option("--engine", type=click.Choice(ENGINES), default="local", show_default=True, help=ENGINE_HELP)
@@ -33,9 +34,8 @@ from bertkit.pipelines.engine import ENGINE_HELP, ENGINES, RAY_ADDRESS_HELP
 @click.option("--overwrite", is_flag=True,
               help="Replace an existing output or an unfinished run made with other options.")
 @click.option("--strict", is_flag=True, help="Exit non-zero if any input had a problem (the output is still written).")
-@click.option("--no-progress", is_flag=True, help="No progress bar.")
-def prepare_corpus(inputs, out, fmt, text_field, language, splitter, min_chars, min_sentences, holdout, shard_size,
-                   workers, engine, ray_address, overwrite, strict, no_progress):
+@click.option("--progress/--no-progress", default=True, show_default=True, help="A progress bar.")
+def prepare_corpus(inputs, out, **flags):
     """Clean, sentence-split and deduplicate raw text into Arrow shards (the input of every later stage).
 
     INPUT may be files, folders (walked recursively, sorted) or globs; formats: WikiExtractor output, plain text
@@ -52,17 +52,13 @@ def prepare_corpus(inputs, out, fmt, text_field, language, splitter, min_chars, 
     from bertkit.fileio import FolderError
     from bertkit.formats import FormatError
     from bertkit.pipelines.engine import EngineError
-    from bertkit.pipelines.prepare_corpus import CorpusConfig, parse_size, prepare_corpus as run
+    from bertkit.pipelines.prepare_corpus import CorpusConfig, prepare_corpus as run
 
     try:
-        config = CorpusConfig(format=fmt, text_field=text_field, language=language, splitter=splitter,
-                              min_chars=min_chars,
-                              min_sentences=min_sentences, holdout=holdout, shard_size=parse_size(shard_size),
-                              workers=workers, engine=engine, ray_address=ray_address, overwrite=overwrite,
-                              strict=strict, progress=not no_progress)
+        config = CorpusConfig(**flags)   # the flags are named as its fields
     except ValueError as e:
         raise click.BadParameter(str(e))
-    if ray_address and engine != "ray":
+    if config.ray_address and config.engine != "ray":
         raise click.UsageError("--ray-address is for --engine ray")
     try:
         run(list(inputs), out, config)

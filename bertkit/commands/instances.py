@@ -1,7 +1,7 @@
 """`bertkit make-instances`: maps flags onto pipelines.make_instances.InstancesConfig and runs the stage."""
 import click
 
-from bertkit.commands import PROBABILITY, Real, count, default_workers
+from bertkit.commands import PROBABILITY, Real, Shares, count, default_workers
 from bertkit.pipelines.engine import ENGINE_HELP, ENGINES, RAY_ADDRESS_HELP
 from bertkit.recipes import RECIPES, as_flags
 
@@ -19,7 +19,7 @@ from bertkit.recipes import RECIPES, as_flags
               help="Most masked positions per instance.")
 @click.option("--masked-lm-prob", default=0.15, show_default=True, type=Real(0, 1, min_open=True, max_open=True),
               help="Share of tokens to predict (BERT 0.15; 0.3-0.4 helped larger models in Wettig et al. 2023).")
-@click.option("--mask-replace", default="0.8,0.1,0.1", show_default=True,
+@click.option("--mask-replace", default="0.8,0.1,0.1", show_default=True, type=Shares(),
               help="Shares of the chosen tokens replaced by [MASK], kept, replaced by a random token.")
 @click.option("--objective", type=click.Choice(["nsp", "sop", "none"]), default="nsp", show_default=True,
               help="nsp: BERT's next-sentence pairs; sop: ALBERT's sentence order (same document, swapped for "
@@ -48,12 +48,8 @@ from bertkit.recipes import RECIPES, as_flags
 @click.option("--recipe", type=click.Choice(sorted(RECIPES)),
               help="The instances a pretraining recipe was measured on; the flags you give win over it. budget: "
                    + as_flags(RECIPES["budget"]["make-instances"]) + " (then pretrain --recipe budget).")
-@click.option("--no-progress", is_flag=True, help="No progress bar.")
-@click.pass_context
-def make_instances(ctx, corpus_dir, tokenizer_dir, out, max_seq_length, max_predictions, masked_lm_prob,
-                   mask_replace, objective, short_seq_prob, dupe, seed, whole_word_mask, mode, workers, engine,
-                   ray_address, compat, random_from_whole_vocab, wwm_decide_per_piece, same_doc_notnext, recipe,
-                   no_progress):
+@click.option("--progress/--no-progress", default=True, show_default=True, help="A progress bar.")
+def make_instances(corpus_dir, tokenizer_dir, out, progress, **flags):
     """Make MLM + NSP pretraining instances from a prepare-corpus folder (google-research/bert's rules).
 
     Re-running the same command resumes an interrupted run: finished files are kept, the rest redone.
@@ -70,25 +66,15 @@ def make_instances(ctx, corpus_dir, tokenizer_dir, out, max_seq_length, max_pred
     from bertkit.pipelines.engine import EngineError
     from bertkit.pipelines.make_instances import InstancesConfig, make_instances as run
 
-    try:
-        shares = tuple(float(x) for x in mask_replace.split(","))
-    except ValueError:
-        raise click.BadParameter(f"{mask_replace!r}: three numbers such as 0.8,0.1,0.1", param_hint="--mask-replace")
-    if ray_address and engine != "ray":
+    if flags["ray_address"] and flags["engine"] != "ray":
         raise click.UsageError("--ray-address is for --engine ray")
-    settings = dict(max_seq_length=max_seq_length, max_predictions=max_predictions, masked_lm_prob=masked_lm_prob,
-                    mask_replace=shares, objective=objective, short_seq_prob=short_seq_prob, dupe=dupe, seed=seed,
-                    whole_word_mask=whole_word_mask, mode=mode, workers=workers, engine=engine,
-                    ray_address=ray_address, compat=compat, random_from_whole_vocab=random_from_whole_vocab,
-                    wwm_decide_per_piece=wwm_decide_per_piece, same_doc_notnext=same_doc_notnext)
-    if recipe:  # the recipe's values where the flags were left at their defaults (a key no flag has fails loudly)
-        given = {k for k in RECIPES[recipe]["make-instances"]
-                 if ctx.get_parameter_source(k) not in (None, click.core.ParameterSource.DEFAULT)}
-        settings.update({k: v for k, v in RECIPES[recipe]["make-instances"].items() if k not in given})
-        click.echo(f"recipe {recipe}: {as_flags(RECIPES[recipe]['make-instances'])}", err=True)
-    config = InstancesConfig(**settings)
+    ctx = click.get_current_context()
+    given = {k for k in flags if ctx.get_parameter_source(k) is not click.core.ParameterSource.DEFAULT}
+    if flags["recipe"]:
+        click.echo(f"recipe {flags['recipe']}: {as_flags(RECIPES[flags['recipe']]['make-instances'])}", err=True)
     try:
-        manifest = run(corpus_dir, tokenizer_dir, out, config, progress=not no_progress)
+        config = InstancesConfig.from_flags(flags, given)   # a recipe fills the flags left at their defaults
+        manifest = run(corpus_dir, tokenizer_dir, out, config, progress=progress)
     except (FormatError, FolderError, EngineError) as e:
         raise click.ClickException(str(e))
     s = manifest.stats

@@ -3,7 +3,7 @@ import os
 
 import click
 
-from bertkit.commands import count, default_workers
+from bertkit.commands import Size, count, default_workers
 from bertkit.pipelines.engine import ENGINE_HELP, ENGINES, RAY_ADDRESS_HELP
 
 
@@ -33,7 +33,7 @@ from bertkit.pipelines.engine import ENGINE_HELP, ENGINES, RAY_ADDRESS_HELP
 @click.option("--pretokenize", type=click.Choice(["none", "mecab", "kiwi"]), default="none", show_default=True,
               help="Korean: cut words at morpheme boundaries (MeCab-ko or Kiwi) while training the vocabulary, as "
                    "KLUE-BERT did; the tokenizer still reads raw text. Needs pip install 'bertkit[korean]'.")
-@click.option("--sample-bytes", default=None, metavar="SIZE",
+@click.option("--sample-bytes", default=None, metavar="SIZE", type=Size(),
               help="Learn the merges on at most this much text (e.g. 10GB), documents chosen by a hash of their id; "
                    "the alphabet still comes from all of the text. Default: all of it.")
 @click.option("--stats-sentences", default=100_000, show_default=True, type=count(0),
@@ -43,10 +43,8 @@ from bertkit.pipelines.engine import ENGINE_HELP, ENGINES, RAY_ADDRESS_HELP
 @click.option("--engine", type=click.Choice(ENGINES), default="local", show_default=True, help=ENGINE_HELP)
 @click.option("--ray-address", default=None, metavar="HOST:PORT", help=RAY_ADDRESS_HELP)
 @click.option("--overwrite", is_flag=True, help="Replace an OUT made from another corpus or with other settings.")
-@click.option("--no-progress", is_flag=True, help="No progress bar.")
-def train_tokenizer(corpus_dir, out, vocab_size, lowercase, strip_accents, min_frequency, limit_alphabet,
-                    vocab_file, pretokenize, sample_bytes, stats_sentences, workers, engine, ray_address, overwrite,
-                    no_progress):
+@click.option("--progress/--no-progress", default=True, show_default=True, help="A progress bar.")
+def train_tokenizer(corpus_dir, out, **flags):
     """Train a BERT WordPiece vocabulary on CORPUS_DIR (a prepare-corpus folder; default ./corpus).
 
     OUT gets vocab.txt, tokenizer.json, tokenizer_config.json, special_tokens_map.json and manifest.json;
@@ -63,28 +61,17 @@ def train_tokenizer(corpus_dir, out, vocab_size, lowercase, strip_accents, min_f
     from bertkit.fileio import FolderError
     from bertkit.formats import FormatError
     from bertkit.pipelines.engine import EngineError
-    from bertkit.pipelines.prepare_corpus import parse_size
     from bertkit.pipelines.train_tokenizer import TokenizerConfig, train_tokenizer as run
     from bertkit.tokenization import TokenizerError
 
-    if corpus_dir is None and vocab_file is None:
+    if corpus_dir is None and flags["vocab_file"] is None:
         corpus_dir = "corpus"  # prepare-corpus's default output
         if not os.path.isdir(corpus_dir):
             raise click.UsageError("give CORPUS_DIR to train on (./corpus, prepare-corpus's default, does not exist), "
                                    "or --vocab FILE to use an existing vocabulary")
-    if lowercase is None and vocab_file is None:
-        lowercase = True
-    if ray_address and engine != "ray":
+    if flags["ray_address"] and flags["engine"] != "ray":
         raise click.UsageError("--ray-address is for --engine ray")
-    try:
-        sample_bytes = None if sample_bytes is None else parse_size(sample_bytes)
-    except ValueError as e:
-        raise click.BadParameter(str(e), param_hint="--sample-bytes")
-    config = TokenizerConfig(vocab_size=vocab_size, lowercase=lowercase, strip_accents=strip_accents,
-                             min_frequency=min_frequency, limit_alphabet=limit_alphabet, vocab_file=vocab_file,
-                             pretokenize=pretokenize, sample_bytes=sample_bytes, stats_sentences=stats_sentences,
-                             workers=workers, engine=engine, ray_address=ray_address, overwrite=overwrite,
-                             progress=not no_progress)
+    config = TokenizerConfig(**flags)   # the flags are named as its fields
     try:
         m = run(corpus_dir, out, config)
     except (TokenizerError, FormatError, FolderError, EngineError) as e:

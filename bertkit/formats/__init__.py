@@ -5,7 +5,8 @@ one per stage; README.md beside this file documents every folder for users. All 
 (memory-mappable), written atomically; each folder's manifest.json is written last and is what marks it finished.
 """
 import json
-from dataclasses import MISSING, asdict, dataclass, field, fields
+import math
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -237,12 +238,60 @@ def instances_file_name(split: str, index: int) -> str:
     return f"{'instances' if split == 'train' else 'holdout'}-{index:05d}.arrow"
 
 
-@dataclass
-class ReferenceBehaviour:
-    """make-instances switches that restored google-research/bert's behaviour; the dynamic loader follows them."""
-    random_from_whole_vocab: bool = False
-    wwm_decide_per_piece: bool = False
-    same_doc_notnext: bool = False
+@dataclass(frozen=True)
+class MaskingOptions:
+    """How make-instances masks, as one object: its flags, InstancesConfig.masking, the manifest's "masking" and
+    bertkit.masking.MaskingSpec all carry it, so a new masking option is a field here and a flag there."""
+    masked_lm_prob: float = 0.15
+    max_predictions: int | None = None      # None: 20 (BERT's) at 0.15, else max_seq_length x rate (for_length)
+    whole_word_mask: bool = False
+    mask_replace: tuple = (0.8, 0.1, 0.1)   # shares of chosen positions: [MASK], kept, random token
+    # improvements over the reference, each restored by its switch
+    random_from_whole_vocab: bool = False   # random replacements may draw [PAD], [CLS], [unused..] ...
+    wwm_decide_per_piece: bool = False      # whole-word masking draws 80/10/10 per piece (google-research/bert#910)
+
+    def __post_init__(self):
+        object.__setattr__(self, "mask_replace", tuple(float(x) for x in self.mask_replace))  # JSON gives a list
+
+    def for_length(self, max_seq_length: int | None) -> "MaskingOptions":
+        """These options with max_predictions filled in for instances of this length."""
+        if self.max_predictions is not None:
+            return self
+        if self.masked_lm_prob == 0.15:
+            return replace(self, max_predictions=20)
+        if max_seq_length is None:
+            raise ValueError(f"max_predictions: give it for masked_lm_prob {self.masked_lm_prob} "
+                             "(20 is BERT's at 0.15 only)")
+        return replace(self, max_predictions=math.ceil(max_seq_length * self.masked_lm_prob))
+
+    def problem(self) -> str | None:
+        """What is wrong with these options, in the command's words; None when they are usable."""
+        if not 0.0 < self.masked_lm_prob < 1.0:
+            return f"--masked-lm-prob {self.masked_lm_prob}: must be between 0 and 1"
+        if self.max_predictions is not None and self.max_predictions < 1:
+            return f"--max-predictions {self.max_predictions}: must be at least 1"
+        shares = self.mask_replace
+        if len(shares) != 3 or min(shares) < 0 or abs(sum(shares) - 1) > 1e-9:
+            return (f"--mask-replace {','.join(f'{x:g}' for x in shares)}: three shares ([MASK], kept, random) "
+                    "that sum to 1, e.g. 0.8,0.1,0.1")
+        return None
+
+    @classmethod
+    def gather(cls, flat: dict) -> dict:
+        """A flat dict (command flags, an older manifest or resume record) with the masking options moved into
+        one "masking" entry; other keys unchanged. Older manifests kept two of them under "reference_behaviour"."""
+        out = dict(flat)
+        reference = out.get("reference_behaviour")
+        if isinstance(reference, dict):
+            out["reference_behaviour"] = {k: v for k, v in reference.items() if k not in cls.field_names()}
+            out.update({k: v for k, v in reference.items() if k in cls.field_names()})
+        if "masking" not in out:
+            out["masking"] = {k: out.pop(k) for k in cls.field_names() if k in out}
+        return out
+
+    @staticmethod
+    def field_names() -> tuple[str, ...]:
+        return tuple(f.name for f in fields(MaskingOptions))
 
 
 @dataclass
@@ -253,23 +302,20 @@ class InstancesManifest:
     vocab_size: int
     vocab_sha256: str | None
     max_seq_length: int
-    max_predictions: int
-    masked_lm_prob: float
-    whole_word_mask: bool
+    masking: MaskingOptions     # how the loader masks dynamic instances as make-instances would (static: as it did)
     seed: int
     shards: list[ShardEntry]
     compat: str | None = None
     short_seq_prob: float | None = None
     dupe: int | None = None
     holdout_dupe: int | None = None
-    reference_behaviour: ReferenceBehaviour = field(default_factory=ReferenceBehaviour)
+    same_doc_notnext: bool = False   # reference behaviour: a NotNext B may come from A's own document
     next_sentence_label: str = "0 = B follows A (IsNext), 1 = B is random (NotNext)"
     tokenizer: str | None = None
     corpus: str | None = None
     stats: dict = field(default_factory=dict)
     files: dict = field(default_factory=dict)   # the tokenizer files copied beside the shards: {"bytes", "checksum"}
     objective: str = "nsp"      # nsp | sop (next_sentence_label 1 = segments swapped) | none (one segment, MLM only)
-    mask_replace: list = field(default_factory=lambda: [0.8, 0.1, 0.1])   # [MASK], kept, random shares
 
     def shard_files(self, split: str) -> list[str]:
         return [s.file for s in self.shards if s.split == split]
@@ -281,11 +327,20 @@ def read_instances_manifest(instances_dir) -> InstancesManifest:
     fix = f"Run `bertkit make-instances CORPUS --tokenizer TOK --out {instances_dir}` first."
     if not instances_dir.is_dir():
         raise InstancesError(f"{instances_dir}: no such instances folder. {fix}")
-    data = _read_manifest(instances_dir, "make-instances", InstancesError, fix)
+    data = MaskingOptions.gather(_read_manifest(instances_dir, "make-instances", InstancesError, fix))
+    reference = data.pop("reference_behaviour", None)     # older manifests: same_doc_notnext sat there
+    if isinstance(reference, dict) and "same_doc_notnext" in reference:
+        data.setdefault("same_doc_notnext", reference["same_doc_notnext"])
     m = _from_dict(InstancesManifest, data, InstancesError, instances_dir / MANIFEST,
                    "re-run make-instances with this bertkit version.")
-    if isinstance(m.reference_behaviour, dict):
-        m.reference_behaviour = ReferenceBehaviour(**m.reference_behaviour)
+    try:
+        m.masking = MaskingOptions(**m.masking)
+        problem = m.masking.problem()
+    except (TypeError, ValueError) as e:
+        problem = str(e)
+    if problem:
+        raise InstancesError(f"{instances_dir / MANIFEST}: its masking options are not usable ({problem}); "
+                             "re-run make-instances with this bertkit version.")
     if m.mode not in ("static", "dynamic"):
         raise InstancesError(f"{instances_dir / MANIFEST}: mode is {m.mode!r}, expected 'static' or 'dynamic'.")
     _check_files(instances_dir, m.shards, INSTANCES_FIX.format(folder=instances_dir))
