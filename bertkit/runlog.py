@@ -6,6 +6,7 @@ perf/, everything else under train/. Strings (the kernels backend) stay in the J
 """
 import json
 import os
+import time
 from pathlib import Path
 
 from bertkit.fileio import open_append
@@ -86,6 +87,51 @@ class RunLog:
             self.tb.close()
         if self.wandb is not None:
             self.wandb.finish()
+
+
+class Throughput:
+    """A log interval's clock and what its batches held, as the rates every training record carries (PERF), in
+    pretraining and fine-tuning alike. Counts stay as the batch gives them (tensors on the device: no sync per step)
+    until `rates` reads them once."""
+
+    def __init__(self):
+        self.restart()
+
+    def restart(self) -> None:
+        """A new interval (also after an evaluation, whose time is not training's)."""
+        self.sequences = self.tokens = self.slots = 0
+        self.t = time.perf_counter()
+
+    def add_batch(self, batch: dict) -> None:
+        """A collated batch: packed (cu_seqlens: no padding) or padded (attention_mask marks the real tokens)."""
+        ids = batch["input_ids"]
+        if "cu_seqlens" in batch:
+            self.sequences += batch["cu_seqlens"].numel() - 1
+            self.tokens, self.slots = self.tokens + ids.numel(), self.slots + ids.numel()
+        else:
+            self.sequences += ids.shape[0]
+            self.tokens = self.tokens + batch["attention_mask"].sum() if "attention_mask" in batch else \
+                self.tokens + ids.numel()
+            self.slots += ids.numel()
+
+    def rates(self, over_ranks: bool = False) -> dict:
+        """Sequences and tokens per second (summed over the ranks when asked: every rank must call it then) and
+        the share of the positions computed that were real tokens; the interval then restarts."""
+        seconds = time.perf_counter() - self.t
+        counts = [float(x) for x in (self.sequences, self.tokens, self.slots)]
+        if over_ranks:
+            import torch
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                like = self.tokens if isinstance(self.tokens, torch.Tensor) else torch.zeros(())
+                summed = torch.tensor(counts, dtype=torch.float64, device=like.device)
+                dist.all_reduce(summed)
+                counts = summed.tolist()
+        sequences, tokens, slots = counts
+        self.restart()
+        return {"seq_per_s": sequences / seconds, "tokens_per_s": tokens / seconds,
+                "padding_efficiency": tokens / max(slots, 1)}
 
 
 def default_report_to() -> str:

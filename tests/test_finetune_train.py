@@ -59,6 +59,27 @@ def _book_passages(shared_data, tmp_path, n_train, n_dev):
 
 
 @pytest.mark.slow
+def test_one_throughput_meter_counts_padded_and_packed_batches_alike(monkeypatch):
+    """The meter both training loops share: the same rows padded or packed count the same sequences and tokens;
+    padding shows only in the efficiency."""
+    from bertkit.finetune.train import collate_packed
+    from bertkit.runlog import Throughput
+
+    lengths = [5, 9, 3, 7]
+    rows = [{"input_ids": np.arange(1, n + 1), "token_type_ids": np.zeros(n, np.int64), "label": 0} for n in lengths]
+    clock = iter([0.0, 2.0, 2.0, 4.0, 4.0])   # two intervals of 2 s (each read restarts the clock)
+    monkeypatch.setattr("bertkit.runlog.time.perf_counter", lambda: next(clock))
+    meter = Throughput()
+    meter.add_batch(collate(rows))
+    padded = meter.rates()
+    meter.add_batch(collate_packed(rows))
+    packed = meter.rates()
+    assert padded["seq_per_s"] == packed["seq_per_s"] == len(lengths) / 2
+    assert padded["tokens_per_s"] == packed["tokens_per_s"] == sum(lengths) / 2
+    assert padded["padding_efficiency"] == sum(lengths) / (len(lengths) * max(lengths))
+    assert packed["padding_efficiency"] == 1.0
+
+
 def test_real_minilm_finetune_learns(shared_data, minilm, tmp_path):
     """all-MiniLM-L6-v2 learns which of two books a passage is from: 128 passages, 2 short epochs on the CPU."""
     from bertkit.finetune.classify import finetune_classify

@@ -24,7 +24,7 @@ from bertkit.kernel_guard import kernel_uses, resolve_guarded
 from bertkit.models import save_pretrained
 from bertkit.optim import build_scheduler, param_groups
 from bertkit.progress import tqdm
-from bertkit.runlog import RunLog, default_report_to
+from bertkit.runlog import RunLog, Throughput, default_report_to
 from bertkit.threads import choose_threads
 
 
@@ -163,30 +163,6 @@ def _optimizer(model, cfg: TrainConfig):
                              eps=1e-6)
 
 
-class Throughput:
-    """Steps, sequences, tokens and padded slots over a log interval: the rates a log record carries."""
-
-    def __init__(self):
-        self.start()
-
-    def start(self) -> None:
-        self.loss, self.steps, self.sequences, self.tokens, self.slots = 0.0, 0, 0, 0, 0
-        self.t = time.perf_counter()
-
-    def add(self, loss: float, sequences: int, tokens: int, slots: int) -> None:
-        self.loss += loss
-        self.steps += 1
-        self.sequences, self.tokens, self.slots = self.sequences + sequences, self.tokens + tokens, self.slots + slots
-
-    def record(self, world: int = 1) -> dict:
-        """The interval's mean loss and rates (over every process), then a new interval."""
-        seconds = time.perf_counter() - self.t
-        r = {"loss": self.loss / self.steps, "seq_per_s": self.sequences * world / seconds,
-             "tokens_per_s": self.tokens * world / seconds, "padding_efficiency": self.tokens / self.slots}
-        self.start()
-        return r
-
-
 @dataclass
 class FineTuning:
     """One fine-tuning's state: where it runs, its output and log, and the summary metrics.json receives."""
@@ -223,7 +199,7 @@ def train(model, train_rows: list, evaluate, best_metric: str, cfg: TrainConfig,
         return ft.summary
     optimizer = _optimizer(model, cfg)
     scheduler = build_scheduler(optimizer, ft.total_steps, ft.summary["settings"]["warmup_steps"], "linear")
-    rng, meter = np.random.default_rng(cfg.seed), Throughput()
+    rng, throughput, interval_losses = np.random.default_rng(cfg.seed), Throughput(), []
     per_rank = max(1, cfg.batch_size // ft.world)
     epoch, t0 = 0, time.time()
     progress = tqdm(total=ft.total_steps, desc=f"finetune {task}", disable=ft.rank != 0, mininterval=2.0)
@@ -246,12 +222,14 @@ def train(model, train_rows: list, evaluate, best_metric: str, cfg: TrainConfig,
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             losses.append(loss.item())
+            interval_losses.append(losses[-1])
             ft.step += 1
-            tokens = int(batch["cu_seqlens"][-1]) if cfg.unpadded else int(batch["attention_mask"].sum())
-            meter.add(losses[-1], len(mine), tokens, tokens if cfg.unpadded else batch["attention_mask"].numel())
+            throughput.add_batch(batch)
             if ft.step % cfg.log_every == 0 or ft.step == ft.total_steps:
-                ft.log.write({"step": ft.step, "epoch": epoch, **meter.record(ft.world), "lr": lr,
+                ft.log.write({"step": ft.step, "epoch": epoch, "loss": float(np.mean(interval_losses)),
+                              **throughput.rates(over_ranks=ft.world > 1), "lr": lr,
                               "grad_norm": float(grad_norm), "kernels": ft.backend})
+                interval_losses.clear()
             progress.update(1)
             progress.set_postfix(epoch=epoch, loss=f"{np.mean(losses[-50:]):.4f}")
         reached = round(ft.step / math.ceil(len(train_rows) / (per_rank * ft.world)), 2)  # --epochs 0.1: 0.1

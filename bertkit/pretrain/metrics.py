@@ -39,7 +39,7 @@ class Meter:
     the model predicts from context or is still in the unigram plateau MLM training starts in."""
 
     NAMES = ("loss", "mlm_loss", "nsp_loss", "mlm_correct", "mlm_count", "nsp_correct", "nsp_count", "micro",
-             "sequences", "tokens", "slots", "mask_correct", "mask_count",
+             "mask_correct", "mask_count",
              "disc_loss", "rtd_correct", "rtd_count", "rtd_tp", "rtd_fp", "rtd_fn")  # the last six: ELECTRA's
 
     def __init__(self, device, mask_id: int | None = None):
@@ -66,20 +66,15 @@ class Meter:
             nsp_loss, nsp_count = out.nsp_loss.detach().double(), n
         else:
             nsp_correct, nsp_loss, nsp_count = has.new_zeros(()), has.new_zeros((), dtype=torch.float64), 0.0
-        scalars = torch.tensor([nsp_count, 1.0, n], dtype=torch.float64, device=self.sums.device)
-        # non-padding tokens: a packed batch has no padding
-        tokens = batch["attention_mask"].sum() if "attention_mask" in batch else batch["input_ids"].new_tensor(
-            batch["input_ids"].numel())
-        slots = float(batch["input_ids"].numel())  # token positions computed, padding included
+        scalars = torch.tensor([nsp_count, 1.0], dtype=torch.float64, device=self.sums.device)
         values = torch.cat([torch.stack([out.loss.detach().double(), out.mlm_loss.detach().double(),
                                          nsp_loss, mlm_correct.double(),
                                          has.sum().double(), nsp_correct.double()]),
-                            scalars, tokens.double().view(1), tokens.new_tensor([slots], dtype=torch.float64),
-                            torch.stack([mask_correct, mask_count]), electra_sums(out, self.sums)])
+                            scalars, torch.stack([mask_correct, mask_count]), electra_sums(out, self.sums)])
         self.sums += values
 
     def reduce(self) -> dict:
-        """Sums over every rank since the last reduce (then zeroed): losses, accuracies, sequences, tokens."""
+        """Sums over every rank since the last reduce (then zeroed): losses and accuracies."""
         sums = self.sums.clone()
         dist.all_reduce(sums)
         s = dict(zip(self.NAMES, sums.tolist()))
@@ -87,9 +82,7 @@ class Meter:
         micro = max(s["micro"], 1)
         r = {"loss": s["loss"] / micro, "mlm_loss": s["mlm_loss"] / micro, "nsp_loss": s["nsp_loss"] / micro,
              "mlm_acc": s["mlm_correct"] / max(s["mlm_count"], 1),
-             "nsp_acc": s["nsp_correct"] / max(s["nsp_count"], 1),
-             "sequences": s["sequences"], "tokens": s["tokens"],
-             "padding_efficiency": s["tokens"] / max(s["slots"], 1)}
+             "nsp_acc": s["nsp_correct"] / max(s["nsp_count"], 1)}
         if s["mask_count"]:
             r["mlm_mask_acc"] = s["mask_correct"] / s["mask_count"]
         if s["rtd_count"]:

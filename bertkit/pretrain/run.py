@@ -35,7 +35,7 @@ from bertkit.pretrain.plateau import Plateau
 from bertkit.pretrain.resume import apply as apply_resume_changes, compare as resume_changes
 from bertkit.pretrain.start import build_model, planned_family
 from bertkit.recipes import RECIPES, as_flags
-from bertkit.runlog import default_report_to
+from bertkit.runlog import Throughput, default_report_to
 from bertkit.threads import choose_threads
 
 
@@ -72,7 +72,7 @@ class Run:
     batch: dict | None = None    # the last micro batch (its shape feeds the MFU)
     old_handlers: dict = field(default_factory=dict)
     clock0: float = 0.0          # perf_counter at the run's (or a resumed budget's) start
-    t0: float = 0.0              # the log interval's start
+    throughput: Throughput = field(default_factory=Throughput)   # the log interval's clock and batch counts
     steps_in_interval: int = 0
 
     @property
@@ -101,7 +101,8 @@ class Run:
 
     def interval_started(self) -> None:
         """A new log interval: throughput is measured from here."""
-        self.t0, self.steps_in_interval = time.perf_counter(), 0
+        self.throughput.restart()
+        self.steps_in_interval = 0
 
     def close(self) -> None:
         if self.loader is not None:

@@ -68,7 +68,7 @@ def _pretrain(cfg: PretrainConfig, manifest, rank: int, world: int, device) -> d
                 run.last_ckpt = save_checkpoint(run.engine, run.run_dir, run.step, rank, cfg.keep_last, run.skipped)
                 if run.budget and rank == 0:
                     run.budget.record(run.run_dir, run.step)
-                run.t0 = time.perf_counter()
+                run.throughput.restart()   # checkpoint time is not training's
             if stopping:
                 if rank == 0:
                     print(f"\nstopped by signal at step {run.step}; saved {run.last_ckpt}. Continue with --resume.",
@@ -102,6 +102,7 @@ def train_step(run: Run) -> tuple[float, float, bool]:
         except (torch.OutOfMemoryError, MemoryError) as e:
             raise out_of_memory(batch, run, k) from e
         run.meter.add(out, batch)
+        run.throughput.add_batch(batch)
         sums[0] += loss_k.detach().double() / gas
     run.batch = batch
     run.step += 1
@@ -117,7 +118,7 @@ def train_step(run: Run) -> tuple[float, float, bool]:
 
 def log_training(run: Run, seconds: float) -> None:
     """The interval's training record: to metrics.jsonl (TensorBoard, W&B) and the progress bar."""
-    run.record = train_record(run, run.meter.reduce(), time.perf_counter() - run.t0, seconds)
+    run.record = train_record(run, run.meter.reduce(), run.throughput.rates(over_ranks=True), seconds)
     run.log.write(run.record)
     run.log.advance(run.steps_in_interval, {"loss": f"{run.record['loss']:.3f}",
                                             "seq/s": f"{run.record['seq_per_s']:.0f}"})
@@ -136,18 +137,17 @@ def evaluate_and_log(run: Run, seconds: float) -> None:
             say(note)
             run.log.write({"step": run.step, "plateau": {"baseline": run.plateau.baseline,
                                                          "token": run.plateau.token}})
-    run.t0 = time.perf_counter()
+    run.throughput.restart()   # evaluation time is not training's
 
 
-def train_record(run: Run, m: dict, interval_s: float, elapsed_s: float) -> dict:
-    """One training log record from the Meter's sums over the interval."""
+def train_record(run: Run, m: dict, rates: dict, elapsed_s: float) -> dict:
+    """One training log record from the Meter's sums and the Throughput's rates over the interval."""
     step, engine, settings, batch = run.step, run.engine, run.settings, run.batch
     epoch = step * settings.grad_accum // run.sampler.per_epoch
     record = {"step": step, "loss": m["loss"], "mlm_loss": m["mlm_loss"], "mlm_acc": m["mlm_acc"],
               **{k: m[k] for k in ("mlm_mask_acc",) if k in m}, **sentence_metrics(m, run.objective),
               "lr": current_lr(engine), "grad_norm": as_float(engine.get_global_grad_norm()) or as_float(run.grad_norm),
-              "seq_per_s": m["sequences"] / interval_s, "tokens_per_s": m["tokens"] / interval_s,
-              "padding_efficiency": m["padding_efficiency"], "epoch": epoch,
+              **rates, "epoch": epoch,
               "elapsed_s": elapsed_s, "kernels": run.backend}
     if settings.precision == "fp16":
         record["loss_scale"] = as_float(getattr(engine.optimizer, "cur_scale", None)
@@ -155,8 +155,8 @@ def train_record(run: Run, m: dict, interval_s: float, elapsed_s: float) -> dict
         record["skipped_steps"] = int(engine.skipped_steps)
     if peak := peak_flops():
         seq = batch["max_seqlen"] if run.cfg.unpadded else batch["input_ids"].shape[1]
-        flops = run.count_flops(seq, m["tokens"])
-        record["mfu"] = flops / interval_s / (peak * dist.get_world_size())
+        flops_per_s = run.count_flops(seq, rates["tokens_per_s"])   # linear in the tokens
+        record["mfu"] = flops_per_s / (peak * dist.get_world_size())
     return record
 
 
