@@ -6,6 +6,9 @@ attention(q, k, v, lengths, dropout_p, softmax_scale)
 attention_varlen(q, k, v, cu_seqlens, max_seqlen, dropout_p, softmax_scale)
     q, k, v: (total_tokens, heads, head_dim); cu_seqlens: (batch + 1,) int32; max_seqlen: a Python int bucket
     (an upper bound on every sequence's length; it is never read back from the GPU).
+    Both take window= (each query sees the keys within ±window positions: ModernBERT's local layers) and
+    rope_theta= (q and k turned by rotary position embeddings of that base, positions restarting at each sequence;
+    the Triton kernels turn them as they load, with no pass of their own).
 add_layer_norm(x, residual, weight, bias, eps, dropout_p, prenorm=False)
     LayerNorm(dropout(x) + residual) over the last dim; residual may be None. prenorm=True returns the sum too,
     (LayerNorm(h), h): a pre-LN encoder's residual stream h and the next sub-layer's input, from one fused pass.
@@ -84,12 +87,15 @@ def resolve(device) -> str:
     return _backend
 
 
-def attention(q, k, v, lengths, dropout_p=0.0, softmax_scale=None):
-    return _FUNCTIONS[resolve(q.device)][0](q, k, v, lengths, dropout_p, softmax_scale)
+def attention(q, k, v, lengths, dropout_p=0.0, softmax_scale=None, window=None, rope_theta=None):
+    return _FUNCTIONS[resolve(q.device)][0](q, k, v, lengths, dropout_p, softmax_scale, window=window,
+                                            rope_theta=rope_theta)
 
 
-def attention_varlen(q, k, v, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None):
-    return _FUNCTIONS[resolve(q.device)][1](q, k, v, cu_seqlens, max_seqlen, dropout_p, softmax_scale)
+def attention_varlen(q, k, v, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None, window=None,
+                     rope_theta=None):
+    return _FUNCTIONS[resolve(q.device)][1](q, k, v, cu_seqlens, max_seqlen, dropout_p, softmax_scale,
+                                            window=window, rope_theta=rope_theta)
 
 
 def add_layer_norm(x, residual, weight, bias, eps=1e-12, dropout_p=0.0, prenorm=False):

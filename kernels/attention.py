@@ -29,6 +29,7 @@ import triton.language as tl
 
 from .common import INTERPRET, draw_seed, threshold_and_scale
 from .dropout import keep_tile
+from .reference import rotary_tables
 
 LOG2E = 1.4426950408889634
 
@@ -59,20 +60,109 @@ def _loop_bounds(seqlen, block_start, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _window_bounds(seqlen, block_start, BLOCK: tl.constexpr, WINDOW, STEP: tl.constexpr):
+    """(first, end) of the loop over the other axis's blocks (of STEP) that can see a block of BLOCK rows at
+    block_start through a ±WINDOW band: tiles wholly outside it are never visited, so a local layer costs n·w."""
+    lo = 0
+    hi = 0
+    if block_start < seqlen:
+        lo = block_start - WINDOW
+        if lo < 0:
+            lo = 0
+        lo = lo // STEP * STEP
+        hi = block_start + BLOCK + WINDOW
+        if hi > seqlen:
+            hi = seqlen
+    return lo, hi
+
+
+@triton.jit
+def _load_half(base, idx, idx_mask, stride, offs_h, TRANS: tl.constexpr, MASKED: tl.constexpr):
+    """Columns offs_h of rows idx: an (idx, h) tile, or (h, idx) with TRANS."""
+    if TRANS:
+        ptrs = base + idx[None, :] * stride + offs_h[:, None]
+        mask = idx_mask[None, :]
+    else:
+        ptrs = base + idx[:, None] * stride + offs_h[None, :]
+        mask = idx_mask[:, None]
+    if MASKED:
+        x = tl.load(ptrs, mask=mask, other=0.0)
+    else:
+        x = tl.load(ptrs)
+    return x
+
+
+@triton.jit
+def _join_halves(a, b, TRANS: tl.constexpr):
+    """(idx, h) halves side by side as (idx, 2h), or (h, idx) halves stacked as (2h, idx) with TRANS."""
+    pair = tl.join(a, b)                                   # (.., .., 2)
+    if TRANS:
+        joined = tl.reshape(tl.permute(pair, (2, 0, 1)), (2 * a.shape[0], a.shape[1]))
+    else:
+        joined = tl.reshape(tl.permute(pair, (0, 2, 1)), (a.shape[0], 2 * a.shape[1]))
+    return joined
+
+
+@triton.jit
+def _load_tile(base, idx, idx_mask, stride, offs_d, d_mask, COS, SIN, HEAD_DIM: tl.constexpr, ROPE: tl.constexpr,
+               TRANS: tl.constexpr, MASKED: tl.constexpr):
+    """Rows idx of a (seq, head_dim) slice as an (idx, d) tile, or (d, idx) with TRANS; masked to idx_mask only
+    when MASKED (whole blocks load without masks). With ROPE each row is turned by its rotary angles as it loads, in
+    fp32 and back to its dtype, from its two halves (x1 c - x2 s, x2 c + x1 s; the tables repeat their first half):
+    no pass of its own over q or k. ROPE needs HEAD_DIM == BLOCK_D (the launcher checks)."""
+    if ROPE:
+        half: tl.constexpr = HEAD_DIM // 2
+        offs_h = tl.arange(0, half)
+        x1 = _load_half(base, idx, idx_mask, stride, offs_h, TRANS, MASKED).to(tl.float32)
+        x2 = _load_half(base, idx, idx_mask, stride, offs_h + half, TRANS, MASKED).to(tl.float32)
+        c = _load_half(COS, idx, idx_mask, HEAD_DIM, offs_h, TRANS, MASKED)
+        sn = _load_half(SIN, idx, idx_mask, HEAD_DIM, offs_h, TRANS, MASKED)
+        x = _join_halves(x1 * c - x2 * sn, x2 * c + x1 * sn, TRANS).to(base.dtype.element_ty)
+    else:
+        if TRANS:
+            ptrs = base + idx[None, :] * stride + offs_d[:, None]
+            mask = (d_mask[:, None] & idx_mask[None, :]) if MASKED else d_mask[:, None]
+        else:
+            ptrs = base + idx[:, None] * stride + offs_d[None, :]
+            mask = (idx_mask[:, None] & d_mask[None, :]) if MASKED else d_mask[None, :]
+        x = tl.load(ptrs, mask=mask, other=0.0)
+    return x
+
+
+@triton.jit
+def _unrotate(g, rows, row_mask, COS, SIN, HEAD_DIM: tl.constexpr):
+    """The gradient with respect to the unturned rows, from the one with respect to the turned: each pair of halves
+    turned back (g1 c + g2 s, g2 c - g1 s), the rotation's transpose, in registers."""
+    half: tl.constexpr = HEAD_DIM // 2
+    g1, g2 = tl.split(tl.permute(tl.reshape(g, (g.shape[0], 2, half)), (0, 2, 1)))
+    offs_h = tl.arange(0, half)
+    c = _load_half(COS, rows, row_mask, HEAD_DIM, offs_h, False, True)
+    sn = _load_half(SIN, rows, row_mask, HEAD_DIM, offs_h, False, True)
+    return _join_halves(g1 * c + g2 * sn, g2 * c - g1 * sn, False)
+
+
+@triton.jit
 def _fwd_tile(acc, l_i, m_i, q, k_seq, v_seq, sks, svs, start_n, seqlen, offs_m, offs_n, offs_d, d_mask,
-              qk_scale, seed, bh, threshold, BLOCK_N: tl.constexpr,
-              MASK_N: tl.constexpr, DROPOUT: tl.constexpr, DOT_PREC: tl.constexpr):
+              qk_scale, seed, bh, threshold, COS, SIN, WINDOW, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+              MASK_N: tl.constexpr, DROPOUT: tl.constexpr, DOT_PREC: tl.constexpr, ROPE: tl.constexpr,
+              LOCAL: tl.constexpr):
     """One key block of the online softmax."""
     cols = start_n + offs_n
     n_mask = cols < seqlen
-    kt = tl.load(k_seq + cols[None, :] * sks + offs_d[:, None],
-                 mask=(d_mask[:, None] & n_mask[None, :]) if MASK_N else d_mask[:, None], other=0.0)
+    kt = _load_tile(k_seq, cols, n_mask, sks, offs_d, d_mask, COS, SIN, HEAD_DIM, ROPE, True, MASK_N)
     s = tl.dot(q, kt, input_precision=DOT_PREC) * qk_scale  # log2 domain
-    if MASK_N:
+    if LOCAL:
+        near = tl.abs(offs_m[:, None] - cols[None, :]) <= WINDOW
+        s = tl.where(near & n_mask[None, :], s, float("-inf"))
+    elif MASK_N:
         s = tl.where(n_mask[None, :], s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
+    if LOCAL:  # a row that has seen no key yet (all -inf): keep its sums at zero, not NaN
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_use = m_new
+    alpha = tl.exp2(m_i - m_use)
+    p = tl.exp2(s - m_use[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None]
     if DROPOUT:
@@ -89,10 +179,11 @@ def _attn_fwd(
     LSE,            # (B * H, MAX_SEQLEN) fp32: log2-sum-exp of each query row, for the backward
     SEQ,            # (B,) int32 lengths (padded) or (B + 1,) int32 cu_seqlens (varlen)
     SEED,           # (1,) int64 Philox seed (read only with DROPOUT)
+    COS, SIN,       # (MAX_SEQLEN, HEAD_DIM) fp32 rotary tables (read only with ROPE)
     sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sob, sos, soh,  # (batch, seq, head) strides; batch 0 when varlen
-    H, MAX_SEQLEN, qk_scale, threshold, dropout_scale,
+    H, MAX_SEQLEN, qk_scale, threshold, dropout_scale, WINDOW,   # WINDOW: ±keys a query sees (LOCAL)
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    VARLEN: tl.constexpr, DROPOUT: tl.constexpr, DOT_PREC: tl.constexpr,
+    VARLEN: tl.constexpr, DROPOUT: tl.constexpr, DOT_PREC: tl.constexpr, ROPE: tl.constexpr, LOCAL: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -107,8 +198,8 @@ def _attn_fwd(
     # 64-bit pointers to each sequence's first row; 32-bit offsets inside it (the launcher checks they fit)
     b64 = b.to(tl.int64)
     row64 = row0.to(tl.int64)
-    q = tl.load(Q + b64 * sqb + h * sqh + row64 * sqs + offs_m[:, None] * sqs + offs_d[None, :],
-                mask=m_mask[:, None] & d_mask[None, :], other=0.0)
+    q = _load_tile(Q + b64 * sqb + h * sqh + row64 * sqs, offs_m, m_mask, sqs, offs_d, d_mask, COS, SIN, HEAD_DIM,
+                   ROPE, False, True)
     k_seq = K + b64 * skb + h * skh + row64 * sks
     v_seq = V + b64 * svb + h * svh + row64 * svs
     seed = tl.load(SEED) if DROPOUT else 0
@@ -116,13 +207,22 @@ def _attn_fwd(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    n_full, n_end = _loop_bounds(seqlen, pid_m * BLOCK_M, BLOCK_N)
-    for start_n in range(0, n_full, BLOCK_N):
-        acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, k_seq, v_seq, sks, svs, start_n, seqlen, offs_m, offs_n, offs_d,
-                                  d_mask, qk_scale, seed, bh, threshold, BLOCK_N, False, DROPOUT, DOT_PREC)
-    if n_full < n_end:
-        acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, k_seq, v_seq, sks, svs, n_full, seqlen, offs_m, offs_n, offs_d,
-                                  d_mask, qk_scale, seed, bh, threshold, BLOCK_N, True, DROPOUT, DOT_PREC)
+    if LOCAL:  # only the key blocks the window reaches, each masked to the band
+        n_lo, n_hi = _window_bounds(seqlen, pid_m * BLOCK_M, BLOCK_M, WINDOW, BLOCK_N)
+        for start_n in range(n_lo, n_hi, BLOCK_N):
+            acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, k_seq, v_seq, sks, svs, start_n, seqlen, offs_m, offs_n,
+                                      offs_d, d_mask, qk_scale, seed, bh, threshold, COS, SIN, WINDOW, HEAD_DIM,
+                                      BLOCK_N, True, DROPOUT, DOT_PREC, ROPE, True)
+    else:
+        n_full, n_end = _loop_bounds(seqlen, pid_m * BLOCK_M, BLOCK_N)
+        for start_n in range(0, n_full, BLOCK_N):
+            acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, k_seq, v_seq, sks, svs, start_n, seqlen, offs_m, offs_n,
+                                      offs_d, d_mask, qk_scale, seed, bh, threshold, COS, SIN, WINDOW, HEAD_DIM,
+                                      BLOCK_N, False, DROPOUT, DOT_PREC, ROPE, False)
+        if n_full < n_end:
+            acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, k_seq, v_seq, sks, svs, n_full, seqlen, offs_m, offs_n,
+                                      offs_d, d_mask, qk_scale, seed, bh, threshold, COS, SIN, WINDOW, HEAD_DIM,
+                                      BLOCK_N, True, DROPOUT, DOT_PREC, ROPE, False)
 
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     out = acc / l_safe[:, None]
@@ -163,15 +263,15 @@ def _attn_bwd_delta(
 
 
 @triton.jit
-def _dkdv_tile(dk, dv, k, v, q_seq, do_seq, lse_bh, delta_bh, sqs, sds, start_m, key0, seqlen, offs_m, offs_d,
-               d_mask, qk_scale, seed, bh, threshold, dropout_scale, BLOCK_N: tl.constexpr,
-               MASK_M: tl.constexpr, DROPOUT: tl.constexpr, DOT_PREC: tl.constexpr):
+def _dkdv_tile(dk, dv, k, v, q_seq, do_seq, lse_bh, delta_bh, sqs, sds, start_m, key0, seqlen, offs_m, offs_n,
+               offs_d, d_mask, qk_scale, seed, bh, threshold, dropout_scale, COS, SIN, WINDOW,
+               HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASK_M: tl.constexpr, DROPOUT: tl.constexpr,
+               DOT_PREC: tl.constexpr, ROPE: tl.constexpr, LOCAL: tl.constexpr):
     """One query block's contribution to a key block's dK and dV, on transposed (key x query) tiles. Padded
     queries load as zeros (dO = 0, delta = 0), so they add nothing."""
     qi = start_m + offs_m
     m_mask = qi < seqlen
-    qt = tl.load(q_seq + qi[None, :] * sqs + offs_d[:, None],
-                 mask=(d_mask[:, None] & m_mask[None, :]) if MASK_M else d_mask[:, None], other=0.0)
+    qt = _load_tile(q_seq, qi, m_mask, sqs, offs_d, d_mask, COS, SIN, HEAD_DIM, ROPE, True, MASK_M)
     do = tl.load(do_seq + qi[:, None] * sds + offs_d[None, :],
                  mask=(m_mask[:, None] & d_mask[None, :]) if MASK_M else d_mask[None, :], other=0.0)
     if MASK_M:
@@ -181,7 +281,9 @@ def _dkdv_tile(dk, dv, k, v, q_seq, do_seq, lse_bh, delta_bh, sqs, sds, start_m,
         lse = tl.load(lse_bh + qi)
         delta = tl.load(delta_bh + qi)
     pt = tl.exp2(tl.dot(k, qt, input_precision=DOT_PREC) * qk_scale - lse[None, :])
-    if MASK_M:
+    if LOCAL:
+        pt = tl.where((tl.abs(offs_n[:, None] - qi[None, :]) <= WINDOW) & m_mask[None, :], pt, 0.0)
+    elif MASK_M:
         pt = tl.where(m_mask[None, :], pt, 0.0)
     dpt = tl.dot(v, tl.trans(do), input_precision=DOT_PREC)
     if DROPOUT:
@@ -201,14 +303,14 @@ def _attn_bwd_dkdv(
     Q, K, V, DO,    # (B, S, H, D) padded or (T, H, D) varlen
     LSE, DELTA,     # (B * H, MAX_SEQLEN) fp32, from the forward and _attn_bwd_delta
     DK, DV,         # like K and V: out
-    SEQ, SEED,      # as in _attn_fwd
+    SEQ, SEED, COS, SIN,   # as in _attn_fwd
     sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sdb, sds, sdh,  # (batch, seq, head) strides of Q, K, V, DO
     sgkb, sgks, sgkh, sgvb, sgvs, sgvh,                          # ... and of DK, DV
-    H, MAX_SEQLEN, qk_scale, sm_scale, threshold, dropout_scale,
+    H, MAX_SEQLEN, qk_scale, sm_scale, threshold, dropout_scale, WINDOW,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    VARLEN: tl.constexpr, DROPOUT: tl.constexpr, DOT_PREC: tl.constexpr,
+    VARLEN: tl.constexpr, DROPOUT: tl.constexpr, DOT_PREC: tl.constexpr, ROPE: tl.constexpr, LOCAL: tl.constexpr,
 ):
-    """One program owns a block of keys and loops over all queries."""
+    """One program owns a block of keys and loops over the queries that see them (all, or the window's)."""
     pid_n = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -223,8 +325,8 @@ def _attn_bwd_dkdv(
     b64 = b.to(tl.int64)
     row64 = row0.to(tl.int64)
     kv_mask = n_mask[:, None] & d_mask[None, :]
-    k = tl.load(K + b64 * skb + h * skh + row64 * sks + offs_n[:, None] * sks + offs_d[None, :], mask=kv_mask,
-                other=0.0)
+    k = _load_tile(K + b64 * skb + h * skh + row64 * sks, offs_n, n_mask, sks, offs_d, d_mask, COS, SIN, HEAD_DIM,
+                   ROPE, False, True)
     v = tl.load(V + b64 * svb + h * svh + row64 * svs + offs_n[:, None] * svs + offs_d[None, :], mask=kv_mask,
                 other=0.0)
     q_seq = Q + b64 * sqb + h * sqh + row64 * sqs
@@ -235,17 +337,26 @@ def _attn_bwd_dkdv(
 
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-    m_full, m_end = _loop_bounds(seqlen, key0, BLOCK_M)
-    for start_m in range(0, m_full, BLOCK_M):
-        dk, dv = _dkdv_tile(dk, dv, k, v, q_seq, do_seq, lse_bh, delta_bh, sqs, sds, start_m, key0, seqlen, offs_m,
-                            offs_d, d_mask, qk_scale, seed, bh, threshold, dropout_scale, BLOCK_N, False, DROPOUT,
-                            DOT_PREC)
-    if m_full < m_end:
-        dk, dv = _dkdv_tile(dk, dv, k, v, q_seq, do_seq, lse_bh, delta_bh, sqs, sds, m_full, key0, seqlen, offs_m,
-                            offs_d, d_mask, qk_scale, seed, bh, threshold, dropout_scale, BLOCK_N, True, DROPOUT,
-                            DOT_PREC)
+    if LOCAL:
+        m_lo, m_hi = _window_bounds(seqlen, key0, BLOCK_N, WINDOW, BLOCK_M)
+        for start_m in range(m_lo, m_hi, BLOCK_M):
+            dk, dv = _dkdv_tile(dk, dv, k, v, q_seq, do_seq, lse_bh, delta_bh, sqs, sds, start_m, key0, seqlen,
+                                offs_m, offs_n, offs_d, d_mask, qk_scale, seed, bh, threshold, dropout_scale, COS,
+                                SIN, WINDOW, HEAD_DIM, BLOCK_N, True, DROPOUT, DOT_PREC, ROPE, True)
+    else:
+        m_full, m_end = _loop_bounds(seqlen, key0, BLOCK_M)
+        for start_m in range(0, m_full, BLOCK_M):
+            dk, dv = _dkdv_tile(dk, dv, k, v, q_seq, do_seq, lse_bh, delta_bh, sqs, sds, start_m, key0, seqlen,
+                                offs_m, offs_n, offs_d, d_mask, qk_scale, seed, bh, threshold, dropout_scale, COS,
+                                SIN, WINDOW, HEAD_DIM, BLOCK_N, False, DROPOUT, DOT_PREC, ROPE, False)
+        if m_full < m_end:
+            dk, dv = _dkdv_tile(dk, dv, k, v, q_seq, do_seq, lse_bh, delta_bh, sqs, sds, m_full, key0, seqlen,
+                                offs_m, offs_n, offs_d, d_mask, qk_scale, seed, bh, threshold, dropout_scale, COS,
+                                SIN, WINDOW, HEAD_DIM, BLOCK_N, True, DROPOUT, DOT_PREC, ROPE, False)
 
     out_mask = (offs_n < rows_out)[:, None] & d_mask[None, :]
+    if ROPE:  # dK so far is with respect to the turned keys
+        dk = _unrotate(dk, offs_n, n_mask, COS, SIN, HEAD_DIM)
     dk = tl.where(n_mask[:, None], dk * sm_scale, 0.0)
     dv = tl.where(n_mask[:, None], dv, 0.0)
     tl.store(DK + b64 * sgkb + h * sgkh + row64 * sgks + offs_n[:, None] * sgks + offs_d[None, :],
@@ -256,16 +367,19 @@ def _attn_bwd_dkdv(
 
 @triton.jit
 def _dq_tile(dq, q, do, lse, delta, k_seq, v_seq, sks, svs, start_n, seqlen, offs_m, offs_n, offs_d, d_mask,
-             qk_scale, seed, bh, threshold, dropout_scale, BLOCK_N: tl.constexpr,
-             MASK_N: tl.constexpr, DROPOUT: tl.constexpr, DOT_PREC: tl.constexpr):
+             qk_scale, seed, bh, threshold, dropout_scale, COS, SIN, WINDOW, HEAD_DIM: tl.constexpr,
+             BLOCK_N: tl.constexpr, MASK_N: tl.constexpr, DROPOUT: tl.constexpr, DOT_PREC: tl.constexpr,
+             ROPE: tl.constexpr, LOCAL: tl.constexpr):
     """One key block's contribution to a query block's dQ."""
     cols = start_n + offs_n
     n_mask = cols < seqlen
     kt_mask = (d_mask[:, None] & n_mask[None, :]) if MASK_N else d_mask[:, None]
-    kt = tl.load(k_seq + cols[None, :] * sks + offs_d[:, None], mask=kt_mask, other=0.0)
+    kt = _load_tile(k_seq, cols, n_mask, sks, offs_d, d_mask, COS, SIN, HEAD_DIM, ROPE, True, MASK_N)
     vt = tl.load(v_seq + cols[None, :] * svs + offs_d[:, None], mask=kt_mask, other=0.0)
     p = tl.exp2(tl.dot(q, kt, input_precision=DOT_PREC) * qk_scale - lse[:, None])
-    if MASK_N:
+    if LOCAL:
+        p = tl.where((tl.abs(offs_m[:, None] - cols[None, :]) <= WINDOW) & n_mask[None, :], p, 0.0)
+    elif MASK_N:
         p = tl.where(n_mask[None, :], p, 0.0)
     dp = tl.dot(do, vt, input_precision=DOT_PREC)
     if DROPOUT:
@@ -280,12 +394,12 @@ def _attn_bwd_dq(
     Q, K, V, DO,    # (B, S, H, D) padded or (T, H, D) varlen
     LSE, DELTA,     # (B * H, MAX_SEQLEN) fp32
     DQ,             # like Q: out
-    SEQ, SEED,      # as in _attn_fwd
+    SEQ, SEED, COS, SIN,   # as in _attn_fwd
     sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sdb, sds, sdh,  # (batch, seq, head) strides of Q, K, V, DO
     sgqb, sgqs, sgqh,                                            # ... and of DQ
-    H, MAX_SEQLEN, qk_scale, sm_scale, threshold, dropout_scale,
+    H, MAX_SEQLEN, qk_scale, sm_scale, threshold, dropout_scale, WINDOW,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    VARLEN: tl.constexpr, DROPOUT: tl.constexpr, DOT_PREC: tl.constexpr,
+    VARLEN: tl.constexpr, DROPOUT: tl.constexpr, DOT_PREC: tl.constexpr, ROPE: tl.constexpr, LOCAL: tl.constexpr,
 ):
     """One program owns a block of queries and loops over all keys. Padded queries load as zeros (dO = 0,
     delta = 0), so their rows of dS are zero."""
@@ -302,8 +416,8 @@ def _attn_bwd_dq(
     b64 = b.to(tl.int64)
     row64 = row0.to(tl.int64)
     q_mask = m_mask[:, None] & d_mask[None, :]
-    q = tl.load(Q + b64 * sqb + h * sqh + row64 * sqs + offs_m[:, None] * sqs + offs_d[None, :], mask=q_mask,
-                other=0.0)
+    q = _load_tile(Q + b64 * sqb + h * sqh + row64 * sqs, offs_m, m_mask, sqs, offs_d, d_mask, COS, SIN, HEAD_DIM,
+                   ROPE, False, True)
     do = tl.load(DO + b64 * sdb + h * sdh + row64 * sds + offs_m[:, None] * sds + offs_d[None, :], mask=q_mask,
                  other=0.0)
     stat_base = bh.to(tl.int64) * MAX_SEQLEN
@@ -314,14 +428,25 @@ def _attn_bwd_dq(
     seed = tl.load(SEED) if DROPOUT else 0
 
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    n_full, n_end = _loop_bounds(seqlen, pid_m * BLOCK_M, BLOCK_N)
-    for start_n in range(0, n_full, BLOCK_N):
-        dq = _dq_tile(dq, q, do, lse, delta, k_seq, v_seq, sks, svs, start_n, seqlen, offs_m, offs_n, offs_d, d_mask,
-                      qk_scale, seed, bh, threshold, dropout_scale, BLOCK_N, False, DROPOUT, DOT_PREC)
-    if n_full < n_end:
-        dq = _dq_tile(dq, q, do, lse, delta, k_seq, v_seq, sks, svs, n_full, seqlen, offs_m, offs_n, offs_d, d_mask,
-                      qk_scale, seed, bh, threshold, dropout_scale, BLOCK_N, True, DROPOUT, DOT_PREC)
+    if LOCAL:
+        n_lo, n_hi = _window_bounds(seqlen, pid_m * BLOCK_M, BLOCK_M, WINDOW, BLOCK_N)
+        for start_n in range(n_lo, n_hi, BLOCK_N):
+            dq = _dq_tile(dq, q, do, lse, delta, k_seq, v_seq, sks, svs, start_n, seqlen, offs_m, offs_n, offs_d,
+                          d_mask, qk_scale, seed, bh, threshold, dropout_scale, COS, SIN, WINDOW, HEAD_DIM, BLOCK_N,
+                          True, DROPOUT, DOT_PREC, ROPE, True)
+    else:
+        n_full, n_end = _loop_bounds(seqlen, pid_m * BLOCK_M, BLOCK_N)
+        for start_n in range(0, n_full, BLOCK_N):
+            dq = _dq_tile(dq, q, do, lse, delta, k_seq, v_seq, sks, svs, start_n, seqlen, offs_m, offs_n, offs_d,
+                          d_mask, qk_scale, seed, bh, threshold, dropout_scale, COS, SIN, WINDOW, HEAD_DIM, BLOCK_N,
+                          False, DROPOUT, DOT_PREC, ROPE, False)
+        if n_full < n_end:
+            dq = _dq_tile(dq, q, do, lse, delta, k_seq, v_seq, sks, svs, n_full, seqlen, offs_m, offs_n, offs_d,
+                          d_mask, qk_scale, seed, bh, threshold, dropout_scale, COS, SIN, WINDOW, HEAD_DIM, BLOCK_N,
+                          True, DROPOUT, DOT_PREC, ROPE, False)
 
+    if ROPE:  # dQ so far is with respect to the turned queries
+        dq = _unrotate(dq, offs_m, m_mask, COS, SIN, HEAD_DIM)
     dq = tl.where(m_mask[:, None], dq * sm_scale, 0.0)
     tl.store(DQ + b64 * sgqb + h * sgqh + row64 * sgqs + offs_m[:, None] * sgqs + offs_d[None, :],
              dq.to(DQ.dtype.element_ty), mask=(offs_m < rows_out)[:, None] & d_mask[None, :])
@@ -372,7 +497,7 @@ DQ_CONFIGS = {
 INTERPRETER_CONFIG = (16, 16, 1, 1)  # small blocks so tiny test shapes still run the multi-block loops
 # Autotuning picks per (head_dim, bucket, dtype, dropout, layout) on first use; BERTKIT_AUTOTUNE=0 takes the defaults.
 AUTOTUNE = not INTERPRET and os.environ.get("BERTKIT_AUTOTUNE", "1") != "0"
-TUNE_KEY = ["HEAD_DIM", "MAX_SEQLEN", "VARLEN", "DROPOUT", "DOT_PREC"]
+TUNE_KEY = ["HEAD_DIM", "MAX_SEQLEN", "VARLEN", "DROPOUT", "DOT_PREC", "ROPE", "LOCAL"]
 
 
 def block_d_for(head_dim):
@@ -465,9 +590,36 @@ def _batch_heads(q, seqinfo, varlen):
     return (seqinfo.shape[0] - 1 if varlen else q.shape[0]), q.shape[-2]
 
 
-def flash_attn_forward(q, k, v, seqinfo, seed, max_seqlen, varlen, dropout_p, softmax_scale, out=None, lse=None):
+_TABLES = {}
+
+
+def _rotary_args(rope_theta, max_seqlen, head_dim, device, dummy):
+    """(COS, SIN, ROPE) for a launch: the reference's fp32 tables, made once per (length, dim, base, device);
+    rope_theta <= 0 means no rotary (the tables are then never read)."""
+    if rope_theta is None or rope_theta <= 0:
+        return dummy, dummy, False
+    if head_dim != block_d_for(head_dim):
+        raise ValueError(f"attention: the kernels' rotary embeddings need a head_dim that is a power of two (16 to "
+                         f"256), got {head_dim}; use --kernels torch for this model")
+    key = (max_seqlen, head_dim, float(rope_theta), str(device))
+    if key not in _TABLES:
+        if len(_TABLES) > 64:
+            _TABLES.clear()
+        _TABLES[key] = tuple(t.contiguous() for t in rotary_tables(max_seqlen, head_dim, rope_theta, device))
+    return (*_TABLES[key], True)
+
+
+def _window_args(window):
+    """(WINDOW, LOCAL): window < 0 (or None) means every key."""
+    return (0, False) if window is None or window < 0 else (int(window), True)
+
+
+def flash_attn_forward(q, k, v, seqinfo, seed, max_seqlen, varlen, dropout_p, softmax_scale, out=None, lse=None,
+                       window=None, rope_theta=None):
     """Returns (out, lse); lse is (batch, heads, max_seqlen) fp32 log-sum-exp in base 2 of the scaled scores.
 
+    window: each query sees the keys within ±window positions (None or < 0: all); rope_theta: q and k are turned
+    by rotary embeddings of this base as they load (None or <= 0: not), positions restarting at each sequence.
     `out`/`lse` may be given (tests pass NaN-filled buffers to prove every element is written)."""
     _check(q, k, v, seqinfo, varlen)
     batch, heads = _batch_heads(q, seqinfo, varlen)
@@ -482,19 +634,21 @@ def flash_attn_forward(q, k, v, seqinfo, seed, max_seqlen, varlen, dropout_p, so
     _check_offsets(max_seqlen, q, k, v, out)
     dropout = dropout_p > 0.0
     threshold, dropout_scale = threshold_and_scale(dropout_p)
+    cos, sin, rope = _rotary_args(rope_theta, max_seqlen, head_dim, q.device, seqinfo)
+    window, local = _window_args(window)
     _fwd_launch(
         lambda block_m, block_n: (triton.cdiv(max_seqlen, block_m), batch * heads),
-        q, k, v, out, lse, seqinfo, seed if dropout else seqinfo,
+        q, k, v, out, lse, seqinfo, seed if dropout else seqinfo, cos, sin,
         *_strides(q, varlen), *_strides(k, varlen), *_strides(v, varlen), *_strides(out, varlen),
-        heads, max_seqlen, softmax_scale * LOG2E, threshold, dropout_scale,
+        heads, max_seqlen, softmax_scale * LOG2E, threshold, dropout_scale, window,
         HEAD_DIM=head_dim, BLOCK_D=block_d_for(head_dim),
-        VARLEN=varlen, DROPOUT=dropout, DOT_PREC=_dot_precision(q.dtype),
+        VARLEN=varlen, DROPOUT=dropout, DOT_PREC=_dot_precision(q.dtype), ROPE=rope, LOCAL=local,
     )
     return out, lse
 
 
 def flash_attn_backward(dout, q, k, v, out, lse, seqinfo, seed, max_seqlen, varlen, dropout_p, softmax_scale,
-                        dq=None, dk=None, dv=None):
+                        dq=None, dk=None, dv=None, window=None, rope_theta=None):
     """Returns (dq, dk, dv) shaped like q; padded rows get exact zeros. Buffers may be given (tests poison them)."""
     batch, heads = _batch_heads(q, seqinfo, varlen)
     head_dim = q.shape[-1]
@@ -516,18 +670,20 @@ def flash_attn_backward(dout, q, k, v, out, lse, seqinfo, seed, max_seqlen, varl
         out, dout, delta, seqinfo, *_strides(out, varlen), *_strides(dout, varlen), heads, max_seqlen,
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_D=block_d, VARLEN=varlen,
     )
+    cos, sin, rope = _rotary_args(rope_theta, max_seqlen, head_dim, q.device, seqinfo)
+    window, local = _window_args(window)
     common = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, VARLEN=varlen, DROPOUT=dropout,
-                  DOT_PREC=_dot_precision(q.dtype))
+                  DOT_PREC=_dot_precision(q.dtype), ROPE=rope, LOCAL=local)
     qkv_strides = (*_strides(q, varlen), *_strides(k, varlen), *_strides(v, varlen), *_strides(dout, varlen))
-    scales = (heads, max_seqlen, softmax_scale * LOG2E, softmax_scale, threshold, dropout_scale)
+    scales = (heads, max_seqlen, softmax_scale * LOG2E, softmax_scale, threshold, dropout_scale, window)
     _dkdv_launch(
         lambda block_m, block_n: (triton.cdiv(max_seqlen, block_n), batch * heads),
-        q, k, v, dout, lse, delta, dk, dv, seqinfo, seed_arg,
+        q, k, v, dout, lse, delta, dk, dv, seqinfo, seed_arg, cos, sin,
         *qkv_strides, *_strides(dk, varlen), *_strides(dv, varlen), *scales, **common,
     )
     _dq_launch(
         lambda block_m, block_n: (triton.cdiv(max_seqlen, block_m), batch * heads),
-        q, k, v, dout, lse, delta, dq, seqinfo, seed_arg,
+        q, k, v, dout, lse, delta, dq, seqinfo, seed_arg, cos, sin,
         *qkv_strides, *_strides(dq, varlen), *scales, **common,
     )
     return dq, dk, dv
@@ -549,12 +705,14 @@ def dropout_mask(seed, batch_heads, max_seqlen, dropout_p, block=16):
 @torch.library.custom_op("bertkit::flash_attn_fwd", mutates_args=())
 def flash_attn_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqinfo: torch.Tensor,
                       seed: torch.Tensor, max_seqlen: int, varlen: bool, dropout_p: float,
-                      softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    return flash_attn_forward(q, k, v, seqinfo, seed, max_seqlen, varlen, dropout_p, softmax_scale)
+                      softmax_scale: float, window: int = -1, rope_theta: float = 0.0
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    return flash_attn_forward(q, k, v, seqinfo, seed, max_seqlen, varlen, dropout_p, softmax_scale, window=window,
+                              rope_theta=rope_theta)
 
 
 @flash_attn_fwd_op.register_fake
-def _(q, k, v, seqinfo, seed, max_seqlen, varlen, dropout_p, softmax_scale):
+def _(q, k, v, seqinfo, seed, max_seqlen, varlen, dropout_p, softmax_scale, window=-1, rope_theta=0.0):
     batch, heads = _batch_heads(q, seqinfo, varlen)
     return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(
         (batch, heads, max_seqlen), dtype=torch.float32)
@@ -563,29 +721,30 @@ def _(q, k, v, seqinfo, seed, max_seqlen, varlen, dropout_p, softmax_scale):
 @torch.library.custom_op("bertkit::flash_attn_bwd", mutates_args=())
 def flash_attn_bwd_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                       lse: torch.Tensor, seqinfo: torch.Tensor, seed: torch.Tensor, max_seqlen: int,
-                      varlen: bool, dropout_p: float, softmax_scale: float
-                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                      varlen: bool, dropout_p: float, softmax_scale: float, window: int = -1,
+                      rope_theta: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return flash_attn_backward(dout, q, k, v, out, lse, seqinfo, seed, max_seqlen, varlen, dropout_p,
-                               softmax_scale)
+                               softmax_scale, window=window, rope_theta=rope_theta)
 
 
 @flash_attn_bwd_op.register_fake
-def _(dout, q, k, v, out, lse, seqinfo, seed, max_seqlen, varlen, dropout_p, softmax_scale):
+def _(dout, q, k, v, out, lse, seqinfo, seed, max_seqlen, varlen, dropout_p, softmax_scale, window=-1,
+      rope_theta=0.0):
     new = lambda: torch.empty_like(q, memory_format=torch.contiguous_format)  # noqa: E731
     return new(), new(), new()
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, seqinfo, seed, max_seqlen, varlen, dropout_p, softmax_scale = inputs
+    q, k, v, seqinfo, seed, max_seqlen, varlen, dropout_p, softmax_scale, window, rope_theta = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, seqinfo, seed)
-    ctx.args = (max_seqlen, varlen, dropout_p, softmax_scale)
+    ctx.args = (max_seqlen, varlen, dropout_p, softmax_scale, window, rope_theta)
 
 
 def _backward(ctx, dout, _dlse):
     q, k, v, out, lse, seqinfo, seed = ctx.saved_tensors
     dq, dk, dv = flash_attn_bwd_op(dout, q, k, v, out, lse, seqinfo, seed, *ctx.args)
-    return dq, dk, dv, None, None, None, None, None, None
+    return dq, dk, dv, None, None, None, None, None, None, None, None
 
 
 torch.library.register_autograd("bertkit::flash_attn_fwd", _backward, setup_context=_setup_context)
@@ -595,7 +754,7 @@ torch.library.register_autograd("bertkit::flash_attn_fwd", _backward, setup_cont
 # functional entries (the Triton path of kernels.attention / kernels.attention_varlen)
 
 
-def _run(q, k, v, seqinfo, max_seqlen, varlen, dropout_p, softmax_scale):
+def _run(q, k, v, seqinfo, max_seqlen, varlen, dropout_p, softmax_scale, window=None, rope_theta=None):
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"attention: dropout_p must be in [0, 1), got {dropout_p}")
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
@@ -607,15 +766,17 @@ def _run(q, k, v, seqinfo, max_seqlen, varlen, dropout_p, softmax_scale):
         k = k.contiguous()
     if v.stride(-1) != 1:
         v = v.contiguous()
-    out, _ = flash_attn_fwd_op(q, k, v, seqinfo, seed, int(max_seqlen), varlen, float(dropout_p), scale)
+    out, _ = flash_attn_fwd_op(q, k, v, seqinfo, seed, int(max_seqlen), varlen, float(dropout_p), scale,
+                               -1 if window is None else int(window), float(rope_theta or 0.0))
     return out
 
 
-def attention_triton(q, k, v, lengths, dropout_p=0.0, softmax_scale=None):
+def attention_triton(q, k, v, lengths, dropout_p=0.0, softmax_scale=None, window=None, rope_theta=None):
     """q, k, v (batch, seq, heads, head_dim); lengths (batch,) valid tokens. Rows past a length are zero."""
-    return _run(q, k, v, lengths, q.shape[1], False, dropout_p, softmax_scale)
+    return _run(q, k, v, lengths, q.shape[1], False, dropout_p, softmax_scale, window, rope_theta)
 
 
-def attention_varlen_triton(q, k, v, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None):
+def attention_varlen_triton(q, k, v, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None, window=None,
+                            rope_theta=None):
     """q, k, v (tokens, heads, head_dim); cu_seqlens (batch + 1,); max_seqlen: an upper bound (the bucket)."""
-    return _run(q, k, v, cu_seqlens, max_seqlen, True, dropout_p, softmax_scale)
+    return _run(q, k, v, cu_seqlens, max_seqlen, True, dropout_p, softmax_scale, window, rope_theta)

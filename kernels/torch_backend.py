@@ -16,7 +16,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from .reference import add_layer_norm_reference
+from .reference import add_layer_norm_reference, apply_rotary, rotary_tables
 
 VARLEN_IMPLS = ("auto", "pad", "njt", "varlen")
 
@@ -27,12 +27,19 @@ def _key_mask(lengths, seq: int):
     return torch.arange(seq, device=lengths.device)[None, :] < lengths.clamp(min=1)[:, None].to(torch.int64)
 
 
-def attention_torch(q, k, v, lengths, dropout_p=0.0, softmax_scale=None):
-    """q, k, v: (B, S, H, D), right-padded (strided views allowed); lengths: (B,). Returns (B, S, H, D)."""
+def attention_torch(q, k, v, lengths, dropout_p=0.0, softmax_scale=None, window=None, rope_theta=None):
+    """q, k, v: (B, S, H, D), right-padded (strided views allowed); lengths: (B,). Returns (B, S, H, D).
+    window: ±keys each query sees (a band mask); rope_theta: q and k turned by rotary embeddings first."""
     seq = q.shape[1]
-    keys = _key_mask(lengths, seq)
+    if rope_theta is not None:
+        cos, sin = rotary_tables(seq, q.shape[-1], rope_theta, q.device)
+        q, k = apply_rotary(q, cos[:, None], sin[:, None]), apply_rotary(k, cos[:, None], sin[:, None])
+    keys = _key_mask(lengths, seq)[:, None, None, :]
+    if window is not None:
+        idx = torch.arange(seq, device=q.device)
+        keys = keys & ((idx[:, None] - idx[None, :]).abs() <= window)
     out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                         attn_mask=keys[:, None, None, :], dropout_p=dropout_p, scale=softmax_scale)
+                                         attn_mask=keys, dropout_p=dropout_p, scale=softmax_scale)
     rows = torch.arange(seq, device=q.device)[None, :] < lengths[:, None].to(torch.int64)
     return torch.where(rows[:, :, None, None], out.transpose(1, 2), 0.0).to(q.dtype)
 
@@ -45,7 +52,7 @@ def _packed_index(cu_seqlens, total: int):
     return seq, t - cu[seq]
 
 
-def _varlen_by_padding(q, k, v, cu_seqlens, max_seqlen, dropout_p, softmax_scale):
+def _varlen_by_padding(q, k, v, cu_seqlens, max_seqlen, dropout_p, softmax_scale, window=None, rope_theta=None):
     total, heads, dim = q.shape
     batch = cu_seqlens.numel() - 1
     seq, pos = _packed_index(cu_seqlens, total)
@@ -55,7 +62,7 @@ def _varlen_by_padding(q, k, v, cu_seqlens, max_seqlen, dropout_p, softmax_scale
         return x.new_zeros(batch, max_seqlen, heads, dim).index_put((seq[valid], pos[valid]), x[valid])
 
     lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).to(torch.int64)
-    out = attention_torch(pad(q), pad(k), pad(v), lengths, dropout_p, softmax_scale)
+    out = attention_torch(pad(q), pad(k), pad(v), lengths, dropout_p, softmax_scale, window, rope_theta)
     return torch.where(valid[:, None, None], out[seq.clamp(max=batch - 1), pos.clamp(max=max_seqlen - 1)], 0.0)
 
 
@@ -97,8 +104,13 @@ def _has_varlen_attn() -> bool:
     return True
 
 
-def attention_varlen_torch(q, k, v, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None):
-    """q, k, v: (T, H, D) packed; cu_seqlens: (B + 1,) int32; max_seqlen: a host-side bound on every length."""
+def attention_varlen_torch(q, k, v, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None, window=None,
+                           rope_theta=None):
+    """q, k, v: (T, H, D) packed; cu_seqlens: (B + 1,) int32; max_seqlen: a host-side bound on every length.
+    A window or rotary embeddings go through padding (varlen_attn and nested SDPA take neither)."""
+    if window is not None or rope_theta is not None:
+        return _varlen_by_padding(q, k, v, cu_seqlens, max_seqlen, dropout_p, softmax_scale, window,
+                                  rope_theta).to(q.dtype)
     impl = varlen_impl(q.device, dropout_p)
     if impl == "varlen":
         if dropout_p > 0.0:

@@ -153,18 +153,19 @@ def reference_keep(seed, salt, rows, cols, dropout_p):
     return torch.from_numpy(draws >= threshold_and_scale(dropout_p)[0])
 
 
-def compile_attention_kernel(kind, config, head_dim=64, dropout=True, varlen=True):
+def compile_attention_kernel(kind, config, head_dim=64, dropout=True, varlen=True, rope=False, local=False):
     """One attention kernel ("fwd", "dkdv" or "dq") in `config` (BLOCK_M, BLOCK_N, warps, stages), bf16,
-    compiled for sm_90 as a launch at BERT's strides would be."""
+    compiled for sm_90 as a launch at BERT's strides would be (with ModernBERT's rotary embeddings and
+    sliding window when asked)."""
     import importlib
 
     attn = importlib.import_module("bertkit.kernels.attention")
     kernel = {"fwd": attn._attn_fwd, "dkdv": attn._attn_bwd_dkdv, "dq": attn._attn_bwd_dq}[kind]
     block_m, block_n, warps, stages = config
     pointers = {name: "*bf16" for name in ["Q", "K", "V", "O", "DO", "DK", "DV", "DQ"]}
-    pointers.update(LSE="*fp32", DELTA="*fp32", SEQ="*i32", SEED="*i64")
+    pointers.update(LSE="*fp32", DELTA="*fp32", SEQ="*i32", SEED="*i64", COS="*fp32", SIN="*fp32")
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=attn.block_d_for(head_dim),
-                      VARLEN=varlen, DROPOUT=dropout, DOT_PREC="tf32")
+                      VARLEN=varlen, DROPOUT=dropout, DOT_PREC="tf32", ROPE=rope, LOCAL=local)
     return compile_for_gpu(kernel, pointers, ("qk_scale", "sm_scale", "dropout_scale"), constexprs, warps, stages,
                            divisible=ATTENTION_DIVISIBLE)
 

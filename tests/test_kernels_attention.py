@@ -20,7 +20,7 @@ from tests.kernel_utils import (
     run_file_under_interpreter,
 )
 
-INTERPRETER_CASES = 15
+INTERPRETER_CASES = 22
 
 
 @pytest.mark.slow
@@ -127,6 +127,77 @@ def test_varlen_matches_reference(dtype, head_dim, p):
     assert rel_err(out, ref_out) <= tol
     for name, g, r in zip("qkv", grads, ref_grads):
         assert rel_err(g, r) <= tol, f"d{name}: {rel_err(g, r)}"
+
+
+@interpreter_only
+@pytest.mark.parametrize("varlen,dtype,window,theta,p", [
+    (False, torch.float32, 5, 10_000.0, 0.0),       # local layer, RoPE: window shorter than the blocks (16)
+    (False, torch.float16, 40, 160_000.0, 0.0),     # the window longer than every sequence: a global layer's answer
+    (True, torch.float32, 7, 160_000.0, 0.25),      # packed documents, dropout: windows stop at each document
+    (True, torch.float16, 20, 10_000.0, 0.0),       # a window spanning blocks
+    (True, torch.float32, None, 10_000.0, 0.0),     # RoPE alone (a global layer)
+    (False, torch.float32, 3, None, 0.3),           # window alone
+])
+def test_rope_and_window_match_reference(varlen, dtype, window, theta, p):
+    """ModernBERT's attention: q and k turned by rotary embeddings inside the kernels (positions restarting at each
+    sequence) and a ±window band, forward and every gradient against the float64 reference."""
+    from bertkit.kernels.attention import dropout_mask, flash_attn_backward, flash_attn_forward
+    from bertkit.kernels.common import draw_seed
+
+    gen = torch.Generator().manual_seed(zlib.crc32(f"rope{varlen}{dtype}{window}{theta}{p}".encode()))
+    heads, head_dim = 2, 32
+    if varlen:
+        lengths = torch.tensor([38, 1, 23, 0, 17])
+        seqinfo = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]).to(torch.int32)
+        max_seqlen, lead, batch = 38, (int(seqinfo[-1]),), 5
+    else:
+        max_seqlen, batch = 37, 4
+        seqinfo = _lengths(batch, max_seqlen, gen)
+        lead = (batch, max_seqlen)
+    _, (q, k, v) = _fused_qkv(lead, heads, head_dim, dtype, gen=gen)
+    dout = torch.randn(*lead, heads, head_dim, generator=gen, dtype=torch.float64).to(dtype)
+    scale, seed = 1.0 / math.sqrt(head_dim), draw_seed("cpu")
+    mask = dropout_mask(seed, batch * heads, max_seqlen, p).view(batch, heads, max_seqlen, max_seqlen) if p else None
+    extra = dict(window=window, rope_theta=theta)
+    out, lse = flash_attn_forward(q, k, v, seqinfo, seed, max_seqlen, varlen, p, scale,
+                                  out=poisoned(q.shape, dtype), lse=poisoned((batch, heads, max_seqlen), torch.float32),
+                                  **extra)
+    grads = flash_attn_backward(dout, q, k, v, out, lse, seqinfo, seed, max_seqlen, varlen, p, scale,
+                                *(poisoned(q.shape, dtype) for _ in range(3)), **extra)
+    leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    if varlen:
+        ref = attention_varlen_reference(*leaves, seqinfo, max_seqlen, p, None, mask, **extra)
+    else:
+        ref = attention_reference(*leaves, seqinfo.long(), p, None, mask, **extra)
+    ref.backward(dout.double())
+    tol = TOLERANCE[dtype]
+    assert rel_err(out, ref) <= tol
+    for name, g, r in zip("qkv", grads, leaves):
+        assert rel_err(g, r.grad) <= tol, f"d{name}: {rel_err(g, r.grad)}"
+    if not varlen:
+        _check_padded_rows_zero([out, *grads], seqinfo)
+
+
+@interpreter_only
+def test_a_local_layer_never_visits_tiles_outside_its_window():
+    """Keys and values poisoned with NaN where no query of the first block can see them: a visited tile would
+    carry the NaN into that block's rows (0 x NaN), so finite rows prove the tile was skipped, in the forward and in
+    both backward kernels."""
+    from bertkit.kernels.attention import INTERPRETER_CONFIG, flash_attn_backward, flash_attn_forward
+
+    block, window, seq = INTERPRETER_CONFIG[0], 3, 64
+    gen = torch.Generator().manual_seed(11)
+    q, k, v, dout = (torch.randn(1, seq, 1, 16, generator=gen) for _ in range(4))
+    far = slice(3 * block, seq)            # the last tile of keys: out of reach of rows 0 .. block + window
+    k[:, far], v[:, far] = float("nan"), float("nan")
+    lengths = torch.tensor([seq], dtype=torch.int32)
+    out, lse = flash_attn_forward(q, k, v, lengths, lengths, seq, False, 0.0, 0.25, window=window,
+                                  rope_theta=10_000.0)
+    dq, dk, dv = flash_attn_backward(dout, q, k, v, out, lse, lengths, lengths, seq, False, 0.0, 0.25,
+                                     window=window, rope_theta=10_000.0)
+    assert torch.isfinite(out[:, :block]).all() and torch.isfinite(dq[:, :block]).all()
+    assert torch.isfinite(dk[:, :block]).all() and torch.isfinite(dv[:, :block]).all()
+    assert torch.isnan(out[:, far]).any()  # and the poison is real where the window does reach it
 
 
 @interpreter_only
@@ -368,11 +439,15 @@ def test_kernels_compile_for_hopper_without_spills(kind):
 
     attn = importlib.import_module("bertkit.kernels.attention")
     default = {"fwd": attn.FWD_CONFIGS, "dkdv": attn.DKDV_CONFIGS, "dq": attn.DQ_CONFIGS}[kind][64][0]
-    for dropout in (True, False):
-        compiled = compile_attention_kernel(kind, default, head_dim=64, dropout=dropout, varlen=True)
+    # BERT (dropout on and off), then ModernBERT's global (RoPE) and local (RoPE + window) layers
+    for dropout, rope, local in ((True, False, False), (False, False, False), (False, True, False),
+                                 (False, True, True), (True, True, True)):
+        compiled = compile_attention_kernel(kind, default, head_dim=64, dropout=dropout, varlen=True, rope=rope,
+                                            local=local)
         assert "wgmma" in compiled.asm["ptx"], "the matmuls did not lower to Hopper's wgmma"
         registers, spill = ptxas_usage(compiled)
-        assert spill == 0, f"{kind} {default} dropout={dropout}: {spill} bytes of register spills"
+        assert spill == 0, (f"{kind} {default} dropout={dropout} rope={rope} local={local}: {spill} bytes of "
+                            "register spills")
 
 
 @parent_only
