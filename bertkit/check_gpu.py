@@ -74,7 +74,9 @@ def _attention_configs(head_dim: int, every: bool) -> list[dict]:
     return [{name: configs[i % len(configs)] for name, configs in lists.items()} for i in range(runs)]
 
 
-def _attention_case(head_dim, dtype_name, varlen, p, configs, device, small) -> CaseResult:
+def _attention_case(head_dim, dtype_name, varlen, p, configs, device, small, window=None,
+                    rope_theta=None) -> CaseResult:
+    """window / rope_theta: ModernBERT's local band and rotary embeddings (None: BERT's attention)."""
     from bertkit.kernels.attention import dropout_mask, flash_attn_backward, flash_attn_forward, forced_configs
     from bertkit.kernels.common import draw_seed
     from bertkit.kernels.reference import attention_reference, attention_varlen_reference
@@ -95,8 +97,8 @@ def _attention_case(head_dim, dtype_name, varlen, p, configs, device, small) -> 
     def reference(leaf, upcast):
         q, k, v = leaf.unbind(-3)
         if varlen:
-            return attention_varlen_reference(q, k, v, seqinfo, seq, p, None, mask, upcast)
-        return attention_reference(q, k, v, lengths, p, None, mask, upcast)
+            return attention_varlen_reference(q, k, v, seqinfo, seq, p, None, mask, upcast, window, rope_theta)
+        return attention_reference(q, k, v, lengths, p, None, mask, upcast, window, rope_theta)
 
     grads = {}
     for name, data, upcast in (("exact", qkv.to(dtype).double(), True), ("torch", qkv.to(dtype), False)):
@@ -108,8 +110,10 @@ def _attention_case(head_dim, dtype_name, varlen, p, configs, device, small) -> 
     q, k, v = qkv.to(dtype).unbind(-3)
     scale = 1.0 / math.sqrt(head_dim)
     with forced_configs(**configs):
-        out, lse = flash_attn_forward(q, k, v, seqinfo, seed, seq, varlen, p, scale)
-        dq, dk, dv = flash_attn_backward(dout.to(dtype), q, k, v, out, lse, seqinfo, seed, seq, varlen, p, scale)
+        out, lse = flash_attn_forward(q, k, v, seqinfo, seed, seq, varlen, p, scale, window=window,
+                                      rope_theta=rope_theta)
+        dq, dk, dv = flash_attn_backward(dout.to(dtype), q, k, v, out, lse, seqinfo, seed, seq, varlen, p, scale,
+                                         window=window, rope_theta=rope_theta)
     ours = {"out": out, "dq": dq, "dk": dk, "dv": dv}
     exact = {"out": grads["exact"][0], **dict(zip(("dq", "dk", "dv"), grads["exact"][1].unbind(-3)))}
     low = {"out": grads["torch"][0], **dict(zip(("dq", "dk", "dv"), grads["torch"][1].unbind(-3)))}
@@ -120,7 +124,9 @@ def _attention_case(head_dim, dtype_name, varlen, p, configs, device, small) -> 
         zeros_ok = all(bool((t[~valid] == 0).all()) for t in ours.values())
     passed = _rule(errors) and zeros_ok
     return CaseResult("attention", dtype_name, "varlen" if varlen else "padded", p,
-                      {k: list(v) for k, v in configs.items()} | {"head_dim": head_dim}, errors, zeros_ok, passed)
+                      {k: list(v) for k, v in configs.items()} | {"head_dim": head_dim, "window": window,
+                                                                  "rope_theta": rope_theta},
+                      errors, zeros_ok, passed)
 
 
 def _layer_norm_case(hidden, dtype_name, p, device, small, prenorm=False) -> CaseResult:
@@ -157,17 +163,24 @@ def _layer_norm_case(hidden, dtype_name, p, device, small, prenorm=False) -> Cas
                                                             "prenorm": prenorm}, errors, True, _rule(errors))
 
 
+def attention_kinds(small: bool) -> tuple:
+    """(window, rope_theta) of each attention the models use: BERT's; ModernBERT's global layer (RoPE, base
+    160,000) and its local one (RoPE, base 10,000, a ±64 band; ±16 on the small shapes, so that it cuts)."""
+    return (None, None), (None, 160_000.0), (16 if small else 64, 10_000.0)
+
+
 def correctness(cfg: CheckConfig, device: str, progress=print) -> list[CaseResult]:
     cases = []
     for dtype in cfg.dtypes:
         for p in (0.0, cfg.dropout):
             for head_dim in cfg.head_dims:
                 for varlen in (False, True):
-                    for configs in _attention_configs(head_dim, cfg.every_config):
-                        cases.append(_safe(lambda: _attention_case(head_dim, dtype, varlen, p, configs, device,
-                                                                   cfg.small),
-                                           "attention", dtype, "varlen" if varlen else "padded", p, configs))
-                        progress(_line(cases[-1]))
+                    for window, theta in attention_kinds(cfg.small):
+                        for configs in _attention_configs(head_dim, cfg.every_config):
+                            cases.append(_safe(lambda: _attention_case(head_dim, dtype, varlen, p, configs, device,
+                                                                       cfg.small, window, theta),
+                                               "attention", dtype, "varlen" if varlen else "padded", p, configs))
+                            progress(_line(cases[-1]))
             for hidden in cfg.hiddens:
                 for prenorm in (False, True):  # post-LN (BERT) and pre-LN (--norm pre: the sum is an output too)
                     cases.append(_safe(lambda: _layer_norm_case(hidden, dtype, p, device, cfg.small, prenorm),

@@ -20,6 +20,8 @@ import torch
 from bertkit import __version__
 from bertkit.models import family_of
 
+SMALL_WINDOW = 16   # the guard's sequences are 40 tokens: a wider band would not cut
+
 
 @dataclass(frozen=True)
 class KernelUse:
@@ -30,6 +32,9 @@ class KernelUse:
     varlen: bool          # packed batches (--unpadded)
     dropout: float
     prenorm: bool         # --norm pre
+    rope_theta: float | None = None   # ModernBERT: rotary embeddings of this base, turned inside the kernels
+    window: int | None = None         # ModernBERT's local layers: ±keys a query sees
+    layer_norm: bool = True           # the add+LayerNorm kernel too (ModernBERT's bias-free norms are PyTorch's)
 
 
 def cache_dir() -> Path:
@@ -63,19 +68,27 @@ def run_checks(use: KernelUse, device) -> list:
     from bertkit.check_gpu import _attention_case, _attention_configs, _layer_norm_case, _safe
 
     dev, cases = str(device), []
+    window = None if use.window is None else min(use.window, SMALL_WINDOW)  # the small shapes' band must cut
     for p in sorted({0.0, use.dropout}):
         for configs in _attention_configs(use.head_dim, every=True):
-            cases.append(_safe(lambda: _attention_case(use.head_dim, use.dtype, use.varlen, p, configs, dev, True),
+            cases.append(_safe(lambda: _attention_case(use.head_dim, use.dtype, use.varlen, p, configs, dev, True,
+                                                       window, use.rope_theta),
                                "attention", use.dtype, "varlen" if use.varlen else "padded", p, configs))
-        cases.append(_safe(lambda: _layer_norm_case(use.hidden, use.dtype, p, dev, True, use.prenorm),
-                           "layer_norm", use.dtype, "rows", p, {"hidden": use.hidden}))
+        if use.layer_norm:
+            cases.append(_safe(lambda: _layer_norm_case(use.hidden, use.dtype, p, dev, True, use.prenorm),
+                               "layer_norm", use.dtype, "rows", p, {"hidden": use.hidden}))
     return cases
 
 
 def kernel_uses(model, precision: str, unpadded: bool) -> list[KernelUse]:
     """What a model asks of the kernels: its encoder's shape (and for ELECTRA its generator's too)."""
-    if not family_of(model).uses_kernels:  # ModernBERT: the torch path until the kernels learn RoPE
+    if not family_of(model).uses_kernels:
         return []
+    if family_of(model).name == "modernbert":  # its global and its local layers: attention only
+        c = model.cfg
+        return [KernelUse(c.head_dim, c.hidden_size, precision, unpadded, c.attention_dropout, True,
+                          rope_theta=theta, window=window, layer_norm=False)
+                for theta, window in ((c.global_rope_theta, None), (c.local_rope_theta, c.local_window // 2))]
     cfgs = [model.cfg] + ([model.gen_cfg] if hasattr(model, "gen_cfg") else [])
     return [KernelUse(c.head_dim, c.hidden_size, precision, unpadded, c.hidden_dropout or c.attention_dropout,
                       c.norm == "pre") for c in cfgs]

@@ -49,8 +49,11 @@ def test_under_the_interpreter_the_whole_check_runs(tmp_path):
                        timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     report = json.loads(out.read_text())
-    # 2 dtypes x 2 dropout rates x (padded + varlen attention + 2 LayerNorm hidden sizes x post/pre-LN)
-    assert report["passed"] == 24 and report["failed"] == 0
+    # 2 dtypes x 2 dropout rates x ((padded + varlen) x 3 attentions (BERT's, ModernBERT's global and local) +
+    # 2 LayerNorm hidden sizes x post/pre-LN)
+    assert report["passed"] == 40 and report["failed"] == 0
+    kinds = {(c["config"]["window"], c["config"]["rope_theta"]) for c in report["cases"] if c["kernel"] == "attention"}
+    assert kinds == {(None, None), (None, 160_000.0), (16, 10_000.0)}
     assert {c["config"].get("prenorm") for c in report["cases"] if c["kernel"] == "layer_norm"} == {False, True}
     for case in report["cases"]:
         assert case["errors"] and all(ours <= 2 * torch_err + 1e-5 for ours, torch_err in case["errors"].values())
@@ -80,8 +83,9 @@ print(r["failed"], r["passed"], r["kernels"])
                        timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     failed, passed, backend = r.stdout.split()[-3:]
-    # the attention cases (padded, varlen; with and without dropout) fail, the LayerNorm ones (post, pre) pass
-    assert (int(failed), int(passed), backend) == (4, 4, "torch")
+    # the attention cases (padded, varlen; with and without dropout; BERT's and ModernBERT's two) fail, the
+    # LayerNorm ones (post, pre) pass
+    assert (int(failed), int(passed), backend) == (12, 4, "torch")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: the real check applies")

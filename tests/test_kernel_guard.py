@@ -4,6 +4,7 @@ another Triton version is not), and the real checks under the Triton interpreter
 to return a wrong gradient."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -97,6 +98,36 @@ def test_the_uses_of_an_electra_pair_cover_both_models():
     uses = kernel_uses(model, "bf16", True)
     assert [(u.head_dim, u.hidden) for u in uses] == [(64, 128), (32, 32)]
     assert all(u.varlen and u.dtype == "bf16" and not u.prenorm for u in uses)
+
+
+def test_the_uses_of_a_modernbert_are_its_global_and_its_local_attention():
+    from bertkit.models.modernbert import ModernBertConfig, ModernBertForMaskedLM
+
+    cfg = ModernBertConfig.preset("tiny", vocab_size=64, attention_dropout=0.1)
+    uses = kernel_uses(ModernBertForMaskedLM(cfg), "bf16", True)
+    assert [(u.rope_theta, u.window) for u in uses] == [(160_000.0, None), (10_000.0, 64)]
+    assert all(u.head_dim == 64 and u.dropout == 0.1 and u.varlen and not u.layer_norm for u in uses)
+
+
+@pytest.mark.slow
+def test_the_guard_checks_rotary_and_windowed_attention_under_the_interpreter(tmp_path):
+    """A ModernBERT run's checks: RoPE with and without the band pass; with the kernels' window off they fail."""
+    script = """
+import importlib
+from bertkit.kernel_guard import KernelUse, run_checks
+use = KernelUse(head_dim=32, hidden=64, dtype="fp32", varlen=True, dropout=0.0, prenorm=True, rope_theta=10000.0,
+                window=64, layer_norm=False)
+cases = run_checks(use, "cpu")
+print("cases", len(cases), all(c.passed for c in cases), {c.config["window"] for c in cases})
+attn = importlib.import_module("bertkit.kernels.attention")
+real = attn.flash_attn_forward
+attn.flash_attn_forward = lambda *a, **k: real(*a, **{**k, "window": None})
+print("broken", all(not c.passed for c in run_checks(use, "cpu")))
+"""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, TRITON_INTERPRET="1", BERTKIT_CACHE_DIR=str(tmp_path)))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert re.search(r"cases [1-9]\d* True \{16\}", r.stdout) and "broken True" in r.stdout, r.stdout
 
 
 @pytest.mark.slow

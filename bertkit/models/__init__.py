@@ -25,7 +25,7 @@ class Family:
 
 FAMILIES = {
     "bert": Family("bert", "bert", uses_kernels=True, splits_documents=False),
-    "modernbert": Family("modernbert", "modernbert", uses_kernels=False, splits_documents=True),
+    "modernbert": Family("modernbert", "modernbert", uses_kernels=True, splits_documents=True),
 }
 
 

@@ -7,7 +7,9 @@ computed only where a token is masked.
 Module names are transformers' own (`ModernBertForMaskedLM`), so its weights load with no renaming: a bertkit
 checkpoint saves as a folder transformers loads, and a transformers folder loads here. Batches are padded
 (input_ids (B, L) + attention_mask) or packed (input_ids (T,) + cu_seqlens: documents end to end, positions
-restarting at each, none attending across another).
+restarting at each, none attending across another). Attention goes through `bertkit.kernels` (--kernels), whose
+Triton path turns q and k by their rotary angles and skips what a local layer's window cannot reach; the
+LayerNorms (bias-free) stay PyTorch's.
 """
 import json
 from dataclasses import asdict, dataclass, fields
@@ -17,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bertkit import kernels
 from bertkit.config import BertConfig
 from bertkit.formats import IGNORE_INDEX
 from bertkit.models.bert import (
@@ -164,52 +167,27 @@ class ModernBertConfig:
                    sep_token_id=d.get("sep_token_id", 3))
 
 
-# ---------------------------------------------------------------- positions and masks
-
-def rotary(positions: torch.Tensor, head_dim: int, theta: float, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin (..., head_dim) for integer positions: the two halves of each head rotate by the same angles."""
-    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float) / head_dim)
-    angles = positions[..., None].float() * inv_freq
-    angles = torch.cat((angles, angles), dim=-1)
-    return angles.cos().to(dtype), angles.sin().to(dtype)
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
-
+# ---------------------------------------------------------------- where the sequences are
 
 @dataclass
 class Layout:
-    """Where each token is and what it may see, for attention over a (B, L) grid: positions (for RoPE) and the
-    global and local masks (True = attend), shaped for SDPA over (batch, heads, queries, keys). Packed input keeps
-    its T tokens everywhere else; `index` says where each sits in the grid (document d, position p: d * L + p), so
-    attention costs each document its own length squared, never T squared."""
-    positions: torch.Tensor
-    global_mask: torch.Tensor
-    local_mask: torch.Tensor
-    index: torch.Tensor | None = None
+    """Where the sequences sit: packed end to end (cu_seqlens over the T tokens) or right-padded in a (B, L) grid
+    (lengths). max_seqlen bounds every length on the host, so nothing is read back from the device. Rotary
+    positions and local windows restart at each sequence (bertkit.kernels does both, inside the Triton kernels)."""
+    max_seqlen: int
+    cu_seqlens: torch.Tensor | None = None
+    lengths: torch.Tensor | None = None
 
 
-def padded_layout(attention_mask: torch.Tensor, half_window: int) -> Layout:
-    n = attention_mask.shape[1]
-    idx = torch.arange(n, device=attention_mask.device)
-    keys = attention_mask.bool()[:, None, None, :]                                 # (B, 1, 1, L)
-    near = (idx[:, None] - idx[None, :]).abs() <= half_window                     # (L, L)
-    return Layout(idx[None, :].expand(attention_mask.shape[0], n), keys, keys & near)
+def padded_layout(attention_mask: torch.Tensor) -> Layout:
+    return Layout(attention_mask.shape[1], lengths=attention_mask.sum(1).to(torch.int32))
 
 
-def packed_layout(cu_seqlens: torch.Tensor, total: int, half_window: int) -> Layout:
-    """Documents end to end: each is a row of the grid, positions restarting at 0; none sees another."""
-    cu = cu_seqlens.long()
-    lengths = cu.diff()
-    width = int(lengths.max())
-    idx = torch.arange(total, device=cu.device)
-    doc = torch.searchsorted(cu[1:], idx, right=True)
-    grid = padded_layout(torch.arange(width, device=cu.device)[None, :] < lengths[:, None], half_window)
-    grid.index = doc * width + (idx - cu[doc])
-    return grid
+def packed_layout(cu_seqlens: torch.Tensor, max_seqlen: int | None = None) -> Layout:
+    """Documents end to end; none sees another. max_seqlen None: measured (one read from the device)."""
+    if max_seqlen is None:
+        max_seqlen = int((cu_seqlens[1:] - cu_seqlens[:-1]).max()) if cu_seqlens.numel() > 1 else 0
+    return Layout(int(max_seqlen), cu_seqlens=cu_seqlens.to(torch.int32))
 
 
 # ---------------------------------------------------------------- the encoder
@@ -231,26 +209,21 @@ class ModernBertAttention(nn.Module):
         self.heads, self.head_dim = cfg.num_heads, cfg.hidden_size // cfg.num_heads
         self.is_global = cfg.is_global(layer)
         self.theta = cfg.global_rope_theta if self.is_global else cfg.local_rope_theta
+        self.window = None if self.is_global else cfg.local_window // 2   # ±keys a local layer's query sees
         self.dropout = cfg.attention_dropout
         self.Wqkv = nn.Linear(cfg.hidden_size, 3 * cfg.hidden_size, bias=False)
         self.Wo = nn.Linear(cfg.hidden_size, cfg.hidden_size, bias=False)
         self.out_drop = nn.Dropout(cfg.attention_dropout)
 
     def forward(self, x, layout: Layout):
-        qkv = self.Wqkv(x)
-        b, n = layout.positions.shape
-        if layout.index is not None:  # packed (T, 3H) into the documents' grid
-            qkv = qkv.new_zeros(b * n, qkv.shape[-1]).index_copy(0, layout.index, qkv)
-        q, k, v = qkv.view(b, n, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)  # each (B, H, L, D)
-        cos, sin = rotary(layout.positions, self.head_dim, self.theta, x.dtype)
-        q, k = apply_rotary(q, cos[:, None], sin[:, None]), apply_rotary(k, cos[:, None], sin[:, None])
-        mask = layout.global_mask if self.is_global else layout.local_mask
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
-                                             dropout_p=self.dropout if self.training else 0.0)
-        out = out.transpose(1, 2).reshape(b, n, -1)
-        if layout.index is not None:  # back to the packed tokens
-            out = out.reshape(b * n, -1).index_select(0, layout.index)
-        return self.out_drop(self.Wo(out))
+        q, k, v = self.Wqkv(x).view(*x.shape[:-1], 3, self.heads, self.head_dim).unbind(-3)
+        p = self.dropout if self.training else 0.0
+        if layout.cu_seqlens is not None:
+            out = kernels.attention_varlen(q, k, v, layout.cu_seqlens, layout.max_seqlen, p, None,
+                                           window=self.window, rope_theta=self.theta)
+        else:
+            out = kernels.attention(q, k, v, layout.lengths, p, None, window=self.window, rope_theta=self.theta)
+        return self.out_drop(self.Wo(out.reshape(*x.shape[:-1], -1)))
 
 
 class ModernBertMLP(nn.Module):
@@ -289,12 +262,11 @@ class ModernBertModel(nn.Module):
         self.layers = nn.ModuleList(ModernBertLayer(cfg, i) for i in range(cfg.num_layers))
         self.final_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps, bias=False)
 
-    def forward(self, input_ids, attention_mask=None, cu_seqlens=None):
-        half = self.cfg.local_window // 2
+    def forward(self, input_ids, attention_mask=None, cu_seqlens=None, max_seqlen=None):
         if cu_seqlens is not None:
-            layout = packed_layout(cu_seqlens, input_ids.shape[0], half)
+            layout = packed_layout(cu_seqlens, max_seqlen)
         else:
-            layout = padded_layout(attention_mask if attention_mask is not None else torch.ones_like(input_ids), half)
+            layout = padded_layout(attention_mask if attention_mask is not None else torch.ones_like(input_ids))
         x = self.embeddings(input_ids)
         for layer in self.layers:
             x = layer(x, layout)
@@ -348,7 +320,8 @@ class ModernBertForMaskedLM(nn.Module):
         """doc_cu_seqlens (packed input): the documents inside the rows, each attending only to itself."""
         if next_sentence_label is not None:
             raise ValueError("ModernBERT is MLM-only: no next-sentence label (make-instances --objective none)")
-        h = self.model(input_ids, attention_mask, doc_cu_seqlens if doc_cu_seqlens is not None else cu_seqlens)
+        h = self.model(input_ids, attention_mask, doc_cu_seqlens if doc_cu_seqlens is not None else cu_seqlens,
+                       max_seqlen)  # a row's bound also bounds the documents inside it
         if mlm_positions is not None and cu_seqlens is not None:
             h = h.index_select(0, mlm_positions.long())
         elif mlm_positions is not None:
@@ -386,7 +359,7 @@ class ModernBertForSequenceClassification(_WithHead):
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None, cu_seqlens=None,
                 max_seqlen=None) -> ClassifierOutput:
-        h = self.model(input_ids, attention_mask, cu_seqlens)
+        h = self.model(input_ids, attention_mask, cu_seqlens, max_seqlen)
         if self.cfg.classifier_pooling == "mean":
             pooled = mean_over_tokens(h, attention_mask, cu_seqlens)
         else:
@@ -402,7 +375,7 @@ class ModernBertForSequenceClassification(_WithHead):
 class ModernBertForTokenClassification(_WithHead):
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None, cu_seqlens=None,
                 max_seqlen=None) -> ClassifierOutput:
-        logits = self.classify(self.model(input_ids, attention_mask, cu_seqlens))
+        logits = self.classify(self.model(input_ids, attention_mask, cu_seqlens, max_seqlen))
         loss = None if labels is None else F.cross_entropy(logits.float().flatten(0, -2), labels.flatten().long(),
                                                           ignore_index=IGNORE_INDEX)
         return ClassifierOutput(loss, logits)
