@@ -108,15 +108,15 @@ def build_model(cfg: PretrainConfig, manifest: InstancesManifest, previous_run: 
 
 def build_modernbert(cfg: PretrainConfig, manifest: InstancesManifest, mb: ModernBertConfig, objective: str,
                      source: str):
-    """(model, config, init source) for the ModernBERT family: MLM only, pre-LN by design, the torch backend."""
+    """(model, config, init source) for the ModernBERT family: MLM only, pre-LN by design."""
     if objective != "none":
         raise ConfigError(f"ModernBERT is MLM-only, but {cfg.instances} holds {objective.upper()} instances: make them "
                           "with `bertkit make-instances --objective none`, or pretrain with --objective mlm")
     if cfg.norm == "post":
         raise ConfigError("--norm post: ModernBERT is pre-LN by design; drop --norm")
-    if cfg.kernels == "triton":
-        raise ConfigError("--kernels triton: ModernBERT's attention (RoPE, the local window) runs on the torch backend "
-                          "until bertkit's Triton kernels learn both; use --kernels auto or torch")
+    if cfg.kernels == "triton" and mb.head_dim & (mb.head_dim - 1):
+        raise ConfigError(f"--kernels triton: the Triton kernels turn RoPE in halves of a power-of-two head size; this "
+                          f"model's heads are {mb.head_dim} wide: use --kernels auto or torch")
     if cfg.dropout is not None:
         mb.set_dropout(cfg.dropout)
     if cfg.pad_vocab_to is not None:
