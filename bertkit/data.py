@@ -80,6 +80,11 @@ class InstanceDataset:
             # masked as make-instances would have, its reference-behaviour switches included
             self.spec = MaskingSpec.from_vocab(vocab, m.masking)
 
+    def lengths(self) -> np.ndarray:
+        """Tokens of every row, in index order (from the Arrow offsets: nothing is read)."""
+        return np.concatenate([np.diff(o) for o in self.input_ids.offsets]) if self.input_ids.offsets else \
+            np.zeros(0, dtype=np.int64)
+
     @cached_property
     def sep_id(self) -> int | None:
         """The [SEP] id (it ends each document inside an MLM-only row), or None without a vocabulary."""
@@ -225,6 +230,69 @@ class EpochBatches:
             batches = self.epoch_indices(epoch)
             for b in range(start, self.per_epoch):
                 yield [(epoch, int(i)) for i in batches[b]]
+            epoch, start = epoch + 1, 0
+
+
+def best_fit(lengths: np.ndarray, order: np.ndarray, budget: int) -> list[list[int]]:
+    """Rows in `order` packed into bins of at most `budget` tokens, each row into the fullest open bin it fits
+    (best fit; a new bin when none does). Deterministic: ties go to the earliest bin."""
+    import bisect
+
+    bins, room = [], []          # room: sorted (space left, bin index) of the bins the shortest row still fits
+    shortest = int(lengths.min(initial=1))
+    for row in order.tolist():
+        n = int(lengths[row])
+        k = bisect.bisect_left(room, (n, -1))
+        if k == len(room):
+            bins.append([row])
+            left, b = budget - n, len(bins) - 1
+        else:
+            left, b = room.pop(k)
+            bins[b].append(row)
+            left -= n
+        if left >= shortest:
+            bisect.insort(room, (left, b))
+    return bins
+
+
+@dataclass
+class TokenBudgetBatches:
+    """Micro batches of one rank filled to a token budget by best fit (ModernBERT's fixed budget: a step's cost
+    does not depend on how long the documents are): each epoch packs a fresh permutation, deals the bins to the
+    ranks in turn and keeps the same number on every rank. That number is the fewest bins a perfect packing could
+    need, so it is the same every epoch (the few extra bins best fit makes are dropped, other rows each epoch) and a
+    resume finds its place as with EpochBatches."""
+    lengths: np.ndarray
+    budget: int
+    seed: int
+    rank: int = 0
+    world_size: int = 1
+    start_epoch: int = 0
+    start: int = 0
+
+    def __post_init__(self):
+        self.lengths = np.asarray(self.lengths, dtype=np.int64)
+        longest = int(self.lengths.max(initial=0))
+        if longest > self.budget:
+            raise InstancesError(f"--token-budget {self.budget}: an instance has {longest} tokens; give a budget of "
+                                 "at least the instances' --max-seq-length")
+
+    @property
+    def per_epoch(self) -> int:
+        return int(self.lengths.sum()) // (self.budget * self.world_size)
+
+    def epoch_bins(self, epoch: int) -> list[list[int]]:
+        order = np.random.default_rng([self.seed, epoch]).permutation(len(self.lengths))
+        return best_fit(self.lengths, order, self.budget)[self.rank::self.world_size][:self.per_epoch]
+
+    def __iter__(self):
+        if self.per_epoch == 0:
+            raise InstancesError(f"{int(self.lengths.sum())} tokens of instances cannot fill one micro batch of "
+                                 f"{self.budget} tokens on each of {self.world_size} rank(s); lower --token-budget")
+        epoch, start = self.start_epoch, self.start
+        while True:
+            for rows in self.epoch_bins(epoch)[start:]:
+                yield [(epoch, row) for row in rows]
             epoch, start = epoch + 1, 0
 
 

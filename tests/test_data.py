@@ -4,7 +4,7 @@ import json
 import numpy as np
 import pytest
 
-from bertkit.data import EpochBatches, InstanceDataset, collate
+from bertkit.data import EpochBatches, InstanceDataset, TokenBudgetBatches, best_fit, collate
 from bertkit.fileio import atomic_write_json
 from bertkit.formats import DamagedFileError, InstancesError, MaskingOptions, read_instances_manifest
 from bertkit.masking import MaskingSpec, mask_instance
@@ -164,3 +164,42 @@ def test_mask_id_comes_from_the_copied_vocabulary(tmp_path, mode):
     if mode == "static":  # static rows need no vocabulary: without one there is no [MASK] accuracy, not an error
         (path / "vocab.txt").unlink()
         assert InstanceDataset(path, "train").mask_id is None
+
+
+def test_best_fit_packs_every_row_once_within_the_budget():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 65, 500)
+    bins = best_fit(lengths, rng.permutation(500), 64)
+    rows = sorted(r for b in bins for r in b)
+    assert rows == list(range(500))
+    assert all(lengths[b].sum() <= 64 for b in bins)
+    # best fit is close to the bound no packing can beat (the tokens over the budget)
+    assert len(bins) <= 1.1 * np.ceil(lengths.sum() / 64)
+    # the fullest bin that fits, not the first: a row of 10 goes to the bin with 12 left, not the one with 30
+    assert best_fit(np.array([34, 52, 10]), np.arange(3), 64) == [[0], [1, 2]]
+
+
+def test_token_budget_batches_are_the_same_count_on_every_rank_and_resume_in_place():
+    lengths = np.random.default_rng(1).integers(8, 100, 700)
+    ranks = [TokenBudgetBatches(lengths, 128, seed=3, rank=r, world_size=2) for r in range(2)]
+    per_epoch = ranks[0].per_epoch
+    assert per_epoch == lengths.sum() // (128 * 2)
+    for epoch in (0, 1):
+        bins = [s.epoch_bins(epoch) for s in ranks]
+        assert [len(b) for b in bins] == [per_epoch, per_epoch]
+        seen = [r for b in bins for batch in b for r in batch]
+        assert len(seen) == len(set(seen))                                    # no row twice in an epoch
+        assert all(lengths[batch].sum() <= 128 for b in bins for batch in b)
+    assert ranks[0].epoch_bins(0) != ranks[0].epoch_bins(1)                   # a new packing each epoch
+
+    def take(sampler, n):
+        it = iter(sampler)
+        return [next(it) for _ in range(n)]
+
+    whole = take(TokenBudgetBatches(lengths, 128, seed=3), per_epoch * 2 + 5)
+    consumed = per_epoch + 7
+    start_epoch, start = divmod(consumed, TokenBudgetBatches(lengths, 128, seed=3).per_epoch)
+    resumed = take(TokenBudgetBatches(lengths, 128, seed=3, start_epoch=start_epoch, start=start), 10)
+    assert resumed == whole[consumed:consumed + 10]
+    with pytest.raises(InstancesError, match="--token-budget 64: an instance has 99 tokens"):
+        TokenBudgetBatches(np.array([10, 99]), 64, seed=0)

@@ -219,6 +219,36 @@ def test_long_mlm_only_instances_for_modernbert(tmp_path, clean_dist_env):
     assert result["step"] == 2
 
 
+def test_a_token_budget_fills_each_micro_batch_and_resumes_exactly(tmp_path, clean_dist_env):
+    """--token-budget: packed micro batches filled by best fit (each at most the budget, documents of any length), and
+    a run stopped half way and resumed logs the same losses as one that never stopped."""
+    import json
+
+    from bertkit.pretrain import ConfigError, PretrainConfig, pretrain
+    from tests.helpers import make_instances_dir
+
+    inst = make_instances_dir(tmp_path / "inst", n=96, holdout=8, max_len=48)
+    # a constant rate (wsd without its decay): the halves' schedule then does not depend on their --max-steps
+    args = dict(instances=str(inst), model="modernbert-tiny", token_budget=160, unpadded=True, save_every=2,
+                log_every=1, eval_every=0, num_workers=0, optimizer="adamw", lr=1e-3, schedule="wsd", decay=0.0,
+                warmup=0, progress=False, report_to="none", objective="mlm")
+    with pytest.raises(ConfigError, match="--token-budget 40: an instance has 48 tokens"):
+        pretrain(PretrainConfig(out=str(tmp_path / "small"), **{**args, "token_budget": 40}))
+
+    def losses(run):
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        return {r["step"]: r["loss"] for r in rows if "loss" in r}
+
+    pretrain(PretrainConfig(out=str(tmp_path / "whole"), max_steps=4, **args))
+    pretrain(PretrainConfig(out=str(tmp_path / "halves"), max_steps=2, **args))
+    pretrain(PretrainConfig(out=str(tmp_path / "halves"), max_steps=4, resume=True, **args))
+    assert losses(tmp_path / "whole") == losses(tmp_path / "halves")
+    assert len(losses(tmp_path / "whole")) == 4
+    with pytest.raises(ConfigError, match="token_budget"):
+        pretrain(PretrainConfig(out=str(tmp_path / "halves"), max_steps=6, resume=True,
+                                **{**args, "token_budget": 200}))
+
+
 def test_documents_in_a_packed_row_never_attend_across_each_other(pair):
     """An MLM-only row holds several documents, each ending in [SEP]: collate_packed cuts them apart
     (doc_cu_seqlens), and ModernBERT's logits for each equal those of the document on its own."""

@@ -97,6 +97,10 @@ class Duration(click.ParamType):
                    "rows are never predicted and export trims them.")
 @click.option("--unpadded", is_flag=True,
               help="Pack each micro batch end to end (varlen attention): no compute spent on padding.")
+@click.option("--token-budget", type=click.IntRange(min=8),
+              help="Fill each packed micro batch to this many tokens by best fit instead of --micro-batch sequences, "
+                   "so a step costs the same whatever the documents' lengths (ModernBERT's recipe; needs packed "
+                   "batches, at least the instances' --max-seq-length).")
 @click.option("--on-nonfinite", type=click.Choice(["stop", "rollback"]), default="stop", show_default=True,
               help="A NaN/inf loss: stop (saving nothing), or roll back to the last good checkpoint and skip the "
                    "data that led there.")

@@ -13,11 +13,13 @@ from bertkit.formats import RunConfig
 from bertkit.pretrain.config import ConfigError, DeepSpeedSettings, PretrainConfig
 
 # flags (PretrainConfig) and resolved settings (DeepSpeedSettings) a resume cannot change
-KEPT_FLAGS = ("seed", "time_budget", "schedule_from", "betas", "eps", "norm", "pad_vocab_to", "model", "init_from")
+KEPT_FLAGS = ("seed", "time_budget", "schedule_from", "betas", "eps", "norm", "pad_vocab_to", "model", "init_from",
+              "token_budget")
 KEPT_SETTINGS = ("micro_batch", "global_batch", "zero_stage", "precision", "optimizer")
 APPLIED_SETTINGS = ("lr", "weight_decay", "grad_clip")
 NOT_COMPARED = ("instances", "out", "resume", "progress", "deepspeed_config", "recipe", "objective")
 WHY_KEPT = {"seed": "the data order", "micro_batch": "the data order", "global_batch": "the data order",
+            "token_budget": "the data order",
             "time_budget": "the schedule", "schedule_from": "the schedule", "model": "the weights",
             "norm": "the weights", "pad_vocab_to": "the weights", "init_from": "the weights (the run's own checkpoint "
             "continues it)", "zero_stage": "the optimizer state", "precision": "the optimizer state",

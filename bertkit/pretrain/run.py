@@ -14,8 +14,8 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR
 
 from bertkit import kernels
-from bertkit.data import EpochBatches, InstanceDataset, batch_loader, close_loader
-from bertkit.formats import InstancesManifest
+from bertkit.data import EpochBatches, InstanceDataset, TokenBudgetBatches, batch_loader, close_loader
+from bertkit.formats import InstancesError, InstancesManifest
 from bertkit.kernel_guard import kernel_uses, resolve_guarded
 from bertkit.models import describe, family_of
 from bertkit.optim import build_optimizer, build_scheduler, param_groups
@@ -54,7 +54,7 @@ class Run:
     max_steps: int | None
     train: InstanceDataset
     holdout: InstanceDataset
-    sampler: EpochBatches
+    sampler: EpochBatches | TokenBudgetBatches
     split_at: int | None         # ModernBERT: packed rows attend within each [SEP]-ended document
     log: MetricsLog
     meter: Meter
@@ -112,6 +112,25 @@ class Run:
             signal.signal(s, h)
 
 
+def sampler_for(cfg: PretrainConfig, train: InstanceDataset, micro_batch: int, rank: int, world: int):
+    """This rank's micro batches: --micro-batch sequences each, or packed to --token-budget tokens by best fit."""
+    if cfg.token_budget is None:
+        sampler = EpochBatches(len(train), micro_batch, cfg.seed, rank, world)
+        what = f"one micro batch of {micro_batch}"
+    else:
+        if not cfg.unpadded:
+            raise ConfigError("--token-budget fills packed micro batches: add --unpadded")
+        try:
+            sampler = TokenBudgetBatches(train.lengths(), cfg.token_budget, cfg.seed, rank, world)
+        except InstancesError as e:
+            raise ConfigError(f"{cfg.instances}: {e}") from None
+        what = f"one micro batch of {cfg.token_budget} tokens"
+    if sampler.per_epoch == 0:
+        raise ConfigError(f"{cfg.instances}: {len(train)} training instances cannot fill {what} on each of {world} "
+                          f"rank(s); lower --{'micro-batch' if cfg.token_budget is None else 'token-budget'}")
+    return sampler
+
+
 def start_run(cfg: PretrainConfig, manifest: InstancesManifest, rank: int, world: int, device) -> Run:
     """Settings, model, engine, run folder, resumed state and data: everything the loop needs, on every rank."""
     threads, budget, max_steps = threads_backend_schedule(cfg, rank, device)
@@ -155,10 +174,7 @@ def start_run(cfg: PretrainConfig, manifest: InstancesManifest, rank: int, world
     else:
         seed_rank(cfg.seed, rank)
     train = InstanceDataset(cfg.instances, "train", cfg.seed, manifest)
-    sampler = EpochBatches(len(train), settings.micro_batch, cfg.seed, rank, world)
-    if sampler.per_epoch == 0:
-        raise ConfigError(f"{cfg.instances}: {len(train)} training instances cannot fill one micro batch of "
-                          f"{settings.micro_batch} on each of {world} rank(s); lower --micro-batch")
+    sampler = sampler_for(cfg, train, settings.micro_batch, rank, world)
     flops = functools.partial(training_flops, sum(p.numel() for p in model.parameters()), model.cfg.num_layers,
                               model.cfg.hidden_size)
     log = MetricsLog(Path(cfg.out), rank == 0, max_steps, step, cfg.progress, cfg.report_to or default_report_to(),
