@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import INTERPRET, draw_seed, threshold_and_scale
+from .common import INTERPRET, cdiv, draw_seed, next_power_of_2, threshold_and_scale
 from .dropout import keep_tile
 from .reference import rotary_tables
 
@@ -502,7 +502,7 @@ TUNE_KEY = ["HEAD_DIM", "MAX_SEQLEN", "VARLEN", "DROPOUT", "DOT_PREC", "ROPE", "
 
 def block_d_for(head_dim):
     """The head dimension's tile width (a power of two, at least 16); check_gpu and the benchmarks read it too."""
-    return max(16, triton.next_power_of_2(head_dim))
+    return max(16, next_power_of_2(head_dim))
 
 
 def dim_class(block_d):
@@ -560,14 +560,15 @@ def _dot_precision(dtype):
 
 def _strides(t, varlen):
     """(batch, seq, head) strides in elements; the varlen layout has no batch dim (its rows start at cu_seqlens)."""
-    if t.stride(-1) != 1:
+    st = t.stride()   # one call: each .stride(i) costs as much as the whole tuple
+    if st[-1] != 1:
         raise ValueError("attention: the head_dim axis must be contiguous (stride 1)")
-    return (0, t.stride(0), t.stride(1)) if varlen else (t.stride(0), t.stride(1), t.stride(2))
+    return (0, st[0], st[1]) if varlen else st[:3]
 
 
 def _check(q, k, v, seqinfo, varlen):
-    want = 3 if varlen else 4
-    if q.dim() != want or q.shape != k.shape or q.shape != v.shape:
+    want, shape = 3 if varlen else 4, tuple(q.shape)   # tuples: torch.Size's == goes through symbolic shapes
+    if len(shape) != want or shape != tuple(k.shape) or shape != tuple(v.shape):
         raise ValueError(f"attention: q, k, v must share one {want}-d shape, got {q.shape}, {k.shape}, {v.shape}")
     if q.dtype not in (torch.float16, torch.bfloat16, torch.float32) or k.dtype != q.dtype or v.dtype != q.dtype:
         raise ValueError(f"attention: q, k, v must be one of fp16/bf16/fp32, got {q.dtype}, {k.dtype}, {v.dtype}")
@@ -580,7 +581,7 @@ def _check(q, k, v, seqinfo, varlen):
 def _check_offsets(max_seqlen, *tensors):
     """The kernels address rows inside a sequence with 32-bit offsets (fewer registers than 64-bit ones)."""
     for t in tensors:
-        row_stride = t.stride(-3)  # the seq axis in both layouts: (B, S, H, D) and (tokens, H, D)
+        row_stride = t.stride()[-3]  # the seq axis in both layouts: (B, S, H, D) and (tokens, H, D)
         if (max_seqlen + 128) * row_stride >= 2**31:
             raise ValueError(f"attention: max_seqlen {max_seqlen} x row stride {row_stride} does not fit 32-bit "
                              "offsets; make the tensors contiguous or split the batch")
@@ -637,7 +638,7 @@ def flash_attn_forward(q, k, v, seqinfo, seed, max_seqlen, varlen, dropout_p, so
     cos, sin, rope = _rotary_args(rope_theta, max_seqlen, head_dim, q.device, seqinfo)
     window, local = _window_args(window)
     _fwd_launch(
-        lambda block_m, block_n: (triton.cdiv(max_seqlen, block_m), batch * heads),
+        lambda block_m, block_n: (cdiv(max_seqlen, block_m), batch * heads),
         q, k, v, out, lse, seqinfo, seed if dropout else seqinfo, cos, sin,
         *_strides(q, varlen), *_strides(k, varlen), *_strides(v, varlen), *_strides(out, varlen),
         heads, max_seqlen, softmax_scale * LOG2E, threshold, dropout_scale, window,
@@ -666,7 +667,7 @@ def flash_attn_backward(dout, q, k, v, out, lse, seqinfo, seed, max_seqlen, varl
     threshold, dropout_scale = threshold_and_scale(dropout_p)
     seed_arg = seed if dropout else seqinfo
     delta = torch.empty((batch, heads, max_seqlen), dtype=torch.float32, device=q.device)
-    _attn_bwd_delta[(triton.cdiv(max_seqlen, block_m), batch * heads)](
+    _attn_bwd_delta[(cdiv(max_seqlen, block_m), batch * heads)](
         out, dout, delta, seqinfo, *_strides(out, varlen), *_strides(dout, varlen), heads, max_seqlen,
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_D=block_d, VARLEN=varlen,
     )
@@ -677,12 +678,12 @@ def flash_attn_backward(dout, q, k, v, out, lse, seqinfo, seed, max_seqlen, varl
     qkv_strides = (*_strides(q, varlen), *_strides(k, varlen), *_strides(v, varlen), *_strides(dout, varlen))
     scales = (heads, max_seqlen, softmax_scale * LOG2E, softmax_scale, threshold, dropout_scale, window)
     _dkdv_launch(
-        lambda block_m, block_n: (triton.cdiv(max_seqlen, block_n), batch * heads),
+        lambda block_m, block_n: (cdiv(max_seqlen, block_n), batch * heads),
         q, k, v, dout, lse, delta, dk, dv, seqinfo, seed_arg, cos, sin,
         *qkv_strides, *_strides(dk, varlen), *_strides(dv, varlen), *scales, **common,
     )
     _dq_launch(
-        lambda block_m, block_n: (triton.cdiv(max_seqlen, block_m), batch * heads),
+        lambda block_m, block_n: (cdiv(max_seqlen, block_m), batch * heads),
         q, k, v, dout, lse, delta, dq, seqinfo, seed_arg, cos, sin,
         *qkv_strides, *_strides(dq, varlen), *scales, **common,
     )
@@ -693,7 +694,7 @@ def dropout_mask(seed, batch_heads, max_seqlen, dropout_p, block=16):
     """The keep mask (batch*heads, max_seqlen, max_seqlen) bool that the kernels apply for this seed, drawn in
     block x block tiles (any multiple of 8 gives the same mask; for tests)."""
     mask = torch.empty((batch_heads, max_seqlen, max_seqlen), dtype=torch.int8, device=seed.device)
-    _dropout_mask_kernel[(triton.cdiv(max_seqlen, block), batch_heads)](
+    _dropout_mask_kernel[(cdiv(max_seqlen, block), batch_heads)](
         mask, seed, max_seqlen, threshold_and_scale(dropout_p)[0], BLOCK=block)
     return mask.bool()
 
@@ -750,6 +751,27 @@ def _backward(ctx, dout, _dlse):
 torch.library.register_autograd("bertkit::flash_attn_fwd", _backward, setup_context=_setup_context)
 
 
+class _FlashAttention(torch.autograd.Function):
+    """The same forward and backward as the op, without torch.library's dispatch: eager mode's path, where that
+    dispatch was most of the host time of a layer (benchmarks/host_time_cpu.py). torch.compile takes the op."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, seqinfo, seed, max_seqlen, varlen, dropout_p, softmax_scale, window, rope_theta):
+        out, lse = flash_attn_forward(q, k, v, seqinfo, seed, max_seqlen, varlen, dropout_p, softmax_scale,
+                                      window=window, rope_theta=rope_theta)
+        ctx.save_for_backward(q, k, v, out, lse, seqinfo, seed)
+        ctx.args = (max_seqlen, varlen, dropout_p, softmax_scale)
+        ctx.extra = dict(window=window, rope_theta=rope_theta)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse, seqinfo, seed = ctx.saved_tensors
+        dq, dk, dv = flash_attn_backward(dout, q, k, v, out, lse, seqinfo, seed, *ctx.args, **ctx.extra)
+        return dq, dk, dv, None, None, None, None, None, None, None, None
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # functional entries (the Triton path of kernels.attention / kernels.attention_varlen)
 
@@ -766,8 +788,9 @@ def _run(q, k, v, seqinfo, max_seqlen, varlen, dropout_p, softmax_scale, window=
         k = k.contiguous()
     if v.stride(-1) != 1:
         v = v.contiguous()
-    out, _ = flash_attn_fwd_op(q, k, v, seqinfo, seed, int(max_seqlen), varlen, float(dropout_p), scale,
-                               -1 if window is None else int(window), float(rope_theta or 0.0))
+    fused = flash_attn_fwd_op if torch.compiler.is_compiling() else _FlashAttention.apply
+    out, _ = fused(q, k, v, seqinfo, seed, int(max_seqlen), varlen, float(dropout_p), scale,
+                   -1 if window is None else int(window), float(rope_theta or 0.0))
     return out
 
 

@@ -2,6 +2,7 @@
 
 Triton-free except for INTERPRET, so the references (kernels/reference.py) work where Triton is missing.
 """
+import functools
 import os
 
 import torch
@@ -16,6 +17,17 @@ except AttributeError:  # pragma: no cover - older triton
     INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) in plain Python: triton.cdiv is a @jit function whose call from the host costs ~10 µs."""
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """The least power of two >= n (0 for 0, as triton's), in plain Python (triton.next_power_of_2: as cdiv)."""
+    return 1 << (n - 1).bit_length() if n > 0 else 0
+
+
+@functools.lru_cache(maxsize=256)
 def threshold_and_scale(dropout_p):
     """How the kernels draw dropout (kernels/dropout.py): (16-bit threshold, scale of the kept values).
     p is rounded to a multiple of 1/65536 and kept values are scaled by the inverse of that keep rate, so the

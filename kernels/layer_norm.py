@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import INTERPRET, draw_seed, threshold_and_scale
+from .common import INTERPRET, cdiv, draw_seed, next_power_of_2, threshold_and_scale
 from .dropout import GROUP, keep_tile
 
 MAX_HIDDEN = 8192
@@ -130,7 +130,7 @@ def _ln_dropout_mask_kernel(MASK, SEED, n_rows, N, threshold,  # MASK: (n_rows, 
 
 def tile_shape(n):
     """(BLOCK_M, BLOCK_N, num_warps): about 4k elements per tile; fewer warps under the interpreter is irrelevant."""
-    block_n = max(GROUP, triton.next_power_of_2(n))
+    block_n = max(GROUP, next_power_of_2(n))
     block_m = max(1, min(16, 4096 // block_n))
     warps = 4 if block_n * block_m <= 4096 else 8
     if block_n >= 4096:
@@ -148,7 +148,7 @@ def _num_programs(n_rows, block_m, device):
         cap = 4  # a few slabs, so tests exercise the partial-sum reduction
     else:
         cap = 4 * _sm_count(device.index if device.index is not None else torch.cuda.current_device())
-    return max(1, min(cap, triton.cdiv(n_rows, block_m)))
+    return max(1, min(cap, cdiv(n_rows, block_m)))
 
 
 def _rows(t, n):
@@ -188,7 +188,7 @@ def add_ln_forward(x, residual, weight, bias, seed, eps, dropout_p, y=None, h=No
     y2 = y.view(-1, n)
     h2 = h.view(-1, n) if store_h else y2
     block_m, block_n, warps = tile_shape(n)
-    _add_ln_fwd[(triton.cdiv(n_rows, block_m),)](
+    _add_ln_fwd[(cdiv(n_rows, block_m),)](
         x2, r2, weight, bias, y2, h2, mean, rstd, seed if dropout else mean,
         n_rows, n, x2.stride(0), r2.stride(0), y2.stride(0), h2.stride(0), eps, *threshold_and_scale(dropout_p),
         BLOCK_M=block_m, BLOCK_N=block_n, HAS_RESIDUAL=residual is not None, DROPOUT=dropout, STORE_H=store_h,
@@ -210,9 +210,9 @@ def add_ln_backward(dy, h, weight, mean, rstd, seed, dropout_p, dh=None, dx=None
         dx = torch.empty(h.shape if dropout else (0,), dtype=h.dtype, device=h.device)
     block_m, block_n, warps = tile_shape(n)
     programs = _num_programs(n_rows, block_m, h.device)
-    rows_per_program = triton.cdiv(triton.cdiv(n_rows, programs), block_m) * block_m
-    dw_part = torch.empty((programs, n), dtype=torch.float32, device=h.device)
-    db_part = torch.empty((programs, n), dtype=torch.float32, device=h.device)
+    rows_per_program = cdiv(cdiv(n_rows, programs), block_m) * block_m
+    parts = torch.empty((2, programs, n), dtype=torch.float32, device=h.device)  # dgamma's and dbeta's partials
+    dw_part, db_part = parts[0], parts[1]
     dh2 = dh.view(-1, n)
     dx2 = dx.view(-1, n) if dropout else dh2
     dh_in2 = _rows(dh_in, n) if dh_in is not None else dy2
@@ -222,7 +222,8 @@ def add_ln_backward(dy, h, weight, mean, rstd, seed, dropout_p, dh=None, dx=None
         *threshold_and_scale(dropout_p),
         BLOCK_M=block_m, BLOCK_N=block_n, DROPOUT=dropout, HAS_DH_IN=dh_in is not None, num_warps=warps,
     )
-    return dh, dx, dw_part.sum(0).to(weight.dtype), db_part.sum(0).to(weight.dtype)
+    dw, db = parts.sum(1).to(weight.dtype).unbind(0)   # one reduction (and one cast) for both
+    return dh, dx, dw, db
 
 
 def ln_dropout_mask(seed, n_rows, n, dropout_p):
@@ -230,7 +231,7 @@ def ln_dropout_mask(seed, n_rows, n, dropout_p):
     mask = torch.empty((n_rows, n), dtype=torch.int8, device=seed.device)
     block_m, block_n, _ = tile_shape(n)
     threshold = threshold_and_scale(dropout_p)[0]
-    _ln_dropout_mask_kernel[(triton.cdiv(n_rows, block_m),)](mask, seed, n_rows, n, threshold,
+    _ln_dropout_mask_kernel[(cdiv(n_rows, block_m),)](mask, seed, n_rows, n, threshold,
                                                              BLOCK_M=block_m, BLOCK_N=block_n)
     return mask.bool()
 
@@ -260,7 +261,8 @@ def _(x, residual, weight, bias, seed, eps, dropout_p):
 def add_ln_bwd_op(dy: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, mean: torch.Tensor,
                   rstd: torch.Tensor, seed: torch.Tensor, dropout_p: float, dh_in: torch.Tensor | None = None
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return add_ln_backward(dy, h, weight, mean, rstd, seed, dropout_p, dh_in=dh_in)
+    dh, dx, dw, db = add_ln_backward(dy, h, weight, mean, rstd, seed, dropout_p, dh_in=dh_in)
+    return dh, dx, dw, db.clone()  # an op's outputs may not alias: dw and db are rows of one reduction
 
 
 @add_ln_bwd_op.register_fake
@@ -290,6 +292,27 @@ def _backward(ctx, dy, dh_in, _dmean, _drstd):
 torch.library.register_autograd("bertkit::add_layer_norm_fwd", _backward, setup_context=_setup_context)
 
 
+class _AddLayerNorm(torch.autograd.Function):
+    """The same forward and backward as the op, without torch.library's dispatch: eager mode's path, where that
+    dispatch was most of the host time of a layer (benchmarks/host_time_cpu.py). torch.compile takes the op."""
+
+    @staticmethod
+    def forward(ctx, x, residual, weight, bias, seed, eps, dropout_p):
+        output = add_ln_forward(x, residual, weight, bias, seed, eps, dropout_p)
+        _setup_context(ctx, (x, residual, weight, bias, seed, eps, dropout_p), output)
+        ctx.mark_non_differentiable(output[2], output[3])
+        return output
+
+    @staticmethod
+    def backward(ctx, dy, dh_in, _dmean, _drstd):
+        h, weight, mean, rstd, seed = ctx.saved_tensors
+        use_dh_in = dh_in is not None and dh_in.numel() > 0
+        dh, dx, dw, db = add_ln_backward(dy, h, weight, mean, rstd, seed, ctx.dropout_p,
+                                         dh_in=dh_in if use_dh_in else None)
+        grad_x = dx if ctx.dropout_p > 0.0 else dh
+        return grad_x, (dh if ctx.has_residual else None), dw, db, None, None, None
+
+
 def add_layer_norm_triton(x, residual, weight, bias, eps=1e-12, dropout_p=0.0, prenorm=False):
     """LayerNorm(dropout(x) + residual) over the last dim; residual may be None. prenorm: (LayerNorm(h), h) with
     h = dropout(x) + residual (a pre-LN encoder's residual stream; then residual is required)."""
@@ -298,5 +321,6 @@ def add_layer_norm_triton(x, residual, weight, bias, eps=1e-12, dropout_p=0.0, p
     if prenorm and residual is None:
         raise ValueError("add_layer_norm: prenorm returns the sum with the residual, so it needs one")
     seed = draw_seed(x.device) if dropout_p > 0.0 else weight  # any tensor: never read when p == 0
-    y, h, _, _ = add_ln_fwd_op(x, residual, weight, bias, seed, float(eps), float(dropout_p))
+    fused = add_ln_fwd_op if torch.compiler.is_compiling() else _AddLayerNorm.apply
+    y, h, _, _ = fused(x, residual, weight, bias, seed, float(eps), float(dropout_p))
     return (y, h) if prenorm else y
