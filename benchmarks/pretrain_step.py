@@ -11,6 +11,10 @@ torch.cuda.max_memory_allocated, on the CPU the growth of the process's peak RSS
     python benchmarks/pretrain_step.py                        # CPU: tiny and small at 128, batch 32
     python benchmarks/pretrain_step.py --kernels torch reference   # the CPU backends side by side
     python benchmarks/pretrain_step.py --device cuda --configs base --seq 128 512 --batch 128 --precision bf16
+    python benchmarks/pretrain_step.py --configs tiny mini base --compile   # + bertkit under torch.compile
+
+--compile adds bertkit:BACKEND+compile (model.compile(), as pretrain --compile does); its warm-up steps, which
+include compiling, are timed apart (compile_s), never in the steps per second.
 """
 import argparse
 import json
@@ -53,8 +57,8 @@ def make_batch(batch: int, seq: int, vocab: int, seed: int = 0):
 
 def measure(impl: str, config: str, seq: int, batch: int, device: str, precision: str, steps: int, warmup: int,
             profile: str | None = None):
-    """impl: transformers, or bertkit:BACKEND (auto, triton, torch: --kernels). profile: a folder for the
-    torch.profiler table of 3 more steps (where the time goes), after the timed ones."""
+    """impl: transformers, or bertkit:BACKEND (auto, triton, torch: --kernels), "+compile" for torch.compile.
+    profile: a folder for the torch.profiler table of 3 more steps (where the time goes), after the timed ones."""
     import torch
 
     from bertkit.config import BertConfig
@@ -67,9 +71,12 @@ def measure(impl: str, config: str, seq: int, batch: int, device: str, precision
         from bertkit import kernels
         from bertkit.models.bert import BertForPreTraining
 
-        kernels.use(impl.split(":")[1])
-        impl = f"bertkit:{kernels.resolve(device)}"
+        backend, _, compiled = impl.split(":")[1].partition("+")
+        kernels.use(backend)
+        impl = f"bertkit:{kernels.resolve(device)}" + ("+compile" if compiled else "")
         model = BertForPreTraining(cfg).to(device)
+        if compiled:
+            model.compile()
 
         def loss_fn():
             return model(**data).loss
@@ -99,8 +106,10 @@ def measure(impl: str, config: str, seq: int, batch: int, device: str, precision
         opt.step()
         opt.zero_grad(set_to_none=True)
 
+    t0 = time.perf_counter()
     for _ in range(warmup):
         step()
+    compile_s = time.perf_counter() - t0  # the warm-up steps: with +compile, the compiling
     if device == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -127,7 +136,7 @@ def measure(impl: str, config: str, seq: int, batch: int, device: str, precision
     return {"impl": impl, "config": config, "seq": seq, "batch": batch, "device": device, "precision": precision,
             "steps": steps, "seq_per_s": batch * steps / elapsed, "ms_per_step": 1000 * elapsed / steps,
             "peak_mem_mib": peak / 2**20, "tokens_per_step": int(data["attention_mask"].sum()),
-            "padded_len": int(data["input_ids"].shape[1])}
+            "padded_len": int(data["input_ids"].shape[1]), "warmup_s": compile_s}
 
 
 def machine(device: str) -> dict:
@@ -159,6 +168,7 @@ def main():
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     ap.add_argument("--kernels", nargs="+", choices=["auto", "triton", "torch", "reference"], default=None,
                     help="bertkit backends to time (default: auto on the CPU; triton and torch on CUDA)")
+    ap.add_argument("--compile", action="store_true", help="also time bertkit under torch.compile")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
     ap.add_argument("--profile", default=None, help="folder for a torch.profiler table per run")
     ap.add_argument("--one", nargs=3, metavar=("IMPL", "CONFIG", "SEQ"), help=argparse.SUPPRESS)
@@ -178,7 +188,8 @@ def main():
     results = []
     for config in args.configs:
         for seq in args.seq:
-            for impl in [f"bertkit:{k}" for k in kernels] + ["transformers"]:
+            compiled = [f"bertkit:{k}+compile" for k in kernels] if args.compile else []
+            for impl in [f"bertkit:{k}" for k in kernels] + compiled + ["transformers"]:
                 cmd = [sys.executable, __file__, "--one", impl, config, str(seq), "--batch", str(args.batch),
                        "--device", args.device, "--precision", precision, "--steps", str(args.steps),
                        "--warmup", str(args.warmup)] + (["--threads", str(args.threads)] if args.threads else []) \
@@ -188,13 +199,14 @@ def main():
                     print(out.stderr[-3000:], file=sys.stderr)
                     raise SystemExit(f"{impl} {config} seq {seq} failed")
                 results.append(json.loads(out.stdout.strip().splitlines()[-1]))
-    print(f"\n{'config':8} {'seq':>4} {'batch':>5} {'impl':13} {'seq/s':>9} {'ms/step':>9} {'peak MiB':>9} "
-          f"{'speed-up':>8}")
+    print(f"\n{'config':8} {'seq':>4} {'batch':>5} {'impl':21} {'seq/s':>9} {'ms/step':>9} {'peak MiB':>9} "
+          f"{'speed-up':>8} {'warm-up s':>9}")
     for r in results:
         base = next(x for x in results if x["impl"] == "transformers" and x["config"] == r["config"]
                     and x["seq"] == r["seq"])
-        print(f"{r['config']:8} {r['seq']:>4} {r['batch']:>5} {r['impl']:13} {r['seq_per_s']:9.1f} "
-              f"{r['ms_per_step']:9.1f} {r['peak_mem_mib']:9.0f} {r['seq_per_s'] / base['seq_per_s']:7.2f}x")
+        print(f"{r['config']:8} {r['seq']:>4} {r['batch']:>5} {r['impl']:21} {r['seq_per_s']:9.1f} "
+              f"{r['ms_per_step']:9.1f} {r['peak_mem_mib']:9.0f} {r['seq_per_s'] / base['seq_per_s']:7.2f}x "
+              f"{r['warmup_s']:9.1f}")
     now = datetime.now(timezone.utc)
     record = {**run_info("pretrain_step"), "machine": machine(args.device), "precision": precision,
               "results": results}

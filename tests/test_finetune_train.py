@@ -383,3 +383,41 @@ def test_a_part_epoch_is_labelled_as_the_part(tmp_path):
                                      metric_fn=lambda p, g: {"accuracy": 0.0}, best_metric="accuracy",
                                      max_seq_length=16)
         assert [e["epoch"] for e in summary["epochs"]] == labels
+
+
+@pytest.mark.slow
+def test_compile_trains_the_same_as_eager(tmp_path, clean_dist_env):
+    """--compile, pretraining and fine-tuning: torch.compile really builds graphs, and the losses equal the eager
+    run's within 1e-4 (no dropout, so both draw nothing at random)."""
+    import torch._dynamo
+
+    from bertkit.finetune.classify import TextExample, run_classification
+    from bertkit.pretrain import PretrainConfig, pretrain
+    from tests.helpers import make_instances_dir, tiny_model_folder
+
+    inst = make_instances_dir(tmp_path / "inst", n=96, holdout=8, max_len=32)
+    args = dict(instances=str(inst), model="tiny", micro_batch=8, max_steps=3, save_every=3, log_every=1,
+                eval_every=0, num_workers=0, optimizer="adamw", lr=1e-3, dropout=0.0, progress=False,
+                report_to="none")
+
+    def losses(run):
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        return [r["loss"] for r in rows if "loss" in r]
+
+    pretrain(PretrainConfig(out=str(tmp_path / "eager"), **args))
+    torch._dynamo.reset()
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    pretrain(PretrainConfig(out=str(tmp_path / "compiled"), compile=True, **args))
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > graphs
+    assert np.allclose(losses(tmp_path / "eager"), losses(tmp_path / "compiled"), rtol=0, atol=1e-4)
+
+    tiny_model_folder(tmp_path)
+    rows = [TextExample(i + 1, f"w{i % 27} w{(i * 5) % 27}", None, str(i % 2)) for i in range(48)]
+    runs = {}
+    for compiled in (False, True):
+        cfg = TrainConfig(out_dir=str(tmp_path / f"ft{compiled}"), epochs=1, batch_size=16, save_model=False,
+                          report_to="none", log_every=1, dropout=0.0, compile=compiled)
+        run_classification(tmp_path / "tiny", rows, rows, ["0", "1"], cfg, task="t",
+                           metric_fn=lambda p, g: {"accuracy": 0.0}, best_metric="accuracy", max_seq_length=16)
+        runs[compiled] = losses(tmp_path / f"ft{compiled}")
+    assert len(runs[True]) == 3 and np.allclose(runs[False], runs[True], rtol=0, atol=1e-4)

@@ -39,6 +39,9 @@ def common_options(default_lr: float, default_epochs: float, default_batch: int,
             click.option("--unpadded", is_flag=True,
                          help="Pack each training batch end to end (varlen attention): no compute on padding. "
                               "classify, glue and ner."),
+            click.option("--compile", is_flag=True,
+                         help="Run the model under torch.compile (its first batches compile; the losses equal the "
+                              "eager run's)."),
             click.option("--dropout", type=Real(0, 1, max_open=True),
                          help="Hidden and attention dropout while fine-tuning  [default: the model's config.json; "
                               "BERT's is 0.1]."),
@@ -71,7 +74,7 @@ def _train_config(kw: dict, pooling: str | None = None):
                        weight_decay=kw.pop("weight_decay"), warmup_ratio=kw.pop("warmup_ratio"),
                        max_grad_norm=kw.pop("max_grad_norm"), seed=kw.pop("seed"), device=kw.pop("device"),
                        kernels=kw.pop("kernels"), report_to=kw.pop("report_to"), log_every=kw.pop("log_every"),
-                       unpadded=kw.pop("unpadded"), save_model=not kw.pop("no_save_model"),
+                       unpadded=kw.pop("unpadded"), compile=kw.pop("compile"), save_model=not kw.pop("no_save_model"),
                        dropout=kw.pop("dropout"), pooling=pooling, overwrite=kw.pop("overwrite"),
                        threads=kw.pop("threads"))
 

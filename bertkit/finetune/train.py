@@ -45,6 +45,7 @@ class TrainConfig:
     log_every: int = 10           # steps between records in OUT/metrics.jsonl (and TensorBoard / W&B)
     report_to: str | None = None  # tensorboard, wandb, "tensorboard,wandb" or none; None: tensorboard if installed
     unpadded: bool = False        # pack each batch end to end (varlen attention): no compute spent on padding
+    compile: bool = False         # the model under torch.compile (its first batches compile)
     save_model: bool = True
     dropout: float | None = None  # hidden and attention dropout while fine-tuning; None: the model's config.json
     pooling: str | None = None    # sequence classifiers: cls or mean (BertConfig.classifier_pooling); None: the model's
@@ -263,6 +264,8 @@ def start_fine_tuning(model, train_rows: list, best_metric: str, cfg: TrainConfi
         model.cfg.set_dropout(cfg.dropout)
     set_seed(cfg.seed)
     model.to(device)
+    if cfg.compile:  # in place: the module, its state_dict and what save_pretrained writes are unchanged
+        model.compile()
     net = model
     if world > 1:
         net = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda"

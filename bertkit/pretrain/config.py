@@ -63,6 +63,7 @@ class PretrainConfig:
     pad_vocab_to: int | None = None       # embedding/decoder rows rounded up to this multiple (default 8); 64 is
                                           # MosaicBERT's and ModernBERT's. Export trims them
     unpadded: bool = False                # packed batches (varlen attention): no compute on padding
+    compile: bool = False                 # the model under torch.compile (the first steps compile: minutes on a CPU)
     token_budget: int | None = None       # packed micro batches filled to this many tokens by best fit (ModernBERT's
                                           # fixed budget); None: --micro-batch sequences each
     kernels: str = "auto"                 # attention/LayerNorm backend (bertkit.kernels): auto|triton|torch|reference

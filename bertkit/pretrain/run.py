@@ -159,6 +159,8 @@ def start_run(cfg: PretrainConfig, manifest: InstancesManifest, rank: int, world
         build_scheduler(optimizer, max_steps, cfg.warmup_steps(max_steps), cfg.schedule, cfg.decay)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                            config=ds_config, dist_init_required=False)
+    if cfg.compile:  # the model under torch.compile, bertkit's kernels as custom ops in its graph
+        engine.compile()
     if rank == 0:
         write_run_folder(cfg, settings, ds_config, describe(model), init_source, manifest, world, backend, objective,
                          previous_run, changes, chosen.marker.step if changes and chosen.marker else None,
