@@ -7,6 +7,7 @@
 #   benchmarks/gpu_session.sh quick   the CUDA kernel tests, host overhead and the BERT-base step at 128 (after a change)
 #   benchmarks/gpu_session.sh tune    the LayerNorm launch-shape sweep, LayerNorm again, attention with dropout
 #   benchmarks/gpu_session.sh modernbert  ModernBERT's global and local attention (RoPE, window) vs FlexAttention, SDPA
+#   benchmarks/gpu_session.sh step    the BERT-base step at 128 and 512: triton, torch, each compiled, transformers
 # Logs and JSON go to $OUT (or ./gpu_out). The device image has torch and triton but not bertkit's small
 # compiled dependencies: carry them as wheels in .whl/ (the device tool's README says how); no deepspeed needed.
 set -uo pipefail
@@ -39,6 +40,10 @@ case "${1:-check}" in
     timeout 90 python3 benchmarks/layer_norm.py --out "$OUT/layer_norm.json" 2>&1 | tee "$OUT/layer_norm.log"
     timeout 250 python3 benchmarks/pretrain_step.py --device cuda --configs base --seq 128 512 --batch 128 \
       --precision bf16 --out "$OUT" 2>&1 | tee "$OUT/pretrain_step.log"
+    ;;
+  step)
+    timeout 540 python3 benchmarks/pretrain_step.py --device cuda --configs base --seq 128 512 --batch 128 \
+      --precision bf16 --kernels triton torch --compile --out "$OUT" 2>&1 | tee "$OUT/pretrain_step_compiled.log"
     ;;
   modernbert)
     timeout 300 python3 benchmarks/modernbert_attention.py --out "$OUT/modernbert_attention.json" 2>&1 \

@@ -5,9 +5,12 @@ So before the first step of a run that would use them, `choose_backend` checks, 
 this run will use (attention forward and backward at its head size, padded or packed, with its dropout; the
 add+LayerNorm at its hidden size, post- or pre-LN, with its dropout; every shipped tile configuration), on small
 shapes, against float64 by check-gpu's rule (error at most 2x PyTorch's own in that precision, plus 1e-5; padded rows
-exact zeros). Pass: Triton, and the verdict is cached per (GPU, compute capability, torch, triton, bertkit,
-configuration) in the user's cache folder, so later runs skip the check. Fail, or any compile or launch error: the
-torch backend for this run and one warning line naming the failed check and `bertkit check-gpu` for details.
+exact zeros). Pass: then both backends are timed on one layer (attention and add+LayerNorm, forward and backward) at
+the run's own shape, and the faster one runs (Triton's fused kernels are not always faster: at 128 tokens on an
+H100 its step was host-bound); the verdict, the choice and both times are cached per (GPU, compute capability,
+torch, triton, bertkit, configuration) in the user's cache folder, so later runs skip the check. Fail, or any
+compile or launch error: the torch backend for this run and one warning line naming the failed check and
+`bertkit check-gpu` for details.
 `--kernels triton` (or BERTKIT_KERNELS=triton) stays forced: no check, no fallback.
 """
 import json
@@ -35,6 +38,8 @@ class KernelUse:
     rope_theta: float | None = None   # ModernBERT: rotary embeddings of this base, turned inside the kernels
     window: int | None = None         # ModernBERT's local layers: ±keys a query sees
     layer_norm: bool = True           # the add+LayerNorm kernel too (ModernBERT's bias-free norms are PyTorch's)
+    seq: int = 128                    # the run's shape, where the backends are timed: tokens per sequence ...
+    batch: int = 32                   # ... and sequences per micro batch
 
 
 def cache_dir() -> Path:
@@ -80,18 +85,19 @@ def run_checks(use: KernelUse, device) -> list:
     return cases
 
 
-def kernel_uses(model, precision: str, unpadded: bool) -> list[KernelUse]:
-    """What a model asks of the kernels: its encoder's shape (and for ELECTRA its generator's too)."""
+def kernel_uses(model, precision: str, unpadded: bool, seq: int = 128, batch: int = 32) -> list[KernelUse]:
+    """What a model asks of the kernels: its encoder's shape (and for ELECTRA its generator's too), at the run's
+    sequence length and micro batch."""
     if not family_of(model).uses_kernels:
         return []
     if family_of(model).name == "modernbert":  # its global and its local layers: attention only
         c = model.cfg
         return [KernelUse(c.head_dim, c.hidden_size, precision, unpadded, c.attention_dropout, True,
-                          rope_theta=theta, window=window, layer_norm=False)
+                          rope_theta=theta, window=window, layer_norm=False, seq=seq, batch=batch)
                 for theta, window in ((c.global_rope_theta, None), (c.local_rope_theta, c.local_window // 2))]
     cfgs = [model.cfg] + ([model.gen_cfg] if hasattr(model, "gen_cfg") else [])
     return [KernelUse(c.head_dim, c.hidden_size, precision, unpadded, c.hidden_dropout or c.attention_dropout,
-                      c.norm == "pre") for c in cfgs]
+                      c.norm == "pre", seq=seq, batch=batch) for c in cfgs]
 
 
 def resolve_guarded(device, uses: list[KernelUse], say=print) -> str:
@@ -108,9 +114,57 @@ def resolve_guarded(device, uses: list[KernelUse], say=print) -> str:
     return backend
 
 
-def choose_backend(device, use: KernelUse, say=print, checks=run_checks) -> str:
-    """"triton" or "torch" for --kernels auto on `device` (see the module docstring); `checks` is swappable for
-    tests. Every outcome is one line through `say` when a check runs or fails, none for a cached pass."""
+def time_backends(use: KernelUse, device, repeats: int = 5) -> dict | None:
+    """Milliseconds of one layer (attention, then add+LayerNorm when the model uses it), forward and backward, at the
+    run's shape, for each backend; None where there is nothing to time against (not CUDA)."""
+    import time
+
+    from bertkit import kernels
+
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[use.dtype]
+    heads, tokens = use.hidden // use.head_dim, use.batch * use.seq
+    qkv = torch.randn(tokens, 3, heads, use.head_dim, device=device, dtype=dtype, requires_grad=True)
+    x = torch.randn(tokens, use.hidden, device=device, dtype=dtype, requires_grad=True)
+    w = torch.ones(use.hidden, device=device, dtype=dtype, requires_grad=True)
+    b = torch.zeros(use.hidden, device=device, dtype=dtype, requires_grad=True)
+    lengths = torch.full((use.batch,), use.seq, dtype=torch.int32, device=device)
+    cu = torch.arange(use.batch + 1, dtype=torch.int32, device=device) * use.seq
+    extra = dict(window=use.window, rope_theta=use.rope_theta)
+
+    def layer():
+        q, k, v = qkv.unbind(1)
+        if use.varlen:
+            out = kernels.attention_varlen(q, k, v, cu, use.seq, use.dropout, None, **extra)
+        else:
+            out = kernels.attention(*(t.view(use.batch, use.seq, heads, use.head_dim) for t in (q, k, v)), lengths,
+                                    use.dropout, None, **extra)
+        out = out.reshape(tokens, use.hidden)
+        if use.layer_norm:
+            out = kernels.add_layer_norm(out, x, w, b, 1e-12, use.dropout)
+        out.float().sum().backward()
+
+    previous, times = kernels.backend(), {}
+    try:
+        for name in ("triton", "torch"):
+            kernels.use(name)
+            layer()  # compiles, autotunes
+            torch.cuda.synchronize(device)
+            start = time.perf_counter()
+            for _ in range(repeats):
+                layer()
+            torch.cuda.synchronize(device)
+            times[name] = 1000 * (time.perf_counter() - start) / repeats
+    finally:
+        kernels.use(previous)
+    return times
+
+
+def choose_backend(device, use: KernelUse, say=print, checks=run_checks, timer=time_backends) -> str:
+    """"triton" or "torch" for --kernels auto on `device` (see the module docstring); `checks` and `timer` are
+    swappable for tests. Every outcome is one line through `say` when a check runs or fails, none when cached."""
     device = torch.device(device)
     versions = _versions(device)
     key = cache_key(versions, use)
@@ -122,7 +176,7 @@ def choose_backend(device, use: KernelUse, say=print, checks=run_checks) -> str:
     if not isinstance(known, dict):
         known = {}
     if known.get(key, {}).get("passed") is True:
-        return "triton"
+        return known[key].get("choice", "triton")
     try:
         cases = checks(use, device)
         failed = [c for c in cases if not c.passed]
@@ -136,7 +190,14 @@ def choose_backend(device, use: KernelUse, say=print, checks=run_checks) -> str:
         say(f"warning: the Triton kernels failed their check on {versions['gpu']} ({what}); this run uses "
             "--kernels torch (PyTorch's SDPA and LayerNorm). Details: bertkit check-gpu")
         return "torch"
-    known[key] = {"passed": True, "cases": len(cases), **versions}
+    try:
+        times = timer(use, device)
+    except Exception as e:  # noqa: BLE001  (an error while timing is not a wrong answer: say so, keep Triton)
+        times, said = None, f"; timing both failed ({type(e).__name__}: {str(e)[:120]})"
+    else:
+        said = ""
+    choice = "torch" if times and times["torch"] < times["triton"] else "triton"
+    known[key] = {"passed": True, "cases": len(cases), "choice": choice, "times_ms": times, **versions}
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
         from bertkit.fileio import atomic_write_json
@@ -144,6 +205,9 @@ def choose_backend(device, use: KernelUse, say=print, checks=run_checks) -> str:
         atomic_write_json(cache, known)
     except OSError:
         pass  # a read-only home: the check runs again next time
-    say(f"checked the Triton kernels on {versions['gpu']} ({len(cases)} cases, all within check-gpu's rule); "
+    if times:
+        said = (f"; one layer forward + backward at {use.batch} x {use.seq}: Triton {times['triton']:.2f} ms, "
+                f"PyTorch {times['torch']:.2f} ms, so this run uses {'Triton' if choice == 'triton' else 'PyTorch'}")
+    say(f"checked the Triton kernels on {versions['gpu']} ({len(cases)} cases, all within check-gpu's rule){said}; "
         f"cached in {cache}")
-    return "triton"
+    return choice

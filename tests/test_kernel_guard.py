@@ -50,6 +50,38 @@ def test_a_pass_is_cached_and_skipped_next_time():
     assert checks.calls == 2
 
 
+@pytest.mark.parametrize("times,choice", [({"triton": 1.2, "torch": 2.5}, "triton"),
+                                          ({"triton": 3.1, "torch": 2.0}, "torch")])
+def test_auto_takes_the_faster_backend_and_caches_the_choice_with_both_times(times, choice):
+    """After a pass, both backends are timed at the run's shape; the faster runs, the line says both times, and a
+    later run takes the cached choice without checking or timing again."""
+    said, checks, timed = [], Checks([case(True)]), []
+
+    def timer(use, device):
+        timed.append((use.batch, use.seq))
+        return times
+
+    use = KernelUse(64, 768, "bf16", False, 0.1, False, seq=512, batch=16)
+    assert choose_backend("cpu", use, said.append, checks, timer) == choice
+    assert timed == [(16, 512)] and len(said) == 1
+    assert f"Triton {times['triton']:.2f} ms, PyTorch {times['torch']:.2f} ms" in said[0]
+    assert ("uses PyTorch" if choice == "torch" else "uses Triton") in said[0]
+    entry, = json.loads((cache_dir() / "kernel_checks.json").read_text()).values()
+    assert entry["choice"] == choice and entry["times_ms"] == times
+    said.clear()
+    assert choose_backend("cpu", use, said.append, checks, timer) == choice
+    assert checks.calls == 1 and len(timed) == 1 and said == []
+
+
+def test_a_timing_error_keeps_the_checked_kernels_and_says_so():
+    def broken(use, device):
+        raise RuntimeError("CUDA error: launch timeout")
+
+    said = []
+    assert choose_backend("cpu", USE, said.append, Checks([case(True)]), broken) == "triton"
+    assert "timing both failed (RuntimeError: CUDA error: launch timeout)" in said[0]
+
+
 def test_a_cached_pass_for_another_triton_is_checked_again():
     checks = Checks([case(True)])
     choose_backend("cpu", USE, lambda m: None, checks)

@@ -253,7 +253,8 @@ def start_fine_tuning(model, train_rows: list, best_metric: str, cfg: TrainConfi
         tqdm.write(threads.describe())
     device = pick_device(cfg.device, local_rank)
     kernels.use(cfg.kernels)
-    backend = resolve_guarded(device, kernel_uses(model, "fp32", cfg.unpadded),  # auto on a GPU: checked there first
+    # auto on a GPU: checked (and both backends timed) there first
+    backend = resolve_guarded(device, kernel_uses(model, "fp32", cfg.unpadded, batch=cfg.batch_size),
                               say=tqdm.write if rank == 0 else lambda m: m.startswith("warning") and tqdm.write(m))
     if world > 1 and not torch.distributed.is_initialized():
         if device.type == "cuda":

@@ -151,7 +151,8 @@ def start_run(cfg: PretrainConfig, manifest: InstancesManifest, rank: int, world
     torch.manual_seed(cfg.seed)  # same initial weights on every rank
     model, bert_cfg, init_source = build_model(cfg, manifest, previous_run, objective)
     # logged with the run (the weights never depend on it); auto on a GPU is checked there first
-    backend = resolve_guarded(device, kernel_uses(model, settings.precision, cfg.unpadded),
+    backend = resolve_guarded(device, kernel_uses(model, settings.precision, cfg.unpadded, manifest.max_seq_length,
+                                                  settings.micro_batch),
                               say=say if rank == 0 else lambda m: m.startswith("warning") and say(m))
     optimizer = build_optimizer(settings.optimizer, param_groups(model, settings.weight_decay), settings.lr,
                                 cfg.betas, cfg.eps, on_cuda)
