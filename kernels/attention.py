@@ -29,7 +29,7 @@ import triton.language as tl
 
 from .common import INTERPRET, cdiv, draw_seed, next_power_of_2, threshold_and_scale
 from .dropout import keep_tile
-from .reference import rotary_tables
+from .reference import cached_rotary_tables
 
 LOG2E = 1.4426950408889634
 
@@ -591,9 +591,6 @@ def _batch_heads(q, seqinfo, varlen):
     return (seqinfo.shape[0] - 1 if varlen else q.shape[0]), q.shape[-2]
 
 
-_TABLES = {}
-
-
 def _rotary_args(rope_theta, max_seqlen, head_dim, device, dummy):
     """(COS, SIN, ROPE) for a launch: the reference's fp32 tables, made once per (length, dim, base, device);
     rope_theta <= 0 means no rotary (the tables are then never read)."""
@@ -602,12 +599,7 @@ def _rotary_args(rope_theta, max_seqlen, head_dim, device, dummy):
     if head_dim != block_d_for(head_dim):
         raise ValueError(f"attention: the kernels' rotary embeddings need a head_dim that is a power of two (16 to "
                          f"256), got {head_dim}; use --kernels torch for this model")
-    key = (max_seqlen, head_dim, float(rope_theta), str(device))
-    if key not in _TABLES:
-        if len(_TABLES) > 64:
-            _TABLES.clear()
-        _TABLES[key] = tuple(t.contiguous() for t in rotary_tables(max_seqlen, head_dim, rope_theta, device))
-    return (*_TABLES[key], True)
+    return (*cached_rotary_tables(max_seqlen, head_dim, rope_theta, device), True)
 
 
 def _window_args(window):

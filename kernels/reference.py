@@ -17,6 +17,19 @@ def rotary_tables(seq: int, head_dim: int, theta: float, device=None) -> tuple[t
     return angles.cos(), angles.sin()
 
 
+_TABLES = {}
+
+
+def cached_rotary_tables(seq: int, head_dim: int, theta: float, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """rotary_tables, made once per (length, dim, base, device): every layer of every step asks for the same."""
+    key = (int(seq), int(head_dim), float(theta), str(device))
+    if key not in _TABLES:
+        if len(_TABLES) > 64:
+            _TABLES.clear()
+        _TABLES[key] = tuple(t.contiguous() for t in rotary_tables(seq, head_dim, theta, device))
+    return _TABLES[key]
+
+
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x * cos + rotate_half(x) * sin, computed in fp32 (float64 stays float64), returned in x's dtype."""
     compute = torch.float64 if x.dtype == torch.float64 else torch.float32

@@ -16,7 +16,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from .reference import add_layer_norm_reference, apply_rotary, rotary_tables
+from .reference import add_layer_norm_reference, apply_rotary, cached_rotary_tables
 
 VARLEN_IMPLS = ("auto", "pad", "njt", "varlen")
 
@@ -27,19 +27,36 @@ def _key_mask(lengths, seq: int):
     return torch.arange(seq, device=lengths.device)[None, :] < lengths.clamp(min=1)[:, None].to(torch.int64)
 
 
-def attention_torch(q, k, v, lengths, dropout_p=0.0, softmax_scale=None, window=None, rope_theta=None):
+_BANDS = {}
+
+
+def _band(seq: int, window: int, device) -> torch.Tensor:
+    """(seq, seq) bool: |query - key| <= window, made once per (length, window, device)."""
+    key = (seq, window, str(device))
+    if key not in _BANDS:
+        if len(_BANDS) > 64:
+            _BANDS.clear()
+        idx = torch.arange(seq, device=device)
+        _BANDS[key] = (idx[:, None] - idx[None, :]).abs() <= window
+    return _BANDS[key]
+
+
+def attention_torch(q, k, v, lengths, dropout_p=0.0, softmax_scale=None, window=None, rope_theta=None,
+                    zero_padding=True):
     """q, k, v: (B, S, H, D), right-padded (strided views allowed); lengths: (B,). Returns (B, S, H, D).
-    window: ±keys each query sees (a band mask); rope_theta: q and k turned by rotary embeddings first."""
+    window: ±keys each query sees (a band mask); rope_theta: q and k turned by rotary embeddings first.
+    zero_padding=False leaves the padded rows as SDPA computed them (for a caller that never reads them)."""
     seq = q.shape[1]
     if rope_theta is not None:
-        cos, sin = rotary_tables(seq, q.shape[-1], rope_theta, q.device)
+        cos, sin = cached_rotary_tables(seq, q.shape[-1], rope_theta, q.device)
         q, k = apply_rotary(q, cos[:, None], sin[:, None]), apply_rotary(k, cos[:, None], sin[:, None])
     keys = _key_mask(lengths, seq)[:, None, None, :]
     if window is not None:
-        idx = torch.arange(seq, device=q.device)
-        keys = keys & ((idx[:, None] - idx[None, :]).abs() <= window)
+        keys = keys & _band(seq, window, q.device)
     out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                          attn_mask=keys, dropout_p=dropout_p, scale=softmax_scale)
+    if not zero_padding:
+        return out.transpose(1, 2)
     rows = torch.arange(seq, device=q.device)[None, :] < lengths[:, None].to(torch.int64)
     return torch.where(rows[:, :, None, None], out.transpose(1, 2), 0.0).to(q.dtype)
 
@@ -57,13 +74,14 @@ def _varlen_by_padding(q, k, v, cu_seqlens, max_seqlen, dropout_p, softmax_scale
     batch = cu_seqlens.numel() - 1
     seq, pos = _packed_index(cu_seqlens, total)
     valid = seq < batch  # tokens past cu_seqlens[-1] belong to no sequence
-
-    def pad(x):
-        return x.new_zeros(batch, max_seqlen, heads, dim).index_put((seq[valid], pos[valid]), x[valid])
-
+    slot = torch.where(valid, seq * max_seqlen + pos, batch * max_seqlen)  # one spare row for them
+    # q, k and v scattered in one pass (they are usually views of one fused projection)
+    grid = q.new_zeros(batch * max_seqlen + 1, 3, heads, dim).index_copy_(0, slot, torch.stack((q, k, v), 1))
+    qp, kp, vp = grid[:-1].view(batch, max_seqlen, 3, heads, dim).unbind(2)
     lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).to(torch.int64)
-    out = attention_torch(pad(q), pad(k), pad(v), lengths, dropout_p, softmax_scale, window, rope_theta)
-    return torch.where(valid[:, None, None], out[seq.clamp(max=batch - 1), pos.clamp(max=max_seqlen - 1)], 0.0)
+    out = attention_torch(qp, kp, vp, lengths, dropout_p, softmax_scale, window, rope_theta, zero_padding=False)
+    out = out.reshape(batch * max_seqlen, heads, dim).index_select(0, slot.clamp(max=batch * max_seqlen - 1))
+    return out * valid[:, None, None].to(out.dtype)
 
 
 def _varlen_nested(q, k, v, cu_seqlens, max_seqlen, dropout_p, softmax_scale):
