@@ -106,7 +106,7 @@ def resolve_guarded(device, uses: list[KernelUse], say=print) -> str:
     from bertkit import kernels
 
     backend = kernels.resolve(device)
-    if not uses:  # a model that calls no bertkit kernel (ModernBERT) runs, and is recorded, as torch
+    if not uses:  # a model that calls no bertkit kernel runs, and is recorded, as torch
         return "torch"
     if kernels.backend() == "auto" and backend == "triton" and torch.device(device).type == "cuda":
         backend = "triton" if all(choose_backend(device, u, say) == "triton" for u in uses) else "torch"

@@ -19,7 +19,7 @@ from bertkit.models.bert_hf import ModelFolderError
 class Family:
     name: str
     model_type: str            # config.json's model_type in transformers' format (BERT's: bert, megatron-bert)
-    uses_kernels: bool         # bertkit's attention/LayerNorm kernels (ModernBERT: RoPE and the window in PyTorch)
+    uses_kernels: bool         # calls bertkit.kernels (ModernBERT: its attention only; its norms are PyTorch's)
     splits_documents: bool     # packed pretraining rows attend within each [SEP]-ended document only
 
 
