@@ -236,7 +236,7 @@ def main(argv=None):
     if args.only in ("random", "pretrain", None):
         d = prepare(args.work)
         corpus = json.loads((d["corpus"] / "manifest.json").read_text())
-        results["corpus"] = {k: v for k, v in corpus.items() if isinstance(v, (int, float))}
+        results["corpus"] = corpus["totals"]   # files, bytes, documents, sentences: how much Korean text
     if args.only == "random":
         sweep(args.work, "random", random_start(args.work, d["instances"]), results, save)
     if args.only in (None, "pretrain"):
