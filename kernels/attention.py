@@ -734,10 +734,17 @@ def _setup_context(ctx, inputs, output):
     ctx.args = (max_seqlen, varlen, dropout_p, softmax_scale, window, rope_theta)
 
 
-def _backward(ctx, dout, _dlse):
+def _grads(ctx, dout, run_backward):
+    """The backward of both paths: run_backward is the op (torch.compile) or the plain function (eager)."""
     q, k, v, out, lse, seqinfo, seed = ctx.saved_tensors
-    dq, dk, dv = flash_attn_bwd_op(dout, q, k, v, out, lse, seqinfo, seed, *ctx.args)
+    max_seqlen, varlen, dropout_p, softmax_scale, window, rope_theta = ctx.args
+    dq, dk, dv = run_backward(dout, q, k, v, out, lse, seqinfo, seed, max_seqlen, varlen, dropout_p, softmax_scale,
+                              window=window, rope_theta=rope_theta)
     return dq, dk, dv, None, None, None, None, None, None, None, None
+
+
+def _backward(ctx, dout, _dlse):
+    return _grads(ctx, dout, flash_attn_bwd_op)
 
 
 torch.library.register_autograd("bertkit::flash_attn_fwd", _backward, setup_context=_setup_context)
@@ -749,19 +756,15 @@ class _FlashAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, seqinfo, seed, max_seqlen, varlen, dropout_p, softmax_scale, window, rope_theta):
-        out, lse = flash_attn_forward(q, k, v, seqinfo, seed, max_seqlen, varlen, dropout_p, softmax_scale,
-                                      window=window, rope_theta=rope_theta)
-        ctx.save_for_backward(q, k, v, out, lse, seqinfo, seed)
-        ctx.args = (max_seqlen, varlen, dropout_p, softmax_scale)
-        ctx.extra = dict(window=window, rope_theta=rope_theta)
+        inputs = (q, k, v, seqinfo, seed, max_seqlen, varlen, dropout_p, softmax_scale, window, rope_theta)
+        out, lse = flash_attn_forward(*inputs[:9], window=window, rope_theta=rope_theta)
+        _setup_context(ctx, inputs, (out, lse))
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
-        q, k, v, out, lse, seqinfo, seed = ctx.saved_tensors
-        dq, dk, dv = flash_attn_backward(dout, q, k, v, out, lse, seqinfo, seed, *ctx.args, **ctx.extra)
-        return dq, dk, dv, None, None, None, None, None, None, None, None
+        return _grads(ctx, dout, flash_attn_backward)
 
 
 # ---------------------------------------------------------------------------------------------------------------

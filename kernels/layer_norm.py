@@ -280,13 +280,18 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(h if store_h else x, weight, mean, rstd, seed)
 
 
-def _backward(ctx, dy, dh_in, _dmean, _drstd):
+def _grads(ctx, dy, dh_in, run_backward):
+    """The backward of both paths: run_backward is the op (torch.compile) or the plain function (eager)."""
     h, weight, mean, rstd, seed = ctx.saved_tensors
     # dh_in: the gradient of the returned sum h, which a pre-LN model uses as its residual stream (None otherwise)
     use_dh_in = dh_in is not None and dh_in.numel() > 0
-    dh, dx, dw, db = add_ln_bwd_op(dy, h, weight, mean, rstd, seed, ctx.dropout_p, dh_in if use_dh_in else None)
+    dh, dx, dw, db = run_backward(dy, h, weight, mean, rstd, seed, ctx.dropout_p, dh_in=dh_in if use_dh_in else None)
     grad_x = dx if ctx.dropout_p > 0.0 else dh
     return grad_x, (dh if ctx.has_residual else None), dw, db, None, None, None
+
+
+def _backward(ctx, dy, dh_in, _dmean, _drstd):
+    return _grads(ctx, dy, dh_in, add_ln_bwd_op)
 
 
 torch.library.register_autograd("bertkit::add_layer_norm_fwd", _backward, setup_context=_setup_context)
@@ -305,12 +310,7 @@ class _AddLayerNorm(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy, dh_in, _dmean, _drstd):
-        h, weight, mean, rstd, seed = ctx.saved_tensors
-        use_dh_in = dh_in is not None and dh_in.numel() > 0
-        dh, dx, dw, db = add_ln_backward(dy, h, weight, mean, rstd, seed, ctx.dropout_p,
-                                         dh_in=dh_in if use_dh_in else None)
-        grad_x = dx if ctx.dropout_p > 0.0 else dh
-        return grad_x, (dh if ctx.has_residual else None), dw, db, None, None, None
+        return _grads(ctx, dy, dh_in, add_ln_backward)
 
 
 def add_layer_norm_triton(x, residual, weight, bias, eps=1e-12, dropout_p=0.0, prenorm=False):
