@@ -225,12 +225,16 @@ class EpochBatches:
         if self.per_epoch == 0:
             raise InstancesError(f"{self.num_rows} instances cannot fill one micro batch of {self.micro_batch} on "
                                  f"each of {self.world_size} rank(s); lower --micro-batch or make more instances.")
-        epoch, start = self.start_epoch, self.start
-        while True:
-            batches = self.epoch_indices(epoch)
-            for b in range(start, self.per_epoch):
-                yield [(epoch, int(i)) for i in batches[b]]
-            epoch, start = epoch + 1, 0
+        yield from _epoch_after_epoch(self.epoch_indices, self.start_epoch, self.start)
+
+
+def _epoch_after_epoch(batches_of, epoch: int, start: int):
+    """[(epoch, row), ...] micro batches from batch `start` of `epoch` on, without end; batches_of(epoch) lists an
+    epoch's batches (the same number every epoch, so a resume's (epoch, start) finds its place)."""
+    while True:
+        for rows in batches_of(epoch)[start:]:
+            yield [(epoch, int(row)) for row in rows]
+        epoch, start = epoch + 1, 0
 
 
 def best_fit(lengths: np.ndarray, order: np.ndarray, budget: int) -> list[list[int]]:
@@ -289,11 +293,7 @@ class TokenBudgetBatches:
         if self.per_epoch == 0:
             raise InstancesError(f"{int(self.lengths.sum())} tokens of instances cannot fill one micro batch of "
                                  f"{self.budget} tokens on each of {self.world_size} rank(s); lower --token-budget")
-        epoch, start = self.start_epoch, self.start
-        while True:
-            for rows in self.epoch_bins(epoch)[start:]:
-                yield [(epoch, row) for row in rows]
-            epoch, start = epoch + 1, 0
+        yield from _epoch_after_epoch(self.epoch_bins, self.start_epoch, self.start)
 
 
 class _Rows:
