@@ -195,6 +195,11 @@ def collate_packed(rows: list[dict], pad_multiple: int = 8, split_at: int | None
     return batch
 
 
+def to_device(batch: dict, device) -> dict:
+    """Tensors to the device; plain values (a packed batch's max_seqlen) stay on the host."""
+    return {k: v.to(device, non_blocking=True) if hasattr(v, "to") else v for k, v in batch.items()}
+
+
 @dataclass
 class EpochBatches:
     """Micro batches of one rank: [(epoch, index), ...] lists, from micro batch `start` of epoch `start_epoch` on.

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from bertkit import kernels
+from bertkit.data import to_device
 from bertkit.distributed import destroy_at_exit
 from bertkit.fileio import atomic_write_json, check_folder_owned, read_json_or_none, replace_earlier_output
 from bertkit.formats import IGNORE_INDEX
@@ -311,7 +312,3 @@ def end_of_epoch(ft: FineTuning, evaluate, save, epoch: int, train_loss, seconds
         atomic_write_json(ft.out_dir / "metrics.json", ft.summary)
     if ft.world > 1:
         torch.distributed.barrier()
-
-
-def to_device(batch: dict, device) -> dict:
-    return {k: v.to(device) if hasattr(v, "to") else v for k, v in batch.items()}

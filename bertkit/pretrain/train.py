@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
 
-from bertkit.data import EpochBatches, collate, collate_packed
+from bertkit.data import EpochBatches, collate, collate_packed, to_device
 from bertkit.distributed import destroy_at_exit
 from bertkit.fileio import disk_errors
 from bertkit.formats import RUN_CONFIG, read_instances_manifest, read_run_config
@@ -250,11 +250,6 @@ def global_grad_norm(model) -> torch.Tensor:
     """The L2 norm of all gradients (stays on the device until logged)."""
     norms = [p.grad.detach().float().norm() for p in model.parameters() if p.grad is not None]
     return torch.linalg.vector_norm(torch.stack(norms)) if norms else torch.zeros(())
-
-
-def to_device(batch: dict, device) -> dict:
-    """Tensors to the device; plain values (a packed batch's max_seqlen) stay on the host."""
-    return {k: v.to(device, non_blocking=True) if hasattr(v, "to") else v for k, v in batch.items()}
 
 
 def out_of_memory(batch, run: Run, k: int) -> TrainingError:
