@@ -6,7 +6,8 @@ that returns at once, so what is timed is the Python around it, the same on any 
 Rows: each launcher (flash_attn_forward / backward, add_ln_forward / backward) and each public autograd entry
 (attention_triton and add_layer_norm_triton, forward + backward), beside PyTorch's own host time for the same
 layer on a tensor too small to compute anything (SDPA and F.layer_norm forward + backward on the CPU). Goal: at
-most 10 µs per forward launch and 15 µs per backward, and the autograd entries within 1.5x of PyTorch's.
+most 10 µs per forward launch and 15 µs per backward, and the autograd entries within 1.5x of PyTorch's. A last
+row times an autograd.Function of layer norm's signature that does no work: the floor under any Python one.
 Microseconds are the median of 7 rounds of --calls calls. Prints a table and writes
 benchmarks/results/host_time_cpu.json (with the load average: time it on an otherwise idle machine).
 """
@@ -99,6 +100,26 @@ def cases():
     def layer_norm_torch():
         torch.autograd.grad(F.layer_norm(x + res, (hidden,), w, bias, 1e-12), (x, res, w, bias), dy)
 
+    class NoWork(torch.autograd.Function):
+        """Layer norm's autograd signature (7 inputs, 2 outputs, 5 saved tensors) with no work: the host time any
+        Python autograd.Function of that shape costs before its launchers run."""
+
+        @staticmethod
+        def forward(ctx, x, residual, weight, bias, seed, eps, dropout_p):
+            y, h = torch.empty_like(x), torch.empty_like(x)
+            ctx.save_for_backward(h, weight, h, h, seed)
+            ctx.set_materialize_grads(False)
+            return y, h
+
+        @staticmethod
+        def backward(ctx, dy, dh):
+            h, weight, _, _, _ = ctx.saved_tensors
+            grads = torch.empty_like(dy), torch.empty_like(dy), torch.empty_like(weight), torch.empty_like(weight)
+            return *grads, None, None, None
+
+    def layer_norm_floor():
+        torch.autograd.grad(NoWork.apply(x, res, w, bias, w, 1e-12, 0.0)[0], (x, res, w, bias), dy)
+
     return {
         "attention forward launcher": (lambda: attn.flash_attn_forward(q, k, v, lengths, seed, s, False, 0.0, 0.25),
                                        None, "launch-fwd"),
@@ -110,6 +131,7 @@ def cases():
                                          "launch-bwd"),
         "attention forward + backward (autograd)": (attention_ours, attention_torch, "autograd"),
         "layer norm forward + backward (autograd)": (layer_norm_ours, layer_norm_torch, "autograd"),
+        "  floor: an autograd.Function doing nothing": (layer_norm_floor, layer_norm_torch, "floor"),
     }
 
 
@@ -132,6 +154,9 @@ def main(argv=None):
     goals = {"launch-fwd": 10.0, "launch-bwd": 15.0}
     print(f"\n{'case':42} {'launches':>8} {'µs':>8} {'torch µs':>9} {'ratio':>6}  goal")
     for r in rows:
+        if r["kind"] == "floor":
+            print(f"{r['case']:42} {r['launches']:8} {r['us']:8.1f} {r['torch_us']:9.1f} {r['ratio']:6.2f}  (no goal)")
+            continue
         goal = f"<= {goals[r['kind']]:.0f} µs" if r["kind"] in goals else "<= 1.5x torch"
         met = r["us"] <= goals[r["kind"]] if r["kind"] in goals else r["ratio"] <= 1.5
         print(f"{r['case']:42} {r['launches']:8} {r['us']:8.1f} {r.get('torch_us', float('nan')):9.1f} "

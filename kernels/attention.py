@@ -578,13 +578,13 @@ def _check(q, k, v, seqinfo, varlen):
         raise ValueError("attention: lengths / cu_seqlens must be int32")
 
 
-def _check_offsets(max_seqlen, *tensors):
-    """The kernels address rows inside a sequence with 32-bit offsets (fewer registers than 64-bit ones)."""
-    for t in tensors:
-        row_stride = t.stride()[-3]  # the seq axis in both layouts: (B, S, H, D) and (tokens, H, D)
-        if (max_seqlen + 128) * row_stride >= 2**31:
-            raise ValueError(f"attention: max_seqlen {max_seqlen} x row stride {row_stride} does not fit 32-bit "
-                             "offsets; make the tensors contiguous or split the batch")
+def _check_offsets(max_seqlen, *strides):
+    """The kernels address rows inside a sequence with 32-bit offsets (fewer registers than 64-bit ones).
+    strides: _strides' (batch, seq, head) tuples, whose middle one is the row stride in both layouts."""
+    row_stride = max([st[1] for st in strides])
+    if (max_seqlen + 128) * row_stride >= 2**31:
+        raise ValueError(f"attention: max_seqlen {max_seqlen} x row stride {row_stride} does not fit 32-bit "
+                         "offsets; make the tensors contiguous or split the batch")
 
 
 def _batch_heads(q, seqinfo, varlen):
@@ -618,21 +618,21 @@ def flash_attn_forward(q, k, v, seqinfo, seed, max_seqlen, varlen, dropout_p, so
     batch, heads = _batch_heads(q, seqinfo, varlen)
     head_dim = q.shape[-1]
     if out is None:
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if lse is None:
-        lse = torch.empty((batch, heads, max_seqlen), dtype=torch.float32, device=q.device)
+        lse = q.new_empty((batch, heads, max_seqlen), dtype=torch.float32)
     if batch == 0 or max_seqlen == 0 or q.numel() == 0:
         out.zero_()
         return out, lse
-    _check_offsets(max_seqlen, q, k, v, out)
+    q_st, k_st, v_st, out_st = _strides(q, varlen), _strides(k, varlen), _strides(v, varlen), _strides(out, varlen)
+    _check_offsets(max_seqlen, q_st, k_st, v_st, out_st)
     dropout = dropout_p > 0.0
     threshold, dropout_scale = threshold_and_scale(dropout_p)
     cos, sin, rope = _rotary_args(rope_theta, max_seqlen, head_dim, q.device, seqinfo)
     window, local = _window_args(window)
     _fwd_launch(
         lambda block_m, block_n: (cdiv(max_seqlen, block_m), batch * heads),
-        q, k, v, out, lse, seqinfo, seed if dropout else seqinfo, cos, sin,
-        *_strides(q, varlen), *_strides(k, varlen), *_strides(v, varlen), *_strides(out, varlen),
+        q, k, v, out, lse, seqinfo, seed if dropout else seqinfo, cos, sin, *q_st, *k_st, *v_st, *out_st,
         heads, max_seqlen, softmax_scale * LOG2E, threshold, dropout_scale, window,
         HEAD_DIM=head_dim, BLOCK_D=block_d_for(head_dim),
         VARLEN=varlen, DROPOUT=dropout, DOT_PREC=_dot_precision(q.dtype), ROPE=rope, LOCAL=local,
@@ -642,42 +642,46 @@ def flash_attn_forward(q, k, v, seqinfo, seed, max_seqlen, varlen, dropout_p, so
 
 def flash_attn_backward(dout, q, k, v, out, lse, seqinfo, seed, max_seqlen, varlen, dropout_p, softmax_scale,
                         dq=None, dk=None, dv=None, window=None, rope_theta=None):
-    """Returns (dq, dk, dv) shaped like q; padded rows get exact zeros. Buffers may be given (tests poison them)."""
+    """Returns (dq, dk, dv) shaped like q; padded rows get exact zeros. Buffers may be given (tests poison them):
+    three of one layout."""
     batch, heads = _batch_heads(q, seqinfo, varlen)
     head_dim = q.shape[-1]
-    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device) if dq is None else dq
-    dk = torch.empty(q.shape, dtype=q.dtype, device=q.device) if dk is None else dk
-    dv = torch.empty(q.shape, dtype=q.dtype, device=q.device) if dv is None else dv
+    dq = torch.empty_like(q, memory_format=torch.contiguous_format) if dq is None else dq
+    dk = torch.empty_like(q, memory_format=torch.contiguous_format) if dk is None else dk
+    dv = torch.empty_like(q, memory_format=torch.contiguous_format) if dv is None else dv
     if batch == 0 or max_seqlen == 0 or q.numel() == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
     if dout.stride(-1) != 1:
         dout = dout.contiguous()
     block_m = INTERPRETER_CONFIG[0] if INTERPRET else 64
     block_d = block_d_for(head_dim)
-    _check_offsets(max_seqlen, q, k, v, out, dout, dq, dk, dv)
+    q_st, k_st, v_st, out_st, dout_st, grad_st = [_strides(t, varlen) for t in (q, k, v, out, dout, dq)]
+    if dk.stride() != dq.stride() or dv.stride() != dq.stride():
+        raise ValueError("attention: given dq, dk, dv buffers must share one layout")
+    _check_offsets(max_seqlen, q_st, k_st, v_st, out_st, dout_st, grad_st)
     dropout = dropout_p > 0.0
     threshold, dropout_scale = threshold_and_scale(dropout_p)
     seed_arg = seed if dropout else seqinfo
-    delta = torch.empty((batch, heads, max_seqlen), dtype=torch.float32, device=q.device)
+    delta = q.new_empty((batch, heads, max_seqlen), dtype=torch.float32)
     _attn_bwd_delta[(cdiv(max_seqlen, block_m), batch * heads)](
-        out, dout, delta, seqinfo, *_strides(out, varlen), *_strides(dout, varlen), heads, max_seqlen,
+        out, dout, delta, seqinfo, *out_st, *dout_st, heads, max_seqlen,
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_D=block_d, VARLEN=varlen,
     )
     cos, sin, rope = _rotary_args(rope_theta, max_seqlen, head_dim, q.device, seqinfo)
     window, local = _window_args(window)
     common = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, VARLEN=varlen, DROPOUT=dropout,
                   DOT_PREC=_dot_precision(q.dtype), ROPE=rope, LOCAL=local)
-    qkv_strides = (*_strides(q, varlen), *_strides(k, varlen), *_strides(v, varlen), *_strides(dout, varlen))
+    qkv_strides = (*q_st, *k_st, *v_st, *dout_st)
     scales = (heads, max_seqlen, softmax_scale * LOG2E, softmax_scale, threshold, dropout_scale, window)
     _dkdv_launch(
         lambda block_m, block_n: (cdiv(max_seqlen, block_n), batch * heads),
         q, k, v, dout, lse, delta, dk, dv, seqinfo, seed_arg, cos, sin,
-        *qkv_strides, *_strides(dk, varlen), *_strides(dv, varlen), *scales, **common,
+        *qkv_strides, *grad_st, *grad_st, *scales, **common,
     )
     _dq_launch(
         lambda block_m, block_n: (cdiv(max_seqlen, block_m), batch * heads),
         q, k, v, dout, lse, delta, dq, seqinfo, seed_arg, cos, sin,
-        *qkv_strides, *_strides(dq, varlen), *scales, **common,
+        *qkv_strides, *grad_st, *scales, **common,
     )
     return dq, dk, dv
 

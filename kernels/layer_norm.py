@@ -21,6 +21,8 @@ from .common import INTERPRET, cdiv, draw_seed, next_power_of_2, threshold_and_s
 from .dropout import GROUP, keep_tile
 
 MAX_HIDDEN = 8192
+# empty_like(..., memory_format=CONTIGUOUS) costs a third of torch.empty(shape, dtype=, device=) on the host
+CONTIGUOUS = torch.contiguous_format
 
 
 @triton.jit(do_not_specialize=["n_rows"])
@@ -128,6 +130,7 @@ def _ln_dropout_mask_kernel(MASK, SEED, n_rows, N, threshold,  # MASK: (n_rows, 
 # launchers
 
 
+@functools.lru_cache(maxsize=64)
 def tile_shape(n):
     """(BLOCK_M, BLOCK_N, num_warps): about 4k elements per tile; fewer warps under the interpreter is irrelevant."""
     block_n = max(GROUP, next_power_of_2(n))
@@ -152,9 +155,16 @@ def _num_programs(n_rows, block_m, device):
 
 
 def _rows(t, n):
+    """(t as rows of n, the row stride). A contiguous t goes as it is (the kernels read flat rows; a reshape or
+    view per tensor was a tenth of the launcher's host time); other layouts as a view with evenly strided rows,
+    else a copy."""
+    if t.is_contiguous():
+        return t, n
     if t.stride(-1) != 1:
         t = t.contiguous()
-    return t.reshape(-1, n)  # a view for every layout whose rows are evenly strided, else a copy
+        return t, n
+    t = t.reshape(-1, n)
+    return t, t.stride(0)
 
 
 def _out_dtype(x, residual):
@@ -164,7 +174,7 @@ def _out_dtype(x, residual):
 
 def add_ln_forward(x, residual, weight, bias, seed, eps, dropout_p, y=None, h=None):
     """Returns (y, h, mean, rstd); h is the pre-norm sum, or an empty tensor when it is x itself (no residual, no
-    dropout). y/h may be given (tests pass NaN-filled buffers)."""
+    dropout). y/h may be given, contiguous (tests pass NaN-filled buffers)."""
     n = x.shape[-1]
     if n > MAX_HIDDEN:
         raise ValueError(f"add_layer_norm: hidden size {n} > {MAX_HIDDEN} is not supported")
@@ -172,25 +182,24 @@ def add_ln_forward(x, residual, weight, bias, seed, eps, dropout_p, y=None, h=No
         raise ValueError(f"add_layer_norm: weight/bias must have shape ({n},), got {weight.shape}, {bias.shape}")
     if residual is not None and residual.shape != x.shape:
         raise ValueError(f"add_layer_norm: residual shape {residual.shape} != x shape {x.shape}")
-    x2 = _rows(x, n)
-    r2 = _rows(residual, n) if residual is not None else x2
-    n_rows = x2.shape[0]
+    x2, x_stride = _rows(x, n)
+    r2, r_stride = _rows(residual, n) if residual is not None else (x2, x_stride)
+    n_rows = x.numel() // n if n else 0
     dropout = dropout_p > 0.0
     store_h = residual is not None or dropout
     dtype = _out_dtype(x, residual)
-    y = torch.empty(x.shape, dtype=dtype, device=x.device) if y is None else y
+    y = torch.empty_like(x, dtype=dtype, memory_format=CONTIGUOUS) if y is None else y
     if h is None:
-        h = torch.empty(x.shape if store_h else (0,), dtype=dtype, device=x.device)
-    mean = torch.empty(n_rows, dtype=torch.float32, device=x.device)
-    rstd = torch.empty(n_rows, dtype=torch.float32, device=x.device)
+        h = torch.empty_like(y) if store_h else x.new_empty(0, dtype=dtype)
+    mean = x.new_empty(n_rows, dtype=torch.float32)
+    rstd = x.new_empty(n_rows, dtype=torch.float32)
     if n_rows == 0:
         return y, h, mean, rstd
-    y2 = y.view(-1, n)
-    h2 = h.view(-1, n) if store_h else y2
+    h2 = h if store_h else y  # y and h are made (or given) contiguous: row stride n
     block_m, block_n, warps = tile_shape(n)
     _add_ln_fwd[(cdiv(n_rows, block_m),)](
-        x2, r2, weight, bias, y2, h2, mean, rstd, seed if dropout else mean,
-        n_rows, n, x2.stride(0), r2.stride(0), y2.stride(0), h2.stride(0), eps, *threshold_and_scale(dropout_p),
+        x2, r2, weight, bias, y, h2, mean, rstd, seed if dropout else mean,
+        n_rows, n, x_stride, r_stride, n, n, eps, *threshold_and_scale(dropout_p),
         BLOCK_M=block_m, BLOCK_N=block_n, HAS_RESIDUAL=residual is not None, DROPOUT=dropout, STORE_H=store_h,
         num_warps=warps,
     )
@@ -198,27 +207,25 @@ def add_ln_forward(x, residual, weight, bias, seed, eps, dropout_p, y=None, h=No
 
 
 def add_ln_backward(dy, h, weight, mean, rstd, seed, dropout_p, dh=None, dx=None, dh_in=None):
-    """Returns (dh, dx, dweight, dbias): dh is the residual's gradient; dx is x's gradient with dropout, else an
-    empty tensor (x's gradient is dh then). dh_in: h's own incoming gradient (prenorm), added to dh."""
+    """Returns (dh, dx, dweight, dbias): dh is the residual's gradient; dx is x's gradient with dropout, else None
+    (x's gradient is dh then). dh_in: h's own incoming gradient (prenorm), added to dh. Given dh/dx/y/h buffers
+    (tests poison them) are contiguous."""
     n = h.shape[-1]
-    dy2 = _rows(dy, n)
-    h2 = _rows(h, n)
-    n_rows = h2.shape[0]
+    dy2, dy_stride = _rows(dy, n)
+    h2, h_stride = _rows(h, n)
+    n_rows = h.numel() // n if n else 0
     dropout = dropout_p > 0.0
-    dh = torch.empty(h.shape, dtype=h.dtype, device=h.device) if dh is None else dh
-    if dx is None:
-        dx = torch.empty(h.shape if dropout else (0,), dtype=h.dtype, device=h.device)
+    dh = torch.empty_like(h, memory_format=CONTIGUOUS) if dh is None else dh
+    if dx is None and dropout:
+        dx = torch.empty_like(dh)
     block_m, block_n, warps = tile_shape(n)
     programs = _num_programs(n_rows, block_m, h.device)
     rows_per_program = cdiv(cdiv(n_rows, programs), block_m) * block_m
-    parts = torch.empty((2, programs, n), dtype=torch.float32, device=h.device)  # dgamma's and dbeta's partials
-    dw_part, db_part = parts[0], parts[1]
-    dh2 = dh.view(-1, n)
-    dx2 = dx.view(-1, n) if dropout else dh2
-    dh_in2 = _rows(dh_in, n) if dh_in is not None else dy2
+    parts = h.new_empty((2, programs, n), dtype=torch.float32)  # dgamma's and dbeta's partials
+    dh_in2, dh_in_stride = _rows(dh_in, n) if dh_in is not None else (dy2, dy_stride)
     _add_ln_bwd[(programs,)](
-        dy2, h2, dh_in2, weight, mean, rstd, dh2, dx2, dw_part, db_part, seed if dropout else mean,
-        n_rows, n, rows_per_program, dy2.stride(0), h2.stride(0), dh2.stride(0), dx2.stride(0), dh_in2.stride(0),
+        dy2, h2, dh_in2, weight, mean, rstd, dh, dx if dropout else dh, parts[0], parts[1], seed if dropout else mean,
+        n_rows, n, rows_per_program, dy_stride, h_stride, n, n, dh_in_stride,
         *threshold_and_scale(dropout_p),
         BLOCK_M=block_m, BLOCK_N=block_n, DROPOUT=dropout, HAS_DH_IN=dh_in is not None, num_warps=warps,
     )
@@ -262,6 +269,7 @@ def add_ln_bwd_op(dy: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, mean:
                   rstd: torch.Tensor, seed: torch.Tensor, dropout_p: float, dh_in: torch.Tensor | None = None
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     dh, dx, dw, db = add_ln_backward(dy, h, weight, mean, rstd, seed, dropout_p, dh_in=dh_in)
+    dx = dx if dx is not None else h.new_empty((0,))  # an op returns a tensor for every output
     return dh, dx, dw, db.clone()  # an op's outputs may not alias: dw and db are rows of one reduction
 
 
@@ -283,6 +291,8 @@ def _setup_context(ctx, inputs, output):
 def _grads(ctx, dy, dh_in, run_backward):
     """The backward of both paths: run_backward is the op (torch.compile) or the plain function (eager)."""
     h, weight, mean, rstd, seed = ctx.saved_tensors
+    if dy is None:  # eager: only h was used (the op path materialises zeros itself)
+        dy = torch.zeros_like(h)
     # dh_in: the gradient of the returned sum h, which a pre-LN model uses as its residual stream (None otherwise)
     use_dh_in = dh_in is not None and dh_in.numel() > 0
     dh, dx, dw, db = run_backward(dy, h, weight, mean, rstd, seed, ctx.dropout_p, dh_in=dh_in if use_dh_in else None)
@@ -305,11 +315,11 @@ class _AddLayerNorm(torch.autograd.Function):
     def forward(ctx, x, residual, weight, bias, seed, eps, dropout_p):
         output = add_ln_forward(x, residual, weight, bias, seed, eps, dropout_p)
         _setup_context(ctx, (x, residual, weight, bias, seed, eps, dropout_p), output)
-        ctx.mark_non_differentiable(output[2], output[3])
-        return output
+        ctx.set_materialize_grads(False)  # no zero-filled gradient for an h nobody used
+        return output[:2]  # mean and rstd stay in ctx: two outputs fewer for autograd to track
 
     @staticmethod
-    def backward(ctx, dy, dh_in, _dmean, _drstd):
+    def backward(ctx, dy, dh_in):
         return _grads(ctx, dy, dh_in, add_ln_backward)
 
 
@@ -322,5 +332,5 @@ def add_layer_norm_triton(x, residual, weight, bias, eps=1e-12, dropout_p=0.0, p
         raise ValueError("add_layer_norm: prenorm returns the sum with the residual, so it needs one")
     seed = draw_seed(x.device) if dropout_p > 0.0 else weight  # any tensor: never read when p == 0
     fused = add_ln_fwd_op if torch.compiler.is_compiling() else _AddLayerNorm.apply
-    y, h, _, _ = fused(x, residual, weight, bias, seed, float(eps), float(dropout_p))
+    y, h = fused(x, residual, weight, bias, seed, float(eps), float(dropout_p))[:2]
     return (y, h) if prenorm else y

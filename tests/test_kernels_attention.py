@@ -496,13 +496,16 @@ def test_kernels_compile_for_hopper_without_spills(kind):
 def test_rows_too_far_apart_for_32_bit_offsets_are_refused():
     """The kernels address rows with 32-bit offsets inside a sequence; a layout that would overflow them is an
     error naming the fix, not a silent wrap-around."""
-    from bertkit.kernels.attention import _check_offsets
+    from bertkit.kernels.attention import _check_offsets, _strides
 
     fine = torch.empty_strided((2, 512, 12, 64), (512 * 2304, 2304, 64, 1), device="meta")  # fused QKV, BERT-base
-    _check_offsets(512, fine)
+    _check_offsets(512, _strides(fine, False))
     huge = torch.empty_strided((1, 2**16, 1, 64), (2**32, 2**16, 64, 1), device="meta")
     with pytest.raises(ValueError, match="32-bit offsets"):
-        _check_offsets(2**16, huge)
+        _check_offsets(2**16, _strides(fine, False), _strides(huge, False))
+    packed = torch.empty_strided((2**16, 1, 64), (2**16, 64, 1), device="meta")  # (tokens, heads, dim): rows on axis 0
+    with pytest.raises(ValueError, match="32-bit offsets"):
+        _check_offsets(2**16, _strides(packed, True))
 
 
 @parent_only
