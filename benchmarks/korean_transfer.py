@@ -186,6 +186,15 @@ def sweep(work: Path, start: str, model: Path, results: dict, save) -> None:
                     save()
 
 
+def keep_scores(ours: dict, theirs: dict) -> None:
+    """Adds to ours (task -> start -> rate -> seed -> score) every score theirs holds and ours lacks."""
+    for key, value in theirs.items():
+        if isinstance(value, dict):
+            keep_scores(ours.setdefault(key, {}), value)
+        else:
+            ours.setdefault(key, value)
+
+
 def table(sweep_results: dict) -> list[dict]:
     """Per task and pretrained start: random and it at their best rates (every rate kept), the difference, whether
     the seeds' ranges part."""
@@ -230,6 +239,8 @@ def main(argv=None):
     results.setdefault("runs", {})
 
     def save():
+        if path.is_file():  # scores another process wrote meanwhile (the random side beside the pretraining) stay
+            keep_scores(results["sweep"], json.loads(path.read_text()).get("sweep", {}))
         write_result(name, {**run_info(name), **{k: v for k, v in results.items() if k not in ("table",)},
                             "table": table(results["sweep"])})
 
