@@ -10,6 +10,7 @@ NSMC, KLUE-NLI, KorSTS, KLUE-NER and KorQuAD 1.0 (`bertkit finetune korean --tas
     python benchmarks/korean_transfer.py --hours 2                # pace probe, pretraining, then its fine-tunes
     python benchmarks/korean_transfer.py --hours 2 --only pretrain
     python benchmarks/korean_transfer.py --hours 2 --only finetune    # the sweep, from the finished export
+    python benchmarks/korean_transfer.py --only reference         # all-MiniLM-L6-v2: a row from outside
     python benchmarks/korean_transfer.py --only report
 
 "2 CPU-hours" is a step count, not a clock: a short probe alone on the machine measures this run's steps per
@@ -56,6 +57,10 @@ TASKS = {"nsmc": ("accuracy", 10_000), "klue-nli": ("accuracy", None), "korsts":
          "klue-ner": ("entity_macro_f1", None), "korquad": ("f1", None)}
 RATES = (1e-4, 3e-4, 1e-3)
 SEEDS = (0, 1, 2)
+# A row from outside the project (issue 38, item 3): all-MiniLM-L6-v2 (English, 6 x 384, its own English uncased
+# WordPiece, which spells Hangul as jamo), fine-tuned on the same splits at the rate `finetune` gives its width
+# (train.rate_for_width: 9.1e-5, taken as 1e-4), 3 seeds: a floor for cross-lingual transfer, not tuned further.
+REFERENCE, REFERENCE_RATES = "minilm", (1e-4,)
 
 
 def prepare(work: Path) -> dict:
@@ -170,14 +175,15 @@ def vocab_checksum(model: Path) -> str:
     return hashlib.sha256((model / "vocab.txt").read_bytes()).hexdigest()
 
 
-def sweep(work: Path, start: str, model: Path, results: dict, save) -> None:
-    """Every task from one start (`random` or `<hours>h`), each rate, each seed; scores already held are kept."""
+def sweep(work: Path, start: str, model: Path, results: dict, save, rates=RATES) -> None:
+    """Every task from one start (`random`, `<hours>h` or the outside reference), each rate, each seed; scores
+    already held are kept. bertkit's starts must share one tokenizer; the reference brings its own."""
     sha = vocab_checksum(model)
-    if results.setdefault("vocab_sha256", sha) != sha:
+    if start != REFERENCE and results.setdefault("vocab_sha256", sha) != sha:
         raise SystemExit(f"{model}: its vocab.txt differs from the one the recorded scores used "
                          f"({results['vocab_sha256'][:12]}...); the starts would not be comparable")
     for task in TASKS:
-        for lr in RATES:
+        for lr in rates:
             for seed in SEEDS:
                 held = results["sweep"].setdefault(task, {}).setdefault(start, {}).setdefault(f"{lr:g}", {})
                 if str(seed) not in held:
@@ -228,7 +234,7 @@ def print_table(rows: list[dict]) -> None:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hours", type=float, default=2.0, help="pretraining: this many hours of the measured pace")
-    ap.add_argument("--only", choices=["random", "pretrain", "finetune", "report"])
+    ap.add_argument("--only", choices=["random", "pretrain", "finetune", "reference", "report"])
     ap.add_argument("--work", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "bertkit-korean-transfer")
     args = ap.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
@@ -250,6 +256,10 @@ def main(argv=None):
         results["corpus"] = corpus["totals"]   # files, bytes, documents, sentences: how much Korean text
     if args.only == "random":
         sweep(args.work, "random", random_start(args.work, d["instances"]), results, save)
+    if args.only == "reference":
+        from finetune_parity import model_dir
+
+        sweep(args.work, REFERENCE, model_dir(), results, save, rates=REFERENCE_RATES)
     if args.only in (None, "pretrain"):
         results["pace"] = pace(args.work, d["instances"])
         export_dir = pretrain_hours(args.work, d["instances"], args.hours, results["pace"]["steps_per_s"])
