@@ -4,13 +4,18 @@ Raw Korean text (both Korean Wikipedia folders, KoCoNovel and boddari's prose in
 bertkit's own stages from Python: prepare-corpus -> train-tokenizer -> make-instances --recipe budget -> pretrain
 --recipe budget -> export. Then every task is fine-tuned from the export and from the same architecture with random
 weights, 3 seeds at each of 3 rates, each start scored at its best rate (every rate kept in the results):
-NSMC, KLUE-NLI, KorSTS, KLUE-NER and KorQuAD 1.0 (`bertkit finetune korean --task ...`).
+NSMC, KLUE-NLI, KorSTS, KLUE-NER and KorQuAD 1.0 (`bertkit finetune korean --task ...`). `--family modernbert`
+runs a second arm on the same instances and recipe: modernbert-tiny (4 x 128, GeGLU, RoPE, local/global attention),
+its own pace, its own random start (starts named modernbert-random, modernbert-2h). `--only reference` adds a row
+from outside the project: all-MiniLM-L6-v2, an English model, as a floor for cross-lingual transfer.
 
     python benchmarks/korean_transfer.py --only random            # the random side of the sweep (no pretraining)
     python benchmarks/korean_transfer.py --hours 2                # pace probe, pretraining, then its fine-tunes
     python benchmarks/korean_transfer.py --hours 2 --only pretrain
     python benchmarks/korean_transfer.py --hours 2 --only finetune    # the sweep, from the finished export
     python benchmarks/korean_transfer.py --only reference         # all-MiniLM-L6-v2: a row from outside
+    python benchmarks/korean_transfer.py --family modernbert --only random    # the ModernBERT arm: the same, with
+    python benchmarks/korean_transfer.py --family modernbert --hours 2        # modernbert-tiny (its own pace)
     python benchmarks/korean_transfer.py --only report
 
 "2 CPU-hours" is a step count, not a clock: a short probe alone on the machine measures this run's steps per
@@ -44,7 +49,8 @@ from pretrain_transfer import (  # noqa: E402
 )
 from record import RESULTS, run_info, write_result  # noqa: E402
 
-PRESET = "tiny"
+# family -> (model preset, the prefix of its folders and starts): BERT's names are the benchmark's first ones
+ARMS = {"bert": ("tiny", ""), "modernbert": ("modernbert-tiny", "modernbert-")}
 VOCAB_SIZE = 16000
 PROBE_STEPS = 300        # the pace is measured over steps 100-300 (the first ones warm up the allocator and loader)
 KO_TEXT = ["wikipedia_ko_wikiextractor", "wikipedia_ko_wikiextractor_more", "koconovel/data/jsonl",
@@ -86,25 +92,26 @@ def prepare(work: Path) -> dict:
     return d
 
 
-def pretrain_config(instances: Path, out: Path, steps: int, **extra):
+def pretrain_config(instances: Path, out: Path, steps: int, family: str, **extra):
     from bertkit.pretrain import PretrainConfig
 
-    return PretrainConfig(instances=str(instances), out=str(out), model=PRESET, recipe="budget", max_steps=steps,
-                          num_workers=1, progress=False, log_every=50, **extra)
+    return PretrainConfig(instances=str(instances), out=str(out), model=ARMS[family][0], recipe="budget",
+                          max_steps=steps, num_workers=1, progress=False, log_every=50, **extra)
 
 
-def pace(work: Path, instances: Path) -> dict:
-    """This run's optimizer steps per second, alone on the machine (kept in WORK/ko-pace.json: measured once)."""
+def pace(work: Path, instances: Path, family: str) -> dict:
+    """This arm's optimizer steps per second, alone on the machine (kept in WORK/ko-[family-]pace.json)."""
     from bertkit.pretrain import pretrain
 
-    path = work / "ko-pace.json"
+    prefix = ARMS[family][1]
+    path = work / f"ko-{prefix}pace.json"
     if path.is_file():
         return json.loads(path.read_text())
-    say(f"pace probe: {PROBE_STEPS} steps (keep the machine otherwise idle)")
+    say(f"pace probe: {PROBE_STEPS} steps of {ARMS[family][0]} (keep the machine otherwise idle)")
     load_before = os.getloadavg()
-    probe = work / "ko-pace-run"
+    probe = work / f"ko-{prefix}pace-run"
     shutil.rmtree(probe, ignore_errors=True)  # a probe cut short is measured again from the start
-    pretrain(pretrain_config(instances, probe, PROBE_STEPS, eval_every=10 ** 9, save_every=10 ** 9))
+    pretrain(pretrain_config(instances, probe, PROBE_STEPS, family, eval_every=10 ** 9, save_every=10 ** 9))
     rows = [json.loads(line) for line in (probe / "metrics.jsonl").read_text().splitlines()]
     timed = {r["step"]: r["elapsed_s"] for r in rows if "loss" in r and "elapsed_s" in r}
     a, b = min(s for s in timed if s >= 100), max(timed)
@@ -116,19 +123,20 @@ def pace(work: Path, instances: Path) -> dict:
     return result
 
 
-def pretrain_hours(work: Path, instances: Path, hours: float, steps_per_s: float) -> Path:
+def pretrain_hours(work: Path, instances: Path, hours: float, steps_per_s: float, family: str) -> Path:
     """The budget recipe for as many steps as `hours` of the measured pace buy; resumes a killed run; exports."""
     from bertkit.pretrain import export, pretrain
 
-    run = work / f"ko-run-{hours:g}h"
-    export_dir = work / f"ko-run-{hours:g}h-export"
+    run = work / f"ko-{ARMS[family][1]}run-{hours:g}h"
+    export_dir = work / f"{run.name}-export"
     if (export_dir / "model.safetensors").is_file():
         return export_dir
     steps = round(hours * 3600 * steps_per_s)
     resume = (run / "checkpoints" / "latest").is_file()
     say(f"pretrain {run.name}: {steps} steps" + (" (resumed)" if resume else ""))
-    result = pretrain(pretrain_config(instances, run, steps, eval_every=max(250, steps // 20), eval_batches=20,
-                                      save_every=1000, keep_last=1, resume=resume, report_to="tensorboard"))
+    result = pretrain(pretrain_config(instances, run, steps, family, eval_every=max(250, steps // 20),
+                                      eval_batches=20, save_every=1000, keep_last=1, resume=resume,
+                                      report_to="tensorboard"))
     if result.get("stopped_by_signal"):
         raise SystemExit(f"{run.name} stopped at step {result['step']}; run the benchmark again to resume")
     export(run, export_dir)
@@ -156,17 +164,28 @@ def finetune(task: str, model: Path, out: Path, lr: float, seed: int) -> float:
     return summary["best"][metric]
 
 
-def random_start(work: Path, instances: Path) -> Path:
+def random_start(work: Path, instances: Path, family: str) -> Path:
     """Random weights in the pretraining run's architecture, with its tokenizer: a one-step run's export,
-    re-initialised (pretrain_transfer.random_init), so the random side needs no pretraining."""
+    re-initialised (seed 0), so the random side needs no pretraining."""
+    import torch
+
+    from bertkit.models import build_pretraining, describe, load_pretrained, save_pretrained
     from bertkit.pretrain import export, pretrain
 
-    shape_run, shape_export = work / "ko-shape-run", work / "ko-shape-export"
+    prefix = ARMS[family][1]
+    shape_run, shape_export = work / f"ko-{prefix}shape-run", work / f"ko-{prefix}shape-export"
     if not (shape_export / "model.safetensors").is_file():
         shutil.rmtree(shape_run, ignore_errors=True)
-        pretrain(pretrain_config(instances, shape_run, 1, eval_every=10 ** 9, save_every=10 ** 9))
+        pretrain(pretrain_config(instances, shape_run, 1, family, eval_every=10 ** 9, save_every=10 ** 9))
         export(shape_run, shape_export)
-    return random_init(shape_export, work / "ko-random")
+    out = work / f"ko-{prefix}random"
+    if family == "bert":
+        return random_init(shape_export, out)  # BERT's initialisation, as the first scores were made
+    if not (out / "model.safetensors").is_file():
+        shape = describe(load_pretrained(shape_export, head="pretraining"))
+        torch.manual_seed(0)
+        save_pretrained(build_pretraining(shape, "mlm"), out, tokenizer_dir=shape_export)
+    return out
 
 
 def vocab_checksum(model: Path) -> str:
@@ -201,17 +220,23 @@ def keep_scores(ours: dict, theirs: dict) -> None:
             ours.setdefault(key, value)
 
 
+def random_of(start: str) -> str:
+    """The random start a start is compared with: its own family's (the outside reference: BERT's)."""
+    return "modernbert-random" if start.startswith("modernbert-") else "random"
+
+
 def table(sweep_results: dict) -> list[dict]:
     """Per task and pretrained start: random and it at their best rates (every rate kept), the difference, whether
     the seeds' ranges part."""
     rows = []
     for task, by_start in sweep_results.items():
-        random = best_rate(by_start["random"]) if by_start.get("random") else None
         for start, by_lr in by_start.items():
-            if start == "random" and len(by_start) > 1:
-                continue
+            baseline = random_of(start)
+            if start == baseline and any(random_of(other) == start != other for other in by_start):
+                continue  # shown beside its pretrained start
+            random = best_rate(by_start[baseline]) if by_start.get(baseline) else None
             row = {"task": task, "metric": TASKS[task][0], "start": start, "random": random}
-            if start != "random":
+            if start != baseline:
                 row["pretrained"] = best_rate(by_lr)
                 if random:
                     row["difference"] = row["pretrained"]["mean"] - random["mean"]
@@ -221,13 +246,12 @@ def table(sweep_results: dict) -> list[dict]:
 
 
 def print_table(rows: list[dict]) -> None:
-    print(f"\n{'task':9} {'metric':16} {'start':6} {'random (best lr)':>22} {'pretrained (best lr)':>22} "
+    print(f"\n{'task':9} {'metric':16} {'start':17} {'its random start':>24} {'this start (best lr)':>24} "
           f"{'diff':>7} apart")
     for r in rows:
         cells = [f"{r[i]['mean']:7.3f} ± {r[i]['sd']:5.3f} ({r[i]['lr']:g})" if r.get(i) else "-"
                  for i in ("random", "pretrained")]
-        start = "-" if r["start"] == "random" else r["start"]
-        print(f"{r['task']:9} {r['metric']:16} {start:6} {cells[0]:>22} {cells[1]:>22} "
+        print(f"{r['task']:9} {r['metric']:16} {r['start']:17} {cells[0]:>24} {cells[1]:>24} "
               f"{r.get('difference', 0):7.3f} {r.get('apart', '-')}")
 
 
@@ -235,6 +259,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hours", type=float, default=2.0, help="pretraining: this many hours of the measured pace")
     ap.add_argument("--only", choices=["random", "pretrain", "finetune", "reference", "report"])
+    ap.add_argument("--family", choices=sorted(ARMS), default="bert",
+                    help="the arm: BERT tiny, or ModernBERT tiny on the same instances and recipe")
     ap.add_argument("--work", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "bertkit-korean-transfer")
     args = ap.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
@@ -254,25 +280,26 @@ def main(argv=None):
         d = prepare(args.work)
         corpus = json.loads((d["corpus"] / "manifest.json").read_text())
         results["corpus"] = corpus["totals"]   # files, bytes, documents, sentences: how much Korean text
+    prefix = ARMS[args.family][1]
     if args.only == "random":
-        sweep(args.work, "random", random_start(args.work, d["instances"]), results, save)
+        sweep(args.work, f"{prefix}random", random_start(args.work, d["instances"], args.family), results, save)
     if args.only == "reference":
         from finetune_parity import model_dir
 
         sweep(args.work, REFERENCE, model_dir(), results, save, rates=REFERENCE_RATES)
     if args.only in (None, "pretrain"):
-        results["pace"] = pace(args.work, d["instances"])
-        export_dir = pretrain_hours(args.work, d["instances"], args.hours, results["pace"]["steps_per_s"])
-        results["runs"][hours] = {"steps": round(args.hours * 3600 * results["pace"]["steps_per_s"]),
-                                  "curve": timed_curve(args.work / f"ko-run-{hours}"),
-                                  "masked_only": masked_only_accuracy(export_dir, d["instances"])}
+        arm_pace = results[f"{prefix}pace"] = pace(args.work, d["instances"], args.family)
+        export_dir = pretrain_hours(args.work, d["instances"], args.hours, arm_pace["steps_per_s"], args.family)
+        results["runs"][prefix + hours] = {"steps": round(args.hours * 3600 * arm_pace["steps_per_s"]),
+                                           "curve": timed_curve(args.work / f"ko-{prefix}run-{hours}"),
+                                           "masked_only": masked_only_accuracy(export_dir, d["instances"])}
         save()
     if args.only in (None, "finetune"):
-        export_dir = args.work / f"ko-run-{hours}-export"
+        export_dir = args.work / f"ko-{prefix}run-{hours}-export"
         if not (export_dir / "model.safetensors").is_file():
             raise SystemExit(f"{export_dir}: no export yet; run --only pretrain first")
-        sweep(args.work, hours, export_dir, results, save)
-    say(json.dumps({k: results.get(k) for k in ("pace", "corpus")}, indent=1))
+        sweep(args.work, prefix + hours, export_dir, results, save)
+    say(json.dumps({k: results.get(k) for k in ("pace", "modernbert-pace", "corpus")}, indent=1))
     if results["sweep"]:
         print_table(table(results["sweep"]))
 
