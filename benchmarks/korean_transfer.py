@@ -194,14 +194,14 @@ def vocab_checksum(model: Path) -> str:
     return hashlib.sha256((model / "vocab.txt").read_bytes()).hexdigest()
 
 
-def sweep(work: Path, start: str, model: Path, results: dict, save, rates=RATES) -> None:
+def sweep(work: Path, start: str, model: Path, results: dict, save, rates=RATES, tasks=tuple(TASKS)) -> None:
     """Every task from one start (`random`, `<hours>h` or the outside reference), each rate, each seed; scores
     already held are kept. bertkit's starts must share one tokenizer; the reference brings its own."""
     sha = vocab_checksum(model)
     if start != REFERENCE and results.setdefault("vocab_sha256", sha) != sha:
         raise SystemExit(f"{model}: its vocab.txt differs from the one the recorded scores used "
                          f"({results['vocab_sha256'][:12]}...); the starts would not be comparable")
-    for task in TASKS:
+    for task in tasks:
         for lr in rates:
             for seed in SEEDS:
                 held = results["sweep"].setdefault(task, {}).setdefault(start, {}).setdefault(f"{lr:g}", {})
@@ -261,6 +261,8 @@ def main(argv=None):
     ap.add_argument("--only", choices=["random", "pretrain", "finetune", "reference", "report"])
     ap.add_argument("--family", choices=sorted(ARMS), default="bert",
                     help="the arm: BERT tiny, or ModernBERT tiny on the same instances and recipe")
+    ap.add_argument("--tasks", nargs="+", choices=list(TASKS), default=list(TASKS),
+                    help="fine-tune these tasks only (two processes on two task lists share the results file)")
     ap.add_argument("--work", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "bertkit-korean-transfer")
     args = ap.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
@@ -282,11 +284,12 @@ def main(argv=None):
         results["corpus"] = corpus["totals"]   # files, bytes, documents, sentences: how much Korean text
     prefix = ARMS[args.family][1]
     if args.only == "random":
-        sweep(args.work, f"{prefix}random", random_start(args.work, d["instances"], args.family), results, save)
+        random = random_start(args.work, d["instances"], args.family)
+        sweep(args.work, f"{prefix}random", random, results, save, tasks=args.tasks)
     if args.only == "reference":
         from finetune_parity import model_dir
 
-        sweep(args.work, REFERENCE, model_dir(), results, save, rates=REFERENCE_RATES)
+        sweep(args.work, REFERENCE, model_dir(), results, save, rates=REFERENCE_RATES, tasks=args.tasks)
     if args.only in (None, "pretrain"):
         arm_pace = results[f"{prefix}pace"] = pace(args.work, d["instances"], args.family)
         export_dir = pretrain_hours(args.work, d["instances"], args.hours, arm_pace["steps_per_s"], args.family)
@@ -298,7 +301,7 @@ def main(argv=None):
         export_dir = args.work / f"ko-{prefix}run-{hours}-export"
         if not (export_dir / "model.safetensors").is_file():
             raise SystemExit(f"{export_dir}: no export yet; run --only pretrain first")
-        sweep(args.work, prefix + hours, export_dir, results, save)
+        sweep(args.work, prefix + hours, export_dir, results, save, tasks=args.tasks)
     say(json.dumps({k: results.get(k) for k in ("pace", "modernbert-pace", "corpus")}, indent=1))
     if results["sweep"]:
         print_table(table(results["sweep"]))
