@@ -193,3 +193,12 @@ def test_one_process_sigterm_saves_then_exits(setup, clean_dist_env):
     other = replace(read_instances_manifest(inst), vocab_sha256="0" * 64)
     with pytest.raises(ConfigError, match="was trained with another vocabulary"):
         build_model(PretrainConfig(instances=str(inst), out=str(root / "p2"), init_from=str(run)), other, None)
+    # ...nor with another LayerNorm order than its weights were trained in
+    with pytest.raises(ConfigError, match=rf"--norm pre: the weights this run starts from \({run} \(global_step"
+                                          r"\d+\)\) are post-LN; drop --norm"):
+        build_model(PretrainConfig(instances=str(inst), out=str(root / "p2"), init_from=str(run), norm="pre"),
+                    read_instances_manifest(inst), None)
+    # --dropout changes the run's dropout, while the export keeps the model's own for fine-tuning
+    model, cfg2, _ = build_model(PretrainConfig(instances=str(inst), out=str(root / "p2"), init_from=str(run),
+                                                dropout=0.0), read_instances_manifest(inst), None)
+    assert cfg2.hidden_dropout == 0.0 and model.export_dropout == {"hidden": 0.1, "attention": 0.1}

@@ -31,70 +31,24 @@ def build_model(cfg: PretrainConfig, manifest: InstancesManifest, previous_run: 
     """(model, BertConfig, init source description): the run's own shape on --resume (weights come from the
     checkpoint), --init-from's weights, an HF config, or a preset sized to the instances' vocabulary. ELECTRA
     (objective "electra") builds the generator and discriminator pair, the BertConfig being the discriminator's."""
-    vocab_size = manifest.vocab_size
     if previous_run is not None and family_of(previous_run.model).name == "modernbert":
         return build_modernbert(cfg, manifest, ModernBertConfig.from_dict(previous_run.model), objective,
                                 previous_run.init_from)
-    if previous_run is None and not cfg.init_from and (mb := ModernBertConfig.from_spec(cfg.model, vocab_size)):
+    if previous_run is None and not cfg.init_from and (mb := ModernBertConfig.from_spec(cfg.model,
+                                                                                       manifest.vocab_size)):
         return build_modernbert(cfg, manifest, mb, objective, "random initialisation")
     if previous_run is None and cfg.init_from and (start := modernbert_start(Path(cfg.init_from), say)):
         mb, tensors, source, init_sha = start
-        if init_sha and manifest.vocab_sha256 and init_sha != manifest.vocab_sha256:
-            raise ConfigError(f"--init-from {cfg.init_from} was trained with another vocabulary than --instances "
-                              f"{cfg.instances}; make the instances with the tokenizer of the first phase")
+        check_same_vocabulary(cfg, manifest, init_sha)
         model, mb, source = build_modernbert(cfg, manifest, mb, objective, source)
         modernbert.load_hf_state_dict(model, tensors, cfg.init_from)
         return model, mb, source
-    state, source, init_model = None, "random initialisation", {}
-    if previous_run is not None:
-        bert_cfg, source = BertConfig.from_dict(previous_run.model), previous_run.init_from
-    elif cfg.init_from:
-        init = Path(cfg.init_from)
-        if (init / "checkpoints").is_dir():
-            state, run, tag = load_run_state_dict(init, say=say)
-            if (run.objective == "electra") != (objective == "electra"):
-                raise ConfigError(f"--init-from {init}: an {run.objective} run cannot start this {objective} run")
-            bert_cfg, init_model = BertConfig.from_dict(run.model), run.model
-            source = f"{init} ({tag})"
-            init_sha = run.vocab_sha256
-        elif objective == "electra":
-            raise ConfigError(f"--init-from {init}: ELECTRA continues from its run folder (the one with "
-                              "checkpoints/), which holds both the generator and the discriminator")
-        else:
-            loaded = load_pretrained(init, head="pretraining")
-            bert_cfg, state, source = loaded.cfg, loaded.state_dict(), str(init)
-            init_sha = sha256_file(init / "vocab.txt") if (init / "vocab.txt").is_file() else None
-        if init_sha and manifest.vocab_sha256 and init_sha != manifest.vocab_sha256:
-            raise ConfigError(f"--init-from {init} was trained with another vocabulary (vocab.txt sha256 "
-                              f"{init_sha[:12]}...) than --instances {cfg.instances} ({manifest.vocab_sha256[:12]}"
-                              "...); make the instances with the tokenizer of the first phase")
-    else:
-        bert_cfg = BertConfig.from_spec(cfg.model, vocab_size)
-    # --dropout is a pretraining choice: an export keeps the model's own dropout for fine-tuning (cramming's way)
-    recorded = (previous_run.model if previous_run else init_model).get("export_dropout")
-    export_dropout = recorded
-    own = {"hidden": bert_cfg.hidden_dropout, "attention": bert_cfg.attention_dropout}
-    if cfg.dropout is not None and set(own.values()) != {cfg.dropout}:
-        bert_cfg.set_dropout(cfg.dropout)
-        export_dropout = recorded or own
-    if cfg.norm is not None and cfg.norm != bert_cfg.norm:
-        if state is not None or previous_run is not None:
-            origin = source if state is not None else "the run being resumed"
-            raise ConfigError(f"--norm {cfg.norm}: the weights this run starts from ({origin}) are "
-                              f"{bert_cfg.norm}-LN; drop --norm")
-        bert_cfg.norm = cfg.norm
-    if cfg.pad_vocab_to is not None and previous_run is None:
-        bert_cfg.vocab_pad_multiple = cfg.pad_vocab_to
-    if bert_cfg.vocab_size != vocab_size:
-        raise ConfigError(f"the model's vocabulary has {bert_cfg.vocab_size} tokens ({source if state else cfg.model})"
-                          f" but {cfg.instances} was made with {vocab_size} (manifest vocab_size): use instances "
-                          "made with the model's tokenizer, or a model config with the instances' vocab_size")
-    if manifest.max_seq_length > bert_cfg.max_position_embeddings:
-        raise ConfigError(f"{cfg.instances} has sequences of {manifest.max_seq_length} tokens but the model has only "
-                          f"{bert_cfg.max_position_embeddings} positions")
+
+    bert_cfg, state, source, recorded = bert_start(cfg, manifest, previous_run, objective)
+    export_dropout = apply_model_flags(cfg, manifest, bert_cfg, recorded, source if state is not None else None,
+                                       resumed=previous_run is not None)
     # ELECTRA's generator: the resumed (or --init-from) run's own, else from the flags
-    recorded = (previous_run.model if previous_run else init_model).get("electra")
-    generator = recorded or {"generator_size": cfg.generator_size, "disc_weight": cfg.disc_weight}
+    generator = recorded.get("electra") or {"generator_size": cfg.generator_size, "disc_weight": cfg.disc_weight}
     model = ElectraForPreTraining(bert_cfg, **generator) if objective == "electra" else BertForPreTraining(bert_cfg)
     model.export_dropout = export_dropout  # describe() records it in the run's config.json; export writes it
     if state is not None:
@@ -104,6 +58,64 @@ def build_model(cfg: PretrainConfig, manifest: InstancesManifest, previous_run: 
             raise ConfigError(f"--init-from {cfg.init_from}: weights do not fit the pretraining model "
                               f"(missing {missing[:5]}, unexpected {unexpected[:5]})")
     return model, bert_cfg, source
+
+
+def bert_start(cfg: PretrainConfig, manifest: InstancesManifest, previous_run: RunConfig | None, objective: str):
+    """(BertConfig, weights or None, source, the recorded model dict or {}) for a BERT or ELECTRA run: the resumed
+    run's shape, --init-from's run folder or model folder, or the preset sized to the instances' vocabulary."""
+    if previous_run is not None:
+        return BertConfig.from_dict(previous_run.model), None, previous_run.init_from, previous_run.model
+    if not cfg.init_from:
+        return BertConfig.from_spec(cfg.model, manifest.vocab_size), None, "random initialisation", {}
+    init = Path(cfg.init_from)
+    if (init / "checkpoints").is_dir():
+        state, run, tag = load_run_state_dict(init, say=say)
+        if (run.objective == "electra") != (objective == "electra"):
+            raise ConfigError(f"--init-from {init}: an {run.objective} run cannot start this {objective} run")
+        check_same_vocabulary(cfg, manifest, run.vocab_sha256)
+        return BertConfig.from_dict(run.model), state, f"{init} ({tag})", run.model
+    if objective == "electra":
+        raise ConfigError(f"--init-from {init}: ELECTRA continues from its run folder (the one with "
+                          "checkpoints/), which holds both the generator and the discriminator")
+    loaded = load_pretrained(init, head="pretraining")
+    check_same_vocabulary(cfg, manifest, sha256_file(init / "vocab.txt") if (init / "vocab.txt").is_file() else None)
+    return loaded.cfg, loaded.state_dict(), str(init), {}
+
+
+def check_same_vocabulary(cfg: PretrainConfig, manifest: InstancesManifest, init_sha: str | None) -> None:
+    """--init-from's vocabulary must be the instances' (ids would mean other tokens)."""
+    if init_sha and manifest.vocab_sha256 and init_sha != manifest.vocab_sha256:
+        raise ConfigError(f"--init-from {cfg.init_from} was trained with another vocabulary (vocab.txt sha256 "
+                          f"{init_sha[:12]}...) than --instances {cfg.instances} ({manifest.vocab_sha256[:12]}"
+                          "...); make the instances with the tokenizer of the first phase")
+
+
+def apply_model_flags(cfg: PretrainConfig, manifest: InstancesManifest, bert_cfg: BertConfig, recorded: dict,
+                      weights_from: str | None, resumed: bool):
+    """--dropout, --norm and --pad-vocab-to onto the BERT config, then its fit to the instances checked; returns the
+    dropout an export should write. weights_from: --init-from's weights (they, or a resumed run's, fix --norm)."""
+    # --dropout is a pretraining choice: an export keeps the model's own dropout for fine-tuning (cramming's way)
+    export_dropout = recorded.get("export_dropout")
+    own = {"hidden": bert_cfg.hidden_dropout, "attention": bert_cfg.attention_dropout}
+    if cfg.dropout is not None and set(own.values()) != {cfg.dropout}:
+        bert_cfg.set_dropout(cfg.dropout)
+        export_dropout = export_dropout or own
+    if cfg.norm is not None and cfg.norm != bert_cfg.norm:
+        if weights_from or resumed:
+            raise ConfigError(f"--norm {cfg.norm}: the weights this run starts from "
+                              f"({weights_from or 'the run being resumed'}) are {bert_cfg.norm}-LN; drop --norm")
+        bert_cfg.norm = cfg.norm
+    if cfg.pad_vocab_to is not None and not resumed:
+        bert_cfg.vocab_pad_multiple = cfg.pad_vocab_to
+    if bert_cfg.vocab_size != manifest.vocab_size:
+        raise ConfigError(f"the model's vocabulary has {bert_cfg.vocab_size} tokens ({weights_from or cfg.model})"
+                          f" but {cfg.instances} was made with {manifest.vocab_size} (manifest vocab_size): use "
+                          "instances made with the model's tokenizer, or a model config with the instances' "
+                          "vocab_size")
+    if manifest.max_seq_length > bert_cfg.max_position_embeddings:
+        raise ConfigError(f"{cfg.instances} has sequences of {manifest.max_seq_length} tokens but the model has only "
+                          f"{bert_cfg.max_position_embeddings} positions")
+    return export_dropout
 
 
 def build_modernbert(cfg: PretrainConfig, manifest: InstancesManifest, mb: ModernBertConfig, objective: str,
