@@ -646,6 +646,7 @@ def flash_attn_backward(dout, q, k, v, out, lse, seqinfo, seed, max_seqlen, varl
     three of one layout."""
     batch, heads = _batch_heads(q, seqinfo, varlen)
     head_dim = q.shape[-1]
+    given = dq is not None or dk is not None or dv is not None
     dq = torch.empty_like(q, memory_format=torch.contiguous_format) if dq is None else dq
     dk = torch.empty_like(q, memory_format=torch.contiguous_format) if dk is None else dk
     dv = torch.empty_like(q, memory_format=torch.contiguous_format) if dv is None else dv
@@ -656,7 +657,7 @@ def flash_attn_backward(dout, q, k, v, out, lse, seqinfo, seed, max_seqlen, varl
     block_m = INTERPRETER_CONFIG[0] if INTERPRET else 64
     block_d = block_d_for(head_dim)
     q_st, k_st, v_st, out_st, dout_st, grad_st = [_strides(t, varlen) for t in (q, k, v, out, dout, dq)]
-    if dk.stride() != dq.stride() or dv.stride() != dq.stride():
+    if given and (dk.stride() != dq.stride() or dv.stride() != dq.stride()):
         raise ValueError("attention: given dq, dk, dv buffers must share one layout")
     _check_offsets(max_seqlen, q_st, k_st, v_st, out_st, dout_st, grad_st)
     dropout = dropout_p > 0.0
