@@ -212,7 +212,7 @@ def sweep(work: Path, start: str, model: Path, results: dict, save, rates=RATES,
 
 
 def keep_scores(ours: dict, theirs: dict) -> None:
-    """Adds to ours (task -> start -> rate -> seed -> score) every score theirs holds and ours lacks."""
+    """Adds to ours every entry theirs holds and ours lacks, at any depth (task -> start -> rate -> seed -> score)."""
     for key, value in theirs.items():
         if isinstance(value, dict):
             keep_scores(ours.setdefault(key, {}), value)
@@ -273,8 +273,8 @@ def main(argv=None):
     results.setdefault("runs", {})
 
     def save():
-        if path.is_file():  # scores another process wrote meanwhile (the random side beside the pretraining) stay
-            keep_scores(results["sweep"], json.loads(path.read_text()).get("sweep", {}))
+        if path.is_file():  # what another process wrote meanwhile (scores, a run, a pace) stays
+            keep_scores(results, {k: v for k, v in json.loads(path.read_text()).items() if k != "table"})
         write_result(name, {**run_info(name), **{k: v for k, v in results.items() if k not in ("table",)},
                             "table": table(results["sweep"])})
 
