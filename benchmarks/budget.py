@@ -65,6 +65,15 @@ ARMS = {
     "tiny-sop-d0": Arm(objective="sop", dropout=0.0),
     "tiny-bert-d0": Arm(dropout=0.0),
     "peer": Arm(objective="none", dropout=0.1),                     # transformers' own pipeline, BERT-tiny shape
+    "peer-budget": Arm(objective="none", dropout=0.0, seq=64, micro_batch=64),  # ... with --recipe budget's settings
+    # ModernBERT (issue 37): modernbert-tiny (4 x 128, GLU 192: 0.56M parameters outside the embeddings against BERT
+    # tiny's 0.39M) on --recipe budget's settings at three rates, and transformers' ModernBertForMaskedLM trained so
+    "modernbert-tiny-d0-seq64": Arm(preset="modernbert-tiny", objective="none", dropout=0.0, seq=64, micro_batch=64),
+    "modernbert-tiny-d0-seq64-lr3e-4": Arm(preset="modernbert-tiny", objective="none", dropout=0.0, seq=64,
+                                           micro_batch=64, lr=3e-4),
+    "modernbert-tiny-d0-seq64-lr3e-3": Arm(preset="modernbert-tiny", objective="none", dropout=0.0, seq=64,
+                                           micro_batch=64, lr=3e-3),
+    "peer-modernbert": Arm(preset="modernbert-tiny", objective="none", dropout=0.0, seq=64, micro_batch=64),
     "random": Arm(),                                                # no pretraining: the probe's floor
 }
 
@@ -87,7 +96,7 @@ def pretrain_arm(name: str, arm: Arm, instances: Path, run: Path, budget_s: floa
     export_dir = run.parent / f"{run.name}-export"
     if (export_dir / "model.safetensors").is_file():
         return export_dir
-    steps_per_eval = {"tiny": 250, "mini": 100}.get(arm.preset, 100) * 128 // arm.seq
+    steps_per_eval = {"tiny": 250, "mini": 100}.get(arm.preset.removeprefix("modernbert-"), 100) * 128 // arm.seq
     cmd = [str(Path(sys.executable).parent / "bertkit"), "pretrain", "--instances", str(instances), "--out", str(run),
            "--model", arm.preset, "--time-budget", f"{budget_s:.0f}s", "--micro-batch", str(arm.micro_batch),
            "--optimizer", "adamw", "--lr", str(arm.lr), "--warmup", str(arm.warmup), "--eval-every",
@@ -112,7 +121,9 @@ def peer_arm(arm: Arm, en: dict, out: Path, budget_s: float) -> Path:
     run_stage([sys.executable, str(REPO / "benchmarks" / "budget_peer.py"), "--corpus", str(en["corpus"]),
                "--tokenizer", str(en["tokenizer"]), "--out", str(out), "--budget-s", str(budget_s),
                "--lr", str(arm.lr), "--micro-batch", str(arm.micro_batch), "--seq", str(arm.seq),
-               "--warmup", str(arm.warmup), "--dropout", str(arm.dropout)], "peer")
+               "--warmup", str(arm.warmup), "--dropout", str(arm.dropout),
+               *(["--family", "modernbert", "--preset", arm.preset] if arm.preset.startswith("modernbert") else [])],
+              out.name)
     return out
 
 
@@ -151,7 +162,7 @@ def run_arm(name: str, arm: Arm, args, en: dict) -> dict:
     load_before, t0 = load(), time.time()
     if name == "random":  # BERT's initialisation, the same shape and tokenizer: what pretraining must beat
         model, points, info = random_export(arm, en, export_of(name, args.work, tag)), [], {"steps": 0, "sequences": 0}
-    elif name == "peer":
+    elif name.startswith("peer"):
         model = peer_arm(arm, en, export_of(name, args.work, tag), args.budget_s)
         points = json.loads((model / "curve.json").read_text())
         info = json.loads((model / "run.json").read_text())

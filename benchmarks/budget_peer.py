@@ -1,8 +1,9 @@
 """The peer arm of benchmarks/budget.py: masked-LM pretraining as transformers' run_mlm.py builds it, for a wall-clock
 budget. Its own pipeline throughout: our tokenizer folder loaded as a BertTokenizerFast, each document tokenized with
 its special tokens, the token lists concatenated and cut into blocks (run_mlm's group_texts), batches masked by
-DataCollatorForLanguageModeling (15 %, 80/10/10), BertForMaskedLM (the BERT-tiny shape by default), AdamW with
-no decay on biases and LayerNorm (as Trainer), clipping at 1.0, and the same budget-aware schedule bertkit's arms get
+DataCollatorForLanguageModeling (15 %, 80/10/10), BertForMaskedLM (the BERT-tiny shape by default) or with
+--family modernbert transformers' ModernBertForMaskedLM in a bertkit preset's shape (SDPA, sparse prediction), AdamW
+with no decay on biases and norms (as Trainer), clipping at 1.0, and the same budget-aware schedule bertkit's arms get
 (warmup, then linear decay to 0 when the time is spent; run_mlm.py itself has only step schedules). One process, the
 machine's threads. Writes the model (HF format, with the tokenizer files), curve.json and run.json to --out.
 Resumable like bertkit's arms: --out/checkpoint.pt every --save-every-s and on SIGTERM (exit 143), and a rerun
@@ -33,6 +34,8 @@ def main():
     ap.add_argument("--dropout", type=float, default=0.1)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--hidden", type=int, default=128)
+    ap.add_argument("--family", choices=["bert", "modernbert"], default="bert")
+    ap.add_argument("--preset", default="tiny", help="--family modernbert: bertkit's ModernBERT preset to copy")
     ap.add_argument("--eval-every-s", type=float, default=120)
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--save-every-s", type=float, default=600)
@@ -65,17 +68,16 @@ def main():
 
     train, holdout = blocks("shard"), blocks("holdout")
     collator = transformers.DataCollatorForLanguageModeling(tok, mlm_probability=0.15)
-    model = transformers.BertForMaskedLM(transformers.BertConfig(
-        vocab_size=tok.vocab_size, hidden_size=args.hidden, num_hidden_layers=args.layers,
-        num_attention_heads=max(1, args.hidden // 64), intermediate_size=4 * args.hidden,
-        hidden_dropout_prob=args.dropout, attention_probs_dropout_prob=args.dropout, layer_norm_eps=1e-12))
-    no_decay = [p for n, p in model.named_parameters() if n.endswith("bias") or "LayerNorm" in n]
-    decay = [p for n, p in model.named_parameters() if not (n.endswith("bias") or "LayerNorm" in n)]
+    model = build_model(args, tok, transformers)
+    no_decay = [p for p in model.parameters() if p.ndim == 1]  # biases and norm weights, as Trainer leaves them
+    decay = [p for p in model.parameters() if p.ndim > 1]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=args.lr, betas=(0.9, 0.999), eps=1e-6)
     torch.manual_seed(args.seed)  # the held-out masking: the same draws at every evaluation
     eval_batches = [collator([holdout[i] for i in range(k, min(k + args.micro_batch, len(holdout)))])
                     for k in range(0, min(len(holdout), 10 * args.micro_batch), args.micro_batch)]
+    for b in eval_batches:
+        b.pop("token_type_ids", None)
 
     def evaluate():
         model.eval()
@@ -125,6 +127,7 @@ def main():
             order = torch.randperm(len(train), generator=gen).tolist()
         rows = train[order[:args.micro_batch]]["input_ids"]  # one batched read, as Trainer's DataLoader does
         batch = collator([{"input_ids": ids} for ids in rows])
+        batch.pop("token_type_ids", None)  # one segment; ModernBERT takes none
         del order[:args.micro_batch]
         loss = model(**batch).loss
         opt.zero_grad()
@@ -146,6 +149,20 @@ def main():
     (args.out / "run.json").write_text(json.dumps({"steps": step, "time_used_s": round(time.perf_counter() - t0, 1),
                                                    "sequences": step * args.micro_batch, "train_blocks": len(train)}))
     checkpoint.unlink(missing_ok=True)
+
+
+def build_model(args, tok, transformers):
+    if args.family == "bert":
+        return transformers.BertForMaskedLM(transformers.BertConfig(
+            vocab_size=tok.vocab_size, hidden_size=args.hidden, num_hidden_layers=args.layers,
+            num_attention_heads=max(1, args.hidden // 64), intermediate_size=4 * args.hidden,
+            hidden_dropout_prob=args.dropout, attention_probs_dropout_prob=args.dropout, layer_norm_eps=1e-12))
+    from bertkit.models.modernbert import ModernBertConfig
+
+    shape = ModernBertConfig.preset(args.preset.removeprefix("modernbert-"), vocab_size=tok.vocab_size)
+    shape.set_dropout(args.dropout)
+    return transformers.ModernBertForMaskedLM(transformers.ModernBertConfig(
+        **shape.to_hf_dict(), attn_implementation="sdpa", sparse_prediction=True, reference_compile=False))
 
 
 def write_so_far(args, curve: list, step: int, used: float):
