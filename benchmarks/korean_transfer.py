@@ -16,6 +16,8 @@ from outside the project: all-MiniLM-L6-v2, an English model, as a floor for cro
     python benchmarks/korean_transfer.py --only reference         # all-MiniLM-L6-v2: a row from outside
     python benchmarks/korean_transfer.py --family modernbert --only random    # the ModernBERT arm: the same, with
     python benchmarks/korean_transfer.py --family modernbert --hours 2        # modernbert-tiny (its own pace)
+    python benchmarks/korean_transfer.py --pretokenize mecab --only random    # the vocabularies compared: each
+    python benchmarks/korean_transfer.py --pretokenize mecab --hours 2        # its own tokenizer and instances
     python benchmarks/korean_transfer.py --only report
 
 "2 CPU-hours" is a step count, not a clock: a short probe alone on the machine measures this run's steps per
@@ -33,6 +35,7 @@ import os
 import shutil
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -49,8 +52,27 @@ from pretrain_transfer import (  # noqa: E402
 )
 from record import RESULTS, run_info, write_result  # noqa: E402
 
-# family -> (model preset, the prefix of its folders and starts): BERT's names are the benchmark's first ones
-ARMS = {"bert": ("tiny", ""), "modernbert": ("modernbert-tiny", "modernbert-")}
+PRESETS = {"bert": "tiny", "modernbert": "modernbert-tiny"}
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One pretraining arm: a family and a vocabulary (train-tokenizer --pretokenize). Its folders and starts carry
+    a prefix (modernbert-, mecab-, ...); BERT with the plain vocabulary keeps the benchmark's first names."""
+    family: str = "bert"
+    pretokenize: str = "none"
+
+    @property
+    def preset(self) -> str:
+        return PRESETS[self.family]
+
+    @property
+    def vocab(self) -> str:
+        return "" if self.pretokenize == "none" else f"{self.pretokenize}-"
+
+    @property
+    def prefix(self) -> str:
+        return ("" if self.family == "bert" else f"{self.family}-") + self.vocab
 VOCAB_SIZE = 16000
 PROBE_STEPS = 300        # the pace is measured over steps 100-300 (the first ones warm up the allocator and loader)
 KO_TEXT = ["wikipedia_ko_wikiextractor", "wikipedia_ko_wikiextractor_more", "koconovel/data/jsonl",
@@ -69,21 +91,23 @@ SEEDS = (0, 1, 2)
 REFERENCE, REFERENCE_RATES = "minilm", (1e-4,)
 
 
-def prepare(work: Path) -> dict:
-    """Corpus, tokenizer and the budget recipe's instances; each skipped when already made."""
+def prepare(work: Path, arm: Arm) -> dict:
+    """Corpus, the arm's tokenizer and the budget recipe's instances; each skipped when already made."""
     from bertkit.pipelines.make_instances import InstancesConfig, make_instances
     from bertkit.pipelines.prepare_corpus import CorpusConfig, prepare_corpus
     from bertkit.pipelines.train_tokenizer import TokenizerConfig, train_tokenizer
     from bertkit.recipes import RECIPES
 
-    d = {name: work / f"ko-{name}" for name in ("corpus", "tokenizer", "instances")}
+    d = {"corpus": work / "ko-corpus", "tokenizer": work / f"ko-{arm.vocab}tokenizer",
+         "instances": work / f"ko-{arm.vocab}instances"}
     if not done(d["corpus"]):
         say("prepare-corpus")
         prepare_corpus([SHARED / p for p in KO_TEXT], d["corpus"], CorpusConfig(workers=2, holdout=0.01,
                                                                                   progress=False))
     if not done(d["tokenizer"]):
-        say("train-tokenizer")
-        train_tokenizer(d["corpus"], d["tokenizer"], TokenizerConfig(vocab_size=VOCAB_SIZE, progress=False))
+        say(f"train-tokenizer --pretokenize {arm.pretokenize}")
+        train_tokenizer(d["corpus"], d["tokenizer"], TokenizerConfig(vocab_size=VOCAB_SIZE, progress=False,
+                                                                     pretokenize=arm.pretokenize))
     if not done(d["instances"]):
         say("make-instances --recipe budget")
         make_instances(d["corpus"], d["tokenizer"], d["instances"],
@@ -92,26 +116,26 @@ def prepare(work: Path) -> dict:
     return d
 
 
-def pretrain_config(instances: Path, out: Path, steps: int, family: str, **extra):
+def pretrain_config(instances: Path, out: Path, steps: int, arm: Arm, **extra):
     from bertkit.pretrain import PretrainConfig
 
-    return PretrainConfig(instances=str(instances), out=str(out), model=ARMS[family][0], recipe="budget",
+    return PretrainConfig(instances=str(instances), out=str(out), model=arm.preset, recipe="budget",
                           max_steps=steps, num_workers=1, progress=False, log_every=50, **extra)
 
 
-def pace(work: Path, instances: Path, family: str) -> dict:
-    """This arm's optimizer steps per second, alone on the machine (kept in WORK/ko-[family-]pace.json)."""
+def pace(work: Path, instances: Path, arm: Arm) -> dict:
+    """This arm's optimizer steps per second, alone on the machine (kept in WORK/ko-[prefix]pace.json)."""
     from bertkit.pretrain import pretrain
 
-    prefix = ARMS[family][1]
+    prefix = arm.prefix
     path = work / f"ko-{prefix}pace.json"
     if path.is_file():
         return json.loads(path.read_text())
-    say(f"pace probe: {PROBE_STEPS} steps of {ARMS[family][0]} (keep the machine otherwise idle)")
+    say(f"pace probe: {PROBE_STEPS} steps of {arm.preset} (keep the machine otherwise idle)")
     load_before = os.getloadavg()
     probe = work / f"ko-{prefix}pace-run"
     shutil.rmtree(probe, ignore_errors=True)  # a probe cut short is measured again from the start
-    pretrain(pretrain_config(instances, probe, PROBE_STEPS, family, eval_every=10 ** 9, save_every=10 ** 9))
+    pretrain(pretrain_config(instances, probe, PROBE_STEPS, arm, eval_every=10 ** 9, save_every=10 ** 9))
     rows = [json.loads(line) for line in (probe / "metrics.jsonl").read_text().splitlines()]
     timed = {r["step"]: r["elapsed_s"] for r in rows if "loss" in r and "elapsed_s" in r}
     a, b = min(s for s in timed if s >= 100), max(timed)
@@ -123,18 +147,18 @@ def pace(work: Path, instances: Path, family: str) -> dict:
     return result
 
 
-def pretrain_hours(work: Path, instances: Path, hours: float, steps_per_s: float, family: str) -> Path:
+def pretrain_hours(work: Path, instances: Path, hours: float, steps_per_s: float, arm: Arm) -> Path:
     """The budget recipe for as many steps as `hours` of the measured pace buy; resumes a killed run; exports."""
     from bertkit.pretrain import export, pretrain
 
-    run = work / f"ko-{ARMS[family][1]}run-{hours:g}h"
+    run = work / f"ko-{arm.prefix}run-{hours:g}h"
     export_dir = work / f"{run.name}-export"
     if (export_dir / "model.safetensors").is_file():
         return export_dir
     steps = round(hours * 3600 * steps_per_s)
     resume = (run / "checkpoints" / "latest").is_file()
     say(f"pretrain {run.name}: {steps} steps" + (" (resumed)" if resume else ""))
-    result = pretrain(pretrain_config(instances, run, steps, family, eval_every=max(250, steps // 20),
+    result = pretrain(pretrain_config(instances, run, steps, arm, eval_every=max(250, steps // 20),
                                       eval_batches=20, save_every=1000, keep_last=1, resume=resume,
                                       report_to="tensorboard"))
     if result.get("stopped_by_signal"):
@@ -164,7 +188,7 @@ def finetune(task: str, model: Path, out: Path, lr: float, seed: int) -> float:
     return summary["best"][metric]
 
 
-def random_start(work: Path, instances: Path, family: str) -> Path:
+def random_start(work: Path, instances: Path, arm: Arm) -> Path:
     """Random weights in the pretraining run's architecture, with its tokenizer: a one-step run's export,
     re-initialised (seed 0), so the random side needs no pretraining."""
     import torch
@@ -172,14 +196,14 @@ def random_start(work: Path, instances: Path, family: str) -> Path:
     from bertkit.models import build_pretraining, describe, load_pretrained, save_pretrained
     from bertkit.pretrain import export, pretrain
 
-    prefix = ARMS[family][1]
+    prefix = arm.prefix
     shape_run, shape_export = work / f"ko-{prefix}shape-run", work / f"ko-{prefix}shape-export"
     if not (shape_export / "model.safetensors").is_file():
         shutil.rmtree(shape_run, ignore_errors=True)
-        pretrain(pretrain_config(instances, shape_run, 1, family, eval_every=10 ** 9, save_every=10 ** 9))
+        pretrain(pretrain_config(instances, shape_run, 1, arm, eval_every=10 ** 9, save_every=10 ** 9))
         export(shape_run, shape_export)
     out = work / f"ko-{prefix}random"
-    if family == "bert":
+    if arm.family == "bert":
         return random_init(shape_export, out)  # BERT's initialisation, as the first scores were made
     if not (out / "model.safetensors").is_file():
         shape = describe(load_pretrained(shape_export, head="pretraining"))
@@ -194,13 +218,15 @@ def vocab_checksum(model: Path) -> str:
     return hashlib.sha256((model / "vocab.txt").read_bytes()).hexdigest()
 
 
-def sweep(work: Path, start: str, model: Path, results: dict, save, rates=RATES, tasks=tuple(TASKS)) -> None:
-    """Every task from one start (`random`, `<hours>h` or the outside reference), each rate, each seed; scores
-    already held are kept. bertkit's starts must share one tokenizer; the reference brings its own."""
-    sha = vocab_checksum(model)
-    if start != REFERENCE and results.setdefault("vocab_sha256", sha) != sha:
+def sweep(work: Path, start: str, model: Path, results: dict, save, rates=RATES, tasks=tuple(TASKS),
+          vocab: str = "") -> None:
+    """Every task from one start (`[prefix]random`, `[prefix]<hours>h` or the outside reference), each rate, each
+    seed; scores already held are kept. The starts of one vocabulary must share its tokenizer (recorded as
+    `[vocab-]vocab_sha256`); the reference brings its own."""
+    sha, key = vocab_checksum(model), f"{vocab}vocab_sha256"
+    if start != REFERENCE and results.setdefault(key, sha) != sha:
         raise SystemExit(f"{model}: its vocab.txt differs from the one the recorded scores used "
-                         f"({results['vocab_sha256'][:12]}...); the starts would not be comparable")
+                         f"({results[key][:12]}...); the starts would not be comparable")
     for task in tasks:
         for lr in rates:
             for seed in SEEDS:
@@ -221,8 +247,9 @@ def keep_scores(ours: dict, theirs: dict) -> None:
 
 
 def random_of(start: str) -> str:
-    """The random start a start is compared with: its own family's (the outside reference: BERT's)."""
-    return "modernbert-random" if start.startswith("modernbert-") else "random"
+    """The random start a start is compared with: its own arm's (modernbert-mecab-2h: modernbert-mecab-random; the
+    outside reference: BERT's)."""
+    return f"{start.rsplit('-', 1)[0]}-random" if "-" in start else "random"
 
 
 def table(sweep_results: dict) -> list[dict]:
@@ -259,14 +286,16 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hours", type=float, default=2.0, help="pretraining: this many hours of the measured pace")
     ap.add_argument("--only", choices=["random", "pretrain", "finetune", "reference", "report"])
-    ap.add_argument("--family", choices=sorted(ARMS), default="bert",
+    ap.add_argument("--family", choices=sorted(PRESETS), default="bert",
                     help="the arm: BERT tiny, or ModernBERT tiny on the same instances and recipe")
+    ap.add_argument("--pretokenize", choices=["none", "mecab", "kiwi"], default="none",
+                    help="the arm's vocabulary: plain WordPiece, or morpheme-aware (train-tokenizer --pretokenize)")
     ap.add_argument("--tasks", nargs="+", choices=list(TASKS), default=list(TASKS),
                     help="fine-tune these tasks only (two processes on two task lists share the results file)")
     ap.add_argument("--work", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "bertkit-korean-transfer")
     args = ap.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
-    name, hours = "korean_transfer", f"{args.hours:g}h"
+    name = "korean_transfer"
     path = RESULTS / f"{name}.json"
     results = json.loads(path.read_text()) if path.is_file() else {}
     results.setdefault("sweep", {})
@@ -278,21 +307,22 @@ def main(argv=None):
         write_result(name, {**run_info(name), **{k: v for k, v in results.items() if k not in ("table",)},
                             "table": table(results["sweep"])})
 
+    arm, hours = Arm(args.family, args.pretokenize), f"{args.hours:g}h"
+    prefix = arm.prefix
     if args.only in ("random", "pretrain", None):
-        d = prepare(args.work)
+        d = prepare(args.work, arm)
         corpus = json.loads((d["corpus"] / "manifest.json").read_text())
         results["corpus"] = corpus["totals"]   # files, bytes, documents, sentences: how much Korean text
-    prefix = ARMS[args.family][1]
     if args.only == "random":
-        random = random_start(args.work, d["instances"], args.family)
-        sweep(args.work, f"{prefix}random", random, results, save, tasks=args.tasks)
+        random = random_start(args.work, d["instances"], arm)
+        sweep(args.work, f"{prefix}random", random, results, save, tasks=args.tasks, vocab=arm.vocab)
     if args.only == "reference":
         from finetune_parity import model_dir
 
         sweep(args.work, REFERENCE, model_dir(), results, save, rates=REFERENCE_RATES, tasks=args.tasks)
     if args.only in (None, "pretrain"):
-        arm_pace = results[f"{prefix}pace"] = pace(args.work, d["instances"], args.family)
-        export_dir = pretrain_hours(args.work, d["instances"], args.hours, arm_pace["steps_per_s"], args.family)
+        arm_pace = results[f"{prefix}pace"] = pace(args.work, d["instances"], arm)
+        export_dir = pretrain_hours(args.work, d["instances"], args.hours, arm_pace["steps_per_s"], arm)
         results["runs"][prefix + hours] = {"steps": round(args.hours * 3600 * arm_pace["steps_per_s"]),
                                            "curve": timed_curve(args.work / f"ko-{prefix}run-{hours}"),
                                            "masked_only": masked_only_accuracy(export_dir, d["instances"])}
@@ -301,8 +331,8 @@ def main(argv=None):
         export_dir = args.work / f"ko-{prefix}run-{hours}-export"
         if not (export_dir / "model.safetensors").is_file():
             raise SystemExit(f"{export_dir}: no export yet; run --only pretrain first")
-        sweep(args.work, prefix + hours, export_dir, results, save, tasks=args.tasks)
-    say(json.dumps({k: results.get(k) for k in ("pace", "modernbert-pace", "corpus")}, indent=1))
+        sweep(args.work, prefix + hours, export_dir, results, save, tasks=args.tasks, vocab=arm.vocab)
+    say(json.dumps({k: v for k, v in results.items() if k.endswith("pace") or k == "corpus"}, indent=1))
     if results["sweep"]:
         print_table(table(results["sweep"]))
 
