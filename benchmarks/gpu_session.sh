@@ -6,7 +6,8 @@
 #   benchmarks/gpu_session.sh host    host (CPU) microseconds per call of each layer of the Triton path
 #   benchmarks/gpu_session.sh quick   the CUDA kernel tests, host overhead and the BERT-base step at 128 (after a change)
 #   benchmarks/gpu_session.sh tune    the LayerNorm launch-shape sweep, LayerNorm again, attention with dropout
-#   benchmarks/gpu_session.sh modernbert  ModernBERT's global and local attention (RoPE, window) vs FlexAttention, SDPA
+#   benchmarks/gpu_session.sh modernbert  ModernBERT's global and local attention (RoPE, window) vs FlexAttention, SDPA,
+#                                         then ModernBERT-base's step at 1,024 and 8,192 tokens against transformers
 #   benchmarks/gpu_session.sh step    the BERT-base step at 128 and 512: triton, torch, each compiled, transformers
 # Logs and JSON go to $OUT (or ./gpu_out). The device image has torch and triton but not bertkit's small
 # compiled dependencies: carry them as wheels in .whl/ (the device tool's README says how); no deepspeed needed.
@@ -48,6 +49,9 @@ case "${1:-check}" in
   modernbert)
     timeout 300 python3 benchmarks/modernbert_attention.py --out "$OUT/modernbert_attention.json" 2>&1 \
       | tee "$OUT/modernbert_attention.log"
+    timeout 240 python3 benchmarks/modernbert_step.py --device cuda --preset base --lengths 1024,8192 \
+      --tokens 65536 --kernels triton,torch 2>&1 | tee "$OUT/modernbert_step.log"
+    cp benchmarks/results/modernbert_step.json "$OUT/" 2>/dev/null
     ;;
   profile)
     timeout 300 python3 benchmarks/pretrain_step.py --device cuda --configs base --seq 128 --batch 128 \

@@ -5,9 +5,12 @@ least 2x at 128, 512 and 1,024 tokens.
 
     python benchmarks/modernbert_step.py                      # prints the table, writes results/modernbert_step.json
     python benchmarks/modernbert_step.py --lengths 128 --steps 3
+    python benchmarks/modernbert_step.py --device cuda --lengths 1024,8192 --tokens 65536 --kernels triton,torch
 
 Documents have lengths drawn uniformly from [L/4, L] (real corpora mix short and long ones), as many per batch as
-make about --tokens real tokens. Run it on an otherwise idle machine; the load average is recorded.
+make about --tokens real tokens. Run it on an otherwise idle machine; the load average is recorded. On a GPU
+(--device cuda: bf16 autocast, fused AdamW, synchronised timing) bertkit runs once per --kernels backend (triton:
+RoPE and the local window inside the attention kernels; torch: SDPA over each layer's padded grid).
 """
 import argparse
 import statistics
@@ -44,12 +47,16 @@ def masked(ids: torch.Tensor, g: torch.Generator) -> torch.Tensor:
     return labels
 
 
-def time_steps(step, steps: int) -> float:
-    step()  # warm-up
+def time_steps(step, steps: int, device: str) -> float:
+    step()  # warm-up (and Triton's compiles)
     times = []
     for _ in range(steps):
+        if device == "cuda":
+            torch.cuda.synchronize()
         t = time.perf_counter()
         step()
+        if device == "cuda":
+            torch.cuda.synchronize()
         times.append(time.perf_counter() - t)
     return statistics.median(times)
 
@@ -61,20 +68,28 @@ def main():
     ap.add_argument("--tokens", type=int, default=4096, help="real tokens per batch")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--kernels", default="auto", help="bertkit's backends, comma-separated (cuda: triton,torch)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     import transformers
 
+    from bertkit import kernels
+
+    dev, dtype = args.device, torch.bfloat16 if args.device == "cuda" else None
+
     cfg = ModernBertConfig.preset(args.preset, vocab_size=VOCAB, max_position_embeddings=8192)
-    result = {**run_info("modernbert_step"), "preset": args.preset, "threads": args.threads, "rows": []}
-    print(f"{'tokens':>7} {'docs':>5} {'real tokens':>11} {'peer slots':>10} {'bertkit s':>10} {'peer s':>8} "
-          f"{'speed-up':>8}")
+    result = {**run_info("modernbert_step"), "preset": args.preset, "threads": args.threads, "device": dev,
+              "gpu": torch.cuda.get_device_name() if dev == "cuda" else None, "rows": []}
+    print(f"{'tokens':>7} {'docs':>5} {'real tokens':>11} {'peer slots':>10} {'backend':>8} {'bertkit s':>10} "
+          f"{'peer s':>8} {'speed-up':>8}")
     for length in map(int, args.lengths.split(",")):
         torch.manual_seed(0)
         ours = ModernBertForMaskedLM(cfg).train()
         peer = transformers.ModernBertForMaskedLM(transformers.ModernBertConfig(
-            **cfg.to_hf_dict(), attn_implementation="sdpa", sparse_prediction=True)).train()
+            **cfg.to_hf_dict(), attn_implementation="sdpa", sparse_prediction=True, reference_compile=False)).train()
         peer.load_state_dict(hf_state_dict(ours), strict=False)
+        ours, peer = ours.to(dev), peer.to(dev)
         docs = documents(length, args.tokens, length)
         g = torch.Generator().manual_seed(1)
         packed = torch.cat(docs)
@@ -87,25 +102,37 @@ def main():
         for i, d in enumerate(docs):
             padded[i, :len(d)], attention[i, :len(d)] = d, 1
             padded_labels[i, :len(d)] = labels[cu[i]:cu[i + 1]]
-        opt_ours = torch.optim.AdamW(ours.parameters(), lr=1e-4)
-        opt_peer = torch.optim.AdamW(peer.parameters(), lr=1e-4)
+        packed, cu, labels, padded, attention, padded_labels = (
+            t.to(dev) for t in (packed, cu, labels, padded, attention, padded_labels))
+        fused = dev == "cuda" or None
+        opt_ours = torch.optim.AdamW(ours.parameters(), lr=1e-4, fused=fused)
+        opt_peer = torch.optim.AdamW(peer.parameters(), lr=1e-4, fused=fused)
+        max_seqlen = width  # a host-side bound, as the loader gives it: no device sync inside the step
 
         def step_ours():
-            ours(packed, cu_seqlens=cu, labels=labels).loss.backward()
+            with torch.autocast(dev, dtype=dtype, enabled=dtype is not None):
+                loss = ours(packed, cu_seqlens=cu, max_seqlen=max_seqlen, labels=labels).loss
+            loss.backward()
             opt_ours.step()
             opt_ours.zero_grad(set_to_none=True)
 
         def step_peer():
-            peer(input_ids=padded, attention_mask=attention, labels=padded_labels).loss.backward()
+            with torch.autocast(dev, dtype=dtype, enabled=dtype is not None):
+                loss = peer(input_ids=padded, attention_mask=attention, labels=padded_labels).loss
+            loss.backward()
             opt_peer.step()
             opt_peer.zero_grad(set_to_none=True)
 
-        ours_s, peer_s = time_steps(step_ours, args.steps), time_steps(step_peer, args.steps)
-        row = {"length": length, "documents": len(docs), "real_tokens": int(packed.numel()),
-               "peer_slots": int(padded.numel()), "bertkit_s": ours_s, "peer_s": peer_s, "speedup": peer_s / ours_s}
-        result["rows"].append(row)
-        print(f"{length:>7} {len(docs):>5} {row['real_tokens']:>11} {row['peer_slots']:>10} {ours_s:>10.3f} "
-              f"{peer_s:>8.3f} {row['speedup']:>7.2f}x", flush=True)
+        peer_s = time_steps(step_peer, args.steps, dev)
+        for backend in args.kernels.split(","):
+            kernels.use(backend)
+            ours_s = time_steps(step_ours, args.steps, dev)
+            row = {"length": length, "documents": len(docs), "real_tokens": int(packed.numel()),
+                   "peer_slots": int(padded.numel()), "backend": kernels.resolve(packed.device), "bertkit_s": ours_s,
+                   "peer_s": peer_s, "speedup": peer_s / ours_s}
+            result["rows"].append(row)
+            print(f"{length:>7} {len(docs):>5} {row['real_tokens']:>11} {row['peer_slots']:>10} "
+                  f"{row['backend']:>8} {ours_s:>10.3f} {peer_s:>8.3f} {row['speedup']:>7.2f}x", flush=True)
     write_result("modernbert_step", result)
 
 
