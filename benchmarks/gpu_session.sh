@@ -50,7 +50,7 @@ case "${1:-check}" in
     timeout 300 python3 benchmarks/modernbert_attention.py --out "$OUT/modernbert_attention.json" 2>&1 \
       | tee "$OUT/modernbert_attention.log"
     timeout 240 python3 benchmarks/modernbert_step.py --device cuda --preset base --lengths 1024,8192 \
-      --tokens 65536 --kernels triton,torch 2>&1 | tee "$OUT/modernbert_step.log"
+      --tokens 32768 --kernels triton,torch 2>&1 | tee "$OUT/modernbert_step.log"
     cp benchmarks/results/modernbert_step.json "$OUT/" 2>/dev/null
     ;;
   profile)

@@ -5,7 +5,7 @@ least 2x at 128, 512 and 1,024 tokens.
 
     python benchmarks/modernbert_step.py                      # prints the table, writes results/modernbert_step.json
     python benchmarks/modernbert_step.py --lengths 128 --steps 3
-    python benchmarks/modernbert_step.py --device cuda --lengths 1024,8192 --tokens 65536 --kernels triton,torch
+    python benchmarks/modernbert_step.py --device cuda --lengths 1024,8192 --tokens 32768 --kernels triton,torch
 
 Documents have lengths drawn uniformly from [L/4, L] (real corpora mix short and long ones), as many per batch as
 make about --tokens real tokens. Run it on an otherwise idle machine; the load average is recorded. On a GPU
