@@ -175,6 +175,7 @@ def finetune(task: str, model: Path, out: Path, lr: float, seed: int) -> float:
     metric, rows = TASKS[task]
     summary = json.loads((out / "metrics.json").read_text()) if (out / "metrics.json").is_file() else {}
     if "train_seconds" not in summary:
+        shutil.rmtree(out, ignore_errors=True)  # a fine-tune killed part-way left its folder: redo it
         t0 = time.time()
         cfg = TrainConfig(out_dir=str(out), epochs=3, batch_size=32, learning_rate=lr, seed=seed, save_model=False,
                           dropout=FINETUNE_DROPOUT, report_to="none", overwrite=True)
