@@ -109,6 +109,18 @@ def test_prenorm_returns_the_sum_and_takes_its_gradient(dtype, p):
     assert rel_err(y, ref_y) <= tol and rel_err(h, ref_h) <= tol
     for leaf, r64 in zip(leaves, ref):
         assert rel_err(leaf.grad, r64.grad) <= tol
+    # only h used (unused outputs get no zero-filled gradient): its gradient alone reaches x and the residual
+    for leaf in leaves:
+        leaf.grad = None
+    torch.manual_seed(3)
+    _, h = add_layer_norm_triton(*leaves, 1e-12, p, prenorm=True)
+    h.backward(dh)
+    for leaf in ref:
+        leaf.grad = None
+    add_layer_norm_reference(*ref, 1e-12, p, prenorm=True, dropout_mask=mask)[1].backward(dh.double())
+    for leaf, r64 in zip(leaves[:2], ref[:2]):
+        assert rel_err(leaf.grad, r64.grad) <= tol
+    assert not leaves[2].grad.any() and not leaves[3].grad.any()
     with pytest.raises(ValueError, match="needs one"):
         kernels.add_layer_norm(leaves[0], None, leaves[2], leaves[3], 1e-12, 0.0, prenorm=True)
 
