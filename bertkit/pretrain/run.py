@@ -154,28 +154,14 @@ def start_run(cfg: PretrainConfig, manifest: InstancesManifest, rank: int, world
     backend = resolve_guarded(device, kernel_uses(model, settings.precision, cfg.unpadded, manifest.max_seq_length,
                                                   settings.micro_batch),
                               say=say if rank == 0 else lambda m: m.startswith("warning") and say(m))
-    optimizer = build_optimizer(settings.optimizer, param_groups(model, settings.weight_decay), settings.lr,
-                                cfg.betas, cfg.eps, on_cuda)
-    scheduler = None if "scheduler" in ds_config else LambdaLR(optimizer, budget) if budget else \
-        build_scheduler(optimizer, max_steps, cfg.warmup_steps(max_steps), cfg.schedule, cfg.decay)
-    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
-                                           config=ds_config, dist_init_required=False)
-    if cfg.compile:  # the model under torch.compile, bertkit's kernels as custom ops in its graph
-        engine.compile()
+    engine, scheduler = build_engine(cfg, model, settings, ds_config, budget, max_steps, on_cuda)
     if rank == 0:
         write_run_folder(cfg, settings, ds_config, describe(model), init_source, manifest, world, backend, objective,
                          previous_run, changes, chosen.marker.step if changes and chosen.marker else None,
                          threads.record())
     torch.distributed.barrier()
 
-    step, skipped, last_ckpt = 0, 0, None
-    if cfg.resume:
-        step, skipped, last_ckpt = load_checkpoint(engine, Path(cfg.out), chosen)  # the budget's time used too
-        apply_resume_changes(changes, scheduler, settings, ds_config)
-        if changes and rank == 0:
-            say(f"--resume at step {step} changes {'; '.join(map(str, changes))} (from step {step + 1} on)")
-    else:
-        seed_rank(cfg.seed, rank)
+    step, skipped, last_ckpt = resume_or_seed(cfg, engine, scheduler, chosen, changes, settings, ds_config, rank)
     train = InstanceDataset(cfg.instances, "train", cfg.seed, manifest)
     sampler = sampler_for(cfg, train, settings.micro_batch, rank, world)
     flops = functools.partial(training_flops, sum(p.numel() for p in model.parameters()), model.cfg.num_layers,
@@ -201,6 +187,34 @@ def start_run(cfg: PretrainConfig, manifest: InstancesManifest, rank: int, world
     run.clock0 = time.perf_counter() - (budget.used_s if budget else 0.0)  # a resumed budget counts time used
     run.interval_started()
     return run
+
+
+def build_engine(cfg: PretrainConfig, model, settings, ds_config: dict, budget, max_steps: int, on_cuda: bool):
+    """(DeepSpeed engine, scheduler or None): the optimizer over the model's groups, the schedule (the time budget's,
+    the user's DeepSpeed config's, or the flags'), wrapped by DeepSpeed; --compile puts the model under
+    torch.compile."""
+    optimizer = build_optimizer(settings.optimizer, param_groups(model, settings.weight_decay), settings.lr,
+                                cfg.betas, cfg.eps, on_cuda)
+    scheduler = None if "scheduler" in ds_config else LambdaLR(optimizer, budget) if budget else \
+        build_scheduler(optimizer, max_steps, cfg.warmup_steps(max_steps), cfg.schedule, cfg.decay)
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
+                                           config=ds_config, dist_init_required=False)
+    if cfg.compile:  # bertkit's kernels are custom ops in its graph
+        engine.compile()
+    return engine, scheduler
+
+
+def resume_or_seed(cfg: PretrainConfig, engine, scheduler, chosen, changes, settings, ds_config: dict, rank: int):
+    """(step, skipped, last checkpoint): a resumed run's state (the budget's time used too) with the settings it
+    changes applied; a new run seeds this rank's generators."""
+    if not cfg.resume:
+        seed_rank(cfg.seed, rank)
+        return 0, 0, None
+    step, skipped, last_ckpt = load_checkpoint(engine, Path(cfg.out), chosen)
+    apply_resume_changes(changes, scheduler, settings, ds_config)
+    if changes and rank == 0:
+        say(f"--resume at step {step} changes {'; '.join(map(str, changes))} (from step {step + 1} on)")
+    return step, skipped, last_ckpt
 
 
 def resolve_settings(cfg: PretrainConfig, world: int, rank: int, on_cuda: bool):
