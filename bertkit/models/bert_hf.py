@@ -305,15 +305,43 @@ def load_hf(path, head: str | None = "auto", num_labels: int | None = None, requ
     if head == "auto":
         head = saved_head
     if head in ("sequence_classification", "token_classification") and num_labels is None:
-        if "classifier.weight" in tensors:
-            num_labels = tensors["classifier.weight"].shape[0]
-        elif saved_head == head and hf_config.get("id2label"):
-            num_labels = len(hf_config["id2label"])
-        else:
-            raise ModelFolderError(f"{path} has no classifier; pass num_labels to build a {head} head")
+        num_labels = _saved_num_labels(path, head, saved_head, hf_config, tensors)
     model = build_model(cfg, head, num_labels)
+    _tie_decoder(path, tensors)
+    loaded, missing, used = _match_tensors(path, cfg, _canonical_state(model), tensors)
 
-    # tied decoder: HF files may carry it; it must be the embedding matrix, and its bias the MLM bias
+    # the NSP classifier and the pooler are cheap to retrain; the MLM head, classifiers and QA outputs are the head
+    essential = [n for n in missing if not n.startswith(("cls.seq_relationship.", "bert.pooler."))]
+    if essential and require_head:
+        raise ModelFolderError(f"{path} has no {head} head: it lacks {', '.join(essential)} "
+                               f"(config.json architectures: {hf_config.get('architectures')})")
+    if isinstance(model, BertModel):
+        loaded = {k[len("bert."):]: v for k, v in loaded.items()}
+    model.load_state_dict(loaded, strict=True)
+    unused = sorted(set(tensors) - used)
+    if essential:
+        log.warning("%s: no weights for %s; initialised them randomly (train before use)", path, ", ".join(essential))
+    elif missing:  # the NSP classifier or the pooler: fill-mask and mean pooling never read them
+        log.info("%s: no weights for %s (initialised; unused by fill-mask and mean pooling)", path, ", ".join(missing))
+    if unused:
+        log.info("%s: tensors not used by the %s model: %s", path, head or "encoder-only", ", ".join(unused))
+    model.loading_info = {"head": head, "missing": missing, "unused": unused}
+    model.hf_config = hf_config
+    return model.eval()
+
+
+def _saved_num_labels(path: Path, head: str, saved_head: str, hf_config: dict, tensors: dict) -> int:
+    """A classifier's label count from its weights, else from config.json's id2label when the head is the saved one."""
+    if "classifier.weight" in tensors:
+        return tensors["classifier.weight"].shape[0]
+    if saved_head == head and hf_config.get("id2label"):
+        return len(hf_config["id2label"])
+    raise ModelFolderError(f"{path} has no classifier; pass num_labels to build a {head} head")
+
+
+def _tie_decoder(path: Path, tensors: dict) -> None:
+    """HF files may carry the MLM decoder: it must be the embedding matrix (bertkit ties them), and its bias the MLM
+    bias. Buffers some HF versions saved are dropped: they are not weights."""
     decoder = tensors.pop("cls.predictions.decoder.weight", None)
     decoder_bias = tensors.pop("cls.predictions.decoder.bias", None)
     if decoder_bias is not None and "cls.predictions.bias" not in tensors:
@@ -322,9 +350,12 @@ def load_hf(path, head: str | None = "auto", num_labels: int | None = None, requ
         log.warning("%s: cls.predictions.decoder.weight differs from the word embeddings; bertkit ties them "
                     "and uses the embeddings", path)
     for buffer in ("bert.embeddings.position_ids", "bert.embeddings.token_type_ids"):
-        tensors.pop(buffer, None)  # buffers some HF versions saved; not weights
+        tensors.pop(buffer, None)
 
-    state = _canonical_state(model)
+
+def _match_tensors(path: Path, cfg, state: dict, tensors: dict):
+    """(loaded state, missing HF names, used HF names): each of the model's tensors from its HF name(s), shapes
+    checked; an encoder tensor the file lacks is refused, a head's is kept as initialised and reported missing."""
     loaded, missing, used = {}, [], set()
     for key, current in state.items():
         names = hf_names(key, cfg.norm)
@@ -350,25 +381,7 @@ def load_hf(path, head: str | None = "auto", num_labels: int | None = None, requ
             tensor = torch.cat([tensor, current[cfg.vocab_size:].zero_()], 0)
         loaded[key] = tensor
         used.update(names)
-
-    # the NSP classifier and the pooler are cheap to retrain; the MLM head, classifiers and QA outputs are the head
-    essential = [n for n in missing if not n.startswith(("cls.seq_relationship.", "bert.pooler."))]
-    if essential and require_head:
-        raise ModelFolderError(f"{path} has no {head} head: it lacks {', '.join(essential)} "
-                               f"(config.json architectures: {hf_config.get('architectures')})")
-    if isinstance(model, BertModel):
-        loaded = {k[len("bert."):]: v for k, v in loaded.items()}
-    model.load_state_dict(loaded, strict=True)
-    unused = sorted(set(tensors) - used)
-    if essential:
-        log.warning("%s: no weights for %s; initialised them randomly (train before use)", path, ", ".join(essential))
-    elif missing:  # the NSP classifier or the pooler: fill-mask and mean pooling never read them
-        log.info("%s: no weights for %s (initialised; unused by fill-mask and mean pooling)", path, ", ".join(missing))
-    if unused:
-        log.info("%s: tensors not used by the %s model: %s", path, head or "encoder-only", ", ".join(unused))
-    model.loading_info = {"head": head, "missing": missing, "unused": unused}
-    model.hf_config = hf_config
-    return model.eval()
+    return loaded, missing, used
 
 
 def save_hf(model, out_dir, tokenizer_dir=None, extra_config: dict | None = None,
