@@ -148,11 +148,12 @@ def test_pad_vocab_to_64(toy_corpus, clean_dist_env):
     assert model.bert.embeddings.word_embeddings.weight.shape[0] == vocab  # export trims the padding
 
 
-@pytest.mark.parametrize("task", ["classify", "ner"])
+@pytest.mark.parametrize("task", ["classify", "ner", "squad"])
 def test_packed_finetuning_matches_padded(tmp_path, task):
     from bertkit.config import BertConfig
     from bertkit.finetune.classify import finetune_classify
     from bertkit.finetune.ner import finetune_ner
+    from bertkit.finetune.squad import finetune_squad
     from bertkit.finetune.train import TrainConfig
     from bertkit.models import save_pretrained
     from bertkit.models.bert import BertForPreTraining
@@ -167,6 +168,16 @@ def test_packed_finetuning_matches_padded(tmp_path, task):
         rows = ["text\tlabel"] + [" ".join(f"w{rng.randrange(27)}" for _ in range(rng.randint(2, 12))) + f"\t{i % 2}"
                                   for i in range(48)]
         (tmp_path / "train.tsv").write_text("\n".join(rows) + "\n")
+    elif task == "squad":  # contexts of 4-30 words, some longer than a window, so windows differ in length
+        paragraphs = []
+        for i in range(16):
+            words = [f"w{rng.randrange(27)}" for _ in range(rng.randint(4, 30))]
+            a = rng.randrange(len(words) - 1)
+            answer = " ".join(words[a:a + 2])
+            paragraphs.append({"context": " ".join(words), "qas": [{"id": str(i), "question": f"w{i} w{i + 1}",
+                               "answers": [{"text": answer, "answer_start": len(" ".join(words[:a] + [""]))}]}]})
+        (tmp_path / "train.json").write_text(json.dumps({"version": "1.1", "data": [{"title": "t",
+                                                                                      "paragraphs": paragraphs}]}))
     else:
         sents = [[(f"w{rng.randrange(27)}", rng.choice(["O", "B-PER", "I-PER"])) for _ in range(rng.randint(2, 10))]
                  for _ in range(48)]
@@ -179,6 +190,9 @@ def test_packed_finetuning_matches_padded(tmp_path, task):
         if task == "classify":
             finetune_classify(tmp_path / "model", tmp_path / "train.tsv", tmp_path / "train.tsv", tc, text_a="text",
                               max_seq_length=16)
+        elif task == "squad":
+            finetune_squad(tmp_path / "model", tmp_path / "train.json", tmp_path / "train.json", tc, max_seq_length=24,
+                           window_step=8, max_query_length=4)
         else:
             finetune_ner(tmp_path / "model", tmp_path / "train.txt", tmp_path / "train.txt", tc, max_seq_length=16)
         records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

@@ -137,3 +137,45 @@ def test_pretrain_unpadded_logs_the_same_losses(tmp_path, clean_dist_env, zero_s
     assert np.mean([r["tokens_per_s"] / r["seq_per_s"] for r in packed]) == pytest.approx(mean_len, rel=1e-6)
     assert [r["tokens_per_s"] / r["seq_per_s"] for r in packed] == pytest.approx(
         [r["tokens_per_s"] / r["seq_per_s"] for r in padded], rel=1e-9)
+
+
+@pytest.mark.parametrize("family", ["bert", "modernbert"])
+def test_the_span_head_packed_equals_padded(family):
+    """finetune squad --unpadded: SQuAD windows packed end to end give the padded batch's start/end logits at every
+    real token, its loss (a position past a window's end ignored in both) and every parameter's gradient."""
+    from bertkit.finetune.train import collate as ft_collate, collate_packed as ft_collate_packed
+    from bertkit.models.modernbert import ModernBertConfig, ModernBertForQuestionAnswering
+
+    torch.manual_seed(0)
+    if family == "bert":
+        cfg = BertConfig(vocab_size=101, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
+                         max_position_embeddings=32, hidden_dropout=0.0, attention_dropout=0.0)
+        padded_model = bm.BertForQuestionAnswering(cfg)
+    else:
+        cfg = ModernBertConfig(vocab_size=101, hidden_size=32, num_layers=3, num_heads=2, intermediate_size=48,
+                               local_window=8, global_every=3)
+        padded_model = ModernBertForQuestionAnswering(cfg)
+    with torch.no_grad():  # random biases and norms too, so a wrongly indexed tensor shows
+        for p in padded_model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    packed_model = type(padded_model)(cfg)
+    packed_model.load_state_dict(padded_model.state_dict())
+    gen = torch.Generator().manual_seed(5)
+    rows = [{"input_ids": torch.randint(5, 101, (n,), generator=gen).tolist(), "token_type_ids": [0] * (n // 2) +
+             [1] * (n - n // 2), "start_positions": s, "end_positions": e}
+            for n, s, e in ((11, 3, 5), (4, 0, 0), (17, 20, 20), (9, 8, 8))]  # 20: cut away
+    padded, packed = ft_collate(rows), ft_collate_packed(rows)
+    assert packed["max_seqlen"] == 24 and padded["input_ids"].shape[1] == 17  # the two grids differ in width
+
+    a, b = padded_model(**padded), packed_model(**packed)
+    real = padded["attention_mask"].bool()
+    torch.testing.assert_close(b.start_logits, a.start_logits[real], atol=TOL, rtol=0)
+    torch.testing.assert_close(b.end_logits, a.end_logits[real], atol=TOL, rtol=0)
+    torch.testing.assert_close(b.loss, a.loss, atol=TOL, rtol=0)
+    assert 1 < a.loss.item() < 10  # the cut-away answer is ignored, not scored against a masked logit
+    a.loss.backward()
+    b.loss.backward()
+    grads_b = dict(packed_model.named_parameters())
+    for name, p in padded_model.named_parameters():
+        assert p.grad is not None, name
+        torch.testing.assert_close(grads_b[name].grad, p.grad, atol=TOL, rtol=0, msg=f"grad {name}")

@@ -318,8 +318,6 @@ def finetune_squad(model_path, train_file, predict_file, cfg, *, version_2: bool
     """`bertkit finetune squad`. Without train_file, only predicts and scores predict_file. `scorer(data,
     predictions, null_odds)` replaces SQuAD's official scores (KorQuAD's own), `task` the name recorded.
     train_articles/predict_articles select articles of each file (e.g. train on one half of dev, score the other)."""
-    if cfg.unpadded:
-        raise SquadFormatError("--unpadded: the span head reads padded windows; leave --unpadded out for squad")
     from bertkit.finetune.metrics import squad_evaluate
     from bertkit.finetune.train import predict, set_seed, train
     from bertkit.models import load_pretrained

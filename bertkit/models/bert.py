@@ -349,23 +349,46 @@ class BertForQuestionAnswering(nn.Module):
         self.qa_outputs = nn.Linear(cfg.hidden_size, 2)
         init_weights(self.qa_outputs, cfg)
 
-    def forward(self, input_ids, token_type_ids=None, attention_mask=None,
-                start_positions=None, end_positions=None) -> QuestionAnsweringOutput:
-        h = self.bert(input_ids, token_type_ids, attention_mask).last_hidden_state
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, start_positions=None, end_positions=None,
+                position_ids=None, cu_seqlens=None, max_seqlen=None) -> QuestionAnsweringOutput:
+        """Padded (B, S) or packed (T,) with cu_seqlens / max_seqlen (see BertModel and span_output)."""
+        h = self.bert(input_ids, token_type_ids, attention_mask, position_ids, cu_seqlens, max_seqlen).last_hidden_state
         start_logits, end_logits = self.qa_outputs(h).unbind(-1)
-        if attention_mask is not None:
-            pad = attention_mask == 0
-            start_logits = start_logits.masked_fill(pad, MASKED_LOGIT)
-            end_logits = end_logits.masked_fill(pad, MASKED_LOGIT)
-        loss = None
-        if start_positions is not None and end_positions is not None:
-            # positions outside the sequence (answer truncated away) are ignored, as in HF
-            seq = start_logits.shape[1]
-            start = start_positions.view(-1).long().clamp(0, seq)
-            end = end_positions.view(-1).long().clamp(0, seq)
-            loss = (F.cross_entropy(start_logits.float(), start, ignore_index=seq)
-                    + F.cross_entropy(end_logits.float(), end, ignore_index=seq)) / 2
-        return QuestionAnsweringOutput(loss, start_logits, end_logits)
+        return span_output(start_logits, end_logits, attention_mask, cu_seqlens, max_seqlen, start_positions,
+                           end_positions)
+
+
+def span_output(start, end, attention_mask=None, cu_seqlens=None, max_seqlen=None, start_positions=None,
+                end_positions=None) -> QuestionAnsweringOutput:
+    """Both families' span head after its linear layer: padding's logits masked, and the loss, the mean of the start
+    and end cross-entropies over each sequence's own tokens (a position outside the sequence, an answer cut away, is
+    ignored, as in transformers). Packed logits (T,) stay packed; the loss lays them into a (B, max_seqlen) grid
+    first, so it equals the padded batch's."""
+    if attention_mask is not None:
+        start = start.masked_fill(attention_mask == 0, MASKED_LOGIT)
+        end = end.masked_fill(attention_mask == 0, MASKED_LOGIT)
+    loss = None
+    if start_positions is not None and end_positions is not None:
+        s, e = start_positions.view(-1).long(), end_positions.view(-1).long()
+        grid_start, grid_end = start, end
+        if cu_seqlens is not None:
+            grid_start, grid_end = (packed_to_grid(x, cu_seqlens, max_seqlen) for x in (start, end))
+            past_end = cu_seqlens.long().diff()  # a position past its own sequence: ignored, as past the padded width
+            s, e = s.masked_fill(s >= past_end, grid_start.shape[1]), e.masked_fill(e >= past_end, grid_start.shape[1])
+        seq = grid_start.shape[1]
+        s, e = s.clamp(0, seq), e.clamp(0, seq)
+        loss = (F.cross_entropy(grid_start.float(), s, ignore_index=seq)
+                + F.cross_entropy(grid_end.float(), e, ignore_index=seq)) / 2
+    return QuestionAnsweringOutput(loss, start, end)
+
+
+def packed_to_grid(x, cu_seqlens, max_seqlen=None, fill: float = MASKED_LOGIT):
+    """Packed per-token values (T,) -> (B, max_seqlen), each sequence's in its row from column 0, the rest `fill`."""
+    lengths = cu_seqlens.long().diff()
+    width = int(max_seqlen) if max_seqlen is not None else int(lengths.max())
+    row = torch.repeat_interleave(torch.arange(len(lengths), device=x.device), lengths, output_size=x.shape[0])
+    col = torch.arange(x.shape[0], device=x.device) - cu_seqlens.long()[row]
+    return x.new_full((len(lengths), width), fill).index_put((row, col), x)
 
 
 HEADS = {

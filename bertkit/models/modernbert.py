@@ -23,11 +23,11 @@ from bertkit import kernels
 from bertkit.config import BertConfig
 from bertkit.formats import IGNORE_INDEX
 from bertkit.models.bert import (
-    MASKED_LOGIT,
     ClassifierOutput,
     PreTrainingOutput,
     QuestionAnsweringOutput,
     mean_over_tokens,
+    span_output,
 )
 
 # layers, hidden, heads, GLU width: base is ModernBERT-base; the smaller ones keep its proportions
@@ -388,18 +388,9 @@ class ModernBertForQuestionAnswering(_WithHead):
         super().__init__(cfg, 2)
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, start_positions=None,
-                end_positions=None) -> QuestionAnsweringOutput:
-        start, end = self.classify(self.model(input_ids, attention_mask)).unbind(-1)
-        if attention_mask is not None:
-            start = start.masked_fill(attention_mask == 0, MASKED_LOGIT)
-            end = end.masked_fill(attention_mask == 0, MASKED_LOGIT)
-        loss = None
-        if start_positions is not None and end_positions is not None:
-            seq = start.shape[1]  # a position outside the window (answer cut away) is ignored, as in transformers
-            s, e = start_positions.view(-1).long().clamp(0, seq), end_positions.view(-1).long().clamp(0, seq)
-            loss = (F.cross_entropy(start.float(), s, ignore_index=seq)
-                    + F.cross_entropy(end.float(), e, ignore_index=seq)) / 2
-        return QuestionAnsweringOutput(loss, start, end)
+                end_positions=None, cu_seqlens=None, max_seqlen=None) -> QuestionAnsweringOutput:
+        start, end = self.classify(self.model(input_ids, attention_mask, cu_seqlens, max_seqlen)).unbind(-1)
+        return span_output(start, end, attention_mask, cu_seqlens, max_seqlen, start_positions, end_positions)
 
 
 HEADS = {None: ModernBertModel, "pretraining": ModernBertForMaskedLM, "masked_lm": ModernBertForMaskedLM,
