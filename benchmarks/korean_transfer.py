@@ -6,7 +6,8 @@ bertkit's own stages from Python: prepare-corpus -> train-tokenizer -> make-inst
 weights, 3 seeds at each of 3 rates, each start scored at its best rate (every rate kept in the results):
 NSMC, KLUE-NLI, KorSTS, KLUE-NER and KorQuAD 1.0 (`bertkit finetune korean --task ...`). `--family modernbert`
 runs a second arm on the same instances and recipe: modernbert-tiny (4 x 128, GeGLU, RoPE, local/global attention),
-its own pace, its own random start (starts named modernbert-random, modernbert-2h). `--only reference` adds a row
+its own pace, its own random start (starts named modernbert-random, modernbert-2h), its fine-tunes packed
+(`finetune --unpadded`: the same losses as padded batches, a third of NSMC's compute). `--only reference` adds a row
 from outside the project: all-MiniLM-L6-v2, an English model, as a floor for cross-lingual transfer.
 
     python benchmarks/korean_transfer.py --only random            # the random side of the sweep (no pretraining)
@@ -73,6 +74,12 @@ class Arm:
     @property
     def prefix(self) -> str:
         return ("" if self.family == "bert" else f"{self.family}-") + self.vocab
+
+    @property
+    def unpadded(self) -> bool:
+        """Its fine-tunes pack their batches (`finetune --unpadded`: the same losses as padded, a third of NSMC's
+        compute) where the family trains packed; BERT's arms stay padded, as their first scores were made."""
+        return self.family == "modernbert"
 VOCAB_SIZE = 16000
 PROBE_STEPS = 300        # the pace is measured over steps 100-300 (the first ones warm up the allocator and loader)
 KO_TEXT = ["wikipedia_ko_wikiextractor", "wikipedia_ko_wikiextractor_more", "koconovel/data/jsonl",
@@ -167,7 +174,7 @@ def pretrain_hours(work: Path, instances: Path, hours: float, steps_per_s: float
     return export_dir
 
 
-def finetune(task: str, model: Path, out: Path, lr: float, seed: int) -> float:
+def finetune(task: str, model: Path, out: Path, lr: float, seed: int, unpadded: bool = False) -> float:
     """One fine-tune's best dev score; its metrics.json is the cache (a killed sweep resumes where it stopped)."""
     from bertkit.finetune.korean import finetune_klue_ner, finetune_korean, finetune_korquad
     from bertkit.finetune.train import TrainConfig
@@ -178,7 +185,7 @@ def finetune(task: str, model: Path, out: Path, lr: float, seed: int) -> float:
         shutil.rmtree(out, ignore_errors=True)  # a fine-tune killed part-way left its folder: redo it
         t0 = time.time()
         cfg = TrainConfig(out_dir=str(out), epochs=3, batch_size=32, learning_rate=lr, seed=seed, save_model=False,
-                          dropout=FINETUNE_DROPOUT, report_to="none", overwrite=True)
+                          dropout=FINETUNE_DROPOUT, report_to="none", overwrite=True, unpadded=unpadded)
         if task == "korquad":
             summary = finetune_korquad(SHARED, model, cfg)
         elif task == "klue-ner":
@@ -220,7 +227,7 @@ def vocab_checksum(model: Path) -> str:
 
 
 def sweep(work: Path, start: str, model: Path, results: dict, save, rates=RATES, tasks=tuple(TASKS),
-          vocab: str = "") -> None:
+          vocab: str = "", unpadded: bool = False) -> None:
     """Every task from one start (`[prefix]random`, `[prefix]<hours>h` or the outside reference), each rate, each
     seed; scores already held are kept. The starts of one vocabulary must share its tokenizer (recorded as
     `[vocab-]vocab_sha256`); the reference brings its own."""
@@ -234,7 +241,7 @@ def sweep(work: Path, start: str, model: Path, results: dict, save, rates=RATES,
                 held = results["sweep"].setdefault(task, {}).setdefault(start, {}).setdefault(f"{lr:g}", {})
                 if str(seed) not in held:
                     held[str(seed)] = finetune(task, model, work / "finetune" / f"{task}-{start}-lr{lr:g}-{seed}",
-                                               lr, seed)
+                                               lr, seed, unpadded)
                     save()
 
 
@@ -316,7 +323,8 @@ def main(argv=None):
         results["corpus"] = corpus["totals"]   # files, bytes, documents, sentences: how much Korean text
     if args.only == "random":
         random = random_start(args.work, d["instances"], arm)
-        sweep(args.work, f"{prefix}random", random, results, save, tasks=args.tasks, vocab=arm.vocab)
+        sweep(args.work, f"{prefix}random", random, results, save, tasks=args.tasks, vocab=arm.vocab,
+              unpadded=arm.unpadded)
     if args.only == "reference":
         from finetune_parity import model_dir
 
@@ -332,7 +340,8 @@ def main(argv=None):
         export_dir = args.work / f"ko-{prefix}run-{hours}-export"
         if not (export_dir / "model.safetensors").is_file():
             raise SystemExit(f"{export_dir}: no export yet; run --only pretrain first")
-        sweep(args.work, prefix + hours, export_dir, results, save, tasks=args.tasks, vocab=arm.vocab)
+        sweep(args.work, prefix + hours, export_dir, results, save, tasks=args.tasks, vocab=arm.vocab,
+              unpadded=arm.unpadded)
     say(json.dumps({k: v for k, v in results.items() if k.endswith("pace") or k == "corpus"}, indent=1))
     if results["sweep"]:
         print_table(table(results["sweep"]))
