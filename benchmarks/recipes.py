@@ -7,7 +7,7 @@ none-15 (RoBERTa's full sentences, MLM only), nsp-30 (30% masking, Wettig et al.
 
     python benchmarks/recipes.py [--tasks sst2 mrpc stsb] [--seeds 1 2 3] [--device cuda] [--steps N]
     python benchmarks/recipes.py --tasks sst2 stsb --finetune-lr 5e-4   # the same arms fine-tuned at another rate
-    python benchmarks/recipes.py --speed      # CPU step times: --pad-vocab-to 64 and packed fine-tuning (SST-2)
+    python benchmarks/recipes.py --speed      # CPU step times: --pad-vocab-to 64, packed fine-tuning (SST-2, SQuAD)
 
 Resumable; prints tables; writes benchmarks/results/recipes.json (and recipes_speed.json).
 """
@@ -32,7 +32,7 @@ from pretrain_transfer import (  # noqa: E402
     say,
     task_metric,
 )
-from record import best_ms, run_info, write_result  # noqa: E402
+from record import RESULTS, best_ms, run_info, write_result  # noqa: E402
 
 ARMS = {"nsp-15": dict(objective="nsp", masked_lm_prob=0.15), "sop-15": dict(objective="sop", masked_lm_prob=0.15),
         "none-15": dict(objective="none", masked_lm_prob=0.15), "nsp-30": dict(objective="nsp", masked_lm_prob=0.30)}
@@ -132,10 +132,10 @@ def speed(args):
     from bertkit.models.bert import BertForPreTraining, BertForSequenceClassification
     from bertkit.tokenization import load_tokenizer
 
-    rows = []
+    rows = squad_speed() if "squad" in args.speed_rows else []
     # bert-base's 30522 rows become 30528 with the default multiple of 8 and with 64 alike, so it is measured
     # unpadded (1) against 64; bert-base-chinese's 21128 is a multiple of 8 but not of 64
-    for vocab, pad in ((30522, 1), (30522, 64), (21128, 8), (21128, 64)):
+    for vocab, pad in ((30522, 1), (30522, 64), (21128, 8), (21128, 64)) if "vocab" in args.speed_rows else ():
         batch = make_batch(32, 128, vocab)
         torch.manual_seed(0)
         cfg = BertConfig.preset("mini", vocab_size=vocab, vocab_pad_multiple=pad)
@@ -154,7 +154,7 @@ def speed(args):
     labels = label_list(train)
     features = encode(train, tokenizer, 128, label_ids(train, labels, "SST-2"))
     batches = [features[i:i + 32] for i in range(0, len(features), 32)]
-    for preset in ("mini", "base"):
+    for preset in ("mini", "base") if "sst2" in args.speed_rows else ():
         torch.manual_seed(0)
         model = BertForSequenceClassification(BertConfig.preset(preset, vocab_size=30522), len(labels))
         opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
@@ -179,8 +179,51 @@ def speed(args):
         key = r["what"]
         base.setdefault(key, r["ms"])
         print(f"{key:52} {setting:>14} {r['ms']:9.1f} {base[key] / r['ms']:7.2f}x")
-    write_result("recipes_speed", {**run_info("recipes_speed"), "torch": torch.__version__,
-                                   "threads": torch.get_num_threads(), "rows": rows})
+    info = {**run_info("recipes_speed"), "torch": torch.__version__, "threads": torch.get_num_threads()}
+    path = RESULTS / "recipes_speed.json"
+    before = json.loads(path.read_text()) if path.is_file() else {"rows": []}
+    timed = {r["what"] for r in rows}  # rows not timed this time stay, each with the run info it was timed under
+    kept = [{"run": {k: v for k, v in before.items() if k != "rows"}, **r} for r in before["rows"]
+            if r["what"] not in timed]
+    write_result("recipes_speed", {**info, "rows": kept + [{**r, "run": info} for r in rows]})
+
+
+def squad_speed(batches: int = 4) -> list[dict]:
+    """SQuAD fine-tuning steps of all-MiniLM-L6-v2 (the parity benchmark's model), padded and packed
+    (`finetune squad --unpadded`), on 32-window batches drawn (seed 0) from the training windows of dev articles 0-5
+    at the command's defaults (384 tokens, windows 128 apart, 64-token questions)."""
+    import random
+
+    import torch
+    from finetune_parity import model_dir
+
+    from bertkit.finetune.squad import feature_dicts, make_features, read_squad
+    from bertkit.finetune.train import collate as ft_collate, collate_packed
+    from bertkit.models import load_pretrained
+    from bertkit.tokenization import load_tokenizer
+
+    examples, _ = read_squad(SHARED / "squad_v1.1" / "dev-v1.1.json", training=True, articles=slice(0, 6))
+    features = feature_dicts(make_features(examples, load_tokenizer(model_dir()), True), True)
+    order = random.Random(0).sample(range(len(features)), 32 * batches)
+    chosen = [[features[i] for i in order[b * 32:(b + 1) * 32]] for b in range(batches)]
+    rows = []
+    for packed in (False, True):
+        torch.manual_seed(0)
+        model = load_pretrained(model_dir(), head="question_answering").train()
+        opt = torch.optim.AdamW(model.parameters(), lr=5e-5)
+
+        def epoch():
+            for rows_ in chosen:
+                b = collate_packed(rows_) if packed else ft_collate(rows_)
+                model(**b).loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+        ms = best_ms(epoch, 2, warmup=1) / batches
+        tokens = sum(len(r["input_ids"]) for rows_ in chosen for r in rows_)
+        slots = sum(max(len(r["input_ids"]) for r in rows_) * len(rows_) for rows_ in chosen)
+        rows.append({"what": "SQuAD fine-tune step, all-MiniLM-L6-v2, 32 windows", "packed": packed, "ms": ms,
+                     "padding_efficiency": 1.0 if packed else tokens / slots})
+    return rows
 
 
 def main(argv=None):
@@ -196,6 +239,8 @@ def main(argv=None):
     ap.add_argument("--finetune-lr", type=float, default=None,
                     help="fine-tuning learning rate (default: the budget's); another rate gets its own rows")
     ap.add_argument("--speed", action="store_true")
+    ap.add_argument("--speed-rows", nargs="+", choices=["vocab", "sst2", "squad"], default=["vocab", "sst2", "squad"],
+                    help="which --speed rows to time")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="the transfer benchmark's budget to use")
     args = ap.parse_args(argv)
     if args.speed:
