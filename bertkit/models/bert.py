@@ -387,8 +387,7 @@ def packed_to_grid(x, cu_seqlens, max_seqlen=None, fill: float = MASKED_LOGIT):
     lengths = cu_seqlens.long().diff()
     width = int(max_seqlen) if max_seqlen is not None else int(lengths.max())
     row = torch.repeat_interleave(torch.arange(len(lengths), device=x.device), lengths, output_size=x.shape[0])
-    col = torch.arange(x.shape[0], device=x.device) - cu_seqlens.long()[row]
-    return x.new_full((len(lengths), width), fill).index_put((row, col), x)
+    return x.new_full((len(lengths), width), fill).index_put((row, packed_position_ids(cu_seqlens, x.shape[0])), x)
 
 
 HEADS = {
