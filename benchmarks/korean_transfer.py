@@ -309,14 +309,13 @@ def main(argv=None):
     results.setdefault("sweep", {})
     results.setdefault("runs", {})
 
-    header = run_info(name)
-
     def save():
         if path.is_file():  # what another process wrote meanwhile (scores, a run, a pace) stays
             keep_scores(results, {k: v for k, v in json.loads(path.read_text()).items() if k != "table"})
         # the header is this save's; each commit that added scores keeps its date and load in `saves`
+        header = run_info(name)
         results.setdefault("saves", {})[header["commit"]] = {k: header[k] for k in ("date", "load_average_1_5_15min")}
-        write_result(name, {**{k: v for k, v in results.items() if k not in ("table",)}, **run_info(name),
+        write_result(name, {**{k: v for k, v in results.items() if k != "table"}, **header,
                             "table": table(results["sweep"])})
 
     arm, hours = Arm(args.family, args.pretokenize), f"{args.hours:g}h"

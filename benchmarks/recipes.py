@@ -118,59 +118,13 @@ def recipes(args):
 
 
 def speed(args):
-    """Pretraining step time with the vocabulary rows padded to a multiple of 1, 8 (the default) or 64; SST-2
-    fine-tuning steps padded and packed. The CPU, fp32, best of 5 timed steps after 2 warm-up ones."""
-    import random
-
+    """Pretraining step time with the vocabulary rows padded to a multiple of 1, 8 (the default) or 64; SST-2 and
+    SQuAD fine-tuning steps padded and packed. The CPU, fp32, best of several timed steps after warm-up ones."""
     import torch
-    from pretrain_step import make_batch
-
-    from bertkit.config import BertConfig
-    from bertkit.finetune.classify import encode, label_ids, label_list
-    from bertkit.finetune.glue import read_glue
-    from bertkit.finetune.train import collate as ft_collate, collate_packed
-    from bertkit.models.bert import BertForPreTraining, BertForSequenceClassification
-    from bertkit.tokenization import load_tokenizer
 
     rows = squad_speed() if "squad" in args.speed_rows else []
-    # bert-base's 30522 rows become 30528 with the default multiple of 8 and with 64 alike, so it is measured
-    # unpadded (1) against 64; bert-base-chinese's 21128 is a multiple of 8 but not of 64
-    for vocab, pad in ((30522, 1), (30522, 64), (21128, 8), (21128, 64)) if "vocab" in args.speed_rows else ():
-        batch = make_batch(32, 128, vocab)
-        torch.manual_seed(0)
-        cfg = BertConfig.preset("mini", vocab_size=vocab, vocab_pad_multiple=pad)
-        model = BertForPreTraining(cfg)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-
-        def step():
-            model(**batch).loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        rows.append({"what": f"pretrain step, mini, vocab {vocab}, batch 32 x 128", "pad_vocab_to": pad,
-                     "rows": cfg.padded_vocab_size, "ms": best_ms(step, 5, warmup=2)})
-    tokenizer = load_tokenizer(SHARED / "vocab" / "bert-base-uncased" / "vocab.txt")
-    train, _ = read_glue("sst2", SHARED / "glue", "train")
-    train = random.Random(0).sample(train, 32 * 20)
-    labels = label_list(train)
-    features = encode(train, tokenizer, 128, label_ids(train, labels, "SST-2"))
-    batches = [features[i:i + 32] for i in range(0, len(features), 32)]
-    for preset in ("mini", "base") if "sst2" in args.speed_rows else ():
-        torch.manual_seed(0)
-        model = BertForSequenceClassification(BertConfig.preset(preset, vocab_size=30522), len(labels))
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
-        for packed in (False, True):
-            def epoch():
-                for rows_ in batches[:4 if preset == "base" else 20]:
-                    b = collate_packed(rows_) if packed else ft_collate(rows_)
-                    model(**b).loss.backward()
-                    opt.step()
-                    opt.zero_grad(set_to_none=True)
-            n = 4 if preset == "base" else 20
-            ms = best_ms(epoch, 2, warmup=2) / n
-            tokens = sum(len(r["input_ids"]) for rows_ in batches[:n] for r in rows_)
-            slots = sum(max(len(r["input_ids"]) for r in rows_) * len(rows_) for rows_ in batches[:n])
-            rows.append({"what": f"SST-2 fine-tune step, {preset}, batch 32", "packed": packed, "ms": ms,
-                         "padding_efficiency": 1.0 if packed else tokens / slots})
+    rows += vocab_speed() if "vocab" in args.speed_rows else []
+    rows += sst2_speed() if "sst2" in args.speed_rows else []
     base = {}
     print(f"\n{'what':52} {'setting':>14} {'ms/step':>9} {'speed-up':>8}")
     for r in rows:
@@ -186,6 +140,73 @@ def speed(args):
     kept = [{"run": {k: v for k, v in before.items() if k != "rows"}, **r} for r in before["rows"]
             if r["what"] not in timed]
     write_result("recipes_speed", {**info, "rows": kept + [{**r, "run": info} for r in rows]})
+
+
+def vocab_speed() -> list[dict]:
+    """A mini pretraining step with the vocabulary's rows padded to 1, 8 or 64."""
+    import torch
+    from pretrain_step import make_batch
+
+    from bertkit.config import BertConfig
+    from bertkit.models.bert import BertForPreTraining
+
+    rows = []
+    # bert-base's 30522 rows become 30528 with the default multiple of 8 and with 64 alike, so it is measured
+    # unpadded (1) against 64; bert-base-chinese's 21128 is a multiple of 8 but not of 64
+    for vocab, pad in ((30522, 1), (30522, 64), (21128, 8), (21128, 64)):
+        batch = make_batch(32, 128, vocab)
+        torch.manual_seed(0)
+        cfg = BertConfig.preset("mini", vocab_size=vocab, vocab_pad_multiple=pad)
+        model = BertForPreTraining(cfg)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+        def step():
+            model(**batch).loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        rows.append({"what": f"pretrain step, mini, vocab {vocab}, batch 32 x 128", "pad_vocab_to": pad,
+                     "rows": cfg.padded_vocab_size, "ms": best_ms(step, 5, warmup=2)})
+    return rows
+
+
+def sst2_speed() -> list[dict]:
+    """SST-2 fine-tuning steps (mini and base, random weights), padded and packed, on 640 training sentences."""
+    import random
+
+    import torch
+
+    from bertkit.config import BertConfig
+    from bertkit.finetune.classify import encode, label_ids, label_list
+    from bertkit.finetune.glue import read_glue
+    from bertkit.finetune.train import collate as ft_collate, collate_packed
+    from bertkit.models.bert import BertForSequenceClassification
+    from bertkit.tokenization import load_tokenizer
+
+    tokenizer = load_tokenizer(SHARED / "vocab" / "bert-base-uncased" / "vocab.txt")
+    train, _ = read_glue("sst2", SHARED / "glue", "train")
+    train = random.Random(0).sample(train, 32 * 20)
+    labels = label_list(train)
+    features = encode(train, tokenizer, 128, label_ids(train, labels, "SST-2"))
+    batches = [features[i:i + 32] for i in range(0, len(features), 32)]
+    rows = []
+    for preset in ("mini", "base"):
+        torch.manual_seed(0)
+        model = BertForSequenceClassification(BertConfig.preset(preset, vocab_size=30522), len(labels))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+        n = 4 if preset == "base" else 20
+        for packed in (False, True):
+            def epoch():
+                for rows_ in batches[:n]:
+                    b = collate_packed(rows_) if packed else ft_collate(rows_)
+                    model(**b).loss.backward()
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+            ms = best_ms(epoch, 2, warmup=2) / n
+            tokens = sum(len(r["input_ids"]) for rows_ in batches[:n] for r in rows_)
+            slots = sum(max(len(r["input_ids"]) for r in rows_) * len(rows_) for rows_ in batches[:n])
+            rows.append({"what": f"SST-2 fine-tune step, {preset}, batch 32", "packed": packed, "ms": ms,
+                         "padding_efficiency": 1.0 if packed else tokens / slots})
+    return rows
 
 
 def squad_speed(batches: int = 4) -> list[dict]:
