@@ -280,6 +280,36 @@ def table(sweep_results: dict) -> list[dict]:
     return rows
 
 
+def yardstick(results: dict, hours: str = "2h") -> list[dict]:
+    """Issue 37's clock question on the Korean corpus: how many minutes of its own pace (probed alone) each arm
+    needs to reach BERT tiny's held-out MLM loss and [MASK] accuracy at the end of its `hours` (the first evaluation
+    at or past it). The runs' wall clocks are not used: they ran beside other work."""
+    runs, target = results["runs"], results["runs"].get(hours, {}).get("curve")
+    if not target:
+        return []
+    goal_loss, goal_acc = target[-1]["eval_mlm_loss"], target[-1]["eval_mlm_mask_acc"]
+    rows = []
+    for name, run in runs.items():
+        prefix = name[:-len(hours)]
+        steps_per_s = results.get(f"{prefix}pace", {}).get("steps_per_s")
+        if not name.endswith(hours) or not steps_per_s:
+            continue
+        loss_step = next((p["step"] for p in run["curve"] if p["eval_mlm_loss"] <= goal_loss), None)
+        acc_step = next((p["step"] for p in run["curve"] if p["eval_mlm_mask_acc"] >= goal_acc), None)
+        rows.append({"run": name, "steps_per_s": steps_per_s, "final": run["curve"][-1],
+                     "loss_minutes": loss_step and loss_step / steps_per_s / 60,
+                     "acc_minutes": acc_step and acc_step / steps_per_s / 60})
+    return rows
+
+
+def print_yardstick(rows: list[dict]) -> None:
+    for r in rows:
+        minutes = [f"{m:.0f} min" if m else "not yet" for m in (r["loss_minutes"], r["acc_minutes"])]
+        print(f"{r['run']:16} reaches BERT tiny's end: loss after {minutes[0]}, [MASK] accuracy after {minutes[1]} "
+              f"({r['steps_per_s']:.2f} steps/s); its own end {r['final']['eval_mlm_loss']:.3f} / "
+              f"{r['final']['eval_mlm_mask_acc']:.1%} at step {r['final']['step']}")
+
+
 def print_table(rows: list[dict]) -> None:
     print(f"\n{'task':9} {'metric':16} {'start':17} {'its random start':>24} {'this start (best lr)':>24} "
           f"{'diff':>7} apart")
@@ -315,8 +345,8 @@ def main(argv=None):
         # the header is this save's; each commit that added scores keeps its date and load in `saves`
         header = run_info(name)
         results.setdefault("saves", {})[header["commit"]] = {k: header[k] for k in ("date", "load_average_1_5_15min")}
-        write_result(name, {**{k: v for k, v in results.items() if k != "table"}, **header,
-                            "table": table(results["sweep"])})
+        write_result(name, {**{k: v for k, v in results.items() if k not in ("table", "yardstick")}, **header,
+                            "table": table(results["sweep"]), "yardstick": yardstick(results)})
 
     arm, hours = Arm(args.family, args.pretokenize), f"{args.hours:g}h"
     prefix = arm.prefix
@@ -348,6 +378,7 @@ def main(argv=None):
     say(json.dumps({k: v for k, v in results.items() if k.endswith("pace") or k == "corpus"}, indent=1))
     if results["sweep"]:
         print_table(table(results["sweep"]))
+    print_yardstick(yardstick(results))
 
 
 if __name__ == "__main__":
