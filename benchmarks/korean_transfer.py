@@ -17,8 +17,9 @@ from outside the project: all-MiniLM-L6-v2, an English model, as a floor for cro
     python benchmarks/korean_transfer.py --only reference         # all-MiniLM-L6-v2: a row from outside
     python benchmarks/korean_transfer.py --family modernbert --only random    # the ModernBERT arm: the same, with
     python benchmarks/korean_transfer.py --family modernbert --hours 2        # modernbert-tiny (its own pace)
-    python benchmarks/korean_transfer.py --pretokenize mecab --only random    # the vocabularies compared: each
-    python benchmarks/korean_transfer.py --pretokenize mecab --hours 2        # its own tokenizer and instances
+    python benchmarks/korean_transfer.py --pretokenize mecab --only prepare   # the vocabularies compared: each
+    python benchmarks/korean_transfer.py --pretokenize mecab --hours 2        # its own tokenizer and instances,
+                                                                              # its family's pace (the same shape)
     python benchmarks/korean_transfer.py --only report
 
 "2 CPU-hours" is a step count, not a clock: a short probe alone on the machine measures this run's steps per
@@ -80,6 +81,8 @@ class Arm:
         """Its fine-tunes pack their batches (`finetune --unpadded`: the same losses as padded, a third of NSMC's
         compute) where the family trains packed; BERT's arms stay padded, as their first scores were made."""
         return self.family == "modernbert"
+
+
 VOCAB_SIZE = 16000
 PROBE_STEPS = 300        # the pace is measured over steps 100-300 (the first ones warm up the allocator and loader)
 KO_TEXT = ["wikipedia_ko_wikiextractor", "wikipedia_ko_wikiextractor_more", "koconovel/data/jsonl",
@@ -131,9 +134,13 @@ def pretrain_config(instances: Path, out: Path, steps: int, arm: Arm, **extra):
 
 
 def pace(work: Path, instances: Path, arm: Arm) -> dict:
-    """This arm's optimizer steps per second, alone on the machine (kept in WORK/ko-[prefix]pace.json)."""
+    """This arm's optimizer steps per second, alone on the machine (kept in WORK/ko-[prefix]pace.json). A vocabulary
+    arm has its family's shape (the same vocabulary size and 64-token instances), so it takes its family's pace:
+    the same steps, an equal budget by construction, and no second probe needing the machine to itself."""
     from bertkit.pretrain import pretrain
 
+    if arm.pretokenize != "none":
+        return {**pace(work, instances, Arm(arm.family)), "pace_of": Arm(arm.family).preset}
     prefix = arm.prefix
     path = work / f"ko-{prefix}pace.json"
     if path.is_file():
@@ -323,7 +330,7 @@ def print_table(rows: list[dict]) -> None:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hours", type=float, default=2.0, help="pretraining: this many hours of the measured pace")
-    ap.add_argument("--only", choices=["random", "pretrain", "finetune", "reference", "report"])
+    ap.add_argument("--only", choices=["prepare", "random", "pretrain", "finetune", "reference", "report"])
     ap.add_argument("--family", choices=sorted(PRESETS), default="bert",
                     help="the arm: BERT tiny, or ModernBERT tiny on the same instances and recipe")
     ap.add_argument("--pretokenize", choices=["none", "mecab", "kiwi"], default="none",
@@ -350,7 +357,7 @@ def main(argv=None):
 
     arm, hours = Arm(args.family, args.pretokenize), f"{args.hours:g}h"
     prefix = arm.prefix
-    if args.only in ("random", "pretrain", None):
+    if args.only in ("prepare", "random", "pretrain", None):
         d = prepare(args.work, arm)
         corpus = json.loads((d["corpus"] / "manifest.json").read_text())
         results["corpus"] = corpus["totals"]   # files, bytes, documents, sentences: how much Korean text
