@@ -152,11 +152,17 @@ def sequence_lengths(input_ids, attention_mask):
     return attention_mask.sum(1, dtype=torch.int32)
 
 
-def packed_position_ids(cu_seqlens, total_tokens):
-    """(T,) position of each packed token within its own sequence; computed on the device (no host sync)."""
+def packed_rows_and_positions(cu_seqlens, total_tokens):
+    """(T,) sequence of each packed token and (T,) its position within it; on the device (no host sync)."""
     cu = cu_seqlens.long()
     t = torch.arange(total_tokens, device=cu.device)
-    return t - cu[torch.searchsorted(cu[1:], t, right=True)]
+    row = torch.searchsorted(cu[1:], t, right=True)
+    return row, t - cu[row]
+
+
+def packed_position_ids(cu_seqlens, total_tokens):
+    """(T,) position of each packed token within its own sequence."""
+    return packed_rows_and_positions(cu_seqlens, total_tokens)[1]
 
 
 class BertModel(nn.Module):
@@ -386,8 +392,7 @@ def packed_to_grid(x, cu_seqlens, max_seqlen=None, fill: float = MASKED_LOGIT):
     """Packed per-token values (T,) -> (B, max_seqlen), each sequence's in its row from column 0, the rest `fill`."""
     lengths = cu_seqlens.long().diff()
     width = int(max_seqlen) if max_seqlen is not None else int(lengths.max())
-    row = torch.repeat_interleave(torch.arange(len(lengths), device=x.device), lengths, output_size=x.shape[0])
-    return x.new_full((len(lengths), width), fill).index_put((row, packed_position_ids(cu_seqlens, x.shape[0])), x)
+    return x.new_full((len(lengths), width), fill).index_put(packed_rows_and_positions(cu_seqlens, x.shape[0]), x)
 
 
 HEADS = {
