@@ -6,9 +6,10 @@ bertkit's own stages from Python: prepare-corpus -> train-tokenizer -> make-inst
 weights, 3 seeds at each of 3 rates, each start scored at its best rate (every rate kept in the results):
 NSMC, KLUE-NLI, KorSTS, KLUE-NER and KorQuAD 1.0 (`bertkit finetune korean --task ...`). `--family modernbert`
 runs a second arm on the same instances and recipe: modernbert-tiny (4 x 128, GeGLU, RoPE, local/global attention),
-its own pace, its own random start (starts named modernbert-random, modernbert-2h), its fine-tunes packed
-(`finetune --unpadded`: the same losses as padded batches, a third of NSMC's compute). `--only reference` adds a row
-from outside the project: all-MiniLM-L6-v2, an English model, as a floor for cross-lingual transfer.
+its own pace, its own random start (starts named modernbert-random, modernbert-2h). Fine-tunes are packed
+(`finetune`'s default: the same losses as padded batches, a third of NSMC's compute) but for BERT's first arm's,
+padded as its first scores were made. `--only reference` adds a row from outside the project: all-MiniLM-L6-v2, an
+English model, as a floor for cross-lingual transfer.
 
     python benchmarks/korean_transfer.py --only random            # the random side of the sweep (no pretraining)
     python benchmarks/korean_transfer.py --hours 2                # pace probe, pretraining, then its fine-tunes
@@ -78,9 +79,9 @@ class Arm:
 
     @property
     def unpadded(self) -> bool:
-        """Its fine-tunes pack their batches (`finetune --unpadded`: the same losses as padded, a third of NSMC's
-        compute) where the family trains packed; BERT's arms stay padded, as their first scores were made."""
-        return self.family == "modernbert"
+        """Its fine-tunes pack their batches (`finetune`'s default: the same losses as padded, a third of NSMC's
+        compute); only BERT's plain-vocabulary arm stays padded (`--padded`), as its first scores were made."""
+        return self.prefix != ""
 
 
 VOCAB_SIZE = 16000
@@ -368,7 +369,8 @@ def main(argv=None):
     if args.only == "reference":
         from finetune_parity import model_dir
 
-        sweep(args.work, REFERENCE, model_dir(), results, save, rates=REFERENCE_RATES, tasks=args.tasks)
+        sweep(args.work, REFERENCE, model_dir(), results, save, rates=REFERENCE_RATES, tasks=args.tasks,
+              unpadded=True)
     if args.only in (None, "pretrain"):
         arm_pace = results[f"{prefix}pace"] = pace(args.work, d["instances"], arm)
         export_dir = pretrain_hours(args.work, d["instances"], args.hours, arm_pace["steps_per_s"], arm)

@@ -103,11 +103,12 @@ class Throughput:
         self.t = time.perf_counter()
 
     def add_batch(self, batch: dict) -> None:
-        """A collated batch: packed (cu_seqlens: no padding) or padded (attention_mask marks the real tokens)."""
+        """A collated batch: packed (cu_seqlens ends at the real tokens; a tail past it is padding) or padded
+        (attention_mask marks the real tokens)."""
         ids = batch["input_ids"]
         if "cu_seqlens" in batch:
             self.sequences += batch["cu_seqlens"].numel() - 1
-            self.tokens, self.slots = self.tokens + ids.numel(), self.slots + ids.numel()
+            self.tokens, self.slots = self.tokens + batch["cu_seqlens"][-1].long(), self.slots + ids.numel()
         else:
             self.sequences += ids.shape[0]
             self.tokens = self.tokens + batch["attention_mask"].sum() if "attention_mask" in batch else \

@@ -5,7 +5,8 @@ attention(q, k, v, lengths, dropout_p, softmax_scale)
     lengths: (batch,) int32 valid tokens. Returns (batch, seq, heads, head_dim), zero past each length.
 attention_varlen(q, k, v, cu_seqlens, max_seqlen, dropout_p, softmax_scale)
     q, k, v: (total_tokens, heads, head_dim); cu_seqlens: (batch + 1,) int32; max_seqlen: a Python int bucket
-    (an upper bound on every sequence's length; it is never read back from the GPU).
+    (an upper bound on every sequence's length; it is never read back from the GPU). Tokens past cu_seqlens[-1]
+    belong to no sequence: their output rows and gradients are zero.
     Both take window= (each query sees the keys within ±window positions: ModernBERT's local layers) and
     rope_theta= (q and k turned by rotary position embeddings of that base, positions restarting at each sequence;
     the Triton kernels turn them as they load, with no pass of their own).

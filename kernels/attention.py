@@ -617,8 +617,8 @@ def flash_attn_forward(q, k, v, seqinfo, seed, max_seqlen, varlen, dropout_p, so
     _check(q, k, v, seqinfo, varlen)
     batch, heads = _batch_heads(q, seqinfo, varlen)
     head_dim = q.shape[-1]
-    if out is None:
-        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    if out is None:  # varlen: rows past cu_seqlens[-1] belong to no sequence, and no program writes them
+        out = (torch.zeros_like if varlen else torch.empty_like)(q, memory_format=torch.contiguous_format)
     if lse is None:
         lse = q.new_empty((batch, heads, max_seqlen), dtype=torch.float32)
     if batch == 0 or max_seqlen == 0 or q.numel() == 0:
@@ -642,14 +642,15 @@ def flash_attn_forward(q, k, v, seqinfo, seed, max_seqlen, varlen, dropout_p, so
 
 def flash_attn_backward(dout, q, k, v, out, lse, seqinfo, seed, max_seqlen, varlen, dropout_p, softmax_scale,
                         dq=None, dk=None, dv=None, window=None, rope_theta=None):
-    """Returns (dq, dk, dv) shaped like q; padded rows get exact zeros. Buffers may be given (tests poison them):
-    three of one layout."""
+    """Returns (dq, dk, dv) shaped like q; padded rows, and varlen rows past cu_seqlens[-1] (in buffers it
+    allocates), get exact zeros. Buffers may be given (tests poison them): three of one layout."""
     batch, heads = _batch_heads(q, seqinfo, varlen)
     head_dim = q.shape[-1]
     given = dq is not None or dk is not None or dv is not None
-    dq = torch.empty_like(q, memory_format=torch.contiguous_format) if dq is None else dq
-    dk = torch.empty_like(q, memory_format=torch.contiguous_format) if dk is None else dk
-    dv = torch.empty_like(q, memory_format=torch.contiguous_format) if dv is None else dv
+    new = torch.zeros_like if varlen else torch.empty_like  # varlen: rows past cu_seqlens[-1] are never written
+    dq = new(q, memory_format=torch.contiguous_format) if dq is None else dq
+    dk = new(q, memory_format=torch.contiguous_format) if dk is None else dk
+    dv = new(q, memory_format=torch.contiguous_format) if dv is None else dv
     if batch == 0 or max_seqlen == 0 or q.numel() == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
     if dout.stride(-1) != 1:

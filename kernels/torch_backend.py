@@ -86,10 +86,11 @@ def _varlen_by_padding(q, k, v, cu_seqlens, max_seqlen, dropout_p, softmax_scale
 
 def _varlen_nested(q, k, v, cu_seqlens, max_seqlen, dropout_p, softmax_scale):
     offsets = cu_seqlens.to(torch.int64)
-    end = q.shape[0]
+    end, used = q.shape[0], int(offsets[-1])  # nested tensors read their offsets on the host anyway
 
     def nested(x):
-        return torch.nested.nested_tensor_from_jagged(x.contiguous(), offsets, max_seqlen=max_seqlen).transpose(1, 2)
+        return torch.nested.nested_tensor_from_jagged(x[:used].contiguous(), offsets,
+                                                      max_seqlen=max_seqlen).transpose(1, 2)
 
     out = F.scaled_dot_product_attention(nested(q), nested(k), nested(v), dropout_p=dropout_p, scale=softmax_scale)
     values = out.transpose(1, 2).values()
@@ -100,7 +101,11 @@ def _varlen_flash(q, k, v, cu_seqlens, max_seqlen, softmax_scale):
     from torch.nn.attention.varlen import varlen_attn
 
     cu = cu_seqlens.to(torch.int32)
-    return varlen_attn(q, k, v, cu, cu, max_seqlen, max_seqlen, scale=softmax_scale)
+    # rows past cu[-1] belong to no sequence: zero them going in (so their gradients are zero whatever the kernel
+    # leaves there) and coming out, without reading cu[-1] back from the GPU
+    used = (torch.arange(q.shape[0], device=q.device) < cu[-1])[:, None, None]
+    q, k, v = (torch.where(used, x, 0.0) for x in (q, k, v))
+    return torch.where(used, varlen_attn(q, k, v, cu, cu, max_seqlen, max_seqlen, scale=softmax_scale), 0.0)
 
 
 def varlen_impl(device: torch.device, dropout_p: float) -> str:

@@ -243,9 +243,11 @@ def test_pooling_flag_is_the_same_as_the_models_own(tmp_path):
     assert "classifier_pooling" not in json.loads((tmp_path / "back-to-cls" / "best" / "config.json").read_text())
 
 
-def test_finetune_logs_steps_and_evaluations_to_jsonl_and_tensorboard(tmp_path):
-    """OUT/metrics.jsonl gets a record every log_every steps (loss, lr, grad norm, throughput, padding efficiency)
-    and one per evaluation; TensorBoard's own reader finds each number at its step."""
+@pytest.mark.parametrize("unpadded", [False, True], ids=["padded", "packed"])
+def test_finetune_logs_steps_and_evaluations_to_jsonl_and_tensorboard(tmp_path, unpadded):
+    """OUT/metrics.jsonl gets a record every log_every steps (loss, lr, grad norm, throughput, padding efficiency:
+    under 1 for padded batches of rows 1-5 words long, near 1 for packed ones) and one per evaluation; TensorBoard's
+    own reader finds each number at its step."""
     event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator",
                                             reason="the tensorboard extra is not installed")
     from bertkit.config import BertConfig
@@ -262,13 +264,17 @@ def test_finetune_logs_steps_and_evaluations_to_jsonl_and_tensorboard(tmp_path):
     rows = ["text\tlabel"] + [f"w{i} " * (1 + i % 5) + f"\t{i % 2}" for i in range(40)]
     (tmp_path / "train.tsv").write_text("\n".join(rows) + "\n")
     cfg = TrainConfig(out_dir=str(tmp_path / "out"), epochs=2, batch_size=8, learning_rate=1e-3, save_model=False,
-                      log_every=2, report_to="tensorboard")
+                      log_every=2, report_to="tensorboard", unpadded=unpadded)
     finetune_classify(tmp_path / "model", tmp_path / "train.tsv", tmp_path / "train.tsv", cfg, text_a="text",
                       max_seq_length=16)
     records = read_metrics(tmp_path / "out")
     train = [r for r in records if "loss" in r]
     assert [r["step"] for r in train] == [2, 4, 6, 8, 10]
-    assert all(0 < r["padding_efficiency"] < 1 and r["grad_norm"] > 0 and r["lr"] > 0 for r in train)
+    assert all(r["grad_norm"] > 0 and r["lr"] > 0 for r in train)
+    if unpadded:  # only the tail that rounds a packed batch's size: at most a sixteenth
+        assert all(15 / 16 <= r["padding_efficiency"] <= 1 for r in train)
+    else:
+        assert all(0 < r["padding_efficiency"] < 1 for r in train)
     assert [r["step"] for r in records if "eval_accuracy" in r] == [5, 10]
     reader = event_accumulator.EventAccumulator(str(tmp_path / "out" / "tensorboard"))
     reader.Reload()
@@ -366,6 +372,48 @@ def test_the_rate_follows_the_models_width_unless_given(tmp_path):
     assert chosen["settings"]["learning_rate"] == given["settings"]["learning_rate"] == 1e-3
     assert [e["train_loss"] for e in chosen["epochs"]] == [e["train_loss"] for e in given["epochs"]]
     assert run("lower", "--lr", "2e-5")["settings"]["learning_rate"] == 2e-5
+
+
+def test_a_packed_batch_takes_one_of_a_few_sizes():
+    """packed_size rounds a packed batch up by at most a sixteenth (and at most 127 tokens), so that the sizes
+    repeat: a new size every step fragments glibc's heap (RTE packed peaked at 1.9x the padded run's memory)."""
+    from bertkit.finetune.train import packed_size
+
+    for tokens in range(1, 20_000):
+        size = packed_size(tokens)
+        assert tokens <= size <= tokens + min(tokens / 16, 127), tokens
+    assert len({packed_size(t) for t in range(2_000, 2_600)}) <= 6    # batches of 32 rows of ~75 tokens
+    assert len({packed_size(t) for t in range(10_000, 12_300)}) <= 19  # 32 SQuAD windows
+
+
+def test_finetune_packs_its_batches_unless_told_padded(tmp_path):
+    """`finetune` packs each training batch by default (no padding but the tail that rounds its size); `--padded`
+    pads each batch to its longest row and trains to the same losses (no dropout, so neither draws at random)."""
+    from click.testing import CliRunner
+
+    from bertkit.cli import main as cli
+    from bertkit.runlog import read_metrics
+    from tests.helpers import tiny_model_folder
+
+    tiny_model_folder(tmp_path)
+    rows = ["text\tlabel"] + [f"w{i} " * (1 + i % 6) + f"\t{i % 2}" for i in range(24)]
+    (tmp_path / "train.tsv").write_text("\n".join(rows) + "\n")
+    flags = ["--model", str(tmp_path / "tiny"), "--epochs", "2", "--batch-size", "8", "--max-seq-length", "16",
+             "--report-to", "none", "--no-save-model", "--train-file", str(tmp_path / "train.tsv"),
+             "--dev-file", str(tmp_path / "train.tsv"), "--text-a", "text", "--dropout", "0", "--log-every", "1"]
+
+    def run(name, *extra):
+        result = CliRunner().invoke(cli, ["finetune", "classify", "--out", str(tmp_path / name), *flags, *extra])
+        assert result.exit_code == 0, result.output
+        return json.loads((tmp_path / name / "metrics.json").read_text()), read_metrics(tmp_path / name)
+
+    (packed, packed_log), (padded, padded_log) = run("packed"), run("padded", "--padded")
+    assert packed["settings"]["unpadded"] is True and padded["settings"]["unpadded"] is False
+    packed_share = [r["padding_efficiency"] for r in packed_log if "loss" in r]
+    padded_share = [r["padding_efficiency"] for r in padded_log if "loss" in r]
+    assert all(15 / 16 <= p <= 1 and p > q for p, q in zip(packed_share, padded_share))
+    assert [r["loss"] for r in packed_log if "loss" in r] == pytest.approx(
+        [r["loss"] for r in padded_log if "loss" in r], abs=1e-5)
 
 
 def test_a_part_epoch_is_labelled_as_the_part(tmp_path):

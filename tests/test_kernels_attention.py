@@ -20,7 +20,7 @@ from tests.kernel_utils import (
     run_file_under_interpreter,
 )
 
-INTERPRETER_CASES = 23
+INTERPRETER_CASES = 25
 
 
 @pytest.mark.slow
@@ -127,6 +127,34 @@ def test_varlen_matches_reference(dtype, head_dim, p):
     assert rel_err(out, ref_out) <= tol
     for name, g, r in zip("qkv", grads, ref_grads):
         assert rel_err(g, r) <= tol, f"d{name}: {rel_err(g, r)}"
+
+
+@interpreter_only
+@pytest.mark.parametrize("window,theta", [(None, None), (4, 10_000.0)])
+def test_varlen_rows_past_the_last_sequence_are_zero(window, theta):
+    """A fine-tuning batch's tail (tokens past cu_seqlens[-1], rounding its size) belongs to no sequence: its
+    output rows and gradients come out exactly zero (no program writes them), the rest equal the reference."""
+    from bertkit import kernels
+
+    gen = torch.Generator().manual_seed(11)
+    lengths, tail = torch.tensor([9, 1, 14]), 5
+    cu = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]).to(torch.int32)
+    total = int(cu[-1])
+    qkv64 = torch.randn(total + tail, 3, 2, 32, generator=gen, dtype=torch.float64)
+    dout = torch.randn(total + tail, 2, 32, generator=gen, dtype=torch.float64)
+    ref = qkv64.clone().requires_grad_()
+    ref_out = attention_varlen_reference(*ref.unbind(1), cu, 16, window=window, rope_theta=theta)
+    (ref_out * dout).sum().backward()
+    qkv = qkv64.float().requires_grad_()
+    kernels.use("triton")
+    try:
+        out = kernels.attention_varlen(*qkv.unbind(1), cu, 16, window=window, rope_theta=theta)
+    finally:
+        kernels.use("auto")
+    (out * dout.float()).sum().backward()
+    assert rel_err(out, ref_out) <= TOLERANCE[torch.float32] and rel_err(qkv.grad, ref.grad) <= TOLERANCE[torch.float32]
+    assert torch.equal(out[total:], torch.zeros_like(out[total:]))
+    assert torch.equal(qkv.grad[total:], torch.zeros_like(qkv.grad[total:]))
 
 
 @interpreter_only

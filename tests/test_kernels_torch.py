@@ -63,12 +63,15 @@ def test_padded_matches_the_reference_forward_and_backward(batch, seq, heads, di
     assert (out[~valid] == 0).all() and (qkv.grad[~valid] == 0).all()  # padded rows and their gradients: zero
 
 
+@pytest.mark.parametrize("tail", [0, 6])
 @pytest.mark.parametrize("impl", ["pad", "njt"])
-def test_packed_matches_the_reference_forward_and_backward(impl, monkeypatch):
+def test_packed_matches_the_reference_forward_and_backward(impl, tail, monkeypatch):
+    """Both packed paths against the float64 reference; a tail of tokens past cu_seqlens[-1] (a fine-tuning
+    batch's rounding) belongs to no sequence: zero out, zero gradients."""
     monkeypatch.setenv("BERTKIT_TORCH_VARLEN", impl)
     lengths = [5, 17, 1, 11]
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
-    qkv64 = fused_qkv((int(cu[-1]),), 2, 16, seed=3)
+    qkv64 = fused_qkv((int(cu[-1]) + tail,), 2, 16, seed=3)
     ref = qkv64.clone().requires_grad_()
     ref_out = attention_varlen_reference(*ref.unbind(1), cu, 24)
     dout = torch.randn_like(ref_out)
@@ -80,6 +83,7 @@ def test_packed_matches_the_reference_forward_and_backward(impl, monkeypatch):
         out = attention_varlen_torch(*qkv.unbind(1), cu, 24)
         (out * dout.float()).sum().backward()
     assert rel_err(out, ref_out) <= TOL and rel_err(qkv.grad, ref.grad) <= TOL
+    assert (out[int(cu[-1]):] == 0).all() and (qkv.grad[int(cu[-1]):] == 0).all()
 
 
 @pytest.mark.parametrize("window,theta", [(4, 10_000.0), (None, 160_000.0), (6, None)])

@@ -201,7 +201,8 @@ def test_packed_finetuning_matches_padded(tmp_path, task):
     padded, eff_padded = losses(False)
     packed, eff_packed = losses(True)
     assert packed == pytest.approx(padded, rel=1e-5, abs=1e-6)
-    assert all(e == 1.0 for e in eff_packed) and min(eff_padded) < 0.9
+    # packed: only the tail that rounds each batch's size (at most a sixteenth) is not a real token
+    assert all(15 / 16 <= e <= 1.0 for e in eff_packed) and min(eff_padded) < 0.9
 
 
 def test_a_recipe_fills_only_what_the_flags_and_the_deepspeed_config_leave():

@@ -139,43 +139,74 @@ def test_pretrain_unpadded_logs_the_same_losses(tmp_path, clean_dist_env, zero_s
         [r["tokens_per_s"] / r["seq_per_s"] for r in padded], rel=1e-9)
 
 
-@pytest.mark.parametrize("family", ["bert", "modernbert"])
-def test_the_span_head_packed_equals_padded(family):
-    """finetune squad --unpadded: SQuAD windows packed end to end give the padded batch's start/end logits at every
-    real token, its loss (a position past a window's end ignored in both) and every parameter's gradient."""
-    from bertkit.finetune.train import collate as ft_collate, collate_packed as ft_collate_packed
-    from bertkit.models.modernbert import ModernBertConfig, ModernBertForQuestionAnswering
+def fine_tuning_model(family: str, head: str):
+    """A small random model of either family with a fine-tuning head (head: span, cls, mean or tags); random
+    biases and norms too, so a wrongly indexed tensor shows."""
+    from bertkit.models import modernbert as mb
 
-    torch.manual_seed(0)
     if family == "bert":
         cfg = BertConfig(vocab_size=101, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
                          max_position_embeddings=32, hidden_dropout=0.0, attention_dropout=0.0)
-        padded_model = bm.BertForQuestionAnswering(cfg)
+        heads = {"span": bm.BertForQuestionAnswering, "tags": bm.BertForTokenClassification,
+                 "cls": bm.BertForSequenceClassification, "mean": bm.BertForSequenceClassification}
     else:
-        cfg = ModernBertConfig(vocab_size=101, hidden_size=32, num_layers=3, num_heads=2, intermediate_size=48,
-                               local_window=8, global_every=3)
-        padded_model = ModernBertForQuestionAnswering(cfg)
-    with torch.no_grad():  # random biases and norms too, so a wrongly indexed tensor shows
-        for p in padded_model.parameters():
+        cfg = mb.ModernBertConfig(vocab_size=101, hidden_size=32, num_layers=3, num_heads=2, intermediate_size=48,
+                                  local_window=8, global_every=3)
+        heads = {"span": mb.ModernBertForQuestionAnswering, "tags": mb.ModernBertForTokenClassification,
+                 "cls": mb.ModernBertForSequenceClassification, "mean": mb.ModernBertForSequenceClassification}
+    if head in ("cls", "mean"):
+        cfg.classifier_pooling = head
+    model = heads[head](cfg) if head == "span" else heads[head](cfg, 3)
+    with torch.no_grad():
+        for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
-    packed_model = type(padded_model)(cfg)
+    return model
+
+
+@pytest.mark.parametrize("head", ["span", "cls", "mean", "tags"])
+@pytest.mark.parametrize("family", ["bert", "modernbert"])
+def test_every_fine_tuning_head_packed_equals_padded(family, head):
+    """finetune's packed batches (its default): the rows end to end, with a tail past cu_seqlens[-1] that rounds
+    the batch's size, give the padded batch's outputs at every real token (or row), its loss and every parameter's
+    gradient. SQuAD windows: a position past a window's end is ignored in both; tags: -100 ignored."""
+    from bertkit.finetune.train import collate as ft_collate, collate_packed as ft_collate_packed
+
+    torch.manual_seed(0)
+    padded_model = fine_tuning_model(family, head)
+    packed_model = type(padded_model)(padded_model.cfg) if head == "span" else \
+        type(padded_model)(padded_model.cfg, 3)
     packed_model.load_state_dict(padded_model.state_dict())
     gen = torch.Generator().manual_seed(5)
-    rows = [{"input_ids": torch.randint(5, 101, (n,), generator=gen).tolist(), "token_type_ids": [0] * (n // 2) +
-             [1] * (n - n // 2), "start_positions": s, "end_positions": e}
-            for n, s, e in ((11, 3, 5), (4, 0, 0), (17, 20, 20), (9, 8, 8))]  # 20: cut away
+    rows = []
+    for n, s, e in ((11, 3, 5), (4, 0, 0), (17, 20, 20), (9, 8, 8)):  # 20: an answer cut away
+        row = {"input_ids": torch.randint(5, 101, (n,), generator=gen).tolist(),
+               "token_type_ids": [0] * (n // 2) + [1] * (n - n // 2)}
+        if head == "span":
+            row.update(start_positions=s, end_positions=e)
+        elif head == "tags":
+            row["labels"] = [-100] + torch.randint(0, 3, (n - 2,), generator=gen).tolist() + [-100]
+        else:
+            row["labels"] = s % 3
+        rows.append(row)
     padded, packed = ft_collate(rows), ft_collate_packed(rows)
     assert packed["max_seqlen"] == 24 and padded["input_ids"].shape[1] == 17  # the two grids differ in width
+    assert packed["input_ids"].numel() == 42 and packed["cu_seqlens"][-1] == 41  # a one-token tail
 
     a, b = padded_model(**padded), packed_model(**packed)
     real = padded["attention_mask"].bool()
-    torch.testing.assert_close(b.start_logits, a.start_logits[real], atol=TOL, rtol=0)
-    torch.testing.assert_close(b.end_logits, a.end_logits[real], atol=TOL, rtol=0)
+    if head == "span":
+        torch.testing.assert_close(b.start_logits[:41], a.start_logits[real], atol=TOL, rtol=0)
+        torch.testing.assert_close(b.end_logits[:41], a.end_logits[real], atol=TOL, rtol=0)
+        assert 1 < a.loss.item() < 10  # the cut-away answer is ignored, not scored against a masked logit
+    else:
+        torch.testing.assert_close(b.logits[:41] if head == "tags" else b.logits,
+                                   a.logits[real] if head == "tags" else a.logits, atol=TOL, rtol=0)
     torch.testing.assert_close(b.loss, a.loss, atol=TOL, rtol=0)
-    assert 1 < a.loss.item() < 10  # the cut-away answer is ignored, not scored against a masked logit
     a.loss.backward()
     b.loss.backward()
     grads_b = dict(packed_model.named_parameters())
     for name, p in padded_model.named_parameters():
-        assert p.grad is not None, name
+        if p.grad is None:  # BERT's pooler under mean pooling: unused by both
+            assert grads_b[name].grad is None, name
+            continue
         torch.testing.assert_close(grads_b[name].grad, p.grad, atol=TOL, rtol=0, msg=f"grad {name}")

@@ -37,9 +37,9 @@ def common_options(default_lr: float, default_epochs: float, default_batch: int,
             report_to_option,
             click.option("--log-every", default=10, show_default=True, type=count(1),
                          help="Steps between OUT/metrics.jsonl records."),
-            click.option("--unpadded", is_flag=True,
+            click.option("--unpadded/--padded", default=True, show_default=True,
                          help="Pack each training batch end to end (varlen attention): no compute on padding, "
-                              "the same losses as padded batches."),
+                              "the same losses as padded batches (--padded: pad each batch to its longest row)."),
             click.option("--compile", is_flag=True,
                          help="Run the model under torch.compile (its first batches compile; the losses equal the "
                               "eager run's)."),

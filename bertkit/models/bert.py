@@ -9,7 +9,9 @@ states at padded positions are not meaningful (the attention kernel zeroes padde
 
 BertModel and BertForPreTraining also take a packed (unpadded, "varlen") batch: the sequences laid end to end,
 input_ids / token_type_ids / position_ids of shape (T,), cu_seqlens (B+1,) int32 offsets and max_seqlen, a Python
-int bound on every length (the bucket; never read back from the device). No compute is spent on padding.
+int bound on every length (the bucket; never read back from the device). No compute is spent on padding. Tokens
+past cu_seqlens[-1] (a fine-tuning batch's tail, which rounds T to a few sizes) belong to no sequence: they attend
+to nothing, and no output or loss reads them.
 """
 from typing import NamedTuple
 
@@ -161,8 +163,9 @@ def packed_rows_and_positions(cu_seqlens, total_tokens):
 
 
 def packed_position_ids(cu_seqlens, total_tokens):
-    """(T,) position of each packed token within its own sequence."""
-    return packed_rows_and_positions(cu_seqlens, total_tokens)[1]
+    """(T,) position of each packed token within its own sequence (0 for a tail past cu_seqlens[-1])."""
+    row, position = packed_rows_and_positions(cu_seqlens, total_tokens)
+    return position.masked_fill(row == cu_seqlens.numel() - 1, 0)
 
 
 class BertModel(nn.Module):
@@ -281,9 +284,9 @@ def mean_over_tokens(h, attention_mask=None, cu_seqlens=None):
     """Each sequence's mean last-layer vector: (B, S, H) over its attention_mask, or packed (T, H) by cu_seqlens."""
     if cu_seqlens is not None:
         lengths = cu_seqlens.long().diff()
-        owner = torch.repeat_interleave(torch.arange(len(lengths), device=h.device), lengths,
-                                        output_size=h.shape[0])
-        return h.new_zeros(len(lengths), h.shape[-1]).index_add_(0, owner, h) / lengths.unsqueeze(-1).to(h.dtype)
+        owner = packed_rows_and_positions(cu_seqlens, h.shape[0])[0]  # a tail's tokens: row B, summed then dropped
+        sums = h.new_zeros(len(lengths) + 1, h.shape[-1]).index_add_(0, owner, h)[:-1]
+        return sums / lengths.unsqueeze(-1).to(h.dtype)
     if attention_mask is None:
         return h.mean(1)
     m = attention_mask.unsqueeze(-1).to(h.dtype)
@@ -389,10 +392,13 @@ def span_output(start, end, attention_mask=None, cu_seqlens=None, max_seqlen=Non
 
 
 def packed_to_grid(x, cu_seqlens, max_seqlen=None, fill: float = MASKED_LOGIT):
-    """Packed per-token values (T,) -> (B, max_seqlen), each sequence's in its row from column 0, the rest `fill`."""
+    """Packed per-token values (T,) -> (B, max_seqlen), each sequence's in its row from column 0, the rest `fill`
+    (a tail past cu_seqlens[-1] goes to a spare row, dropped)."""
     lengths = cu_seqlens.long().diff()
     width = int(max_seqlen) if max_seqlen is not None else int(lengths.max())
-    return x.new_full((len(lengths), width), fill).index_put(packed_rows_and_positions(cu_seqlens, x.shape[0]), x)
+    row, column = packed_rows_and_positions(cu_seqlens, x.shape[0])
+    grid = x.new_full((len(lengths) + 1, width), fill).index_put((row, column.clamp(max=width - 1)), x)
+    return grid[:-1]
 
 
 HEADS = {

@@ -1,0 +1,81 @@
+"""Peak memory of `finetune`, padded against packed (a benchmark; issue 42).
+
+The parity grid (finetune_parity.py) found packed fine-tuning of all-MiniLM-L6-v2 peaking at up to 1.9x the padded
+run's memory (RTE 4.9 GB against 2.6). The cause was glibc's heap, not the model: a packed batch had a new token
+count every step, so every activation had a new size, and freed blocks of one size rarely fitted the next. Since
+then a packed batch is rounded up to one of a few sizes (bertkit.finetune.train.packed_size, at most a sixteenth
+more tokens). This measures, each cell in its own process (ru_maxrss), on the parity grid's data and settings for a
+part of an epoch, seed 42:
+
+    padded        --padded: each batch padded to its longest row
+    packed-exact  packed, the token count as it falls (packed_size switched off: the code before the rounding)
+    packed        packed, rounded (finetune's default)
+
+    python benchmarks/finetune_memory.py                       # rte, mrpc, sst2, squad: every mode
+    python benchmarks/finetune_memory.py --tasks rte --epochs 0.5
+
+Seconds are recorded with the load average beside them; they are a timing only where the load stayed near 2 with
+this benchmark alone.
+"""
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+sys.path.insert(0, str(REPO))
+from record import run_info, write_result  # noqa: E402
+
+MODES = ("padded", "packed-exact", "packed")
+
+
+def cell(task: str, mode: str, epochs: float, work: Path) -> dict:
+    import finetune_parity as parity
+
+    from bertkit.finetune import train
+
+    if mode == "packed-exact":
+        train.packed_size = lambda tokens: tokens
+    parity.TASKS[task] = {**parity.TASKS[task], "epochs": epochs}
+    t0 = time.perf_counter()
+    scores = parity.run_bertkit(task, 42, work, {"unpadded": mode != "padded"})
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"seconds": time.perf_counter() - t0, "peak_rss_mb": peak, "scores": scores}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tasks", default="rte,mrpc,sst2,squad")
+    ap.add_argument("--epochs", type=float, default=0.5)
+    ap.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "bertkit-finetune-parity")
+    ap.add_argument("--cell", nargs=2, metavar=("TASK", "MODE"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    args.work.mkdir(parents=True, exist_ok=True)
+    if args.cell:
+        print("CELL " + json.dumps(cell(*args.cell, args.epochs, args.work)), flush=True)
+        return
+    result = {**run_info("finetune_memory"), "epochs": args.epochs, "cells": {}}
+    print(f"{'task':<8} {'mode':<13} {'peak MB':>8} {'seconds':>8}  load")
+    for task in args.tasks.split(","):
+        for mode in MODES:
+            proc = subprocess.run([sys.executable, __file__, "--cell", task, mode, "--epochs", str(args.epochs),
+                                   "--work", str(args.work)], capture_output=True, text=True,
+                                  env={**os.environ, "TQDM_DISABLE": "1"})
+            line = next((x for x in proc.stdout.splitlines() if x.startswith("CELL ")), None)
+            if line is None:
+                sys.exit(f"{task}/{mode} failed:\n{proc.stdout[-2000:]}{proc.stderr[-3000:]}")
+            got = {**json.loads(line[5:]), "load_average_1_5_15min": run_info("")["load_average_1_5_15min"]}
+            result["cells"][f"{task}/{mode}"] = got
+            print(f"{task:<8} {mode:<13} {got['peak_rss_mb']:>8.0f} {got['seconds']:>8.0f}  "
+                  f"{got['load_average_1_5_15min']}", flush=True)
+            write_result("finetune_memory", result)
+
+
+if __name__ == "__main__":
+    main()
