@@ -12,7 +12,7 @@ part of an epoch, seed 42:
     packed        packed, rounded (finetune's default)
 
     python benchmarks/finetune_memory.py                       # rte, mrpc, sst2, squad: every mode
-    python benchmarks/finetune_memory.py --tasks rte --epochs 0.5
+    python benchmarks/finetune_memory.py --tasks rte --epochs 3 --modes packed    # the parity grid's whole run
 
 Seconds are recorded with the load average beside them; they are a timing only where the load stayed near 2 with
 this benchmark alone.
@@ -30,7 +30,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 sys.path.insert(0, str(REPO))
-from record import run_info, write_result  # noqa: E402
+from record import RESULTS, run_info, write_result  # noqa: E402
 
 MODES = ("padded", "packed-exact", "packed")
 
@@ -53,6 +53,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tasks", default="rte,mrpc,sst2,squad")
     ap.add_argument("--epochs", type=float, default=0.5)
+    ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "bertkit-finetune-parity")
     ap.add_argument("--cell", nargs=2, metavar=("TASK", "MODE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -60,18 +61,20 @@ def main():
     if args.cell:
         print("CELL " + json.dumps(cell(*args.cell, args.epochs, args.work)), flush=True)
         return
-    result = {**run_info("finetune_memory"), "epochs": args.epochs, "cells": {}}
+    path = RESULTS / "finetune_memory.json"  # cells of earlier runs are kept (task/mode/epochs)
+    result = {**run_info("finetune_memory"), "cells": json.loads(path.read_text())["cells"] if path.is_file() else {}}
     print(f"{'task':<8} {'mode':<13} {'peak MB':>8} {'seconds':>8}  load")
     for task in args.tasks.split(","):
-        for mode in MODES:
+        for mode in args.modes.split(","):
             proc = subprocess.run([sys.executable, __file__, "--cell", task, mode, "--epochs", str(args.epochs),
                                    "--work", str(args.work)], capture_output=True, text=True,
                                   env={**os.environ, "TQDM_DISABLE": "1"})
             line = next((x for x in proc.stdout.splitlines() if x.startswith("CELL ")), None)
             if line is None:
                 sys.exit(f"{task}/{mode} failed:\n{proc.stdout[-2000:]}{proc.stderr[-3000:]}")
-            got = {**json.loads(line[5:]), "load_average_1_5_15min": run_info("")["load_average_1_5_15min"]}
-            result["cells"][f"{task}/{mode}"] = got
+            info = run_info("finetune_memory")
+            got = {**json.loads(line[5:]), **{k: info[k] for k in ("date", "commit", "load_average_1_5_15min")}}
+            result["cells"][f"{task}/{mode}/{args.epochs:g}"] = got
             print(f"{task:<8} {mode:<13} {got['peak_rss_mb']:>8.0f} {got['seconds']:>8.0f}  "
                   f"{got['load_average_1_5_15min']}", flush=True)
             write_result("finetune_memory", result)

@@ -320,12 +320,15 @@ def print_yardstick(rows: list[dict]) -> None:
 
 def print_table(rows: list[dict]) -> None:
     print(f"\n{'task':9} {'metric':16} {'start':17} {'its random start':>24} {'this start (best lr)':>24} "
-          f"{'diff':>7} apart")
+          f"{'diff':>7} apart  fine-tunes done (random, this)")
     for r in rows:
         cells = [f"{r[i]['mean']:7.3f} ± {r[i]['sd']:5.3f} ({r[i]['lr']:g})" if r.get(i) else "-"
                  for i in ("random", "pretrained")]
-        print(f"{r['task']:9} {r['metric']:16} {r['start']:17} {cells[0]:>24} {cells[1]:>24} "
-              f"{r.get('difference', 0):7.3f} {r.get('apart', '-')}")
+        done = [str(sum(len(v["seeds"]) for v in r[i]["rates"].values())) if r.get(i) else "0"
+                for i in ("random", "pretrained")]
+        diff = f"{r['difference']:7.3f}" if "difference" in r else f"{'-':>7}"
+        print(f"{r['task']:9} {r['metric']:16} {r['start']:17} {cells[0]:>24} {cells[1]:>24} {diff} "
+              f"{str(r.get('apart', '-')):5}  {done[0]}, {done[1]} of {len(RATES) * len(SEEDS)}")
 
 
 def main(argv=None):
