@@ -19,9 +19,7 @@ this benchmark alone.
 """
 import argparse
 import json
-import os
 import resource
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 sys.path.insert(0, str(REPO))
-from record import RESULTS, run_info, write_result  # noqa: E402
+from record import RESULTS, cell_in_own_process, run_info, write_result  # noqa: E402
 
 MODES = ("padded", "packed-exact", "packed")
 
@@ -66,14 +64,9 @@ def main():
     print(f"{'task':<8} {'mode':<13} {'peak MB':>8} {'seconds':>8}  load")
     for task in args.tasks.split(","):
         for mode in args.modes.split(","):
-            proc = subprocess.run([sys.executable, __file__, "--cell", task, mode, "--epochs", str(args.epochs),
-                                   "--work", str(args.work)], capture_output=True, text=True,
-                                  env={**os.environ, "TQDM_DISABLE": "1"})
-            line = next((x for x in proc.stdout.splitlines() if x.startswith("CELL ")), None)
-            if line is None:
-                sys.exit(f"{task}/{mode} failed:\n{proc.stdout[-2000:]}{proc.stderr[-3000:]}")
+            got = cell_in_own_process(__file__, [task, mode, "--epochs", args.epochs, "--work", args.work])
             info = run_info("finetune_memory")
-            got = {**json.loads(line[5:]), **{k: info[k] for k in ("date", "commit", "load_average_1_5_15min")}}
+            got.update({k: info[k] for k in ("date", "commit", "load_average_1_5_15min")})
             result["cells"][f"{task}/{mode}/{args.epochs:g}"] = got
             print(f"{task:<8} {mode:<13} {got['peak_rss_mb']:>8.0f} {got['seconds']:>8.0f}  "
                   f"{got['load_average_1_5_15min']}", flush=True)

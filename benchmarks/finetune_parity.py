@@ -16,7 +16,6 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,7 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 sys.path.insert(0, str(REPO))
-from record import RESULTS, run_info, write_result  # noqa: E402
+from record import RESULTS, cell_in_own_process, run_info, write_result  # noqa: E402
 
 SHARED = Path(os.environ.get("BERTKIT_SHARED_DATA", REPO.parent / "shared" / "data"))
 RESULT = "finetune_parity"
@@ -228,14 +227,9 @@ def main():
                     if key in result["cells"]:
                         continue
                     print(f"{key} ...", flush=True)
-                    proc = subprocess.run([sys.executable, __file__, "--cell", system, task, str(seed), "--work",
-                                           str(args.work), "--bertkit-flags", args.bertkit_flags],
-                                          capture_output=True, text=True, env={**os.environ, "TQDM_DISABLE": "1"})
-                    line = next((x for x in proc.stdout.splitlines() if x.startswith("CELL ")), None)
-                    if line is None:
-                        print(proc.stdout[-2000:], proc.stderr[-3000:])
-                        sys.exit(f"{key} failed")
-                    result["cells"][key] = {**json.loads(line[5:]), **run_info(RESULT)}
+                    got = cell_in_own_process(__file__, [system, task, seed, "--work", args.work,
+                                                         "--bertkit-flags", args.bertkit_flags])
+                    result["cells"][key] = {**got, **run_info(RESULT)}
                     write_result(RESULT, result)
                     report(result)
     report(result)

@@ -320,15 +320,16 @@ def print_yardstick(rows: list[dict]) -> None:
 
 def print_table(rows: list[dict]) -> None:
     print(f"\n{'task':9} {'metric':16} {'start':17} {'its random start':>24} {'this start (best lr)':>24} "
-          f"{'diff':>7} apart  fine-tunes done (random, this)")
+          f"{'diff':>7} apart  fine-tunes done (random; this)")
     for r in rows:
         cells = [f"{r[i]['mean']:7.3f} ± {r[i]['sd']:5.3f} ({r[i]['lr']:g})" if r.get(i) else "-"
                  for i in ("random", "pretrained")]
-        done = [str(sum(len(v["seeds"]) for v in r[i]["rates"].values())) if r.get(i) else "0"
+        done = [sum(len(v["seeds"]) for v in r[i]["rates"].values()) if r.get(i) else 0
                 for i in ("random", "pretrained")]
+        planned = len(REFERENCE_RATES if r["start"] == REFERENCE else RATES) * len(SEEDS)
         diff = f"{r['difference']:7.3f}" if "difference" in r else f"{'-':>7}"
         print(f"{r['task']:9} {r['metric']:16} {r['start']:17} {cells[0]:>24} {cells[1]:>24} {diff} "
-              f"{str(r.get('apart', '-')):5}  {done[0]}, {done[1]} of {len(RATES) * len(SEEDS)}")
+              f"{str(r.get('apart', '-')):5}  {done[0]} of {len(RATES) * len(SEEDS)}; {done[1]} of {planned}")
 
 
 def main(argv=None):

@@ -3,6 +3,7 @@ import json
 import os
 import platform
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -42,3 +43,14 @@ def best_ms(fn, repeats: int = 5, warmup: int = 1) -> float:
         fn()
         times.append(time.perf_counter() - t)
     return 1e3 * min(times)
+
+
+def cell_in_own_process(script, argv: list) -> dict:
+    """Runs `python script --cell ARGV...` (its peak memory its own, progress bars off) and returns the dict the
+    child printed on its "CELL {json}" line; a child that printed none stops the benchmark with its output's tail."""
+    proc = subprocess.run([sys.executable, str(script), "--cell", *map(str, argv)], capture_output=True, text=True,
+                          env={**os.environ, "TQDM_DISABLE": "1"})
+    line = next((x for x in proc.stdout.splitlines() if x.startswith("CELL ")), None)
+    if line is None:
+        sys.exit(f"{' '.join(map(str, argv))} failed:\n{proc.stdout[-2000:]}{proc.stderr[-3000:]}")
+    return json.loads(line[5:])

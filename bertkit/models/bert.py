@@ -155,17 +155,17 @@ def sequence_lengths(input_ids, attention_mask):
 
 
 def packed_rows_and_positions(cu_seqlens, total_tokens):
-    """(T,) sequence of each packed token and (T,) its position within it; on the device (no host sync)."""
+    """(T,) sequence of each packed token and (T,) its position within it; on the device (no host sync). A tail
+    past cu_seqlens[-1] gets row B (one past the last) and position 0."""
     cu = cu_seqlens.long()
     t = torch.arange(total_tokens, device=cu.device)
     row = torch.searchsorted(cu[1:], t, right=True)
-    return row, t - cu[row]
+    return row, (t - cu[row]).masked_fill(row == len(cu) - 1, 0)
 
 
 def packed_position_ids(cu_seqlens, total_tokens):
-    """(T,) position of each packed token within its own sequence (0 for a tail past cu_seqlens[-1])."""
-    row, position = packed_rows_and_positions(cu_seqlens, total_tokens)
-    return position.masked_fill(row == cu_seqlens.numel() - 1, 0)
+    """(T,) position of each packed token within its own sequence."""
+    return packed_rows_and_positions(cu_seqlens, total_tokens)[1]
 
 
 class BertModel(nn.Module):
@@ -396,8 +396,7 @@ def packed_to_grid(x, cu_seqlens, max_seqlen=None, fill: float = MASKED_LOGIT):
     (a tail past cu_seqlens[-1] goes to a spare row, dropped)."""
     lengths = cu_seqlens.long().diff()
     width = int(max_seqlen) if max_seqlen is not None else int(lengths.max())
-    row, column = packed_rows_and_positions(cu_seqlens, x.shape[0])
-    grid = x.new_full((len(lengths) + 1, width), fill).index_put((row, column.clamp(max=width - 1)), x)
+    grid = x.new_full((len(lengths) + 1, width), fill).index_put(packed_rows_and_positions(cu_seqlens, x.shape[0]), x)
     return grid[:-1]
 
 
