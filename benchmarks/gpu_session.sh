@@ -34,7 +34,7 @@ case "${1:-check}" in
   check)
     timeout 330 "${BERTKIT[@]}" check-gpu --out "$OUT/check_gpu.json" 2>&1 | tee "$OUT/check_gpu.log"
     timeout 220 python3 -m pytest -q -p no:cacheprovider -k "not under_interpreter" tests/test_kernels_attention.py \
-      tests/test_kernels_layer_norm.py tests/test_check_gpu.py tests/test_kernel_guard.py 2>&1 | tee "$OUT/pytest_cuda.log"
+      tests/test_kernels_layer_norm.py tests/test_kernels_torch.py tests/test_check_gpu.py tests/test_kernel_guard.py 2>&1 | tee "$OUT/pytest_cuda.log"
     ;;
   bench)
     timeout 200 python3 benchmarks/attention.py --out "$OUT/attention.json" 2>&1 | tee "$OUT/attention.log"
@@ -63,7 +63,7 @@ case "${1:-check}" in
     ;;
   quick)
     timeout 150 python3 -m pytest -q -p no:cacheprovider -k "not under_interpreter and not interpreter" \
-      tests/test_kernels_attention.py tests/test_kernels_layer_norm.py 2>&1 | tee "$OUT/pytest_cuda.log"
+      tests/test_kernels_attention.py tests/test_kernels_layer_norm.py tests/test_kernels_torch.py 2>&1 | tee "$OUT/pytest_cuda.log"
     timeout 100 python3 benchmarks/host_overhead.py --out "$OUT/host_overhead.json" 2>&1 | tee "$OUT/host_overhead.log"
     timeout 150 python3 benchmarks/pretrain_step.py --device cuda --configs base --seq 128 --batch 128 \
       --precision bf16 --out "$OUT" 2>&1 | tee "$OUT/pretrain_step.log"

@@ -86,6 +86,39 @@ def test_packed_matches_the_reference_forward_and_backward(impl, tail, monkeypat
     assert (out[int(cu[-1]):] == 0).all() and (qkv.grad[int(cu[-1]):] == 0).all()
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch's varlen_attn)")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_cuda_varlen_attn_with_a_tail_follows_the_flash_rule(dtype, monkeypatch):
+    """torch's varlen_attn (FlashAttention on cu_seqlens) with a tail past cu_seqlens[-1]: FlashAttention's rule
+    (error <= 2x that of PyTorch in the same precision) against float64, and the tail's rows and gradients zero."""
+    if not kernels.torch_backend._has_varlen_attn():
+        pytest.skip("this torch has no torch.nn.attention.varlen")
+    monkeypatch.setenv("BERTKIT_TORCH_VARLEN", "varlen")
+    lengths, tail, heads, dim = [37, 128, 1, 90], 29, 4, 64
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    qkv = fused_qkv((int(cu[-1]) + tail,), heads, dim, seed=5).cuda().to(dtype)
+    dout = torch.randn(qkv.shape[0], heads, dim, dtype=torch.float64, device="cuda")
+
+    def run(leaf, attention, **kw):
+        out = attention(*leaf.unbind(1), cu, 128, **kw)
+        out.backward(dout.to(out.dtype))
+        return out
+
+    exact_leaf, low_leaf, ours_leaf = (qkv.double().requires_grad_(), qkv.clone().requires_grad_(),
+                                       qkv.clone().requires_grad_())
+    exact = run(exact_leaf, attention_varlen_reference)
+    low = run(low_leaf, attention_varlen_reference, upcast=False)
+    ours = run(ours_leaf, attention_varlen_torch)
+
+    def err(a, b):
+        return (a.double() - b).abs().max().item()
+
+    assert err(ours, exact) <= 2 * err(low, exact) + 1e-5
+    assert err(ours_leaf.grad, exact_leaf.grad) <= 2 * err(low_leaf.grad, exact_leaf.grad) + 1e-5
+    end = int(cu[-1])
+    assert (ours[end:] == 0).all() and (ours_leaf.grad[end:] == 0).all()
+
+
 @pytest.mark.parametrize("window,theta", [(4, 10_000.0), (None, 160_000.0), (6, None)])
 def test_windows_and_rotary_embeddings_match_the_reference(window, theta):
     """ModernBERT's layers on the torch backend: padded and packed (each document its own positions and window),
