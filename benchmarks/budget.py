@@ -12,14 +12,22 @@ DataCollatorForLanguageModeling, BertForMaskedLM) in a plain loop, on the same b
     python benchmarks/budget.py --budget 30m                     # the screening arms, one after another
     python benchmarks/budget.py --budget 30m --arms tiny-mlm-d0 peer
     python benchmarks/budget.py --report                         # table and plot from the results so far
+    python benchmarks/budget.py --budget 2h --paced --arms modernbert-tiny-d0-seq64   # beside other work (below)
 
 Each finished arm is appended to benchmarks/results/budget.json (keyed by arm and budget), so a killed benchmark
 continues with the next arm; `--work` keeps the stages' folders (default outside the repository). Every arm records
 the load average before and after it: compare arms only where it stayed near 2 (this benchmark alone on 2 cores).
+
+`--paced` makes the budget a step count, as the Korean transfer benchmark does: a short probe alone on the machine
+(PACE_STEPS; stop other work for its minute or two) measures the arm's steps per second, and the arm trains for as
+many steps as the budget buys at that pace, on the same schedule over steps. Its curve is then read against
+`paced_s` (step / pace), not its wall clock, so the arm may run beside other work. A paced arm skips the time its
+evaluations would have taken (about 1 % of a wall-clock arm's steps).
 """
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -35,6 +43,8 @@ from record import RESULTS, run_info  # noqa: E402
 PROBE_TASKS = ("sst2", "stsb")
 PROBE_LR = 5e-4
 PROBE_POOLING = "cls"  # every arm's probe reads [CLS], whatever its export's config.json says
+PACE_STEPS = 300  # --paced: the probe's length; timed over steps 100-300 (pretrain_transfer.steps_per_second)
+YARDSTICK_RUN = "pretrain_transfer_budget_2h.json"  # --recipe budget's 2 hours, alone on the machine: the goal
 
 
 @dataclass
@@ -91,16 +101,21 @@ def instances_for(work: Path, en: dict, arm: Arm) -> Path:
     return out
 
 
-def pretrain_arm(name: str, arm: Arm, instances: Path, run: Path, budget_s: float) -> Path:
-    """`bertkit pretrain --time-budget` in its own process (resumed if killed), then export."""
+def steps_per_eval(arm: Arm) -> int:
+    return {"tiny": 250, "mini": 100}.get(arm.preset.removeprefix("modernbert-"), 100) * 128 // arm.seq
+
+
+def pretrain_arm(name: str, arm: Arm, instances: Path, run: Path, length: list[str], probe: bool = False) -> Path:
+    """`bertkit pretrain` for `length` (--time-budget or --max-steps) in its own process (resumed if killed), then
+    export; a pace probe neither evaluates, saves nor exports."""
     export_dir = run.parent / f"{run.name}-export"
     if (export_dir / "model.safetensors").is_file():
         return export_dir
-    steps_per_eval = {"tiny": 250, "mini": 100}.get(arm.preset.removeprefix("modernbert-"), 100) * 128 // arm.seq
+    every = 10 ** 9 if probe else steps_per_eval(arm)  # 20 held-out batches: as the --recipe budget 2 h run (the goal)
     cmd = [str(Path(sys.executable).parent / "bertkit"), "pretrain", "--instances", str(instances), "--out", str(run),
-           "--model", arm.preset, "--time-budget", f"{budget_s:.0f}s", "--micro-batch", str(arm.micro_batch),
+           "--model", arm.preset, *length, "--micro-batch", str(arm.micro_batch),
            "--optimizer", "adamw", "--lr", str(arm.lr), "--warmup", str(arm.warmup), "--eval-every",
-           str(steps_per_eval), "--eval-batches", "10", "--save-every", str(10 * steps_per_eval), "--keep-last", "1",
+           str(every), "--eval-batches", "20", "--save-every", str(10 * every), "--keep-last", "1",
            "--log-every", "50", "--report-to", "none", "--no-progress", *arm.extra]
     if arm.electra:
         cmd += ["--objective", "electra"]
@@ -110,16 +125,18 @@ def pretrain_arm(name: str, arm: Arm, instances: Path, run: Path, budget_s: floa
         cmd.append("--resume")
     say(f"pretrain {name}: {' '.join(cmd[2:])}")
     run_stage(cmd, name)
-    run_stage([cmd[0], "export", str(run), "--out", str(export_dir)], name)
+    if not probe:
+        run_stage([cmd[0], "export", str(run), "--out", str(export_dir)], name)
     return export_dir
 
 
-def peer_arm(arm: Arm, en: dict, out: Path, budget_s: float) -> Path:
-    """transformers' own MLM pipeline, as run_mlm.py builds it, for the same wall-clock budget (resumed if stopped)."""
+def peer_arm(arm: Arm, en: dict, out: Path, length: list[str]) -> Path:
+    """transformers' own MLM pipeline, as run_mlm.py builds it, for the same budget (--budget-s or --steps; resumed
+    if stopped)."""
     if (out / "run.json").is_file():  # written last
         return out
     run_stage([sys.executable, str(REPO / "benchmarks" / "budget_peer.py"), "--corpus", str(en["corpus"]),
-               "--tokenizer", str(en["tokenizer"]), "--out", str(out), "--budget-s", str(budget_s),
+               "--tokenizer", str(en["tokenizer"]), "--out", str(out), *length,
                "--lr", str(arm.lr), "--micro-batch", str(arm.micro_batch), "--seq", str(arm.seq),
                "--warmup", str(arm.warmup), "--dropout", str(arm.dropout),
                *(["--family", "modernbert", "--preset", arm.preset] if arm.preset.startswith("modernbert") else [])],
@@ -157,23 +174,61 @@ def load() -> float:
     return round(os.getloadavg()[0], 2)
 
 
+def pace(name: str, arm: Arm, args, en: dict) -> dict:
+    """--paced: the arm's optimizer steps per second alone on the machine, from a PACE_STEPS probe (kept in
+    WORK/pace-NAME.json with the load average around it)."""
+    path = args.work / f"pace-{name}.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    say(f"pace probe: {PACE_STEPS} steps of {name} (keep the machine otherwise idle)")
+    probe_dir, load_before = args.work / f"pace-{name}", os.getloadavg()
+    shutil.rmtree(probe_dir, ignore_errors=True)  # a probe cut short is measured again from the start
+    if name.startswith("peer"):
+        peer_arm(arm, en, probe_dir, ["--steps", str(PACE_STEPS), "--eval-every-steps", "50"])
+        elapsed_at = {}
+        for p in json.loads((probe_dir / "curve.json").read_text()):
+            elapsed_at.setdefault(p["step"], p["elapsed_s"])
+    else:
+        pretrain_arm(name, arm, instances_for(args.work, en, arm), probe_dir, ["--max-steps", str(PACE_STEPS)],
+                     probe=True)
+        rows = [json.loads(line) for line in (probe_dir / "metrics.jsonl").read_text().splitlines()]
+        elapsed_at = {r["step"]: r["elapsed_s"] for r in rows if "loss" in r and "elapsed_s" in r}
+    threads = os.environ.get("OMP_NUM_THREADS", str(os.cpu_count()))
+    result = {**transfer.steps_per_second(elapsed_at), "threads": threads,
+              "load_average_before": [round(x, 2) for x in load_before],
+              "load_average_after": [round(x, 2) for x in os.getloadavg()], "date": time.strftime("%Y-%m-%d %H:%M")}
+    path.write_text(json.dumps(result, indent=1))
+    return result
+
+
 def run_arm(name: str, arm: Arm, args, en: dict) -> dict:
-    tag = f"{name}-{args.budget_s:.0f}s"
+    tag = f"{name}-{args.budget_s:.0f}s" + ("-paced" if args.paced else "")
+    arm_pace = pace(name, arm, args, en) if args.paced and name != "random" else None
+    steps = arm_pace and round(args.budget_s * arm_pace["steps_per_s"])
     load_before, t0 = load(), time.time()
     if name == "random":  # BERT's initialisation, the same shape and tokenizer: what pretraining must beat
         model, points, info = random_export(arm, en, export_of(name, args.work, tag)), [], {"steps": 0, "sequences": 0}
     elif name.startswith("peer"):
-        model = peer_arm(arm, en, export_of(name, args.work, tag), args.budget_s)
+        length = ["--steps", str(steps), "--eval-every-steps", str(steps_per_eval(arm))] if steps else \
+            ["--budget-s", str(args.budget_s)]
+        model = peer_arm(arm, en, export_of(name, args.work, tag), length)
         points = json.loads((model / "curve.json").read_text())
         info = json.loads((model / "run.json").read_text())
     else:
         run = args.work / tag
-        model = pretrain_arm(name, arm, instances_for(args.work, en, arm), run, args.budget_s)
+        length = ["--max-steps", str(steps)] if steps else ["--time-budget", f"{args.budget_s:.0f}s"]
+        model = pretrain_arm(name, arm, instances_for(args.work, en, arm), run, length)
         points = transfer.timed_curve(run)
-        schedule = json.loads((run / "schedule.json").read_text())
         config = json.loads((run / "config.json").read_text())
-        info = {"steps": schedule["steps"], "time_used_s": schedule["time_used_s"],
-                "sequences": schedule["steps"] * config["resolved"]["global_batch"]}
+        if steps:
+            info = {"steps": steps, "sequences": steps * config["resolved"]["global_batch"]}
+        else:
+            schedule = json.loads((run / "schedule.json").read_text())
+            info = {"steps": schedule["steps"], "time_used_s": schedule["time_used_s"],
+                    "sequences": schedule["steps"] * config["resolved"]["global_batch"]}
+    if arm_pace:  # the curve against the pace's clock; its wall clock ran beside other work
+        points = [{**p, "paced_s": round(p["step"] / arm_pace["steps_per_s"], 1)} for p in points]
+        info.update(clock="paced", pace=arm_pace)
     load_after_pretraining = load()
     yardstick = masked_only_accuracy(model / "generator" if arm.electra else model, en["dynamic"])
     return {"arm": name, "budget_s": 0 if name == "random" else args.budget_s, "settings": asdict(arm), **info,
@@ -202,26 +257,63 @@ def probe(name: str, model: Path, tag: str, work: Path, pooling: str = PROBE_POO
     return scores
 
 
+def clock_s(point: dict) -> float:
+    """Where a curve's point lies on its arm's clock: its pace's (--paced) or its wall clock's."""
+    return point.get("paced_s", point["elapsed_s"])
+
+
 def report(results: dict):
     rows = sorted(results["arms"].values(), key=lambda r: (r["budget_s"], r["yardstick"]["loss"]))
-    print(f"\n{'arm':22} {'budget':>7} {'steps':>7} {'held-out MLM loss':>18} {'[MASK] acc':>10} "
+    print(f"\n{'arm':32} {'budget':>7} {'clock':>6} {'steps':>7} {'held-out MLM loss':>18} {'[MASK] acc':>10} "
           f"{'SST-2':>6} {'STS-B':>6} {'mean: SST-2':>12} {'STS-B':>6} {'load':>9}")
     for r in rows:
         mean = [f"{100 * r['probe_mean'][t]:.1f}" if "probe_mean" in r else "-" for t in PROBE_TASKS]
-        print(f"{r['arm']:22} {r['budget_s'] / 60:6.0f}m {r['steps']:7d} {r['yardstick']['loss']:18.3f} "
+        print(f"{r['arm']:32} {r['budget_s'] / 60:6.0f}m {r.get('clock', 'wall'):>6} {r['steps']:7d} "
+              f"{r['yardstick']['loss']:18.3f} "
               f"{100 * r['yardstick']['masked_only_acc']:9.1f}% {100 * r['probe']['sst2']:6.1f} "
               f"{100 * r['probe']['stsb']:6.1f} {mean[0]:>12} {mean[1]:>6} "
               f"{r['load_before']:4.1f}/{r['load_after_pretraining']:3.1f}")
+    goal = yardstick_goal()
+    for r in reaching(rows, goal):
+        minutes = [f"{m:.0f} min" if m is not None else "not within its budget" for m in r["minutes"]]
+        print(f"{r['arm']} ({r['budget_s'] / 60:.0f} min, {r.get('clock', 'wall')} clock) reaches --recipe budget's "
+              f"2-hour end (held-out loss {goal['eval_mlm_loss']:.3f}, [MASK] {goal['eval_mlm_mask_acc']:.1%}): "
+              f"loss after {minutes[0]}, [MASK] accuracy after {minutes[1]}")
     if rows:
         plot(rows, RESULTS / "budget.png")
+
+
+def yardstick_goal() -> dict | None:
+    """The last held-out evaluation of `pretrain_transfer.py --recipe budget --time-budget 2h` (BERT tiny, alone on
+    the machine): issue 37's goal for the ModernBERT arms is to reach it sooner."""
+    path = RESULTS / YARDSTICK_RUN
+    if not path.is_file():
+        return None
+    curve = json.loads(path.read_text())["curves"]["en"]
+    return {key: values[-1] for key, values in curve.items()}
+
+
+def reaching(rows: list[dict], goal: dict | None) -> list[dict]:
+    """For each arm evaluated on the goal's held-out rows (MLM only on 64-token instances, as --recipe budget), the
+    minutes of its clock after which its held-out loss and [MASK] accuracy first reach the goal's (None: not yet)."""
+    out = []
+    for r in rows if goal else []:
+        s = r["settings"]
+        if r["arm"].startswith("peer") or (s["objective"], s["seq"], s["masked_lm_prob"]) != ("none", 64, 0.15):
+            continue  # the peer evaluates on its own blocks, the others on other instances
+        pts = [p for p in r["curve"] if p.get("eval_mlm_loss") is not None]
+        loss = next((clock_s(p) / 60 for p in pts if p["eval_mlm_loss"] <= goal["eval_mlm_loss"]), None)
+        acc = next((clock_s(p) / 60 for p in pts if p["eval_mlm_mask_acc"] >= goal["eval_mlm_mask_acc"]), None)
+        out.append({**r, "minutes": (loss, acc)})
+    return out
 
 
 def plot(rows: list[dict], path: Path):
     fig, axes = transfer.pyplot().subplots(1, 2, figsize=(15, 4.5), width_ratios=(1.3, 1))
     for r in rows:
         pts = [p for p in r["curve"] if p.get("eval_mlm_loss") is not None]
-        axes[0].plot([p["elapsed_s"] / 60 for p in pts], [p["eval_mlm_loss"] for p in pts], marker=".",
-                     label=f"{r['arm']} ({r['budget_s'] / 60:.0f} min)")
+        axes[0].plot([clock_s(p) / 60 for p in pts], [p["eval_mlm_loss"] for p in pts], marker=".",
+                     label=f"{r['arm']} ({r['budget_s'] / 60:.0f} min{', paced' if r.get('clock') else ''})")
     axes[0].set(title="held-out MLM loss (each arm's own instances)", xlabel="minutes on 2 CPU cores",
                 ylabel="loss (nats)")
     names = [f"{r['arm']}\n{r['budget_s'] / 60:.0f} min" for r in rows]
@@ -243,6 +335,11 @@ def main(argv=None):
     ap.add_argument("--budget", default="30m", help="wall-clock pretraining time per arm (30m, 2h)")
     ap.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
     ap.add_argument("--work", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "bertkit-budget")
+    ap.add_argument("--paced", action="store_true",
+                    help="a step budget: as many steps as the budget buys at the arm's pace, probed alone (above)")
+    ap.add_argument("--pace-only", action="store_true",
+                    help="--paced: measure the arms' paces and stop (alone on the machine; the arms may then run "
+                         "beside other work, with OMP_NUM_THREADS=1)")
     ap.add_argument("--report", action="store_true", help="only print the table and draw the plot")
     ap.add_argument("--probe-mean", action="store_true",
                     help="also probe each listed arm reading the mean over the tokens (kept as probe_mean)")
@@ -253,9 +350,14 @@ def main(argv=None):
     if not args.report:
         args.work.mkdir(parents=True, exist_ok=True)
         en = prepare(args.work, "en", BUDGETS["cpu"])
+        if args.pace_only:
+            for name in args.arms:
+                say(f"{name}: {pace(name, ARMS[name], args, en)}")
+            return
         for name in args.arms:
-            key = f"{name}@{args.budget_s:.0f}s" if name != "random" else "random"
-            done, tag = results["arms"].get(key), f"{name}-{args.budget_s:.0f}s"
+            suffix = "-paced" if args.paced else ""
+            key = f"{name}@{args.budget_s:.0f}s{suffix}" if name != "random" else "random"
+            done, tag = results["arms"].get(key), f"{name}-{args.budget_s:.0f}s{suffix}"
             reprobe = done and done.get("probe_dropout") != transfer.FINETUNE_DROPOUT
             probe_mean = args.probe_mean and not (done and "probe_mean" in done)
             if done and not (reprobe or probe_mean):

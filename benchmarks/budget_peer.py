@@ -4,8 +4,9 @@ its special tokens, the token lists concatenated and cut into blocks (run_mlm's 
 DataCollatorForLanguageModeling (15 %, 80/10/10), BertForMaskedLM (the BERT-tiny shape by default) or with
 --family modernbert transformers' ModernBertForMaskedLM in a bertkit preset's shape (SDPA, sparse prediction), AdamW
 with no decay on biases and norms (as Trainer), clipping at 1.0, and the same budget-aware schedule bertkit's arms get
-(warmup, then linear decay to 0 when the time is spent; run_mlm.py itself has only step schedules). One process, the
-machine's threads. Writes the model (HF format, with the tokenizer files), curve.json and run.json to --out.
+(warmup, then linear decay to 0 when the time is spent; run_mlm.py itself has only step schedules), or with --steps
+the same schedule over a number of steps (budget.py --paced). One process, the machine's threads. Writes the model
+(HF format, with the tokenizer files), curve.json and run.json to --out.
 Resumable like bertkit's arms: --out/checkpoint.pt every --save-every-s and on SIGTERM (exit 143), and a rerun
 continues with the time already used (the budget.py arm reruns it).
 """
@@ -26,7 +27,9 @@ def main():
     ap.add_argument("--corpus", type=Path, required=True)
     ap.add_argument("--tokenizer", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--budget-s", type=float, required=True)
+    length = ap.add_mutually_exclusive_group(required=True)
+    length.add_argument("--budget-s", type=float, help="train for this many seconds (the schedule follows the clock)")
+    length.add_argument("--steps", type=int, help="train for this many steps (the schedule follows the steps)")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--micro-batch", type=int, default=32)
     ap.add_argument("--seq", type=int, default=128)
@@ -37,6 +40,7 @@ def main():
     ap.add_argument("--family", choices=["bert", "modernbert"], default="bert")
     ap.add_argument("--preset", default="tiny", help="--family modernbert: bertkit's ModernBERT preset to copy")
     ap.add_argument("--eval-every-s", type=float, default=120)
+    ap.add_argument("--eval-every-steps", type=int, default=500, help="with --steps")
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--save-every-s", type=float, default=600)
     args = ap.parse_args()
@@ -95,9 +99,9 @@ def main():
         gen.set_state(saved["gen"])
         torch.set_rng_state(saved["rng"])
         curve, step, used, next_eval, order = (saved[k] for k in ("curve", "step", "used", "next_eval", "order"))
-        print(f"peer resumed at step {step}, {used:.0f} s of {args.budget_s:.0f} used", flush=True)
+        print(f"peer resumed at step {step}, {used:.0f} s used", flush=True)
     else:
-        curve, step, used, next_eval = [], 0, 0.0, args.eval_every_s
+        curve, step, used, next_eval = [], 0, 0.0, args.eval_every_steps if args.steps else args.eval_every_s
         order = torch.randperm(len(train), generator=gen).tolist()
     t0 = time.perf_counter() - used
 
@@ -112,8 +116,11 @@ def main():
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
     next_save = time.perf_counter() - t0 + args.save_every_s
+    def done_share(elapsed):  # how much of the budget is spent: the schedule's clock
+        return step / args.steps if args.steps else elapsed / args.budget_s
+
     model.train()
-    while (elapsed := time.perf_counter() - t0) < args.budget_s:
+    while done_share(elapsed := time.perf_counter() - t0) < 1:
         if stop or elapsed >= next_save:
             save()
             if stop:
@@ -122,7 +129,7 @@ def main():
                 sys.exit(143)
             next_save = elapsed + args.save_every_s
         for g in opt.param_groups:
-            g["lr"] = args.lr * lr_at(elapsed / args.budget_s, args.warmup, "linear")
+            g["lr"] = args.lr * lr_at(done_share(elapsed), args.warmup, "linear")
         if len(order) < args.micro_batch:
             order = torch.randperm(len(train), generator=gen).tolist()
         rows = train[order[:args.micro_batch]]["input_ids"]  # one batched read, as Trainer's DataLoader does
@@ -135,11 +142,15 @@ def main():
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         step += 1
-        if elapsed >= next_eval:
-            curve.append({"step": step, "elapsed_s": round(elapsed, 1), "eval_mlm_loss": evaluate()})
+        if (step if args.steps else elapsed) >= next_eval:
+            t_eval = time.perf_counter()
+            curve.append({"step": step, "elapsed_s": round(t_eval - t0, 1), "eval_mlm_loss": evaluate()})
+            if args.steps:  # a step budget's clock counts training only, so a pace probe reads steps per second
+                t0 += time.perf_counter() - t_eval
             print(f"peer step {step}: {curve[-1]}", flush=True)
-            next_eval += args.eval_every_s
-    curve.append({"step": step, "elapsed_s": round(time.perf_counter() - t0, 1), "eval_mlm_loss": evaluate()})
+            next_eval += args.eval_every_steps if args.steps else args.eval_every_s
+    if not curve or curve[-1]["step"] != step:  # the end, unless the last evaluation was already there
+        curve.append({"step": step, "elapsed_s": round(time.perf_counter() - t0, 1), "eval_mlm_loss": evaluate()})
     args.out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(args.out)
     for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
@@ -170,10 +181,11 @@ def write_so_far(args, curve: list, step: int, used: float):
     results/budget.json replaces it (delete this file then)."""
     from record import run_info, write_result
 
-    name = f"budget_peer_{args.budget_s:.0f}s_so_far"
+    name = f"budget_peer_{args.budget_s:.0f}s_so_far" if args.budget_s else f"budget_peer_{args.steps}steps_so_far"
     write_result(name, {**run_info(name), "status": "peer paused (resumable): no yardstick or probe yet",
                         "resume": "python benchmarks/budget.py --budget BUDGET --arms peer --work WORK",
-                        "budget_s": args.budget_s, "time_used_s": round(used, 1), "steps": step,
+                        "budget_s": args.budget_s, "budget_steps": args.steps, "time_used_s": round(used, 1),
+                        "steps": step,
                         "micro_batch": args.micro_batch, "seq": args.seq, "lr": args.lr, "curve": curve})
 
 

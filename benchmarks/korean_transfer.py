@@ -51,6 +51,7 @@ from pretrain_transfer import (  # noqa: E402
     masked_only_accuracy,
     random_init,
     say,
+    steps_per_second,
     timed_curve,
 )
 from record import RESULTS, run_info, write_result  # noqa: E402
@@ -85,7 +86,7 @@ class Arm:
 
 
 VOCAB_SIZE = 16000
-PROBE_STEPS = 300        # the pace is measured over steps 100-300 (the first ones warm up the allocator and loader)
+PROBE_STEPS = 300        # the pace is measured over steps 100-300 (steps_per_second)
 KO_TEXT = ["wikipedia_ko_wikiextractor", "wikipedia_ko_wikiextractor_more", "koconovel/data/jsonl",
            "boddari/unesco_report/in_txt"]
 KO_FILL_MASK = ["대한민국의 수도는 [MASK]이다.", "세종대왕은 [MASK]을 창제하였다.", "한국어는 [MASK] 언어이다."]
@@ -152,9 +153,7 @@ def pace(work: Path, instances: Path, arm: Arm) -> dict:
     shutil.rmtree(probe, ignore_errors=True)  # a probe cut short is measured again from the start
     pretrain(pretrain_config(instances, probe, PROBE_STEPS, arm, eval_every=10 ** 9, save_every=10 ** 9))
     rows = [json.loads(line) for line in (probe / "metrics.jsonl").read_text().splitlines()]
-    timed = {r["step"]: r["elapsed_s"] for r in rows if "loss" in r and "elapsed_s" in r}
-    a, b = min(s for s in timed if s >= 100), max(timed)
-    result = {"steps_per_s": (b - a) / (timed[b] - timed[a]), "over_steps": [a, b],
+    result = {**steps_per_second({r["step"]: r["elapsed_s"] for r in rows if "loss" in r and "elapsed_s" in r}),
               "load_average_before": [round(x, 2) for x in load_before],
               "load_average_after": [round(x, 2) for x in os.getloadavg()],
               "date": time.strftime("%Y-%m-%d %H:%M")}

@@ -517,6 +517,13 @@ def timed_curve(run: Path) -> list[dict]:
     return [by_step[s] for s in sorted(by_step)]
 
 
+def steps_per_second(elapsed_at: dict[int, float], skip: int = 100) -> dict:
+    """A pace from a run's (step -> elapsed seconds) readings: the steps after `skip` (the first ones warm up the
+    allocator and the loader) over their time."""
+    a, b = min(s for s in elapsed_at if s >= skip), max(elapsed_at)
+    return {"steps_per_s": (b - a) / (elapsed_at[b] - elapsed_at[a]), "over_steps": [a, b]}
+
+
 def columns(points: list[dict]) -> dict:
     """A curve as the results file keeps it: one list per MLM measure."""
     return {key: [p.get(key) for p in points] for key in CURVE_KEYS[:4]}
