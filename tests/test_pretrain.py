@@ -189,6 +189,21 @@ def test_tensorboard_gets_every_logged_scalar(instances, tmp_path, clean_dist_en
     assert all(0 < got["perf/padding_efficiency", r["step"]] <= 1 for r in records if "loss" in r)
 
 
+def test_a_run_evaluates_at_its_last_step(instances, tmp_path, clean_dist_env):
+    """The held-out score at a run's end is logged even where --max-steps is no multiple of --eval-every, and an
+    evaluation between steps leaves the training itself as it was (the same losses as a run that never evaluates)."""
+    def logged(run, eval_every):
+        pretrain(PretrainConfig(instances=str(instances), out=str(run), model=str(instances.parent / "model.json"),
+                                micro_batch=8, max_steps=5, progress=False, num_workers=0, log_every=1,
+                                eval_every=eval_every, eval_batches=1))
+        return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+    records = logged(tmp_path / "every3", 3)
+    assert [r["step"] for r in records if "eval_loss" in r] == [3, 5]
+    quiet = logged(tmp_path / "never", 0)
+    assert [r["loss"] for r in records if "loss" in r] == [r["loss"] for r in quiet if "loss" in r]
+
+
 def test_torch_kernels_log_the_same_losses_as_the_reference(instances, tmp_path, clean_dist_env):
     """--kernels torch (SDPA, F.layer_norm) trains step for step like the einsum reference in fp32, padded and
     packed; the backend that ran is in config.json and every training record."""

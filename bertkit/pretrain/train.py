@@ -61,8 +61,8 @@ def _pretrain(cfg: PretrainConfig, manifest, rank: int, world: int, device) -> d
             last = run.finished()
             if run.step % cfg.log_every == 0 or last:
                 log_training(run, seconds)
-            if len(run.holdout) and cfg.eval_every and (run.step % cfg.eval_every == 0 or
-                                                        run.eval_clock.due(seconds, last)):
+            if len(run.holdout) and cfg.eval_every and (run.step % cfg.eval_every == 0 or last or
+                                                        run.eval_clock.due(seconds, last)):  # the end: its score
                 evaluate_and_log(run, seconds)
             if run.step % cfg.save_every == 0 or last or stopping:
                 run.last_ckpt = save_checkpoint(run.engine, run.run_dir, run.step, rank, cfg.keep_last, run.skipped)
