@@ -309,6 +309,40 @@ def yardstick(results: dict, hours: str = "2h") -> list[dict]:
     return rows
 
 
+VOCAB_STARTS = ("2h", "mecab-2h", "kiwi-2h")  # BERT tiny's 2 hours with each vocabulary: none, MeCab, kiwi
+
+
+def vocab_table(sweep_results: dict, starts=VOCAB_STARTS) -> list[dict]:
+    """The vocabularies at equal budget (issue 38): per task, each arm's mean over seeds at the best of the rates
+    every arm ran (the vocabulary arms may run fewer rates than the plain arm), its seeds, and whether its range is
+    apart from the plain vocabulary's (above or below)."""
+    rows = []
+    for task, by_start in sweep_results.items():
+        held = [by_start[s] for s in starts if by_start.get(s)]
+        if len(held) < 2:
+            continue
+        shared = set.intersection(*({lr for lr, scores in h.items() if len(scores) == len(SEEDS)} for h in held))
+        if not shared:
+            continue
+        arms = {s: best_rate({lr: by_start[s][lr] for lr in shared}) for s in starts if by_start.get(s)}
+        plain = arms.get(starts[0])
+        for arm in arms.values():
+            arm["apart"] = plain is not None and (min(arm["seeds"]) > max(plain["seeds"]) or
+                                                  max(arm["seeds"]) < min(plain["seeds"]))
+        rows.append({"task": task, "metric": TASKS[task][0], "rates": sorted(float(lr) for lr in shared),
+                     "arms": arms})
+    return rows
+
+
+def print_vocab_table(rows: list[dict]) -> None:
+    if rows:
+        print("\nvocabularies at equal budget (BERT tiny, 2 h): mean over seeds at the best shared rate "
+              "(* = range apart from the plain vocabulary's)")
+    for r in rows:
+        cells = [f"{name}: {a['mean']:.3f} ({a['lr']:g}){'*' if a['apart'] else ''}" for name, a in r["arms"].items()]
+        print(f"{r['task']:9} {r['metric']:16} " + "   ".join(cells))
+
+
 def print_yardstick(rows: list[dict]) -> None:
     for r in rows:
         minutes = [f"{m:.0f} min" if m else "not yet" for m in (r["loss_minutes"], r["acc_minutes"])]
@@ -341,6 +375,8 @@ def main(argv=None):
                     help="the arm's vocabulary: plain WordPiece, or morpheme-aware (train-tokenizer --pretokenize)")
     ap.add_argument("--tasks", nargs="+", choices=list(TASKS), default=list(TASKS),
                     help="fine-tune these tasks only (two processes on two task lists share the results file)")
+    ap.add_argument("--rates", nargs="+", type=float, choices=RATES, default=list(RATES),
+                    help="fine-tune at these rates only (a vocabulary arm at the plain arm's best, say)")
     ap.add_argument("--work", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "bertkit-korean-transfer")
     args = ap.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
@@ -356,8 +392,10 @@ def main(argv=None):
         # the header is this save's; each commit that added scores keeps its date and load in `saves`
         header = run_info(name)
         results.setdefault("saves", {})[header["commit"]] = {k: header[k] for k in ("date", "load_average_1_5_15min")}
-        write_result(name, {**{k: v for k, v in results.items() if k not in ("table", "yardstick")}, **header,
-                            "table": table(results["sweep"]), "yardstick": yardstick(results)})
+        write_result(name, {**{k: v for k, v in results.items() if k not in ("table", "yardstick", "vocabularies")},
+                            **header,
+                            "table": table(results["sweep"]), "yardstick": yardstick(results),
+                            "vocabularies": vocab_table(results["sweep"])})
 
     arm, hours = Arm(args.family, args.pretokenize), f"{args.hours:g}h"
     prefix = arm.prefix
@@ -385,12 +423,13 @@ def main(argv=None):
         export_dir = args.work / f"ko-{prefix}run-{hours}-export"
         if not (export_dir / "model.safetensors").is_file():
             raise SystemExit(f"{export_dir}: no export yet; run --only pretrain first")
-        sweep(args.work, prefix + hours, export_dir, results, save, tasks=args.tasks, vocab=arm.vocab,
-              unpadded=arm.unpadded)
+        sweep(args.work, prefix + hours, export_dir, results, save, rates=args.rates, tasks=args.tasks,
+              vocab=arm.vocab, unpadded=arm.unpadded)
     say(json.dumps({k: v for k, v in results.items() if k.endswith("pace") or k == "corpus"}, indent=1))
     if results["sweep"]:
         print_table(table(results["sweep"]))
     print_yardstick(yardstick(results))
+    print_vocab_table(vocab_table(results["sweep"]))
 
 
 if __name__ == "__main__":
