@@ -5,7 +5,9 @@ a value back from the device.
 Attention is F.scaled_dot_product_attention with the key padding as a boolean mask. Packed (varlen) batches are
 scattered into a padded batch of the host-side bucket `max_seqlen`, attended, and gathered back ("pad"); on CUDA
 with no dropout, torch.nn.attention.varlen.varlen_attn (FlashAttention on cu_seqlens, no dropout argument) is used
-instead ("varlen"); `BERTKIT_TORCH_VARLEN=pad|njt|varlen` forces one (njt: SDPA on nested jagged tensors).
+instead ("varlen"); on the CPU a layer with a window or rotary embeddings (ModernBERT) attends each document
+alone ("documents": no padded grid, a local layer's long documents in query chunks that see only their window);
+`BERTKIT_TORCH_VARLEN=pad|njt|varlen|documents` forces one (njt: SDPA on nested jagged tensors).
 Measured on the CPU (torch 2.13, benchmarks/cpu_backends.py, forward + backward): SDPA is 1.0-3.4x faster than the
 einsum reference on padded batches; on packed ones padding runs at 0.77-1.9x the speed of the reference's
 per-sequence loop (which reads lengths back from the device, so it cannot serve a GPU), nested tensors are 1.5-5.5x
@@ -18,7 +20,7 @@ import torch.nn.functional as F
 
 from .reference import add_layer_norm_reference, apply_rotary, cached_rotary_tables
 
-VARLEN_IMPLS = ("auto", "pad", "njt", "varlen")
+VARLEN_IMPLS = ("auto", "pad", "njt", "varlen", "documents")
 
 
 def _key_mask(lengths, seq: int):
@@ -84,6 +86,57 @@ def _varlen_by_padding(q, k, v, cu_seqlens, max_seqlen, dropout_p, softmax_scale
     return out * valid[:, None, None].to(out.dtype)
 
 
+LOCAL_CHUNK = 64  # a local layer's long document: queries in chunks of this many, each against its window's keys
+
+
+def _varlen_by_document(q, k, v, cu_seqlens, dropout_p, softmax_scale, window=None, rope_theta=None):
+    """CPU only ("documents"): each document attended alone at its own length (no padded grid, no mask for a
+    global layer), rotary embeddings turned on the packed tokens, and a local layer's long documents split into
+    query chunks that each see only the keys their window reaches, so its cost grows with length x window rather
+    than length squared. It reads cu_seqlens on the host, which costs nothing on the CPU."""
+    bounds = cu_seqlens.tolist()
+    if rope_theta is not None:
+        seq, pos = _packed_index(cu_seqlens, q.shape[0])
+        pos = torch.where(seq < len(bounds) - 1, pos, 0)  # the tail past cu_seqlens[-1]: any angle, it is dropped
+        cos, sin = cached_rotary_tables(max(1, max(b - a for a, b in zip(bounds, bounds[1:]))), q.shape[-1],
+                                        rope_theta, q.device)
+        cos, sin = cos[pos][:, None], sin[pos][:, None]
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+    sizes = [b - a for a, b in zip(bounds, bounds[1:])] + [q.shape[0] - bounds[-1]]  # the tail last
+    # split, not slicing: a slice's backward writes a whole zero tensor per document
+    pieces = [_attend_document(*x, dropout_p, softmax_scale, window)
+              for x in zip(q.split(sizes)[:-1], k.split(sizes)[:-1], v.split(sizes)[:-1])]
+    return torch.cat(pieces + [q.new_zeros(sizes[-1], *q.shape[1:])])
+
+
+def _attend_document(q, k, v, dropout_p, softmax_scale, window):
+    """One document's (n, H, D) q, k, v -> (n, H, D)."""
+    n = q.shape[0]
+    if window is None or n <= window + 1:  # every key within reach of every query: plain attention
+        out = F.scaled_dot_product_attention(*(x.transpose(0, 1)[None] for x in (q, k, v)), dropout_p=dropout_p,
+                                             scale=softmax_scale)
+        return out[0].transpose(0, 1)
+    if n <= LOCAL_CHUNK + 2 * window:
+        out = F.scaled_dot_product_attention(*(x.transpose(0, 1)[None] for x in (q, k, v)),
+                                             attn_mask=_band(n, window, q.device), dropout_p=dropout_p,
+                                             scale=softmax_scale)
+        return out[0].transpose(0, 1)
+    c, w = LOCAL_CHUNK, window
+    chunks = -(-n // c)
+    qc = F.pad(q, (0, 0, 0, 0, 0, chunks * c - n)).view(chunks, c, *q.shape[1:])
+    # chunk i's queries are positions i*c .. i*c+c-1; its keys i*c-w .. i*c+c-1+w (padding outside the document)
+    kc, vc = (F.pad(x, (0, 0, 0, 0, w, chunks * c - n + w)).unfold(0, c + 2 * w, c).permute(0, 3, 1, 2)
+              for x in (k, v))
+    key_pos = torch.arange(chunks, device=q.device)[:, None] * c - w + torch.arange(c + 2 * w, device=q.device)
+    query_pos = torch.arange(chunks, device=q.device)[:, None] * c + torch.arange(c, device=q.device)
+    near = (query_pos[:, :, None] - key_pos[:, None, :]).abs() <= w
+    mask = near & (key_pos >= 0)[:, None, :] & (key_pos < n)[:, None, :]
+    mask |= (query_pos >= n)[:, :, None]  # padded query rows (dropped below) see everything: never an empty row
+    out = F.scaled_dot_product_attention(qc.transpose(1, 2), kc.transpose(1, 2), vc.transpose(1, 2),
+                                         attn_mask=mask[:, None], dropout_p=dropout_p, scale=softmax_scale)
+    return out.transpose(1, 2).reshape(chunks * c, *q.shape[1:])[:n]
+
+
 def _varlen_nested(q, k, v, cu_seqlens, max_seqlen, dropout_p, softmax_scale):
     offsets = cu_seqlens.to(torch.int64)
     end, used = q.shape[0], int(offsets[-1])  # nested tensors read their offsets on the host anyway
@@ -108,14 +161,15 @@ def _varlen_flash(q, k, v, cu_seqlens, max_seqlen, softmax_scale):
     return torch.where(used, varlen_attn(q, k, v, cu, cu, max_seqlen, max_seqlen, scale=softmax_scale), 0.0)
 
 
-def varlen_impl(device: torch.device, dropout_p: float) -> str:
-    """Which varlen path runs: BERTKIT_TORCH_VARLEN, else varlen_attn on CUDA without dropout, else padding."""
+def varlen_impl(device: torch.device, dropout_p: float, window_or_rope: bool = False) -> str:
+    """Which varlen path runs: BERTKIT_TORCH_VARLEN, else on the CPU each document alone for a layer with a window
+    or rotary embeddings (ModernBERT), varlen_attn on CUDA without dropout, else padding."""
     impl = os.environ.get("BERTKIT_TORCH_VARLEN", "auto")
     if impl not in VARLEN_IMPLS:
         raise ValueError(f"BERTKIT_TORCH_VARLEN={impl!r}: choose one of {', '.join(VARLEN_IMPLS)}")
     if impl == "auto":
         flash = device.type == "cuda" and dropout_p == 0.0 and _has_varlen_attn()
-        impl = "varlen" if flash else "pad"
+        impl = "documents" if device.type == "cpu" and window_or_rope else "varlen" if flash else "pad"
     return impl
 
 
@@ -130,12 +184,15 @@ def _has_varlen_attn() -> bool:
 def attention_varlen_torch(q, k, v, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None, window=None,
                            rope_theta=None):
     """q, k, v: (T, H, D) packed; cu_seqlens: (B + 1,) int32; max_seqlen: a host-side bound on every length.
-    A window or rotary embeddings go through padding (varlen_attn and nested SDPA take neither)."""
-    if window is not None or rope_theta is not None:
-        return _varlen_by_padding(q, k, v, cu_seqlens, max_seqlen, dropout_p, softmax_scale, window,
-                                  rope_theta).to(q.dtype)
-    impl = varlen_impl(q.device, dropout_p)
-    if impl == "varlen":
+    A window or rotary embeddings go document by document on the CPU, else through padding (varlen_attn and nested
+    SDPA take neither)."""
+    modern = window is not None or rope_theta is not None
+    impl = varlen_impl(q.device, dropout_p, modern)
+    if impl == "documents":
+        out = _varlen_by_document(q, k, v, cu_seqlens, dropout_p, softmax_scale, window, rope_theta)
+    elif modern:
+        out = _varlen_by_padding(q, k, v, cu_seqlens, max_seqlen, dropout_p, softmax_scale, window, rope_theta)
+    elif impl == "varlen":
         if dropout_p > 0.0:
             raise ValueError("BERTKIT_TORCH_VARLEN=varlen: varlen_attn has no dropout; use pad or njt")
         out = _varlen_flash(q, k, v, cu_seqlens, max_seqlen, softmax_scale)

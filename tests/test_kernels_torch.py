@@ -119,31 +119,47 @@ def test_cuda_varlen_attn_with_a_tail_follows_the_flash_rule(dtype, monkeypatch)
     assert (ours[end:] == 0).all() and (ours_leaf.grad[end:] == 0).all()
 
 
+@pytest.mark.parametrize("impl", ["pad", "documents"])
 @pytest.mark.parametrize("window,theta", [(4, 10_000.0), (None, 160_000.0), (6, None)])
-def test_windows_and_rotary_embeddings_match_the_reference(window, theta):
-    """ModernBERT's layers on the torch backend: padded and packed (each document its own positions and window),
-    forward and backward, against the float64 reference."""
-    lengths = [19, 1, 12, 7]
+def test_windows_and_rotary_embeddings_match_the_reference(window, theta, impl, monkeypatch):
+    """ModernBERT's layers on the torch backend: padded and packed (each document its own positions and window;
+    "pad": one padded grid, with no host reads; "documents", the CPU's default: one document at a time, a long one
+    in query chunks), with a tail past cu_seqlens[-1], forward and backward, against the float64 reference."""
+    from bertkit.kernels import torch_backend
+
+    monkeypatch.setenv("BERTKIT_TORCH_VARLEN", impl)
+    monkeypatch.setattr(torch_backend, "LOCAL_CHUNK", 5)  # 45 and 19 tokens: several chunks, a short last one
+    lengths, tail = [19, 1, 12, 7, 45], 3
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
-    qkv64 = fused_qkv((int(cu[-1]),), 2, 16, seed=5)
+    qkv64 = fused_qkv((int(cu[-1]) + tail,), 2, 16, seed=5)
     ref = qkv64.clone().requires_grad_()
-    ref_out = attention_varlen_reference(*ref.unbind(1), cu, 19, window=window, rope_theta=theta)
+    ref_out = attention_varlen_reference(*ref.unbind(1), cu, 45, window=window, rope_theta=theta)
     dout = torch.randn_like(ref_out)
     (ref_out * dout).sum().backward()
     qkv = qkv64.float().requires_grad_()
-    with no_host_reads():
-        out = attention_varlen_torch(*qkv.unbind(1), cu, 19, window=window, rope_theta=theta)
+    with no_host_reads() if impl == "pad" else contextlib.nullcontext():
+        out = attention_varlen_torch(*qkv.unbind(1), cu, 45, window=window, rope_theta=theta)
         (out * dout.float()).sum().backward()
     assert rel_err(out, ref_out) <= TOL and rel_err(qkv.grad, ref.grad) <= TOL
+    end = int(cu[-1])
+    assert (out[end:] == 0).all() and (qkv.grad[end:] == 0).all()
 
-    padded = torch.zeros(4, 19, 3, 2, 16, dtype=torch.float64)
+    padded = torch.zeros(len(lengths), 45, 3, 2, 16, dtype=torch.float64)
     for b, (lo, hi) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
         padded[b, :hi - lo] = qkv64[lo:hi]
     out_padded = attention_torch(*padded.float().unbind(2), torch.tensor(lengths), window=window, rope_theta=theta)
     rows = torch.cat([out_padded[b, :n] for b, n in enumerate(lengths)])
-    assert rel_err(rows, ref_out) <= TOL
+    assert rel_err(rows, ref_out[:end]) <= TOL
     if window is not None:  # the band really cuts: the same rows without it differ
-        assert rel_err(attention_varlen_reference(*qkv64.unbind(1), cu, 19, rope_theta=theta), ref_out) > 1e-3
+        assert rel_err(attention_varlen_reference(*qkv64.unbind(1), cu, 45, rope_theta=theta), ref_out) > 1e-3
+
+
+def test_the_cpu_attends_document_by_document_only_where_a_window_or_rotary_embeddings_are():
+    from bertkit.kernels.torch_backend import varlen_impl
+
+    cpu = torch.device("cpu")
+    assert varlen_impl(cpu, 0.0, window_or_rope=True) == "documents"
+    assert varlen_impl(cpu, 0.0) == "pad"  # BERT's packed batches: one padded grid
 
 
 def test_dropout_keeps_at_the_asked_rate():
