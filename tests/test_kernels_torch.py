@@ -64,7 +64,7 @@ def test_padded_matches_the_reference_forward_and_backward(batch, seq, heads, di
 
 
 @pytest.mark.parametrize("tail", [0, 6])
-@pytest.mark.parametrize("impl", ["pad", "njt"])
+@pytest.mark.parametrize("impl", ["pad", "njt", "documents"])
 def test_packed_matches_the_reference_forward_and_backward(impl, tail, monkeypatch):
     """Both packed paths against the float64 reference; a tail of tokens past cu_seqlens[-1] (a fine-tuning
     batch's rounding) belongs to no sequence: zero out, zero gradients."""
@@ -78,7 +78,7 @@ def test_packed_matches_the_reference_forward_and_backward(impl, tail, monkeypat
     (ref_out * dout).sum().backward()
 
     qkv = qkv64.float().requires_grad_()
-    guard = no_host_reads() if impl == "pad" else contextlib.nullcontext()  # nested tensors read offsets on the CPU
+    guard = no_host_reads() if impl == "pad" else contextlib.nullcontext()  # the others read offsets on the host
     with guard:
         out = attention_varlen_torch(*qkv.unbind(1), cu, 24)
         (out * dout.float()).sum().backward()
@@ -154,12 +154,13 @@ def test_windows_and_rotary_embeddings_match_the_reference(window, theta, impl, 
         assert rel_err(attention_varlen_reference(*qkv64.unbind(1), cu, 45, rope_theta=theta), ref_out) > 1e-3
 
 
-def test_the_cpu_attends_document_by_document_only_where_a_window_or_rotary_embeddings_are():
-    from bertkit.kernels.torch_backend import varlen_impl
+def test_the_cpu_attends_document_by_document_where_a_grid_would_waste_or_modernbert_asks():
+    from bertkit.kernels.torch_backend import GRID_LIMIT, varlen_impl
 
     cpu = torch.device("cpu")
     assert varlen_impl(cpu, 0.0, window_or_rope=True) == "documents"
-    assert varlen_impl(cpu, 0.0) == "pad"  # BERT's packed batches: one padded grid
+    assert varlen_impl(cpu, 0.1, grid_share=GRID_LIMIT) == "documents"  # fine-tuning's mixed lengths
+    assert varlen_impl(cpu, 0.0, grid_share=1.1) == "pad"  # pretraining's full instances: one padded grid
 
 
 def test_dropout_keeps_at_the_asked_rate():
