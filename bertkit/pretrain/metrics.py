@@ -31,6 +31,15 @@ def training_flops(n_params: int, num_layers: int, hidden_size: int, seq_len: in
     return 6 * n_params * tokens + 12 * num_layers * hidden_size * seq_len * tokens
 
 
+def top1_right(logits: torch.Tensor, labels: torch.Tensor, has: torch.Tensor) -> torch.Tensor:
+    """(logits.argmax(-1) == labels) & has, read as "the label's logit is the largest": on the CPU torch's argmax
+    over a 16,000-word vocabulary takes about 18x as long as a max (44 against 2.4 ms for 640 positions, one
+    thread, timed beside other work: the ratio, not the times), a tenth of a tiny model's step. A tie with an
+    earlier word counts as right here (never seen in floats)."""
+    at_label = logits.gather(-1, torch.where(has, labels, 0).unsqueeze(-1).long()).squeeze(-1)
+    return (at_label >= logits.amax(-1)) & has
+
+
 class Meter:
     """Sums over the micro batches of a log interval, kept on the device (no sync per step).
 
@@ -51,7 +60,7 @@ class Meter:
         """One micro batch's sums; a batch without next_sentence_label (--objective none) adds no NSP numbers."""
         labels = batch["mlm_labels"]
         has = labels != IGNORE_INDEX
-        right = (out.mlm_logits.argmax(-1) == labels) & has
+        right = top1_right(out.mlm_logits, labels, has)
         mlm_correct = right.sum()
         if self.mask_id is not None:  # the input token at each chosen position: packed batches index flat tokens
             ids, pos = batch["input_ids"], batch["mlm_positions"]
