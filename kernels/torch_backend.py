@@ -94,48 +94,57 @@ def _varlen_by_document(q, k, v, cu_seqlens, dropout_p, softmax_scale, window=No
     """CPU only ("documents"): each document attended alone at its own length (no padded grid, no mask for a
     global layer), rotary embeddings turned on the packed tokens, and a local layer's long documents split into
     query chunks that each see only the keys their window reaches, so its cost grows with length x window rather
-    than length squared. It reads cu_seqlens on the host, which costs nothing on the CPU."""
+    than length squared. Neighbours of one length (pretraining's full-length instances) go in one call. It reads
+    cu_seqlens on the host, which costs nothing on the CPU."""
     bounds = cu_seqlens.tolist()
+    lengths = [b - a for a, b in zip(bounds, bounds[1:])]
     if rope_theta is not None:
         seq, pos = _packed_index(cu_seqlens, q.shape[0])
-        pos = torch.where(seq < len(bounds) - 1, pos, 0)  # the tail past cu_seqlens[-1]: any angle, it is dropped
-        cos, sin = cached_rotary_tables(max(1, max(b - a for a, b in zip(bounds, bounds[1:]))), q.shape[-1],
-                                        rope_theta, q.device)
+        pos = torch.where(seq < len(lengths), pos, 0)  # the tail past cu_seqlens[-1]: any angle, it is dropped
+        cos, sin = cached_rotary_tables(max([1, *lengths]), q.shape[-1], rope_theta, q.device)
         cos, sin = cos[pos][:, None], sin[pos][:, None]
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-    sizes = [b - a for a, b in zip(bounds, bounds[1:])] + [q.shape[0] - bounds[-1]]  # the tail last
-    # split, not slicing: a slice's backward writes a whole zero tensor per document
-    pieces = [_attend_document(*x, dropout_p, softmax_scale, window)
-              for x in zip(q.split(sizes)[:-1], k.split(sizes)[:-1], v.split(sizes)[:-1])]
+    runs = []  # (documents, length) of each run of neighbours with one length
+    for n in lengths:
+        if runs and runs[-1][1] == n:
+            runs[-1][0] += 1
+        else:
+            runs.append([1, n])
+    sizes = [m * n for m, n in runs] + [q.shape[0] - bounds[-1]]  # the tail last
+    # split, not slicing: a slice's backward writes a whole zero tensor per piece
+    pieces = [_attend_documents(*(x.view(m, n, *x.shape[1:]) for x in xs), dropout_p, softmax_scale, window)
+              .reshape(m * n, *q.shape[1:])
+              for (m, n), xs in zip(runs, zip(q.split(sizes)[:-1], k.split(sizes)[:-1], v.split(sizes)[:-1]))]
     return torch.cat(pieces + [q.new_zeros(sizes[-1], *q.shape[1:])])
 
 
-def _attend_document(q, k, v, dropout_p, softmax_scale, window):
-    """One document's (n, H, D) q, k, v -> (n, H, D)."""
-    n = q.shape[0]
+def _attend_documents(q, k, v, dropout_p, softmax_scale, window):
+    """m documents of one length n: (m, n, H, D) q, k, v -> (m, n, H, D)."""
+    m, n = q.shape[:2]
     if window is None or n <= window + 1:  # every key within reach of every query: plain attention
-        out = F.scaled_dot_product_attention(*(x.transpose(0, 1)[None] for x in (q, k, v)), dropout_p=dropout_p,
+        out = F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in (q, k, v)), dropout_p=dropout_p,
                                              scale=softmax_scale)
-        return out[0].transpose(0, 1)
+        return out.transpose(1, 2)
     if n <= LOCAL_CHUNK + 2 * window:
-        out = F.scaled_dot_product_attention(*(x.transpose(0, 1)[None] for x in (q, k, v)),
+        out = F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in (q, k, v)),
                                              attn_mask=_band(n, window, q.device), dropout_p=dropout_p,
                                              scale=softmax_scale)
-        return out[0].transpose(0, 1)
+        return out.transpose(1, 2)
     c, w = LOCAL_CHUNK, window
     chunks = -(-n // c)
-    qc = F.pad(q, (0, 0, 0, 0, 0, chunks * c - n)).view(chunks, c, *q.shape[1:])
+    qc = F.pad(q, (0, 0, 0, 0, 0, chunks * c - n)).view(m * chunks, c, *q.shape[2:])
     # chunk i's queries are positions i*c .. i*c+c-1; its keys i*c-w .. i*c+c-1+w (padding outside the document)
-    kc, vc = (F.pad(x, (0, 0, 0, 0, w, chunks * c - n + w)).unfold(0, c + 2 * w, c).permute(0, 3, 1, 2)
-              for x in (k, v))
+    kc, vc = (F.pad(x, (0, 0, 0, 0, w, chunks * c - n + w)).unfold(1, c + 2 * w, c).permute(0, 1, 4, 2, 3)
+              .reshape(m * chunks, c + 2 * w, *q.shape[2:]) for x in (k, v))
     key_pos = torch.arange(chunks, device=q.device)[:, None] * c - w + torch.arange(c + 2 * w, device=q.device)
     query_pos = torch.arange(chunks, device=q.device)[:, None] * c + torch.arange(c, device=q.device)
     near = (query_pos[:, :, None] - key_pos[:, None, :]).abs() <= w
     mask = near & (key_pos >= 0)[:, None, :] & (key_pos < n)[:, None, :]
     mask |= (query_pos >= n)[:, :, None]  # padded query rows (dropped below) see everything: never an empty row
     out = F.scaled_dot_product_attention(qc.transpose(1, 2), kc.transpose(1, 2), vc.transpose(1, 2),
-                                         attn_mask=mask[:, None], dropout_p=dropout_p, scale=softmax_scale)
-    return out.transpose(1, 2).reshape(chunks * c, *q.shape[1:])[:n]
+                                         attn_mask=mask.repeat(m, 1, 1)[:, None], dropout_p=dropout_p,
+                                         scale=softmax_scale)
+    return out.transpose(1, 2).reshape(m, chunks * c, *q.shape[2:])[:, :n]
 
 
 def _varlen_nested(q, k, v, cu_seqlens, max_seqlen, dropout_p, softmax_scale):

@@ -124,12 +124,13 @@ def test_cuda_varlen_attn_with_a_tail_follows_the_flash_rule(dtype, monkeypatch)
 def test_windows_and_rotary_embeddings_match_the_reference(window, theta, impl, monkeypatch):
     """ModernBERT's layers on the torch backend: padded and packed (each document its own positions and window;
     "pad": one padded grid, with no host reads; "documents", the CPU's default: one document at a time, a long one
-    in query chunks), with a tail past cu_seqlens[-1], forward and backward, against the float64 reference."""
+    in query chunks, neighbours of one length in one call), with a tail past cu_seqlens[-1], forward and backward,
+    against the float64 reference."""
     from bertkit.kernels import torch_backend
 
     monkeypatch.setenv("BERTKIT_TORCH_VARLEN", impl)
     monkeypatch.setattr(torch_backend, "LOCAL_CHUNK", 5)  # 45 and 19 tokens: several chunks, a short last one
-    lengths, tail = [19, 1, 12, 7, 45], 3
+    lengths, tail = [19, 1, 12, 12, 7, 45, 45], 3  # neighbours of one length share a call
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
     qkv64 = fused_qkv((int(cu[-1]) + tail,), 2, 16, seed=5)
     ref = qkv64.clone().requires_grad_()
