@@ -5,9 +5,9 @@ a value back from the device.
 Attention is F.scaled_dot_product_attention with the key padding as a boolean mask. Packed (varlen) batches are
 scattered into a padded batch of the host-side bucket `max_seqlen`, attended, and gathered back ("pad"); on CUDA
 with no dropout, torch.nn.attention.varlen.varlen_attn (FlashAttention on cu_seqlens, no dropout argument) is used
-instead ("varlen"); on the CPU a layer with a window or rotary embeddings (ModernBERT), or a batch whose padded
-grid would be a quarter padding or more, attends each document alone ("documents": no padded grid, a local layer's
-long documents in query chunks that see only their window);
+instead ("varlen"); on the CPU a batch whose padded grid would be a quarter padding or more, or a local layer
+whose window cuts its documents (ModernBERT), attends each document alone ("documents": no padded grid, a local
+layer's long documents in query chunks that see only their window, neighbours of one length in one call);
 `BERTKIT_TORCH_VARLEN=pad|njt|varlen|documents` forces one (njt: SDPA on nested jagged tensors).
 Measured on the CPU (torch 2.13, benchmarks/cpu_backends.py, forward + backward): SDPA is 1.0-3.4x faster than the
 einsum reference on padded batches; on packed ones padding runs at 0.77-1.9x the speed of the reference's
@@ -174,17 +174,17 @@ def _varlen_flash(q, k, v, cu_seqlens, max_seqlen, softmax_scale):
 GRID_LIMIT = 1.25  # on the CPU, a padded grid this many times the real tokens or more: attend document by document
 
 
-def varlen_impl(device: torch.device, dropout_p: float, window_or_rope: bool = False, grid_share: float = 1.0) -> str:
-    """Which varlen path runs: BERTKIT_TORCH_VARLEN, else on the CPU each document alone for a layer with a window
-    or rotary embeddings (ModernBERT) or where the padded grid would be `grid_share` >= GRID_LIMIT times the real
-    tokens (fine-tuning's mixed lengths; pretraining's full instances keep the grid, whose one call is cheaper than
-    many small ones), varlen_attn on CUDA without dropout, else padding."""
+def varlen_impl(device: torch.device, dropout_p: float, grid_share: float = 1.0, window_cuts: bool = False) -> str:
+    """Which varlen path runs: BERTKIT_TORCH_VARLEN, else on the CPU each document alone where the padded grid would
+    be `grid_share` >= GRID_LIMIT times the real tokens (fine-tuning's mixed lengths) or a local layer's window cuts
+    documents long enough to chunk (`window_cuts`); pretraining's short full instances keep the grid, whose one
+    call is cheaper than many small ones. Else varlen_attn on CUDA without dropout, else padding."""
     impl = os.environ.get("BERTKIT_TORCH_VARLEN", "auto")
     if impl not in VARLEN_IMPLS:
         raise ValueError(f"BERTKIT_TORCH_VARLEN={impl!r}: choose one of {', '.join(VARLEN_IMPLS)}")
     if impl == "auto":
         flash = device.type == "cuda" and dropout_p == 0.0 and _has_varlen_attn()
-        by_document = device.type == "cpu" and (window_or_rope or grid_share >= GRID_LIMIT)
+        by_document = device.type == "cpu" and (window_cuts or grid_share >= GRID_LIMIT)
         impl = "documents" if by_document else "varlen" if flash else "pad"
     return impl
 
@@ -200,11 +200,11 @@ def _has_varlen_attn() -> bool:
 def attention_varlen_torch(q, k, v, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None, window=None,
                            rope_theta=None):
     """q, k, v: (T, H, D) packed; cu_seqlens: (B + 1,) int32; max_seqlen: a host-side bound on every length.
-    A window or rotary embeddings go document by document on the CPU, else through padding (varlen_attn and nested
-    SDPA take neither)."""
+    A window or rotary embeddings go document by document or through padding (varlen_attn and nested SDPA take
+    neither)."""
     modern = window is not None or rope_theta is not None
     grid_share = (cu_seqlens.numel() - 1) * max_seqlen / max(1, q.shape[0])
-    impl = varlen_impl(q.device, dropout_p, modern, grid_share)
+    impl = varlen_impl(q.device, dropout_p, grid_share, window is not None and max_seqlen > LOCAL_CHUNK + 2 * window)
     if impl == "documents":
         out = _varlen_by_document(q, k, v, cu_seqlens, dropout_p, softmax_scale, window, rope_theta)
     elif modern:

@@ -155,13 +155,14 @@ def test_windows_and_rotary_embeddings_match_the_reference(window, theta, impl, 
         assert rel_err(attention_varlen_reference(*qkv64.unbind(1), cu, 45, rope_theta=theta), ref_out) > 1e-3
 
 
-def test_the_cpu_attends_document_by_document_where_a_grid_would_waste_or_modernbert_asks():
+def test_the_cpu_attends_document_by_document_where_a_grid_would_waste_or_a_window_cuts():
     from bertkit.kernels.torch_backend import GRID_LIMIT, varlen_impl
 
     cpu = torch.device("cpu")
-    assert varlen_impl(cpu, 0.0, window_or_rope=True) == "documents"
+    assert varlen_impl(cpu, 0.0, grid_share=1.0, window_cuts=True) == "documents"  # ModernBERT's long documents
     assert varlen_impl(cpu, 0.1, grid_share=GRID_LIMIT) == "documents"  # fine-tuning's mixed lengths
-    assert varlen_impl(cpu, 0.0, grid_share=1.1) == "pad"  # pretraining's full instances: one padded grid
+    assert varlen_impl(cpu, 0.0, grid_share=1.1) == "pad"  # pretraining's short full instances: one padded grid
+    assert varlen_impl(torch.device("meta"), 0.0, grid_share=2.0, window_cuts=True) == "pad"  # never off the CPU
 
 
 def test_dropout_keeps_at_the_asked_rate():
