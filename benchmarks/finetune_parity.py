@@ -122,7 +122,8 @@ def run_bertkit(task: str, seed: int, work: Path, flags: dict) -> dict:
     out = Path(tempfile.mkdtemp(dir=work, prefix=f"bertkit-{task}-"))
     cfg = TrainConfig(out_dir=str(out), epochs=t["epochs"], batch_size=t["batch_size"], learning_rate=t["lr"],
                       weight_decay=t["weight_decay"], warmup_ratio=t["warmup_ratio"], max_grad_norm=t["max_grad_norm"],
-                      seed=seed, save_model=False, report_to="none", unpadded=bool(flags.get("unpadded")))
+                      seed=seed, save_model=False, report_to="none", unpadded=bool(flags.get("unpadded")),
+                      adam_eps=float(flags.get("adam_eps", TrainConfig.adam_eps)))
     if t["kind"] == "squad":
         from bertkit.finetune.squad import finetune_squad
 
@@ -205,7 +206,8 @@ def main():
     ap.add_argument("--tasks", default=",".join(TASKS))
     ap.add_argument("--seeds", default="42,43,44")
     ap.add_argument("--systems", default="bertkit,transformers")
-    ap.add_argument("--bertkit-flags", default="", help="k=v,... a bertkit variant (unpadded=1, window_step=238)")
+    ap.add_argument("--bertkit-flags", default="",
+                    help="k=v,... a bertkit variant (unpadded=1, window_step=238, adam_eps=1e-8)")
     ap.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "bertkit-finetune-parity")
     ap.add_argument("--only", choices=["report"])
     ap.add_argument("--cell", nargs=3, metavar=("SYSTEM", "TASK", "SEED"), help=argparse.SUPPRESS)

@@ -374,6 +374,38 @@ def test_the_rate_follows_the_models_width_unless_given(tmp_path):
     assert run("lower", "--lr", "2e-5")["settings"]["learning_rate"] == 2e-5
 
 
+def test_adam_eps_flag_reaches_the_optimizer(tmp_path, monkeypatch):
+    """--adam-eps (transformers' Trainer uses 1e-8, BERT 1e-6) is the eps AdamW runs with, and it is recorded."""
+    import torch
+    from click.testing import CliRunner
+
+    from bertkit.cli import main as cli
+    from tests.helpers import tiny_model_folder
+
+    seen = []
+    adamw = torch.optim.AdamW
+
+    class Recording(adamw):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            seen.append(self.defaults["eps"])
+
+    monkeypatch.setattr(torch.optim, "AdamW", Recording)
+    tiny_model_folder(tmp_path)
+    rows = ["text\tlabel"] + [f"w{i} w{(i * 5) % 27}\t{i % 2}" for i in range(16)]
+    (tmp_path / "train.tsv").write_text("\n".join(rows) + "\n")
+    for eps in (None, "1e-8"):
+        out = tmp_path / f"eps-{eps}"
+        result = CliRunner().invoke(cli, ["finetune", "classify", "--out", str(out), "--model", str(tmp_path / "tiny"),
+                                          "--epochs", "1", "--batch-size", "8", "--max-seq-length", "16",
+                                          "--report-to", "none", "--no-save-model", "--train-file",
+                                          str(tmp_path / "train.tsv"), "--dev-file", str(tmp_path / "train.tsv"),
+                                          "--text-a", "text", *(["--adam-eps", eps] if eps else [])])
+        assert result.exit_code == 0, result.output
+        assert json.loads((out / "metrics.json").read_text())["settings"]["adam_eps"] == float(eps or 1e-6)
+    assert seen == [1e-6, 1e-8]
+
+
 def test_a_packed_batch_takes_one_of_a_few_sizes():
     """packed_size rounds a packed batch up by at most a sixteenth (and at most 127 tokens), so that the sizes
     repeat: a new size every step fragments glibc's heap (RTE packed peaked at 1.9x the padded run's memory)."""

@@ -38,6 +38,7 @@ class TrainConfig:
     learning_rate: float | None = 5e-5  # None: rate_for_width(the model's hidden size, base_learning_rate)
     base_learning_rate: float = 5e-5    # the rate for BERT-base-wide models when learning_rate is None
     weight_decay: float = 0.01
+    adam_eps: float = 1e-6        # BERT's AdamWeightDecayOptimizer; transformers' Trainer uses 1e-8
     warmup_ratio: float = 0.1
     max_grad_norm: float = 1.0
     seed: int = 42
@@ -176,7 +177,7 @@ def predict(model, rows: list, batch_size: int, outputs=("logits",), per_token: 
 def _optimizer(model, cfg: TrainConfig):
     # no weight decay on biases and LayerNorm weights (optim.param_groups), as BERT's AdamWeightDecayOptimizer
     return torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.learning_rate, betas=(0.9, 0.999),
-                             eps=1e-6)
+                             eps=cfg.adam_eps)
 
 
 @dataclass
