@@ -4,7 +4,8 @@ the einsum reference (kernels/reference.py), forward + backward, padded and pack
     python benchmarks/cpu_backends.py [--shapes 16x64x2 32x128x12 8x512x12] [--threads N]
 
 Shapes are batch x seq x heads with head_dim 64; lengths uniform in [S/4, S] (the first full). Packed batches are
-also timed on nested jagged tensors (torch's own varlen layout) to show why the torch backend pads instead.
+also timed on nested jagged tensors (torch's own varlen layout) and one document at a time (torch-docs: what the
+CPU uses where the padded grid would be a quarter padding or more).
 Times are the best of 5 runs. Prints a table, writes benchmarks/results/cpu_backends.json.
 """
 import argparse
@@ -50,6 +51,7 @@ def main(argv=None):
             ("varlen", "reference", fwd_bwd(attention_varlen_reference, packed, cu, seq)),
             ("varlen", "torch-pad", fwd_bwd(torch_backend._varlen_by_padding, packed, cu, seq, 0.0, None)),
             ("varlen", "torch-njt", fwd_bwd(torch_backend._varlen_nested, packed, cu, seq, 0.0, None)),
+            ("varlen", "torch-docs", fwd_bwd(torch_backend._varlen_by_document, packed, cu, 0.0, None)),
         ]
         times = {}
         for layout, backend, fn in cases:
