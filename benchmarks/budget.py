@@ -188,13 +188,13 @@ def pace(name: str, arm: Arm, args, en: dict) -> dict:
         elapsed_at = {}
         for p in json.loads((probe_dir / "curve.json").read_text()):
             elapsed_at.setdefault(p["step"], p["elapsed_s"])
+        measured = transfer.steps_per_second(elapsed_at)
     else:
         pretrain_arm(name, arm, instances_for(args.work, en, arm), probe_dir, ["--max-steps", str(PACE_STEPS)],
                      probe=True)
-        rows = [json.loads(line) for line in (probe_dir / "metrics.jsonl").read_text().splitlines()]
-        elapsed_at = {r["step"]: r["elapsed_s"] for r in rows if "loss" in r and "elapsed_s" in r}
+        measured = transfer.run_pace(probe_dir)
     threads = os.environ.get("OMP_NUM_THREADS", str(os.cpu_count()))
-    result = {**transfer.steps_per_second(elapsed_at), "threads": threads,
+    result = {**measured, "threads": threads,
               "load_average_before": [round(x, 2) for x in load_before],
               "load_average_after": [round(x, 2) for x in os.getloadavg()], "date": time.strftime("%Y-%m-%d %H:%M")}
     path.write_text(json.dumps(result, indent=1))

@@ -50,8 +50,8 @@ from pretrain_transfer import (  # noqa: E402
     done,
     masked_only_accuracy,
     random_init,
+    run_pace,
     say,
-    steps_per_second,
     timed_curve,
 )
 from record import RESULTS, run_info, write_result  # noqa: E402
@@ -86,7 +86,7 @@ class Arm:
 
 
 VOCAB_SIZE = 16000
-PROBE_STEPS = 300        # the pace is measured over steps 100-300 (steps_per_second)
+PROBE_STEPS = 300        # the pace is measured over steps 100-300 (run_pace)
 KO_TEXT = ["wikipedia_ko_wikiextractor", "wikipedia_ko_wikiextractor_more", "koconovel/data/jsonl",
            "boddari/unesco_report/in_txt"]
 KO_FILL_MASK = ["대한민국의 수도는 [MASK]이다.", "세종대왕은 [MASK]을 창제하였다.", "한국어는 [MASK] 언어이다."]
@@ -152,8 +152,7 @@ def pace(work: Path, instances: Path, arm: Arm) -> dict:
     probe = work / f"ko-{prefix}pace-run"
     shutil.rmtree(probe, ignore_errors=True)  # a probe cut short is measured again from the start
     pretrain(pretrain_config(instances, probe, PROBE_STEPS, arm, eval_every=10 ** 9, save_every=10 ** 9))
-    rows = [json.loads(line) for line in (probe / "metrics.jsonl").read_text().splitlines()]
-    result = {**steps_per_second({r["step"]: r["elapsed_s"] for r in rows if "loss" in r and "elapsed_s" in r}),
+    result = {**run_pace(probe),
               "load_average_before": [round(x, 2) for x in load_before],
               "load_average_after": [round(x, 2) for x in os.getloadavg()],
               "date": time.strftime("%Y-%m-%d %H:%M")}

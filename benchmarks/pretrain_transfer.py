@@ -524,6 +524,12 @@ def steps_per_second(elapsed_at: dict[int, float], skip: int = 100) -> dict:
     return {"steps_per_s": (b - a) / (elapsed_at[b] - elapsed_at[a]), "over_steps": [a, b]}
 
 
+def run_pace(run: Path) -> dict:
+    """steps_per_second over a pretraining run's logged training steps (RUN/metrics.jsonl)."""
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return steps_per_second({r["step"]: r["elapsed_s"] for r in rows if "loss" in r and "elapsed_s" in r})
+
+
 def columns(points: list[dict]) -> dict:
     """A curve as the results file keeps it: one list per MLM measure."""
     return {key: [p.get(key) for p in points] for key in CURVE_KEYS[:4]}

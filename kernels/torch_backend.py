@@ -121,14 +121,10 @@ def _varlen_by_document(q, k, v, cu_seqlens, dropout_p, softmax_scale, window=No
 def _attend_documents(q, k, v, dropout_p, softmax_scale, window):
     """m documents of one length n: (m, n, H, D) q, k, v -> (m, n, H, D)."""
     m, n = q.shape[:2]
-    if window is None or n <= window + 1:  # every key within reach of every query: plain attention
-        out = F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in (q, k, v)), dropout_p=dropout_p,
-                                             scale=softmax_scale)
-        return out.transpose(1, 2)
-    if n <= LOCAL_CHUNK + 2 * window:
-        out = F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in (q, k, v)),
-                                             attn_mask=_band(n, window, q.device), dropout_p=dropout_p,
-                                             scale=softmax_scale)
+    if window is None or n <= LOCAL_CHUNK + 2 * window:  # whole: no mask where every key is within reach
+        band = None if window is None or n <= window + 1 else _band(n, window, q.device)
+        out = F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in (q, k, v)), attn_mask=band,
+                                             dropout_p=dropout_p, scale=softmax_scale)
         return out.transpose(1, 2)
     c, w = LOCAL_CHUNK, window
     chunks = -(-n // c)
