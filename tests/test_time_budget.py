@@ -94,6 +94,21 @@ def test_resume_counts_the_time_already_used(inst, tmp_path):
         pretrain(cfg(inst, run, time_budget=5.0, resume=True))
 
 
+def test_a_resumed_run_s_clock_goes_on_from_its_checkpoint(inst, tmp_path):
+    """Without a budget too: the log's elapsed_s (what quality-against-minutes curves read) continues across a
+    resume rather than starting again from 0."""
+    run = tmp_path / "steps"
+    pretrain(cfg(inst, run, max_steps=6))
+    marker = json.loads((run / "checkpoints" / "global_step6" / "checkpoint.json").read_text())
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    at_six = [r["elapsed_s"] for r in rows if r.get("step") == 6 and "loss" in r][-1]
+    assert marker["elapsed_s"] == pytest.approx(at_six, abs=1e-3) and at_six > 0
+    pretrain(cfg(inst, run, max_steps=8, resume=True))
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    after = [r["elapsed_s"] for r in rows if r.get("step") == 7 and "loss" in r]
+    assert after and after[-1] > at_six
+
+
 def test_flags(inst, tmp_path):
     instances, model = inst
     base = ["pretrain", "--instances", str(instances), "--model", str(model), "--out", str(tmp_path / "r")]

@@ -416,6 +416,7 @@ class CheckpointMarker:
     world_size: int
     files: dict                 # path relative to the checkpoint folder -> {"bytes", "checksum"}
     skipped_micro_batches: int = 0   # data skipped by divergence rollbacks before this step (bertkit.pretrain)
+    elapsed_s: float = 0.0           # the run's clock at this step, so a resumed run's log goes on from it
 
 
 @dataclass

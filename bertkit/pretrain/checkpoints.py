@@ -276,7 +276,7 @@ def seed_rank(seed: int, rank: int) -> None:
 # ---------------------------------------------------------------- save and load
 
 def save_checkpoint(engine, run_dir: Path, step: int, rank: int, keep_last: int,
-                    skipped_micro_batches: int = 0) -> Path:
+                    skipped_micro_batches: int = 0, elapsed_s: float = 0.0) -> Path:
     """Every rank writes its files into global_stepN.partial; after a barrier, global rank 0 alone finalizes it
     (finalize_checkpoint). One finalizer, not one per node: on a shared folder a second one could rmtree the folder
     the first had just renamed. The other ranks wait for rank 0's outcome, so a failure there stops every rank."""
@@ -297,7 +297,7 @@ def save_checkpoint(engine, run_dir: Path, step: int, rank: int, keep_last: int,
     failure = None
     if rank == 0:
         try:
-            finalize_checkpoint(ckpt, step, world, keep_last, skipped_micro_batches)
+            finalize_checkpoint(ckpt, step, world, keep_last, skipped_micro_batches, elapsed_s)
         except BaseException as e:
             failure = e
             shutil.rmtree(ckpt / tmp, ignore_errors=True)
@@ -312,7 +312,8 @@ def save_checkpoint(engine, run_dir: Path, step: int, rank: int, keep_last: int,
     return ckpt / f"global_step{step}"
 
 
-def finalize_checkpoint(ckpt: Path, step: int, world: int, keep_last: int, skipped_micro_batches: int) -> None:
+def finalize_checkpoint(ckpt: Path, step: int, world: int, keep_last: int, skipped_micro_batches: int,
+                        elapsed_s: float = 0.0) -> None:
     """Rank 0: checkpoint.json (written last) lists every file with its checksum; the folder is renamed, `latest`
     points at it, and older complete checkpoints beyond keep_last are pruned."""
     tag, folder = f"global_step{step}", ckpt / f"global_step{step}.partial"
@@ -323,7 +324,8 @@ def finalize_checkpoint(ckpt: Path, step: int, world: int, keep_last: int, skipp
                             "with several nodes, --out must be on a file system every node sees")
     files = {p.relative_to(folder).as_posix(): file_entry(p) for p in sorted(folder.rglob("*"))
              if p.is_file() and p.name != CHECKPOINT_MARKER}
-    marker = CheckpointMarker(step=step, world_size=world, files=files, skipped_micro_batches=skipped_micro_batches)
+    marker = CheckpointMarker(step=step, world_size=world, files=files, skipped_micro_batches=skipped_micro_batches,
+                              elapsed_s=round(elapsed_s, 3))
     atomic_write_json(folder / CHECKPOINT_MARKER, asdict(marker))
     if (ckpt / tag).exists():
         shutil.rmtree(ckpt / tag)

@@ -71,7 +71,7 @@ class Run:
     record: dict = field(default_factory=dict)  # the last training record
     batch: dict | None = None    # the last micro batch (its shape feeds the MFU)
     old_handlers: dict = field(default_factory=dict)
-    clock0: float = 0.0          # perf_counter at the run's (or a resumed budget's) start
+    clock0: float = 0.0          # perf_counter at the run's start, less the time a resumed run had used
     throughput: Throughput = field(default_factory=Throughput)   # the log interval's clock and batch counts
     steps_in_interval: int = 0
 
@@ -184,7 +184,9 @@ def start_run(cfg: PretrainConfig, manifest: InstancesManifest, rank: int, world
     except BaseException:
         run.close()
         raise
-    run.clock0 = time.perf_counter() - (budget.used_s if budget else 0.0)  # a resumed budget counts time used
+    # a resumed run's clock goes on from its checkpoint's (a budget's time used is the same number)
+    resumed_s = chosen.marker.elapsed_s if cfg.resume and chosen.marker else 0.0
+    run.clock0 = time.perf_counter() - (budget.used_s if budget else resumed_s)
     run.interval_started()
     return run
 

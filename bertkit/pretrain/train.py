@@ -65,7 +65,8 @@ def _pretrain(cfg: PretrainConfig, manifest, rank: int, world: int, device) -> d
                                                         run.eval_clock.due(seconds, last)):  # the end: its score
                 evaluate_and_log(run, seconds)
             if run.step % cfg.save_every == 0 or last or stopping:
-                run.last_ckpt = save_checkpoint(run.engine, run.run_dir, run.step, rank, cfg.keep_last, run.skipped)
+                run.last_ckpt = save_checkpoint(run.engine, run.run_dir, run.step, rank, cfg.keep_last, run.skipped,
+                                                seconds)
                 if run.budget and rank == 0:
                     run.budget.record(run.run_dir, run.step)
                 run.throughput.restart()   # checkpoint time is not training's
