@@ -8,6 +8,8 @@ import time
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
+sys.path.insert(0, str(RESULTS.parent.parent))
+from bertkit.fileio import atomic_write_bytes  # noqa: E402
 
 
 def run_info(benchmark: str) -> dict:
@@ -27,7 +29,8 @@ def run_info(benchmark: str) -> dict:
 def write_result(name: str, result: dict) -> Path:
     out = RESULTS / f"{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
+    # atomic: two sweeps sharing a results file read it back before each save
+    atomic_write_bytes(out, (json.dumps(result, indent=2, ensure_ascii=False) + "\n").encode())
     print(f"wrote {out}")
     return out
 
