@@ -76,7 +76,7 @@ def main():
     no_decay = [p for p in model.parameters() if p.ndim == 1]  # biases and norm weights, as Trainer leaves them
     decay = [p for p in model.parameters() if p.ndim > 1]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=args.lr, betas=(0.9, 0.999), eps=1e-6)
+                            lr=args.lr, betas=(0.9, 0.999), eps=1e-6, fused=True)  # Trainer's default
     torch.manual_seed(args.seed)  # the held-out masking: the same draws at every evaluation
     eval_batches = [collator([holdout[i] for i in range(k, min(k + args.micro_batch, len(holdout)))])
                     for k in range(0, min(len(holdout), 10 * args.micro_batch), args.micro_batch)]

@@ -76,7 +76,7 @@ def main():
                    "weight_decay": t["weight_decay"]},
                   {"params": [p for n, p in model.named_parameters() if any(k in n for k in no_decay)],
                    "weight_decay": 0.0}]
-        opt = torch.optim.AdamW(groups, lr=t["lr"], eps=1e-8)
+        opt = torch.optim.AdamW(groups, lr=t["lr"], eps=1e-8, fused=True)  # Trainer's default since torch 2.8
         return opt, transformers.get_linear_schedule_with_warmup(opt, math.ceil(t["warmup_ratio"] * total), total)
 
     cfg = TrainConfig(out_dir="-", learning_rate=t["lr"], weight_decay=t["weight_decay"])

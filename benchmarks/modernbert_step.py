@@ -8,8 +8,8 @@ least 2x at 128, 512 and 1,024 tokens.
     python benchmarks/modernbert_step.py --device cuda --lengths 1024,8192 --tokens 32768 --kernels triton,torch
 
 Documents have lengths drawn uniformly from [L/4, L] (real corpora mix short and long ones), as many per batch as
-make about --tokens real tokens. Run it on an otherwise idle machine; the load average is recorded. On a GPU
-(--device cuda: bf16 autocast, fused AdamW, synchronised timing) bertkit runs once per --kernels backend (triton:
+make about --tokens real tokens; fused AdamW in both. Run it on an otherwise idle machine; the load average is
+recorded. On a GPU (--device cuda: bf16 autocast, synchronised timing) bertkit runs once per --kernels backend (triton:
 RoPE and the local window inside the attention kernels; torch: SDPA over each layer's padded grid).
 """
 import argparse
@@ -104,9 +104,9 @@ def main():
             padded_labels[i, :len(d)] = labels[cu[i]:cu[i + 1]]
         packed, cu, labels, padded, attention, padded_labels = (
             t.to(dev) for t in (packed, cu, labels, padded, attention, padded_labels))
-        fused = dev == "cuda" or None
-        opt_ours = torch.optim.AdamW(ours.parameters(), lr=1e-4, fused=fused)
-        opt_peer = torch.optim.AdamW(peer.parameters(), lr=1e-4, fused=fused)
+        # fused in both: bertkit's trainer and transformers' Trainer (its default since torch 2.8) alike
+        opt_ours = torch.optim.AdamW(ours.parameters(), lr=1e-4, fused=True)
+        opt_peer = torch.optim.AdamW(peer.parameters(), lr=1e-4, fused=True)
         max_seqlen = width  # a host-side bound, as the loader gives it: no device sync inside the step
 
         def step_ours():

@@ -19,8 +19,10 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def adam_moments(p, state: dict, beta1: float, beta2: float):
-    """Adam's moment update for one tensor (fp32 state); returns (grad, m_hat, v_hat), bias-corrected."""
+def update_moments(p, state: dict, beta1: float, beta2: float):
+    """Adam's moments of one tensor updated in place (fp32 state); returns (grad, m, v, bias corrections 1 and 2).
+    One tensor at a time, finished while it is in cache, with few temporaries: on the CPU that is 2-3x the speed of
+    bias-corrected copies (and faster than torch._foreach_* over the whole model beyond a few million parameters)."""
     grad = p.grad.float()
     if not state:
         state["step"] = 0
@@ -28,9 +30,9 @@ def adam_moments(p, state: dict, beta1: float, beta2: float):
         state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32)
     state["step"] += 1
     m, v = state["exp_avg"], state["exp_avg_sq"]
-    m.mul_(beta1).add_(grad, alpha=1 - beta1)
+    m.lerp_(grad, 1 - beta1)
     v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-    return grad, m / (1 - beta1 ** state["step"]), v / (1 - beta2 ** state["step"])
+    return grad, m, v, 1 - beta1 ** state["step"], 1 - beta2 ** state["step"]
 
 
 class Lamb(torch.optim.Optimizer):
@@ -56,14 +58,17 @@ class Lamb(torch.optim.Optimizer):
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                grad, m_hat, v_hat = adam_moments(p, self.state[p], beta1, beta2)
-                update = m_hat / (v_hat.sqrt() + group["eps"])
+                _, m, v, bc1, bc2 = update_moments(p, self.state[p], beta1, beta2)
+                update = v.sqrt().div_(bc2 ** 0.5).add_(group["eps"]).mul_(bc1)   # bc1 (sqrt(v_hat) + eps)
+                torch.div(m, update, out=update)                                  # m_hat / (sqrt(v_hat) + eps)
                 w = p.float()
                 if group["weight_decay"]:
                     update.add_(w, alpha=group["weight_decay"])
                 w_norm, u_norm = w.norm(), update.norm()
                 trust = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
-                p.copy_(w - group["lr"] * trust * update)
+                w.sub_(update.mul_(trust), alpha=group["lr"])
+                if w is not p:  # p.float() is p itself for fp32
+                    p.copy_(w)
         return loss
 
 
@@ -88,13 +93,22 @@ class StableAdamW(torch.optim.Optimizer):
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                grad, m_hat, v_hat = adam_moments(p, self.state[p], beta1, beta2)
-                rms = (grad.square() / v_hat.clamp_min(group["eps"] ** 2)).mean().sqrt()
-                lr = group["lr"] / max(1.0, float(rms))
+                grad, m, v, bc1, bc2 = update_moments(p, self.state[p], beta1, beta2)
+                denom = v.sqrt().div_(bc2 ** 0.5)  # sqrt(v_hat)
+                # RMS(g² / max(v_hat, eps²)) = ||g / max(sqrt(v_hat), eps)|| / sqrt(numel)
+                rms = float(torch.linalg.vector_norm(grad / denom.clamp_min(group["eps"]))) / p.numel() ** 0.5
+                lr = group["lr"] / max(1.0, rms)
                 w = p.float()
-                w.mul_(1 - lr * group["weight_decay"]).addcdiv_(m_hat, v_hat.sqrt().add_(group["eps"]), value=-lr)
-                p.copy_(w)
+                w.mul_(1 - lr * group["weight_decay"]).addcdiv_(m, denom.add_(group["eps"]), value=-lr / bc1)
+                if w is not p:  # p.float() is p itself for fp32
+                    p.copy_(w)
         return loss
+
+
+def adamw(groups: list[dict], lr: float, betas, eps: float) -> torch.optim.AdamW:
+    """torch's AdamW with its fused kernel (CPU and CUDA alike): one pass over each tensor, where the CPU's default
+    is a loop of small ops per tensor, several times slower (benchmarks/optimizer_step.py)."""
+    return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, fused=True)
 
 
 def build_optimizer(name: str, groups: list[dict], lr: float, betas, eps: float, on_cuda: bool):
@@ -106,7 +120,7 @@ def build_optimizer(name: str, groups: list[dict], lr: float, betas, eps: float,
             return FusedLamb(groups, lr=lr, betas=tuple(betas), eps=eps)
         return Lamb(groups, lr=lr, betas=betas, eps=eps)
     if name == "adamw":
-        return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, fused=on_cuda or None)
+        return adamw(groups, lr, betas, eps)
     if name == "stableadamw":
         return StableAdamW(groups, lr=lr, betas=tuple(betas), eps=eps)
     raise ValueError(f"unknown optimizer {name!r}; choose 'lamb', 'adamw' or 'stableadamw'")

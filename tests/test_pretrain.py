@@ -32,15 +32,20 @@ def test_lamb_matches_the_paper():
     w0 = rng.normal(size=(5, 7))
     grads = [rng.normal(size=(5, 7)) for _ in range(4)]
     zero_bias_grads = [rng.normal(size=3) for _ in range(4)]
+    q0, q_grads = rng.normal(size=(2, 3)), [100 * rng.normal(size=(2, 3)) for _ in range(4)]  # its own trust ratio
     p = torch.nn.Parameter(torch.tensor(w0, dtype=torch.float32))
+    q = torch.nn.Parameter(torch.tensor(q0, dtype=torch.float32))
     b = torch.nn.Parameter(torch.zeros(3))
-    opt = Lamb([{"params": [p], "weight_decay": 0.01}, {"params": [b], "weight_decay": 0.0}],
+    opt = Lamb([{"params": [p, q], "weight_decay": 0.01}, {"params": [b], "weight_decay": 0.0}],
                lr=0.05, betas=(0.9, 0.99), eps=1e-6)
-    for g, gb in zip(grads, zero_bias_grads):
+    for g, gq, gb in zip(grads, q_grads, zero_bias_grads):
         p.grad = torch.tensor(g, dtype=torch.float32)
+        q.grad = torch.tensor(gq, dtype=torch.float32)
         b.grad = torch.tensor(gb, dtype=torch.float32)
         opt.step()
     np.testing.assert_allclose(p.detach().numpy(), lamb_numpy(w0, grads, 0.05, 0.9, 0.99, 1e-6, 0.01), rtol=2e-5,
+                               atol=1e-6)
+    np.testing.assert_allclose(q.detach().numpy(), lamb_numpy(q0, q_grads, 0.05, 0.9, 0.99, 1e-6, 0.01), rtol=2e-5,
                                atol=1e-6)
     # a zero-initialised bias: trust ratio 1 at the first step, then ||w|| / ||r||
     np.testing.assert_allclose(b.detach().numpy(), lamb_numpy(np.zeros(3), zero_bias_grads, 0.05, 0.9, 0.99, 1e-6,

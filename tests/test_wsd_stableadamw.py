@@ -70,3 +70,31 @@ def test_pretrain_with_stableadamw_and_wsd(tmp_path):
     assert all(lrs[s] == pytest.approx(1e-3) for s in range(3, 9))  # stable
     assert lrs[11] < lrs[10] < 1e-3  # decaying over the last quarter
     assert json.loads((run / "config.json").read_text())["resolved"]["optimizer"] == "stableadamw"
+
+
+def test_stableadamw_clips_each_tensor_by_its_own_rms():
+    """Tensors of one group stepped together: a spike in one clips that tensor's step only; a bf16 tensor gets its
+    fp32 update rounded back."""
+    torch.manual_seed(1)
+    shapes, wd, lr = [(6, 5), (7,), (3, 3)], 0.1, 1e-2
+    params = [torch.nn.Parameter(torch.randn(s)) for s in shapes[:2]] + [torch.nn.Parameter(
+        torch.randn(shapes[2]).bfloat16())]
+    opt = StableAdamW([{"params": params, "weight_decay": wd}], lr=lr, betas=(0.9, 0.98), eps=1e-8)
+    w = [p.detach().double().numpy().copy() for p in params]
+    m, v = [np.zeros(s) for s in shapes], [np.zeros(s) for s in shapes]
+    for t in range(1, 5):
+        grads = [torch.randn(s, dtype=torch.float64).numpy() * (100 if (i == 0 and t == 4) else 1)
+                 for i, s in enumerate(shapes)]
+        for p, g in zip(params, grads):
+            p.grad = torch.tensor(g, dtype=p.dtype)
+            g[...] = p.grad.double().numpy()  # what the optimizer sees (bf16 rounds it)
+        opt.step()
+        for i, g in enumerate(grads):
+            m[i], v[i] = 0.9 * m[i] + 0.1 * g, 0.98 * v[i] + 0.02 * g ** 2
+            m_hat, v_hat = m[i] / (1 - 0.9 ** t), v[i] / (1 - 0.98 ** t)
+            step_lr = lr / max(1.0, math.sqrt(np.mean(g ** 2 / v_hat)))
+            w[i] = w[i] * (1 - step_lr * wd) - step_lr * m_hat / (np.sqrt(v_hat) + 1e-8)
+            if i == 2:
+                w[i] = torch.tensor(w[i]).bfloat16().double().numpy()  # the parameter's own precision
+            np.testing.assert_allclose(params[i].detach().double().numpy(), w[i], rtol=0,
+                                       atol=1e-6 if i < 2 else 2e-2)

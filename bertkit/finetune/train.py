@@ -23,7 +23,7 @@ from bertkit.fileio import atomic_write_json, check_folder_owned, read_json_or_n
 from bertkit.formats import IGNORE_INDEX
 from bertkit.kernel_guard import kernel_uses, resolve_guarded
 from bertkit.models import save_pretrained
-from bertkit.optim import build_scheduler, param_groups
+from bertkit.optim import adamw, build_scheduler, param_groups
 from bertkit.progress import tqdm
 from bertkit.runlog import RunLog, Throughput, default_report_to
 from bertkit.threads import choose_threads
@@ -176,8 +176,7 @@ def predict(model, rows: list, batch_size: int, outputs=("logits",), per_token: 
 
 def _optimizer(model, cfg: TrainConfig):
     # no weight decay on biases and LayerNorm weights (optim.param_groups), as BERT's AdamWeightDecayOptimizer
-    return torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.learning_rate, betas=(0.9, 0.999),
-                             eps=cfg.adam_eps)
+    return adamw(param_groups(model, cfg.weight_decay), cfg.learning_rate, (0.9, 0.999), cfg.adam_eps)
 
 
 @dataclass
