@@ -19,7 +19,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from .reference import add_layer_norm_reference, apply_rotary, cached_rotary_tables
+from .reference import add_layer_norm_reference, cached_rotary_tables
 
 VARLEN_IMPLS = ("auto", "pad", "njt", "varlen", "documents")
 
@@ -44,6 +44,36 @@ def _band(seq: int, window: int, device) -> torch.Tensor:
     return _BANDS[key]
 
 
+def _turn(x, cos, sin, sign: float):
+    """x * cos + rotate_half(x) * sin * sign, in fp32 (float64 stays float64): one product and two in-place
+    multiply-adds on its halves, where the formula makes four temporaries (the halves' concatenation among them)."""
+    half = x.shape[-1] // 2
+    out = x * cos
+    out[..., :half].addcmul_(x[..., half:], sin[..., :half], value=-sign)
+    out[..., half:].addcmul_(x[..., :half], sin[..., half:], value=sign)
+    return out
+
+
+class _Rotary(torch.autograd.Function):
+    """Rotary embeddings whose backward is the inverse turn (a rotation's transpose): nothing of x is kept for it."""
+
+    @staticmethod
+    def forward(ctx, x, cos, sin):
+        ctx.save_for_backward(cos, sin)
+        return _turn(x, cos, sin, 1.0).to(x.dtype)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        cos, sin = ctx.saved_tensors
+        return _turn(grad, cos, sin, -1.0).to(grad.dtype), None, None
+
+
+def rotate(x, cos, sin):
+    """kernels.reference.apply_rotary's result (rotate-half layout; cos and sin broadcast against x)."""
+    return _Rotary.apply(x, cos, sin)
+
+
 def attention_torch(q, k, v, lengths, dropout_p=0.0, softmax_scale=None, window=None, rope_theta=None,
                     zero_padding=True):
     """q, k, v: (B, S, H, D), right-padded (strided views allowed); lengths: (B,). Returns (B, S, H, D).
@@ -52,7 +82,7 @@ def attention_torch(q, k, v, lengths, dropout_p=0.0, softmax_scale=None, window=
     seq = q.shape[1]
     if rope_theta is not None:
         cos, sin = cached_rotary_tables(seq, q.shape[-1], rope_theta, q.device)
-        q, k = apply_rotary(q, cos[:, None], sin[:, None]), apply_rotary(k, cos[:, None], sin[:, None])
+        q, k = rotate(q, cos[:, None], sin[:, None]), rotate(k, cos[:, None], sin[:, None])
     keys = _key_mask(lengths, seq)[:, None, None, :]
     if window is not None:
         keys = keys & _band(seq, window, q.device)
@@ -103,7 +133,7 @@ def _varlen_by_document(q, k, v, cu_seqlens, dropout_p, softmax_scale, window=No
         pos = torch.where(seq < len(lengths), pos, 0)  # the tail past cu_seqlens[-1]: any angle, it is dropped
         cos, sin = cached_rotary_tables(max([1, *lengths]), q.shape[-1], rope_theta, q.device)
         cos, sin = cos[pos][:, None], sin[pos][:, None]
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
     runs = []  # (documents, length) of each run of neighbours with one length
     for n in lengths:
         if runs and runs[-1][1] == n:
