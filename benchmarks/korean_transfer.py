@@ -16,6 +16,7 @@ English model, as a floor for cross-lingual transfer.
     python benchmarks/korean_transfer.py --hours 2 --only pretrain
     python benchmarks/korean_transfer.py --hours 2 --only finetune    # the sweep, from the finished export
     python benchmarks/korean_transfer.py --only reference         # all-MiniLM-L6-v2: a row from outside
+    python benchmarks/korean_transfer.py --only reference --tasks klue-nli korquad --seeds 0   # one seed (hours each)
     python benchmarks/korean_transfer.py --family modernbert --only random    # the ModernBERT arm: the same, with
     python benchmarks/korean_transfer.py --family modernbert --hours 2        # modernbert-tiny (its own pace)
     python benchmarks/korean_transfer.py --pretokenize mecab --only prepare   # the vocabularies compared: each
@@ -233,7 +234,7 @@ def vocab_checksum(model: Path) -> str:
 
 
 def sweep(work: Path, start: str, model: Path, results: dict, save, rates=RATES, tasks=tuple(TASKS),
-          vocab: str = "", unpadded: bool = False) -> None:
+          vocab: str = "", unpadded: bool = False, seeds=SEEDS) -> None:
     """Every task from one start (`[prefix]random`, `[prefix]<hours>h` or the outside reference), each rate, each
     seed; scores already held are kept. The starts of one vocabulary must share its tokenizer (recorded as
     `[vocab-]vocab_sha256`); the reference brings its own."""
@@ -243,7 +244,7 @@ def sweep(work: Path, start: str, model: Path, results: dict, save, rates=RATES,
                          f"({results[key][:12]}...); the starts would not be comparable")
     for task in tasks:
         for lr in rates:
-            for seed in SEEDS:
+            for seed in seeds:
                 held = results["sweep"].setdefault(task, {}).setdefault(start, {}).setdefault(f"{lr:g}", {})
                 if str(seed) not in held:
                     held[str(seed)] = finetune(task, model, work / "finetune" / f"{task}-{start}-lr{lr:g}-{seed}",
@@ -376,6 +377,8 @@ def main(argv=None):
                     help="fine-tune these tasks only (two processes on two task lists share the results file)")
     ap.add_argument("--rates", nargs="+", type=float, choices=RATES, default=list(RATES),
                     help="fine-tune at these rates only (a vocabulary arm at the plain arm's best, say)")
+    ap.add_argument("--seeds", nargs="+", type=int, choices=SEEDS, default=list(SEEDS),
+                    help="--only reference: these seeds only (its slowest tasks take hours a seed on 2 cores)")
     ap.add_argument("--work", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "bertkit-korean-transfer")
     args = ap.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
@@ -410,7 +413,7 @@ def main(argv=None):
         from finetune_parity import model_dir
 
         sweep(args.work, REFERENCE, model_dir(), results, save, rates=REFERENCE_RATES, tasks=args.tasks,
-              unpadded=True)
+              unpadded=True, seeds=args.seeds)
     if args.only in (None, "pretrain"):
         arm_pace = results[f"{prefix}pace"] = pace(args.work, d["instances"], arm)
         export_dir = pretrain_hours(args.work, d["instances"], args.hours, arm_pace["steps_per_s"], arm)
