@@ -233,7 +233,8 @@ class FolderNotOwnedError(FolderError):
 # the command that wrote a folder, from the files it writes (a manifest's stage, a run's config.json) or, for a run
 # that was killed, its lock
 OUTPUT_KINDS = {"prepare-corpus": "a corpus", "train-tokenizer": "a tokenizer", "make-instances": "an instances",
-                "pretrain": "a pretraining run", "export": "an exported model", "finetune": "a fine-tuning"}
+                "pretrain": "a pretraining run", "export": "an exported model", "finetune": "a fine-tuning",
+                "finetune-korean": "a Korean evaluation"}
 
 
 # the work folders a killed stage leaves before its manifest exists

@@ -59,7 +59,7 @@ def verify_folder(folder) -> Verdict:
                               "of its files is itself damaged; re-run the stage that wrote it")
         raise FormatError(f"{folder}: not a bertkit folder (no manifest.json, no run config.json with checkpoints)")
     verdict = Verdict(str(folder), kind)
-    if kind == "finetune":
+    if kind in ("finetune", "finetune-korean"):
         verdict.notes.append("a fine-tuning output records no checksums; its best/ model is an HF folder")
         return verdict
     if kind == "pretrain":

@@ -226,6 +226,7 @@ def test_the_korean_modernbert_block_runs_as_written(shared_data, tmp_path):
     out = tmp_path / "out"
     assert json.loads((out / "model" / "config.json").read_text())["model_type"] == "modernbert"
     assert f"transformers reads {out / 'model'}" in done.stdout
+    table = json.loads((out / "eval" / "manifest.json").read_text())["tasks"]
     for task, metric in (("nsmc", "accuracy"), ("klue-nli", "accuracy"), ("klue-sts", "pearson")):
-        summary = json.loads((out / task / "metrics.json").read_text())
-        assert summary["task"] == task and metric in summary["best"]
+        summary = json.loads((out / "eval" / task / "metrics.json").read_text())
+        assert summary["task"] == task and table[task][metric] == summary["best"][metric]

@@ -2,6 +2,7 @@
 set, KorQuAD's EM/F1 by its own definition (not SQuAD's), KLUE-STS's binary F1, and `bertkit finetune korean` end
 to end on each task kind (small parts of the real files, all-MiniLM-L6-v2)."""
 import json
+import re
 
 import pytest
 from click.testing import CliRunner
@@ -142,3 +143,29 @@ def test_klue_ner_end_to_end(shared_data, minilm, tmp_path):
     assert r.exit_code == 0, r.output
     best = json.loads((tmp_path / "out" / "metrics.json").read_text())["best"]
     assert {"entity_macro_f1", "char_macro_f1"} <= set(best)
+
+
+def test_several_korean_tasks_in_one_command_gather_a_table_and_resume(shared_data, minilm, tmp_path):
+    """`--task A --task B`: each task in OUT/TASK/, every score in OUT/manifest.json and a table; run again, the
+    finished tasks are kept (not retrained); with other settings the folder is refused, naming the change."""
+    out = tmp_path / "ko-eval"
+    args = ["finetune", "korean", "--task", "nsmc", "--task", "korsts", "--data-dir", str(shared_data), "--model",
+            str(minilm), "--out", str(out), "--max-train-rows", "16", "--max-dev-rows", "16", "--epochs", "1",
+            "--batch-size", "8", "--max-seq-length", "32", "--no-save-model", "--report-to", "none"]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0, r.output
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["stage"] == "finetune-korean" and manifest["complete"] and list(manifest["tasks"]) == ["nsmc",
+                                                                                                          "korsts"]
+    for task, metric in (("nsmc", "accuracy"), ("korsts", "pearson")):
+        best = json.loads((out / task / "metrics.json").read_text())["best"]
+        assert manifest["tasks"][task][metric] == best[metric]
+        assert re.search(rf"^{task}\s+\d+\s+{metric} {best[metric]:.4f}", r.output, re.M), r.output
+    stamp = (out / "nsmc" / "metrics.json").stat().st_mtime_ns
+    again = CliRunner().invoke(main, args)
+    assert again.exit_code == 0 and again.output.count("kept the finished fine-tuning") == 2, again.output
+    assert (out / "nsmc" / "metrics.json").stat().st_mtime_ns == stamp
+    other = CliRunner().invoke(main, [a if a != "1" else "2" for a in args])
+    assert other.exit_code == 2 and "epochs: 1.0 -> 2.0" in other.output and "--overwrite" in other.output
+    mixed = CliRunner().invoke(main, args + ["--train-file", str(shared_data / "nsmc" / "ratings_test.txt")])
+    assert mixed.exit_code == 2 and "give one --task" in mixed.output

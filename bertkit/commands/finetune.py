@@ -5,6 +5,7 @@ model in HF format, with the tokenizer files) and the best epoch's predictions. 
 or torchrun (WORLD_SIZE > 1) training is data-parallel through torch.distributed; --batch-size stays global.
 """
 import functools
+from pathlib import Path
 
 import click
 
@@ -169,10 +170,18 @@ def glue(**kw):
     _report(finetune_glue(kw["task"], kw["data_dir"], kw["model_path"], cfg, max_seq_length=kw["max_seq_length"]))
 
 
+KOREAN_TASKS = ("nsmc", "klue-nli", "kornli", "korsts", "klue-sts", "klue-ner", "korquad")
+# what the summary table shows of each task's best epoch (every score stays in its metrics.json)
+KOREAN_COLUMNS = {"nsmc": ("accuracy",), "klue-nli": ("accuracy",), "kornli": ("accuracy",),
+                  "korsts": ("pearson", "spearman"), "klue-sts": ("pearson", "spearman", "f1"),
+                  "klue-ner": ("entity_macro_f1", "char_macro_f1"), "korquad": ("exact_match", "f1")}
+
+
 @finetune.command("korean")
 @common_options(default_lr=2e-5, default_epochs=3.0, default_batch=32, default_max_len=128)
-@click.option("--task", required=True,
-              type=click.Choice(["klue-nli", "kornli", "nsmc", "korsts", "klue-sts", "klue-ner", "korquad"]))
+@click.option("--task", "tasks", required=True, multiple=True, type=click.Choice([*KOREAN_TASKS, "all"]),
+              help="Repeat for several (or `all`): each goes to OUT/TASK/, and OUT/manifest.json and a table gather "
+                   "their scores; a task whose OUT/TASK/ holds a finished fine-tuning is kept, not redone.")
 @click.option("--data-dir", required=True, type=click.Path(exists=True, file_okay=False),
               help="The folder holding klue/, kornlu/, nsmc/ and korquad_v1.0/ as published (../shared/data).")
 @click.option("--train-file", type=click.Path(exists=True, dir_okay=False),
@@ -188,28 +197,91 @@ def korean(**kw):
     KorQuAD 1.0 (its own EM and character F1).
     Where ../shared/data holds no training split, the task trains on part of what is there (see
     bertkit/finetune/korean.py). korquad takes SQuAD's defaults (384 tokens, lr 5e-5, 2 epochs) unless given."""
+    tasks = list(dict.fromkeys(t for name in kw.pop("tasks") for t in (KOREAN_TASKS if name == "all" else [name])))
+    if len(tasks) == 1:
+        _report(_korean_task(tasks[0], dict(kw)))
+        return
+    if kw["train_file"] or kw["dev_file"]:
+        raise click.UsageError("--train-file and --dev-file name one task's files: give one --task with them")
+    from bertkit.fileio import atomic_write_json, check_folder_owned, read_json_or_none
+
+    out = Path(kw["out_dir"])
+    check_folder_owned(out, "finetune-korean")
+    # what the scores depend on: a finished task is kept only when these are the same
+    settings = {k: v for k, v in kw.items() if k not in SCORE_NEUTRAL}
+    settings["model_path"] = str(Path(kw["model_path"]).resolve())
+    earlier = read_json_or_none(out / "manifest.json") or {}
+    changed = {k: (earlier["settings"].get(k), v) for k, v in settings.items()
+               if "settings" in earlier and earlier["settings"].get(k) != v}
+    if changed and not kw["overwrite"]:
+        raise click.UsageError(f"{out} holds a Korean evaluation made with other settings ("
+                               + "; ".join(f"{k}: {a} -> {b}" for k, (a, b) in changed.items())
+                               + "); give another --out, or --overwrite to redo every task")
+    summary = {}
+
+    def record(complete=False):  # OUT/manifest.json: the folder's kind, from the first moment, and every score
+        atomic_write_json(out / "manifest.json", {"stage": "finetune-korean", "settings": settings,
+                                                  "tasks": summary, "complete": complete})
+
+    out.mkdir(parents=True, exist_ok=True)
+    record()
+    for task in tasks:
+        folder = out / task
+        done = None if kw["overwrite"] else _finished_fine_tuning(folder, task)
+        if done:
+            click.echo(f"{task}: kept the finished fine-tuning in {folder}")
+        else:
+            click.echo(f"{task}: fine-tuning into {folder}")
+            done = _korean_task(task, {**kw, "out_dir": str(folder)})
+        summary[task] = {"best_epoch": done.get("best_epoch"), **done.get("best", {})}
+        record(complete=task == tasks[-1])
+    click.echo(_korean_table(summary))
+
+
+# settings that do not change a fine-tuning's scores: a kept task may differ in these
+SCORE_NEUTRAL = ("out_dir", "overwrite", "threads", "report_to", "log_every", "no_save_model", "device", "kernels",
+                 "compile")
+
+
+def _finished_fine_tuning(folder: Path, task: str) -> dict | None:
+    """The metrics.json of a fine-tuning of this task that ran to its end, else None."""
+    from bertkit.fileio import read_json_or_none
+
+    summary = read_json_or_none(folder / "metrics.json")
+    if isinstance(summary, dict) and summary.get("task") == task and "train_seconds" in summary:
+        return summary
+    return None
+
+
+def _korean_table(summary: dict) -> str:
+    lines = [f"{'task':<9} {'best epoch':>10}  scores"]
+    for task, row in summary.items():
+        scores = "  ".join(f"{k} {row[k]:.4f}" for k in KOREAN_COLUMNS[task] if k in row)
+        lines.append(f"{task:<9} {str(row.get('best_epoch')):>10}  {scores}")
+    return "\n".join(lines)
+
+
+def _korean_task(task: str, kw: dict) -> dict:
     from bertkit.finetune.korean import finetune_klue_ner, finetune_korean, finetune_korquad
 
     ctx = click.get_current_context()
-    if kw["task"] == "korquad":
+    if task == "korquad":
         defaults = {"max_seq_length": 384, "learning_rate": 5e-5, "epochs": 2.0}
         for name, value in defaults.items():
             if ctx.get_parameter_source(name) is click.core.ParameterSource.DEFAULT:
                 kw[name] = value
         kw.pop("pooling")
         cfg = _train_config(kw)
-        _report(finetune_korquad(kw["data_dir"], kw["model_path"], cfg, kw["train_file"], kw["dev_file"],
-                                 max_seq_length=kw["max_seq_length"]))
-        return
-    if kw["task"] == "klue-ner":
+        return finetune_korquad(kw["data_dir"], kw["model_path"], cfg, kw["train_file"], kw["dev_file"],
+                                max_seq_length=kw["max_seq_length"])
+    if task == "klue-ner":
         kw.pop("pooling")
-        _report(finetune_klue_ner(kw["data_dir"], kw["model_path"], _train_config(kw), kw["max_seq_length"],
-                                  kw["train_file"], kw["dev_file"], kw["max_train_rows"], kw["max_dev_rows"]))
-        return
+        return finetune_klue_ner(kw["data_dir"], kw["model_path"], _train_config(kw), kw["max_seq_length"],
+                                 kw["train_file"], kw["dev_file"], kw["max_train_rows"], kw["max_dev_rows"])
     cfg = _train_config(kw, pooling=kw.pop("pooling"))
-    _report(finetune_korean(kw["task"], kw["data_dir"], kw["model_path"], cfg, max_seq_length=kw["max_seq_length"],
-                            train_file=kw["train_file"], dev_file=kw["dev_file"], max_train_rows=kw["max_train_rows"],
-                            max_dev_rows=kw["max_dev_rows"]))
+    return finetune_korean(task, kw["data_dir"], kw["model_path"], cfg, max_seq_length=kw["max_seq_length"],
+                           train_file=kw["train_file"], dev_file=kw["dev_file"], max_train_rows=kw["max_train_rows"],
+                           max_dev_rows=kw["max_dev_rows"])
 
 
 @finetune.command("classify")
