@@ -169,3 +169,20 @@ def test_several_korean_tasks_in_one_command_gather_a_table_and_resume(shared_da
     assert other.exit_code == 2 and "epochs: 1.0 -> 2.0" in other.output and "--overwrite" in other.output
     mixed = CliRunner().invoke(main, args + ["--train-file", str(shared_data / "nsmc" / "ratings_test.txt")])
     assert mixed.exit_code == 2 and "give one --task" in mixed.output
+
+
+def test_korquad_quick_look_takes_the_first_questions(shared_data, minilm, tmp_path):
+    """--max-train-rows / --max-dev-rows are KorQuAD's first questions (a quick look, `--task all` included), and the
+    official scorer sees only those."""
+    from bertkit.finetune.squad import read_squad
+
+    examples, data = read_squad(shared_data / korean.KORQUAD, training=False, articles=slice(100, None),
+                                max_questions=5)
+    assert len(examples) == 5 == sum(len(p["qas"]) for a in data for p in a["paragraphs"])
+    r = CliRunner().invoke(main, ["finetune", "korean", "--task", "korquad", "--data-dir", str(shared_data),
+                                  "--model", str(minilm), "--out", str(tmp_path / "kq"), "--max-train-rows", "8",
+                                  "--max-dev-rows", "6", "--epochs", "1", "--batch-size", "8", "--max-seq-length",
+                                  "128", "--no-save-model", "--report-to", "none"])
+    assert r.exit_code == 0, r.output
+    settings = json.loads((tmp_path / "kq" / "metrics.json").read_text())["settings"]
+    assert settings["train_questions"] == 8 and settings["predict_questions"] == 6

@@ -187,8 +187,10 @@ KOREAN_COLUMNS = {"nsmc": ("accuracy",), "klue-nli": ("accuracy",), "kornli": ("
 @click.option("--train-file", type=click.Path(exists=True, dir_okay=False),
               help="Instead of the task's training file (e.g. the official train set where you have it).")
 @click.option("--dev-file", type=click.Path(exists=True, dir_okay=False), help="Instead of the task's scored file.")
-@click.option("--max-train-rows", type=count(1), help="Train on the first N rows only (a quick look).")
-@click.option("--max-dev-rows", type=count(1), help="Score the first N rows only (a quick look, not a score).")
+@click.option("--max-train-rows", type=count(1),
+              help="Train on the first N rows (KorQuAD: questions) only (a quick look).")
+@click.option("--max-dev-rows", type=count(1),
+              help="Score the first N rows (KorQuAD: questions) only (a quick look, not a score).")
 @pooling_option
 @friendly_errors
 def korean(**kw):
@@ -273,7 +275,7 @@ def _korean_task(task: str, kw: dict) -> dict:
         kw.pop("pooling")
         cfg = _train_config(kw)
         return finetune_korquad(kw["data_dir"], kw["model_path"], cfg, kw["train_file"], kw["dev_file"],
-                                max_seq_length=kw["max_seq_length"])
+                                kw["max_train_rows"], kw["max_dev_rows"], max_seq_length=kw["max_seq_length"])
     if task == "klue-ner":
         kw.pop("pooling")
         return finetune_klue_ner(kw["data_dir"], kw["model_path"], _train_config(kw), kw["max_seq_length"],

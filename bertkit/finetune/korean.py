@@ -148,9 +148,11 @@ def finetune_korean(task: str, data_dir, model_path, cfg, max_seq_length: int = 
                               dev_file=dev_path, settings={"korean_task": task})
 
 
-def finetune_korquad(data_dir, model_path, cfg, train_file=None, dev_file=None, **squad) -> dict:
+def finetune_korquad(data_dir, model_path, cfg, train_file=None, dev_file=None, max_train_rows: int | None = None,
+                     max_dev_rows: int | None = None, **squad) -> dict:
     """KorQuAD 1.0 through the SQuAD path (windows over character offsets) with KorQuAD's own EM/F1. Only dev is
-    here: by default articles 0-99 train and 100-139 score."""
+    here: by default articles 0-99 train and 100-139 score. max_*_rows keep the first questions only (a quick
+    look, not a score to report)."""
     from bertkit.finetune.metrics import korquad_evaluate
     from bertkit.finetune.squad import finetune_squad
 
@@ -159,7 +161,8 @@ def finetune_korquad(data_dir, model_path, cfg, train_file=None, dev_file=None, 
     if not train_file and not dev_file:
         squad.setdefault("train_articles", slice(0, 100))
         squad.setdefault("predict_articles", slice(100, None))
-    return finetune_squad(model_path, train_path, dev_path, cfg, scorer=korquad_evaluate, task="korquad", **squad)
+    return finetune_squad(model_path, train_path, dev_path, cfg, scorer=korquad_evaluate, task="korquad",
+                          max_train_questions=max_train_rows, max_predict_questions=max_dev_rows, **squad)
 
 
 # ---------------------------------------------------------------- KLUE-NER: character-level BIO

@@ -71,10 +71,10 @@ def _field(obj: dict, key: str, kind: type, where, what: str, default=None):
 
 
 def read_squad(path, training: bool, version_2: bool = False, articles: slice | None = None,
-               every_nth_question: int = 1):
+               every_nth_question: int = 1, max_questions: int | None = None):
     """-> (examples, dataset) where dataset is the file's `data` list (for the official evaluation), cut to
-    `articles` and to every n-th question when given (a quick, deterministic subset; the dataset keeps only
-    those questions so scores stay official)."""
+    `articles`, to every n-th question and to the first `max_questions` when given (a quick, deterministic subset;
+    the dataset keeps only those questions so scores stay official)."""
     path = Path(path)
     counter = iter(range(10 ** 9))
     try:
@@ -103,6 +103,8 @@ def read_squad(path, training: bool, version_2: bool = False, articles: slice | 
             qas = _field(paragraph, "qas", list, at(f".paragraphs[{p}]"), "a list of questions")
             if every_nth_question > 1:  # a quick deterministic subset; the dataset keeps only those questions
                 qas = paragraph["qas"] = [qa for qa in qas if next(counter) % every_nth_question == 0]
+            if max_questions is not None:
+                qas = paragraph["qas"] = qas[:max(0, max_questions - len(examples))]
             for q, qa in enumerate(qas):
                 qa = _typed(qa, dict, at(f".paragraphs[{p}].qas[{q}]"), "the question", "an object")
                 qid = str(qa.get("id", "?"))
@@ -313,7 +315,8 @@ def finetune_squad(model_path, train_file, predict_file, cfg, *, version_2: bool
                    max_seq_length: int = 384, window_step: int = 128, max_query_length: int = 64,
                    n_best_size: int = 20, max_answer_length: int = 30, null_score_diff_threshold: float = 0.0,
                    train_articles: slice | None = None, predict_articles: slice | None = None,
-                   every_nth_train_question: int = 1, every_nth_predict_question: int = 1, scorer=None,
+                   every_nth_train_question: int = 1, every_nth_predict_question: int = 1,
+                   max_train_questions: int | None = None, max_predict_questions: int | None = None, scorer=None,
                    task: str | None = None) -> dict:
     """`bertkit finetune squad`. Without train_file, only predicts and scores predict_file. `scorer(data,
     predictions, null_odds)` replaces SQuAD's official scores (KorQuAD's own), `task` the name recorded.
@@ -329,10 +332,11 @@ def finetune_squad(model_path, train_file, predict_file, cfg, *, version_2: bool
     train_rows = []
     if train_file:
         examples, _ = read_squad(train_file, training=True, version_2=version_2, articles=train_articles,
-                                 every_nth_question=every_nth_train_question)
+                                 every_nth_question=every_nth_train_question, max_questions=max_train_questions)
         train_rows = feature_dicts(make_features(examples, tokenizer, True, stats=stats, **window), True)
     dev_examples, dev_data = read_squad(predict_file, training=False, version_2=version_2,
-                                        articles=predict_articles, every_nth_question=every_nth_predict_question)
+                                        articles=predict_articles, every_nth_question=every_nth_predict_question,
+                                        max_questions=max_predict_questions)
     dev_features = make_features(dev_examples, tokenizer, False, **window)
     dev_rows = feature_dicts(dev_features, False)
     set_seed(cfg.seed)  # the new head's initial weights come from the seed too
