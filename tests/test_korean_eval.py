@@ -165,6 +165,9 @@ def test_several_korean_tasks_in_one_command_gather_a_table_and_resume(shared_da
     again = CliRunner().invoke(main, args)
     assert again.exit_code == 0 and again.output.count("kept the finished fine-tuning") == 2, again.output
     assert (out / "nsmc" / "metrics.json").stat().st_mtime_ns == stamp
+    one = CliRunner().invoke(main, args[:2] + args[6:] + ["--task", "nsmc"])  # one task into the same folder: kept
+    assert one.exit_code == 0 and "kept the finished" in one.output, one.output
+    assert list(json.loads((out / "manifest.json").read_text())["tasks"]) == ["nsmc", "korsts"]
     other = CliRunner().invoke(main, [a if a != "1" else "2" for a in args])
     assert other.exit_code == 2 and "epochs: 1.0 -> 2.0" in other.output and "--overwrite" in other.output
     mixed = CliRunner().invoke(main, args + ["--train-file", str(shared_data / "nsmc" / "ratings_test.txt")])

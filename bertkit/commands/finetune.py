@@ -199,8 +199,10 @@ def korean(**kw):
     KorQuAD 1.0 (its own EM and character F1).
     Where ../shared/data holds no training split, the task trains on part of what is there (see
     bertkit/finetune/korean.py). korquad takes SQuAD's defaults (384 tokens, lr 5e-5, 2 epochs) unless given."""
+    from bertkit.fileio import folder_kind
+
     tasks = list(dict.fromkeys(t for name in kw.pop("tasks") for t in (KOREAN_TASKS if name == "all" else [name])))
-    if len(tasks) == 1:
+    if len(tasks) == 1 and folder_kind(kw["out_dir"]) != "finetune-korean":  # one task: OUT is its fine-tuning
         _report(_korean_task(tasks[0], dict(kw)))
         return
     if kw["train_file"] or kw["dev_file"]:
@@ -219,7 +221,7 @@ def korean(**kw):
         raise click.UsageError(f"{out} holds a Korean evaluation made with other settings ("
                                + "; ".join(f"{k}: {a} -> {b}" for k, (a, b) in changed.items())
                                + "); give another --out, or --overwrite to redo every task")
-    summary = {}
+    summary = {} if kw["overwrite"] else dict(earlier.get("tasks") or {})  # tasks an earlier call finished stay
 
     def record(complete=False):  # OUT/manifest.json: the folder's kind, from the first moment, and every score
         atomic_write_json(out / "manifest.json", {"stage": "finetune-korean", "settings": settings,
