@@ -5,7 +5,7 @@
 # stress_exit.py, reference_training.py (it needs pretrain_transfer.py's instances).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-for b in prepare_corpus sentence_splitters korean_splitters make_instances scale_out pretrain_step cpu_backends \
+for b in prepare_corpus sentence_splitters korean_splitters make_instances scale_out pretrain_step cpu_backends optimizer_step \
     kernel_resources attention layer_norm host_overhead; do
   if [ -f "benchmarks/$b.py" ]; then
     echo "== benchmarks/$b.py"
