@@ -375,7 +375,7 @@ def test_the_rate_follows_the_models_width_unless_given(tmp_path):
 
 
 def test_adam_eps_flag_reaches_the_optimizer(tmp_path, monkeypatch):
-    """--adam-eps (transformers' Trainer uses 1e-8, BERT 1e-6) is the eps AdamW runs with, and it is recorded."""
+    """--adam-eps (default 1e-8, Trainer's; BERT used 1e-6) is the eps AdamW runs with, and it is recorded."""
     import torch
     from click.testing import CliRunner
 
@@ -394,7 +394,7 @@ def test_adam_eps_flag_reaches_the_optimizer(tmp_path, monkeypatch):
     tiny_model_folder(tmp_path)
     rows = ["text\tlabel"] + [f"w{i} w{(i * 5) % 27}\t{i % 2}" for i in range(16)]
     (tmp_path / "train.tsv").write_text("\n".join(rows) + "\n")
-    for eps in (None, "1e-8"):
+    for eps in (None, "1e-6"):
         out = tmp_path / f"eps-{eps}"
         result = CliRunner().invoke(cli, ["finetune", "classify", "--out", str(out), "--model", str(tmp_path / "tiny"),
                                           "--epochs", "1", "--batch-size", "8", "--max-seq-length", "16",
@@ -402,8 +402,8 @@ def test_adam_eps_flag_reaches_the_optimizer(tmp_path, monkeypatch):
                                           str(tmp_path / "train.tsv"), "--dev-file", str(tmp_path / "train.tsv"),
                                           "--text-a", "text", *(["--adam-eps", eps] if eps else [])])
         assert result.exit_code == 0, result.output
-        assert json.loads((out / "metrics.json").read_text())["settings"]["adam_eps"] == float(eps or 1e-6)
-    assert seen == [1e-6, 1e-8]
+        assert json.loads((out / "metrics.json").read_text())["settings"]["adam_eps"] == float(eps or 1e-8)
+    assert seen == [1e-8, 1e-6]
 
 
 def test_a_packed_batch_takes_one_of_a_few_sizes():
