@@ -135,11 +135,17 @@ def test_klue_ner_tags_go_to_tokens_and_back(minilm):
     assert korean.decode_char_tags([logits], spans, [s]) == [s.tags]  # a perfect token tagging gives the chars back
 
 
+def korean_args(shared_data, model, out, *tasks, train_rows=16, dev_rows=16, length=32) -> list[str]:
+    """`bertkit finetune korean` on the first rows of the real files, one epoch, nothing saved."""
+    return ["finetune", "korean", *(a for t in tasks for a in ("--task", t)), "--data-dir", str(shared_data),
+            "--model", str(model), "--out", str(out), "--max-train-rows", str(train_rows), "--max-dev-rows",
+            str(dev_rows), "--epochs", "1", "--batch-size", "8", "--max-seq-length", str(length), "--no-save-model",
+            "--report-to", "none"]
+
+
 def test_klue_ner_end_to_end(shared_data, minilm, tmp_path):
-    r = CliRunner().invoke(main, ["finetune", "korean", "--task", "klue-ner", "--data-dir", str(shared_data),
-                                  "--model", str(minilm), "--out", str(tmp_path / "out"), "--max-train-rows", "32",
-                                  "--max-dev-rows", "16", "--epochs", "1", "--batch-size", "8", "--max-seq-length",
-                                  "64", "--no-save-model", "--report-to", "none"])
+    r = CliRunner().invoke(main, korean_args(shared_data, minilm, tmp_path / "out", "klue-ner", train_rows=32,
+                                             length=64))
     assert r.exit_code == 0, r.output
     best = json.loads((tmp_path / "out" / "metrics.json").read_text())["best"]
     assert {"entity_macro_f1", "char_macro_f1"} <= set(best)
@@ -149,9 +155,7 @@ def test_several_korean_tasks_in_one_command_gather_a_table_and_resume(shared_da
     """`--task A --task B`: each task in OUT/TASK/, every score in OUT/manifest.json and a table; run again, the
     finished tasks are kept (not retrained); with other settings the folder is refused, naming the change."""
     out = tmp_path / "ko-eval"
-    args = ["finetune", "korean", "--task", "nsmc", "--task", "korsts", "--data-dir", str(shared_data), "--model",
-            str(minilm), "--out", str(out), "--max-train-rows", "16", "--max-dev-rows", "16", "--epochs", "1",
-            "--batch-size", "8", "--max-seq-length", "32", "--no-save-model", "--report-to", "none"]
+    args = korean_args(shared_data, minilm, out, "nsmc", "korsts")
     r = CliRunner().invoke(main, args)
     assert r.exit_code == 0, r.output
     manifest = json.loads((out / "manifest.json").read_text())
@@ -165,7 +169,7 @@ def test_several_korean_tasks_in_one_command_gather_a_table_and_resume(shared_da
     again = CliRunner().invoke(main, args)
     assert again.exit_code == 0 and again.output.count("kept the finished fine-tuning") == 2, again.output
     assert (out / "nsmc" / "metrics.json").stat().st_mtime_ns == stamp
-    one = CliRunner().invoke(main, args[:2] + args[6:] + ["--task", "nsmc"])  # one task into the same folder: kept
+    one = CliRunner().invoke(main, korean_args(shared_data, minilm, out, "nsmc"))  # one task, the same folder: kept
     assert one.exit_code == 0 and "kept the finished" in one.output, one.output
     assert list(json.loads((out / "manifest.json").read_text())["tasks"]) == ["nsmc", "korsts"]
     other = CliRunner().invoke(main, [a if a != "1" else "2" for a in args])
@@ -182,10 +186,8 @@ def test_korquad_quick_look_takes_the_first_questions(shared_data, minilm, tmp_p
     examples, data = read_squad(shared_data / korean.KORQUAD, training=False, articles=slice(100, None),
                                 max_questions=5)
     assert len(examples) == 5 == sum(len(p["qas"]) for a in data for p in a["paragraphs"])
-    r = CliRunner().invoke(main, ["finetune", "korean", "--task", "korquad", "--data-dir", str(shared_data),
-                                  "--model", str(minilm), "--out", str(tmp_path / "kq"), "--max-train-rows", "8",
-                                  "--max-dev-rows", "6", "--epochs", "1", "--batch-size", "8", "--max-seq-length",
-                                  "128", "--no-save-model", "--report-to", "none"])
+    r = CliRunner().invoke(main, korean_args(shared_data, minilm, tmp_path / "kq", "korquad", train_rows=8,
+                                             dev_rows=6, length=128))
     assert r.exit_code == 0, r.output
     settings = json.loads((tmp_path / "kq" / "metrics.json").read_text())["settings"]
     assert settings["train_questions"] == 8 and settings["predict_questions"] == 6

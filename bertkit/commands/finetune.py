@@ -175,6 +175,9 @@ KOREAN_TASKS = ("nsmc", "klue-nli", "kornli", "korsts", "klue-sts", "klue-ner", 
 KOREAN_COLUMNS = {"nsmc": ("accuracy",), "klue-nli": ("accuracy",), "kornli": ("accuracy",),
                   "korsts": ("pearson", "spearman"), "klue-sts": ("pearson", "spearman", "f1"),
                   "klue-ner": ("entity_macro_f1", "char_macro_f1"), "korquad": ("exact_match", "f1")}
+# settings that do not change a fine-tuning's scores: a kept task may differ in these
+SCORE_NEUTRAL = ("out_dir", "overwrite", "threads", "report_to", "log_every", "no_save_model", "device", "kernels",
+                 "compile")
 
 
 @finetune.command("korean")
@@ -199,7 +202,7 @@ def korean(**kw):
     KorQuAD 1.0 (its own EM and character F1).
     Where ../shared/data holds no training split, the task trains on part of what is there (see
     bertkit/finetune/korean.py). korquad takes SQuAD's defaults (384 tokens, lr 5e-5, 2 epochs) unless given."""
-    from bertkit.fileio import folder_kind
+    from bertkit.fileio import atomic_write_json, check_folder_owned, folder_kind, read_json_or_none
 
     tasks = list(dict.fromkeys(t for name in kw.pop("tasks") for t in (KOREAN_TASKS if name == "all" else [name])))
     if len(tasks) == 1 and folder_kind(kw["out_dir"]) != "finetune-korean":  # one task: OUT is its fine-tuning
@@ -207,8 +210,6 @@ def korean(**kw):
         return
     if kw["train_file"] or kw["dev_file"]:
         raise click.UsageError("--train-file and --dev-file name one task's files: give one --task with them")
-    from bertkit.fileio import atomic_write_json, check_folder_owned, read_json_or_none
-
     out = Path(kw["out_dir"])
     check_folder_owned(out, "finetune-korean")
     # what the scores depend on: a finished task is kept only when these are the same
@@ -240,11 +241,6 @@ def korean(**kw):
         summary[task] = {"best_epoch": done.get("best_epoch"), **done.get("best", {})}
         record(complete=task == tasks[-1])
     click.echo(_korean_table(summary))
-
-
-# settings that do not change a fine-tuning's scores: a kept task may differ in these
-SCORE_NEUTRAL = ("out_dir", "overwrite", "threads", "report_to", "log_every", "no_save_model", "device", "kernels",
-                 "compile")
 
 
 def _finished_fine_tuning(folder: Path, task: str) -> dict | None:
