@@ -201,6 +201,19 @@ def collections_by(cells: dict) -> dict:
     return rows
 
 
+# the AdamW eps every bertkit cell keyed without `adam_eps` ran with (fine-tuning's default until 6889a27)
+KEYED_EPS = "1e-6"
+
+
+def key_flags(flags: dict) -> dict:
+    """The flags a bertkit cell's key names: the given ones, plus the eps where bertkit's default is no longer the
+    one the unmarked cells ran with, so a cached cell is never taken for a run with other settings."""
+    from bertkit.finetune.train import TrainConfig
+
+    eps = flags.get("adam_eps", f"{TrainConfig.adam_eps:.0e}".replace("e-0", "e-"))
+    return {k: v for k, v in {**flags, "adam_eps": eps}.items() if (k, v) != ("adam_eps", KEYED_EPS)}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tasks", default=",".join(TASKS))
@@ -220,7 +233,7 @@ def main():
         return
     result = load()
     if args.only != "report":
-        variant = "+".join(f"{k}={v}" for k, v in sorted(flags.items()))
+        variant = "+".join(f"{k}={v}" for k, v in sorted(key_flags(flags).items()))
         for task in args.tasks.split(","):
             for seed in map(int, args.seeds.split(",")):
                 for system in args.systems.split(","):
