@@ -184,11 +184,11 @@ def pretrain_hours(work: Path, instances: Path, hours: float, steps_per_s: float
 def finetune(task: str, model: Path, out: Path, lr: float, seed: int, unpadded: bool = False) -> float:
     """One fine-tune's best dev score; its metrics.json is the cache (a killed sweep resumes where it stopped)."""
     from bertkit.finetune.korean import finetune_klue_ner, finetune_korean, finetune_korquad
-    from bertkit.finetune.train import TrainConfig
+    from bertkit.finetune.train import TrainConfig, finished_fine_tuning
 
     metric, rows = TASKS[task]
-    summary = json.loads((out / "metrics.json").read_text()) if (out / "metrics.json").is_file() else {}
-    if "train_seconds" not in summary:
+    summary = finished_fine_tuning(out)
+    if summary is None:
         shutil.rmtree(out, ignore_errors=True)  # a fine-tune killed part-way left its folder: redo it
         t0 = time.time()
         cfg = TrainConfig(out_dir=str(out), epochs=3, batch_size=32, learning_rate=lr, seed=seed, save_model=False,

@@ -203,6 +203,7 @@ def korean(**kw):
     Where ../shared/data holds no training split, the task trains on part of what is there (see
     bertkit/finetune/korean.py). korquad takes SQuAD's defaults (384 tokens, lr 5e-5, 2 epochs) unless given."""
     from bertkit.fileio import atomic_write_json, check_folder_owned, folder_kind, read_json_or_none
+    from bertkit.finetune.train import finished_fine_tuning
 
     tasks = list(dict.fromkeys(t for name in kw.pop("tasks") for t in (KOREAN_TASKS if name == "all" else [name])))
     if len(tasks) == 1 and folder_kind(kw["out_dir"]) != "finetune-korean":  # one task: OUT is its fine-tuning
@@ -232,7 +233,7 @@ def korean(**kw):
     record()
     for task in tasks:
         folder = out / task
-        done = None if kw["overwrite"] else _finished_fine_tuning(folder, task)
+        done = None if kw["overwrite"] else finished_fine_tuning(folder, task)
         if done:
             click.echo(f"{task}: kept the finished fine-tuning in {folder}")
         else:
@@ -241,16 +242,6 @@ def korean(**kw):
         summary[task] = {"best_epoch": done.get("best_epoch"), **done.get("best", {})}
         record(complete=task == tasks[-1])
     click.echo(_korean_table(summary))
-
-
-def _finished_fine_tuning(folder: Path, task: str) -> dict | None:
-    """The metrics.json of a fine-tuning of this task that ran to its end, else None."""
-    from bertkit.fileio import read_json_or_none
-
-    summary = read_json_or_none(folder / "metrics.json")
-    if isinstance(summary, dict) and summary.get("task") == task and "train_seconds" in summary:
-        return summary
-    return None
 
 
 def _korean_table(summary: dict) -> str:

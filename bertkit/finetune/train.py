@@ -259,6 +259,15 @@ def train(model, train_rows: list, evaluate, best_metric: str, cfg: TrainConfig,
     return ft.summary
 
 
+def finished_fine_tuning(out_dir, task: str | None = None) -> dict | None:
+    """The metrics.json of a fine-tuning (of `task`, if given) that ran to its end, else None: `train_seconds` is
+    written last, so a run killed part-way never has it."""
+    summary = read_json_or_none(Path(out_dir) / "metrics.json")
+    if isinstance(summary, dict) and "train_seconds" in summary and task in (None, summary.get("task")):
+        return summary
+    return None
+
+
 def start_fine_tuning(model, train_rows: list, best_metric: str, cfg: TrainConfig, task: str,
                       settings: dict | None) -> FineTuning:
     """Threads, device and kernels, the process group, dropout, the seed, the steps and the output folder."""
