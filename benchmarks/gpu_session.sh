@@ -8,8 +8,8 @@
 #   benchmarks/gpu_session.sh tune    the LayerNorm launch-shape sweep, LayerNorm again, attention with dropout
 #   benchmarks/gpu_session.sh modernbert  ModernBERT's global and local attention (RoPE, window) vs FlexAttention, SDPA,
 #                                         then ModernBERT-base's step at 1,024 and 8,192 tokens against transformers
-#   benchmarks/gpu_session.sh lease   what fits a 15-minute lease in one call: check-gpu (correctness), ModernBERT's
-#                                     attention (8,192 first) and step, the RoPE/window kernel tests
+#   benchmarks/gpu_session.sh lease   what fits a 15-minute lease in one call (~7 min; 2026-11-26's took 4.5): check-gpu
+#                                     --quick, ModernBERT's attention (8,192 first) and step, the backward's tile sweep
 #   benchmarks/gpu_session.sh step    the BERT-base step at 128 and 512: triton, torch, each compiled, transformers
 # Logs and JSON go to $OUT (or ./gpu_out). The device image has torch and triton but not bertkit's small
 # compiled dependencies: carry them as wheels in .whl/ (the device tool's README says how); no deepspeed needed.
@@ -56,14 +56,14 @@ case "${1:-check}" in
     cp benchmarks/results/modernbert_step.json "$OUT/" 2>/dev/null
     ;;
   lease)
-    timeout 140 "${BERTKIT[@]}" check-gpu --no-timing --out "$OUT/check_gpu.json" 2>&1 | tee "$OUT/check_gpu.log"
-    timeout 180 python3 benchmarks/modernbert_attention.py --seqs 8192 1024 --out "$OUT/modernbert_attention.json" 2>&1 \
+    timeout 150 "${BERTKIT[@]}" check-gpu --quick --no-timing --out "$OUT/check_gpu.json" 2>&1 | tee "$OUT/check_gpu.log"
+    timeout 120 python3 benchmarks/modernbert_attention.py --seqs 8192 1024 --out "$OUT/modernbert_attention.json" 2>&1 \
       | tee "$OUT/modernbert_attention.log"
-    timeout 150 python3 benchmarks/modernbert_step.py --device cuda --preset base --lengths 8192,1024 \
+    timeout 120 python3 benchmarks/modernbert_step.py --device cuda --preset base --lengths 8192,1024 \
       --tokens 32768 --kernels triton,torch 2>&1 | tee "$OUT/modernbert_step.log"
     cp benchmarks/results/modernbert_step.json "$OUT/" 2>/dev/null
-    timeout 40 python3 -m pytest -q -p no:cacheprovider -k "rope or window" tests/test_kernels_attention.py 2>&1 \
-      | tee "$OUT/pytest_cuda.log"
+    timeout 150 python3 benchmarks/attention_tiles.py --deadline 120 --out "$OUT/attention_tiles.json" 2>&1 \
+      | tee "$OUT/attention_tiles.log"
     ;;
   profile)
     timeout 300 python3 benchmarks/pretrain_step.py --device cuda --configs base --seq 128 --batch 128 \
