@@ -22,7 +22,8 @@ def check_gpu(device, dtypes, quick, no_timing, small, out, as_json):
     LayerNorm; prints a verdict and the --kernels to use. Exit status 1 when a kernel check fails.
 
     \b
-    Example: bertkit check-gpu              (about a minute on an H100)
+    Example: bertkit check-gpu --quick      (90 s on an H100: each kernel's default tiles, 64 cases)
+             bertkit check-gpu              (every shipped tile configuration: several minutes)
     """
     from bertkit.check_gpu import CheckConfig, check_gpu as run
 
