@@ -6,7 +6,8 @@ against FlexAttention and SDPA, global and local layers, forward + backward (nee
 ModernBERT-base's shape: 12 heads of 64, bf16, packed documents of exactly S tokens (tokens / S of them). The
 global layer turns q and k with RoPE base 160,000 and attends to its whole document; the local one uses base 10,000
 and ±window keys. Every provider is timed on the same work, RoPE included: bertkit (kernels.attention_varlen with
-rope_theta and window), FlexAttention (torch.compile'd flex_attention with a document + band BlockMask, RoPE
+rope_theta and window; `bertkit-prerot` is the same kernels with RoPE applied before them in PyTorch, to see what
+turning q and k inside costs), FlexAttention (torch.compile'd flex_attention with a document + band BlockMask, RoPE
 applied before it in PyTorch) and SDPA (each document a row of a padded batch; the local layer through a boolean
 band mask, RoPE before it). TFLOP/s count the work actually needed: 4·H·D per visible (query, key) pair forward,
 2.5x that backward, so a local layer is credited n·(2w+1), never n². The issue's goal on an H100: local ≥ 1.5x
@@ -65,6 +66,11 @@ def providers(seq: int, docs: int, window: int | None, theta: float, dtype):
     def ours(q, k, v):
         return kernels.attention_varlen(q, k, v, cu, seq, window=window, rope_theta=theta)
 
+    def ours_prerotated(q, k, v):  # RoPE as a PyTorch pass before the kernels, as the peers get it
+        q, k = rotated(q.view(docs, seq, HEADS, HEAD_DIM), k.view(docs, seq, HEADS, HEAD_DIM), theta)
+        return kernels.attention_varlen(q.reshape(-1, HEADS, HEAD_DIM), k.reshape(-1, HEADS, HEAD_DIM), v, cu, seq,
+                                        window=window)
+
     def with_flex(q, k, v):
         q, k = rotated(q.view(docs, seq, HEADS, HEAD_DIM), k.view(docs, seq, HEADS, HEAD_DIM), theta)
         q, k = q.reshape(1, docs * seq, HEADS, HEAD_DIM), k.reshape(1, docs * seq, HEADS, HEAD_DIM)
@@ -77,7 +83,7 @@ def providers(seq: int, docs: int, window: int | None, theta: float, dtype):
                                              v.view(docs, seq, HEADS, HEAD_DIM).transpose(1, 2), attn_mask=band)
         return out.transpose(1, 2).reshape(docs * seq, HEADS, HEAD_DIM)
 
-    return {"bertkit": ours, "flex": with_flex, "sdpa": with_sdpa}
+    return {"bertkit": ours, "bertkit-prerot": ours_prerotated, "flex": with_flex, "sdpa": with_sdpa}
 
 
 def measure(seq: int, tokens: int, layer: str, window: int, dtype) -> list[dict]:
@@ -125,15 +131,15 @@ def main(argv=None):
     rows = [r for seq in args.seqs for layer in LAYERS
             for r in measure(seq, args.tokens, layer, args.window, torch.bfloat16)]
     print(f"\n{env['device']}, bf16, {HEADS} heads x {HEAD_DIM}, {args.tokens} tokens a batch, window ±{args.window}")
-    print(f"{'layer':7} {'seq':>5} {'provider':8} {'fwd ms':>8} {'f+b ms':>8} {'fwd TF/s':>9} {'f+b TF/s':>9}  "
+    print(f"{'layer':7} {'seq':>5} {'provider':14} {'fwd ms':>8} {'f+b ms':>8} {'fwd TF/s':>9} {'f+b TF/s':>9}  "
           "vs bertkit")
     for r in rows:
         if "error" in r:
-            print(f"{r['layer']:7} {r['seq']:5} {r['provider']:8} {r['error']}")
+            print(f"{r['layer']:7} {r['seq']:5} {r['provider']:14} {r['error']}")
             continue
         ratio = next((o["fwd_bwd_ms"] / r["fwd_bwd_ms"] for o in rows if o["provider"] == "bertkit"
                       and o["layer"] == r["layer"] and o["seq"] == r["seq"] and "error" not in o), None)
-        print(f"{r['layer']:7} {r['seq']:5} {r['provider']:8} {r['fwd_ms']:8.3f} {r['fwd_bwd_ms']:8.3f} "
+        print(f"{r['layer']:7} {r['seq']:5} {r['provider']:14} {r['fwd_ms']:8.3f} {r['fwd_bwd_ms']:8.3f} "
               f"{r['fwd_tflops']:9.1f} {r['fwd_bwd_tflops']:9.1f}  "
               + (f"{ratio:.2f}x as fast as bertkit" if ratio and r["provider"] != "bertkit" else ""))
     write_gpu_result(env, args.out, rows=rows, window=args.window, tokens=args.tokens)
