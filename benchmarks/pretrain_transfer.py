@@ -14,6 +14,7 @@ on the Korean WikiExtractor sample with its own vocabulary and reports held-out 
     python benchmarks/pretrain_transfer.py --recipe budget --time-budget 2h   # pretrain --recipe budget for 2 hours
     python benchmarks/pretrain_transfer.py --recipe budget --time-budget 2h --then-128 12m --only finetune
     python benchmarks/pretrain_transfer.py --recipe budget --time-budget 2h --pooling mean --only finetune
+    python benchmarks/pretrain_transfer.py --recipe budget --model modernbert-tiny --time-budget 2h --only finetune
 
 With --recipe the English side is one run of `pretrain --recipe NAME --time-budget T` (dynamic masking), then
 every task fine-tuned from it and from random weights at each rate of --finetune-lrs with every seed; each start
@@ -137,16 +138,19 @@ def pretrain_run(instances: Path, run: Path, budget: Budget, steps: int, device:
 
 
 def random_init(pretrained: Path, out: Path) -> Path:
-    """The pretrained export's architecture and tokenizer with BERT's random initialisation."""
+    """The pretrained export's architecture and tokenizer at random (seed 0): BERT's initialisation for a BERT, the
+    family's own for another (ModernBERT)."""
     import torch
 
-    from bertkit.models import load_pretrained, save_pretrained
+    from bertkit.models import build_pretraining, describe, load_pretrained, save_pretrained
     from bertkit.models.bert import BertForPreTraining
 
     if not (out / "model.safetensors").is_file():
+        model = load_pretrained(pretrained, head="pretraining")
         torch.manual_seed(0)
-        save_pretrained(BertForPreTraining(load_pretrained(pretrained, head="pretraining").cfg), out,
-                        tokenizer_dir=pretrained)
+        fresh = (BertForPreTraining(model.cfg) if isinstance(model, BertForPreTraining)
+                 else build_pretraining(describe(model), "mlm"))
+        save_pretrained(fresh, out, tokenizer_dir=pretrained)
     return out
 
 
@@ -542,7 +546,9 @@ def recipe_main(args, budget: Budget):
     pretraining = args.time_budget + (f"-then128-{args.then_128}" if args.then_128 else "")
     pooled = "" if args.pooling == "cls" else f"-{args.pooling}"  # GLUE heads only: NER shares [CLS]'s fine-tunes
     label = pretraining + pooled
-    tag = f"{args.recipe}-{label}"
+    other_model = args.model and args.model != BUDGETS[args.device].preset
+    recipe = f"{args.model}-{args.recipe}" if other_model else args.recipe  # another model's runs are named apart
+    tag = f"{recipe}-{label}"
     state_file = args.work / f"results-{tag}.json"
     results = json.loads(state_file.read_text()) if state_file.is_file() else {"curves": {}, "sweep": {}}
     results.update(time_budget=args.time_budget, variant={"then_128": args.then_128, "pooling": args.pooling})
@@ -552,13 +558,13 @@ def recipe_main(args, budget: Budget):
 
     if args.only in (None, "en", "finetune"):
         en = prepare(args.work, "en", budget)
-        run = args.work / f"en-run-{args.recipe}-{args.time_budget}"
+        run = args.work / f"en-run-{recipe}-{args.time_budget}"
         instances = recipe_instances(en["corpus"], en["tokenizer"], args.work / f"en-{args.recipe}", args.recipe)
         pretrained = recipe_pretrain(instances, run, args.recipe, budget_s, budget, args.device)
         schedule = json.loads((run / "schedule.json").read_text())
         phases = [schedule]
         if args.then_128:  # BERT's second phase at longer sequences: positions 65-128 are never trained at 64
-            phase1, run = run, args.work / f"en-run-{args.recipe}-{pretraining}"
+            phase1, run = run, args.work / f"en-run-{recipe}-{pretraining}"
             instances = recipe_instances(en["corpus"], en["tokenizer"], args.work / f"en-{args.recipe}-128",
                                          args.recipe, max_seq_length=128)
             pretrained = recipe_pretrain(instances, run, args.recipe, parse_duration(args.then_128), budget,
@@ -574,12 +580,12 @@ def recipe_main(args, budget: Budget):
                                                         for p in timed_curve(run)])
         save()
         # the random start is one per recipe (same architecture, seed 0): every budget shares its fine-tunes
-        models = {"pretrained": pretrained, "random": random_init(pretrained, args.work / f"en-random-{args.recipe}")}
+        models = {"pretrained": pretrained, "random": random_init(pretrained, args.work / f"en-random-{recipe}")}
         for task in args.tasks if args.only != "en" else []:
             for lr in args.finetune_lrs:
                 for init in args.inits:
                     for seed in args.seeds:
-                        start = f"{args.recipe}-{pretraining}" if init == "pretrained" else args.recipe
+                        start = f"{recipe}-{pretraining}" if init == "pretrained" else recipe
                         out = args.work / "finetune" / (f"{start}{pooled if task != 'ner' else ''}-{task}-"
                                                         f"{init}-lr{lr:g}-{seed}")
                         score = finetune_score(task, models[init], out, seed, replace(budget, finetune_lr=lr),
@@ -589,7 +595,7 @@ def recipe_main(args, budget: Budget):
                         save()
     if args.only in (None, "ko"):
         ko = prepare(args.work, "ko", budget)
-        run = args.work / f"ko-run-{args.recipe}-{args.ko_time_budget}"
+        run = args.work / f"ko-run-{recipe}-{args.ko_time_budget}"
         instances = recipe_instances(ko["corpus"], ko["tokenizer"], args.work / f"ko-{args.recipe}", args.recipe)
         export_dir = recipe_pretrain(instances, run, args.recipe, ko_budget_s, budget, args.device)
         results["curves"]["ko"] = columns(timed_curve(run))
@@ -603,17 +609,18 @@ def recipe_main(args, budget: Budget):
     for key in [k for k in results if "fill_mask" in k]:
         for ex in results[key]:
             print(f"{ex['text']}  ->  {ex['top5']}")
-    by_hours = transfer_by_hours(args.work, args.recipe, args.pooling)
+    by_hours = transfer_by_hours(args.work, recipe, args.pooling)
     print_by_hours(by_hours)
-    name = f"pretrain_transfer_{args.recipe}_{label}"
-    write_result(name, {**run_info(name), "device": args.device, "recipe": args.recipe, "by_hours": by_hours,
+    name = f"pretrain_transfer_{recipe.replace('-', '_')}_{label}"
+    write_result(name, {**run_info(name), "device": args.device, "recipe": args.recipe, "model": budget.preset,
+                        "by_hours": by_hours,
                         "ko_time_budget": args.ko_time_budget,
                         "finetune_lrs": args.finetune_lrs, "seeds": args.seeds, "finetune_dropout": FINETUNE_DROPOUT,
                         "budget": budget.__dict__, "table": rows, **results})
     if rows and results["curves"]:
         plot_sweep(results, rows, RESULTS / f"{name}.png")
     if len(by_hours) > 1:
-        plot_by_hours(by_hours, RESULTS / f"pretrain_transfer_{args.recipe}{pooled}_by_hours.png")
+        plot_by_hours(by_hours, RESULTS / f"pretrain_transfer_{recipe.replace('-', '_')}{pooled}_by_hours.png")
 
 
 # ---------------------------------------------------------------- main
@@ -633,6 +640,8 @@ def main(argv=None):
                     help="steps of the longer dynamic run (default: the budget's); each length keeps its own folder")
     ap.add_argument("--recipe", default=None, help="pretrain with this named recipe (bertkit/recipes.py) for "
                     "--time-budget instead of the budget's steps")
+    ap.add_argument("--model", default=None, help="with --recipe: pretrain this preset (e.g. modernbert-tiny) instead "
+                    "of the budget's; its runs, fine-tunes and results are named apart")
     ap.add_argument("--time-budget", default="2h", help="with --recipe: the English pretraining's wall-clock")
     ap.add_argument("--then-128", default=None, metavar="DURATION",
                     help="with --recipe: a second pretraining phase at 128 tokens from the first's weights, this long")
@@ -645,6 +654,10 @@ def main(argv=None):
     if not SHARED.is_dir():
         raise SystemExit(f"needs the shared data ({SHARED}; set BERTKIT_SHARED_DATA)")
     budget = BUDGETS[args.device]
+    if args.model:
+        if not args.recipe:
+            raise SystemExit("--model goes with --recipe")
+        budget = replace(budget, preset=args.model)
     if args.recipe:
         args.work.mkdir(parents=True, exist_ok=True)
         return recipe_main(args, budget)
