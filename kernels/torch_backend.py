@@ -74,11 +74,21 @@ def rotate(x, cos, sin):
     return _Rotary.apply(x, cos, sin)
 
 
+def _half_on_cpu(q) -> bool:
+    """A bf16 (autocast) step on the CPU attends in fp32: PyTorch's CPU attention backward in bf16 ran 5x slower
+    than in fp32 at pretraining's shapes (modernbert-tiny, 64 tokens; benchmarks/README.md, "bf16 on the CPU")."""
+    return q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16)
+
+
 def attention_torch(q, k, v, lengths, dropout_p=0.0, softmax_scale=None, window=None, rope_theta=None,
                     zero_padding=True):
     """q, k, v: (B, S, H, D), right-padded (strided views allowed); lengths: (B,). Returns (B, S, H, D).
     window: ±keys each query sees (a band mask); rope_theta: q and k turned by rotary embeddings first.
     zero_padding=False leaves the padded rows as SDPA computed them (for a caller that never reads them)."""
+    if _half_on_cpu(q):
+        with torch.autocast("cpu", enabled=False):
+            return attention_torch(q.float(), k.float(), v.float(), lengths, dropout_p, softmax_scale, window,
+                                   rope_theta, zero_padding).to(q.dtype)
     seq = q.shape[1]
     if rope_theta is not None:
         cos, sin = cached_rotary_tables(seq, q.shape[-1], rope_theta, q.device)
@@ -228,6 +238,10 @@ def attention_varlen_torch(q, k, v, cu_seqlens, max_seqlen, dropout_p=0.0, softm
     """q, k, v: (T, H, D) packed; cu_seqlens: (B + 1,) int32; max_seqlen: a host-side bound on every length.
     A window or rotary embeddings go document by document or through padding (varlen_attn and nested SDPA take
     neither)."""
+    if _half_on_cpu(q):
+        with torch.autocast("cpu", enabled=False):
+            return attention_varlen_torch(q.float(), k.float(), v.float(), cu_seqlens, max_seqlen, dropout_p,
+                                          softmax_scale, window, rope_theta).to(q.dtype)
     modern = window is not None or rope_theta is not None
     grid_share = (cu_seqlens.numel() - 1) * max_seqlen / max(1, q.shape[0])
     impl = varlen_impl(q.device, dropout_p, grid_share, window is not None and max_seqlen > LOCAL_CHUNK + 2 * window)

@@ -44,7 +44,8 @@ class Duration(click.ParamType):
 @click.option("--zero-stage", type=click.IntRange(0, 3),
               help="DeepSpeed ZeRO stage  [default: 0 with LAMB (per-layer trust ratios), 2 with AdamW].")
 @click.option("--precision", type=click.Choice(["auto", "fp32", "bf16", "fp16"]),
-              help="auto = bf16 on GPUs that have it, else fp16 (dynamic loss scaling); fp32 on the CPU.")
+              help="auto = bf16 on GPUs that have it, else fp16 (dynamic loss scaling); fp32 on the CPU. bf16 on "
+                   "the CPU: autocast over fp32 weights, faster where the CPU has bf16 units (Intel AMX).")
 @click.option("--optimizer", type=click.Choice(["lamb", "adamw", "stableadamw"]),
               help="stableadamw: AdamW with update clipping (ModernBERT's)  [default: lamb]")
 @click.option("--lr", type=POSITIVE, help="Peak learning rate  [default: 1e-3].")

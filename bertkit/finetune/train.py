@@ -24,6 +24,7 @@ from bertkit.formats import IGNORE_INDEX
 from bertkit.kernel_guard import kernel_uses, resolve_guarded
 from bertkit.models import save_pretrained
 from bertkit.optim import adamw, build_scheduler, param_groups
+from bertkit.precision import autocast
 from bertkit.progress import tqdm
 from bertkit.runlog import RunLog, Throughput, default_report_to
 from bertkit.threads import choose_threads
@@ -49,6 +50,7 @@ class TrainConfig:
     unpadded: bool = True         # pack each batch end to end (varlen attention): no compute spent on padding;
                                   # False (--padded): pad each batch to its longest row
     compile: bool = False         # the model under torch.compile (its first batches compile)
+    precision: str = "fp32"       # fp32 | bf16: autocast over fp32 weights, training and evaluation (bertkit.precision)
     save_model: bool = True
     dropout: float | None = None  # hidden and attention dropout while fine-tuning; None: the model's config.json
     pooling: str | None = None    # sequence classifiers: cls or mean (BertConfig.classifier_pooling); None: the model's
@@ -230,7 +232,8 @@ def train(model, train_rows: list, evaluate, best_metric: str, cfg: TrainConfig,
             mine = mine if len(mine) else idx[:1]  # a last batch smaller than the world: one row each
             batch = to_device(collate_packed([train_rows[i] for i in mine]) if cfg.unpadded else
                               collate([train_rows[i] for i in mine]), ft.device)
-            loss = ft.net(**batch).loss
+            with autocast(ft.device, cfg.precision):
+                loss = ft.net(**batch).loss
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm or float("inf"))
             lr = scheduler.get_last_lr()[0]
@@ -278,7 +281,7 @@ def start_fine_tuning(model, train_rows: list, best_metric: str, cfg: TrainConfi
     device = pick_device(cfg.device, local_rank)
     kernels.use(cfg.kernels)
     # auto on a GPU: checked (and both backends timed) there first
-    backend = resolve_guarded(device, kernel_uses(model, "fp32", cfg.unpadded, batch=cfg.batch_size),
+    backend = resolve_guarded(device, kernel_uses(model, cfg.precision, cfg.unpadded, batch=cfg.batch_size),
                               say=tqdm.write if rank == 0 else lambda m: m.startswith("warning") and tqdm.write(m))
     if world > 1 and not torch.distributed.is_initialized():
         if device.type == "cuda":
@@ -318,7 +321,8 @@ def start_fine_tuning(model, train_rows: list, best_metric: str, cfg: TrainConfi
 def end_of_epoch(ft: FineTuning, evaluate, save, epoch: int, train_loss, seconds: float) -> None:
     """Rank 0 evaluates; a better epoch writes its files and its model (OUT/best/); metrics.json every time."""
     if ft.rank == 0:
-        metrics, files = evaluate(ft.model)
+        with autocast(ft.device, ft.cfg.precision):
+            metrics, files = evaluate(ft.model)
         record = {"epoch": epoch, "train_loss": train_loss, "train_seconds": seconds, **metrics}
         ft.summary["epochs"].append(record)
         ft.log.write({"step": ft.step, "epoch": epoch,

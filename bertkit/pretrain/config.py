@@ -31,7 +31,8 @@ class PretrainConfig:
     micro_batch: int | None = None        # sequences per rank per forward
     global_batch: int | None = None       # sequences per optimizer step; None = micro_batch * ranks
     zero_stage: int | None = None
-    precision: str | None = None          # auto | fp32 | bf16 | fp16; auto = bf16 if the GPU has it, fp16, CPU fp32
+    precision: str | None = None          # auto | fp32 | bf16 | fp16; auto = bf16 if the GPU has it, fp16, CPU fp32;
+                                          # bf16 on a CPU is autocast over fp32 weights (bertkit.precision)
     grad_clip: float | None = None
     optimizer: str | None = None          # lamb | adamw | stableadamw (AdamW with update clipping)
     lr: float | None = None               # peak learning rate
@@ -209,10 +210,10 @@ def resolve_deepspeed_config(cfg: PretrainConfig, world_size: int, user: dict | 
     if gas_user is not None and gas_user != s.grad_accum:
         raise ConfigError(f"{source}'s gradient_accumulation_steps = {gas_user} contradicts --global-batch "
                           f"{s.global_batch} / (--micro-batch {s.micro_batch} x {world_size} ranks) = {s.grad_accum}")
-    return _deepspeed_config(user, s), s
+    return _deepspeed_config(user, s, on_cuda), s
 
 
-def _deepspeed_config(user: dict, s: DeepSpeedSettings) -> dict:
+def _deepspeed_config(user: dict, s: DeepSpeedSettings, on_cuda: bool = True) -> dict:
     """The user's DeepSpeed config with the settings written in (what deepspeed.initialize gets)."""
     ds = user
     ds.pop("optimizer", None)
@@ -224,7 +225,7 @@ def _deepspeed_config(user: dict, s: DeepSpeedSettings) -> dict:
     ds["zero_allow_untested_optimizer"] = True  # our PyTorch LAMB is a "client" optimizer to DeepSpeed
     ds.setdefault("steps_per_print", 1 << 30)   # bertkit logs metrics itself
     ds.setdefault("wall_clock_breakdown", False)
-    if s.precision == "bf16":
+    if s.precision == "bf16" and on_cuda:
         ds.setdefault("bf16", {})["enabled"] = True
         ds.pop("fp16", None)
     elif s.precision == "fp16":

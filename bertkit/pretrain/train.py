@@ -20,6 +20,7 @@ from bertkit.data import EpochBatches, collate, collate_packed, to_device
 from bertkit.distributed import destroy_at_exit
 from bertkit.fileio import disk_errors
 from bertkit.formats import RUN_CONFIG, read_instances_manifest, read_run_config
+from bertkit.precision import autocast
 from bertkit.pretrain.checkpoints import run_folder_lock, save_checkpoint
 from bertkit.pretrain.config import ConfigError, PretrainConfig, TrainingError
 from bertkit.pretrain.divergence import injected_fault, roll_back
@@ -94,7 +95,8 @@ def train_step(run: Run) -> tuple[float, float, bool]:
     for k in range(gas):
         batch = for_objective(to_device(next(run.loader), run.device), run.objective)
         try:
-            out = run.engine(**batch)
+            with cpu_autocast(run.device, run.settings.precision):
+                out = run.engine(**batch)
             loss_k = out.loss * injected_fault(run.step + 1)
             run.engine.backward(loss_k)
             if k == gas - 1 and run.settings.zero_stage == 0:  # DeepSpeed reports no norm there; before clipping
@@ -117,6 +119,12 @@ def train_step(run: Run) -> tuple[float, float, bool]:
     return sums[0].item() / run.world, seconds, sums[1].item() > 0
 
 
+def cpu_autocast(device, precision: str):
+    """bf16 on a CPU is autocast over fp32 weights (bertkit.precision); on a GPU DeepSpeed's bf16 holds the weights
+    in bf16 itself."""
+    return autocast(device, precision if torch.device(device).type == "cpu" else "fp32")
+
+
 def log_training(run: Run, seconds: float) -> None:
     """The interval's training record: to metrics.jsonl (TensorBoard, W&B) and the progress bar."""
     run.record = train_record(run, run.meter.reduce(), run.throughput.rates(over_ranks=True), seconds)
@@ -129,7 +137,7 @@ def log_training(run: Run, seconds: float) -> None:
 def evaluate_and_log(run: Run, seconds: float) -> None:
     """Held-out metrics, and once per run the note that training sits on the unigram plateau."""
     ev = evaluate(run.engine, run.holdout, run.settings.micro_batch, run.rank, run.world, run.cfg.eval_batches,
-                  run.device, run.cfg.seed, run.cfg.unpadded, run.objective, run.split_at)
+                  run.device, run.cfg.seed, run.cfg.unpadded, run.objective, run.split_at, run.settings.precision)
     if ev:
         run.log.write({"step": run.step, "elapsed_s": seconds, **ev})
         budget = run.budget
@@ -162,7 +170,7 @@ def train_record(run: Run, m: dict, rates: dict, elapsed_s: float) -> dict:
 
 
 def evaluate(engine, dataset, micro_batch: int, rank: int, world: int, max_batches: int, device, seed: int,
-             unpadded: bool = False, objective: str = "nsp", split_at: int | None = None):
+             unpadded: bool = False, objective: str = "nsp", split_at: int | None = None, precision: str = "fp32"):
     """MLM (and NSP/SOP) loss and accuracy on the first max_batches micro batches (per rank) of the held-out
     instances."""
     micro_batch = min(micro_batch, len(dataset) // world)  # a small holdout still gets evaluated
@@ -181,7 +189,8 @@ def evaluate(engine, dataset, micro_batch: int, rank: int, world: int, max_batch
             rows = [dataset[k] for k in keys]
             batch = to_device(collate_packed(rows, split_at=split_at) if unpadded else collate(rows), device)
             batch = for_objective(batch, objective)
-            meter.add(engine(**batch), batch)
+            with cpu_autocast(device, precision):
+                meter.add(engine(**batch), batch)
     engine.module.train(was_training)
     r = meter.reduce()
     return {f"eval_{k}": v for k, v in {"loss": r["loss"], "mlm_loss": r["mlm_loss"], "mlm_acc": r["mlm_acc"],

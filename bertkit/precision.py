@@ -1,0 +1,20 @@
+"""bf16 mixed precision as torch.autocast: weights, gradients and optimizer state stay fp32, matrix products run in
+bf16. That is how bertkit runs `--precision bf16` on a CPU (pretraining and fine-tuning) and in fine-tuning on a GPU:
+on a CPU with bf16 matrix units (Intel AMX, Sapphire Rapids and later) a bf16 product is 5-7x an fp32 one on one core,
+while DeepSpeed's bf16 (the weights themselves in bf16) made a CPU step slower (benchmarks/README.md, "bf16 on the
+CPU"). Pretraining on a GPU keeps DeepSpeed's bf16."""
+import torch
+
+
+def autocast(device, precision: str):
+    """The context a forward (and its loss) runs in: bf16 autocast when precision is bf16, else nothing."""
+    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=precision == "bf16")
+
+
+def cpu_bf16_units() -> bool:
+    """Whether this CPU multiplies bf16 matrices in hardware (AMX tiles or AVX-512 BF16); without them a bf16 CPU
+    step is slower than fp32."""
+    try:
+        return bool(torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported())
+    except AttributeError:  # an older torch: no way to tell
+        return False

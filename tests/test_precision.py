@@ -1,0 +1,108 @@
+"""--precision bf16 on the CPU: autocast over fp32 weights (bertkit.precision), in pretraining and fine-tuning; the
+torch backend attends in fp32 inside it. Checked against fp32 runs and float64 references, and against what
+would go wrong: DeepSpeed's own bf16 (weights in bf16) on the CPU, autocast left off, or attention run in bf16."""
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from bertkit.pretrain import PretrainConfig, pretrain
+from bertkit.pretrain.config import resolve_deepspeed_config
+from tests.helpers import TINY, make_instances_dir, tiny_model_folder
+
+
+def test_bf16_on_the_cpu_keeps_deepspeed_in_fp32():
+    """On the CPU the DeepSpeed config has no bf16 section (weights and optimizer stay fp32; the loop autocasts);
+    on a GPU DeepSpeed's bf16 holds the weights, as before."""
+    cfg = PretrainConfig(instances="i", out="o", precision="bf16")
+    ds, settings = resolve_deepspeed_config(cfg, 1, None, False, False)
+    assert settings.precision == "bf16" and "bf16" not in ds and "fp16" not in ds
+    ds, _ = resolve_deepspeed_config(cfg, 1, {"bf16": {"enabled": True}}, False, False)  # the user's file too
+    assert "bf16" not in ds
+    ds, settings = resolve_deepspeed_config(cfg, 1, None, True, True)
+    assert settings.precision == "bf16" and ds["bf16"]["enabled"]
+
+
+def test_attention_in_a_bf16_step_on_the_cpu_runs_in_fp32():
+    """bf16 q, k, v on the CPU (what autocast's projections give) attend in fp32: the output and the gradients equal
+    the fp32 computation on the same bf16 inputs, rounded once to bf16 (not bf16 arithmetic throughout), for the
+    padded path and the packed one with RoPE and a window."""
+    from bertkit.kernels.torch_backend import attention_torch, attention_varlen_torch
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 24, 2, 16, generator=gen).to(torch.bfloat16) for _ in range(3))
+    lengths = torch.tensor([24, 17])
+    cu = torch.tensor([0, 24, 41], dtype=torch.int32)
+    cases = [
+        lambda q, k, v: attention_torch(q, k, v, lengths),
+        lambda q, k, v: attention_varlen_torch(q.reshape(48, 2, 16)[:41], k.reshape(48, 2, 16)[:41],
+                                               v.reshape(48, 2, 16)[:41], cu, 24, window=4, rope_theta=10_000.0),
+    ]
+    for fn in cases:
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = fn(*leaves)
+        assert out.dtype == torch.bfloat16
+        dout = torch.randn(out.shape, generator=gen).to(torch.bfloat16)
+        grads = torch.autograd.grad(out, leaves, dout)
+        wide = [t.float().requires_grad_() for t in (q, k, v)]
+        ref = fn(*wide)
+        ref_grads = torch.autograd.grad(ref, wide, dout.float())
+        assert torch.equal(out, ref.to(torch.bfloat16))
+        for g, r in zip(grads, ref_grads):
+            assert g.dtype == torch.bfloat16 and torch.equal(g, r.to(torch.bfloat16))
+
+
+@pytest.fixture(scope="module")
+def instances(tmp_path_factory):
+    d = tmp_path_factory.mktemp("bf16") / "inst"
+    make_instances_dir(d, n=64, holdout=16, max_len=32)
+    (d.parent / "model.json").write_text(json.dumps(TINY))
+    return d
+
+
+def test_pretraining_in_bf16_on_the_cpu_tracks_fp32(instances, tmp_path, clean_dist_env):
+    """The same run in bf16 autocast: its losses are fp32's to about bf16's rounding (1 %), not equal to them (the
+    autocast really ran), every weight and the checkpoint stay fp32, and the run records bf16."""
+    def run(precision):
+        out = tmp_path / precision
+        pretrain(PretrainConfig(instances=str(instances), out=str(out), model=str(instances.parent / "model.json"),
+                                micro_batch=8, max_steps=4, dropout=0.0, optimizer="adamw", lr=1e-3, warmup=0,
+                                precision=precision, progress=False, num_workers=0, log_every=1, eval_every=4,
+                                eval_batches=2))
+        records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        return out, [r.get("loss", r.get("eval_loss")) for r in records if "loss" in r or "eval_loss" in r]
+
+    _, fp32 = run("fp32")
+    out, bf16 = run("bf16")
+    assert len(bf16) == len(fp32) == 5
+    assert bf16 == pytest.approx(fp32, rel=1e-2) and bf16 != fp32
+    assert json.loads((out / "config.json").read_text())["resolved"]["precision"] == "bf16"
+    from safetensors.torch import load_file
+
+    from bertkit.pretrain import export
+    export(out, tmp_path / "export")
+    assert {t.dtype for t in load_file(tmp_path / "export" / "model.safetensors").values()} == {torch.float32}
+
+
+def test_finetuning_in_bf16_tracks_fp32_and_is_recorded(tmp_path):
+    """`finetune --precision bf16`: the first epoch's loss is fp32's to within bf16's rounding but not equal (the
+    autocast ran, in training and in evaluation), and the setting is in metrics.json."""
+    from bertkit.cli import main as cli
+
+    tiny_model_folder(tmp_path)
+    rows = ["text\tlabel"] + [f"w{i} w{(i * 5) % 27} w{(i * 3) % 27}\t{i % 2}" for i in range(32)]
+    (tmp_path / "train.tsv").write_text("\n".join(rows) + "\n")
+    summaries = {}
+    for precision in ("fp32", "bf16"):
+        out = tmp_path / precision
+        result = CliRunner().invoke(cli, ["finetune", "classify", "--out", str(out), "--model", str(tmp_path / "tiny"),
+                                          "--epochs", "1", "--batch-size", "8", "--max-seq-length", "16",
+                                          "--lr", "1e-3", "--report-to", "none", "--no-save-model", "--train-file",
+                                          str(tmp_path / "train.tsv"), "--dev-file", str(tmp_path / "train.tsv"),
+                                          "--text-a", "text", "--precision", precision])
+        assert result.exit_code == 0, result.output
+        summaries[precision] = json.loads((out / "metrics.json").read_text())
+    assert summaries["bf16"]["settings"]["precision"] == "bf16"
+    fp32, bf16 = (summaries[p]["epochs"][0]["train_loss"] for p in ("fp32", "bf16"))
+    assert bf16 == pytest.approx(fp32, rel=1e-2) and bf16 != fp32
