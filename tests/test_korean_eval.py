@@ -172,6 +172,13 @@ def test_several_korean_tasks_in_one_command_gather_a_table_and_resume(shared_da
     one = CliRunner().invoke(main, korean_args(shared_data, minilm, out, "nsmc"))  # one task, the same folder: kept
     assert one.exit_code == 0 and "kept the finished" in one.output, one.output
     assert list(json.loads((out / "manifest.json").read_text())["tasks"]) == ["nsmc", "korsts"]
+    manifest = json.loads((out / "manifest.json").read_text())  # a folder made before --precision existed
+    del manifest["settings"]["precision"]
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    older = CliRunner().invoke(main, args)
+    assert older.exit_code == 0 and older.output.count("kept the finished fine-tuning") == 2, older.output
+    bf16 = CliRunner().invoke(main, args + ["--precision", "bf16"])
+    assert bf16.exit_code == 2 and "precision: fp32 -> bf16" in bf16.output, bf16.output
     other = CliRunner().invoke(main, [a if a != "1" else "2" for a in args])
     assert other.exit_code == 2 and "epochs: 1.0 -> 2.0" in other.output and "--overwrite" in other.output
     mixed = CliRunner().invoke(main, args + ["--train-file", str(shared_data / "nsmc" / "ratings_test.txt")])

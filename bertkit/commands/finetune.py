@@ -182,6 +182,8 @@ KOREAN_COLUMNS = {"nsmc": ("accuracy",), "klue-nli": ("accuracy",), "kornli": ("
 # settings that do not change a fine-tuning's scores: a kept task may differ in these
 SCORE_NEUTRAL = ("out_dir", "overwrite", "threads", "report_to", "log_every", "no_save_model", "device", "kernels",
                  "compile")
+# settings added after folders were made, with the value every earlier folder ran with
+SINCE_ADDED = {"precision": "fp32"}
 
 
 @finetune.command("korean")
@@ -221,8 +223,8 @@ def korean(**kw):
     settings = {k: v for k, v in kw.items() if k not in SCORE_NEUTRAL}
     settings["model_path"] = str(Path(kw["model_path"]).resolve())
     earlier = read_json_or_none(out / "manifest.json") or {}
-    changed = {k: (earlier["settings"].get(k), v) for k, v in settings.items()
-               if "settings" in earlier and earlier["settings"].get(k) != v}
+    before = {**SINCE_ADDED, **earlier.get("settings", {})}
+    changed = {k: (before.get(k), v) for k, v in settings.items() if "settings" in earlier and before.get(k) != v}
     if changed and not kw["overwrite"]:
         raise click.UsageError(f"{out} holds a Korean evaluation made with other settings ("
                                + "; ".join(f"{k}: {a} -> {b}" for k, (a, b) in changed.items())
