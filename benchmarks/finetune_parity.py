@@ -4,6 +4,7 @@ on the same model (all-MiniLM-L6-v2), data and settings, several seeds, with tim
     python benchmarks/finetune_parity.py                              # every task, seeds 42 43 44, both systems
     python benchmarks/finetune_parity.py --tasks squad --seeds 42     # one cell row
     python benchmarks/finetune_parity.py --bertkit-flags unpadded=1   # a bertkit variant (its own rows)
+    python benchmarks/finetune_parity.py --tasks mrpc --systems bertkit --bertkit-flags unpadded=1,precision=bf16
     python benchmarks/finetune_parity.py --only report                # the table from the results so far
 
 Each cell (task, system, seed) runs in its own process (so its peak memory is its own) and is appended to
@@ -123,7 +124,8 @@ def run_bertkit(task: str, seed: int, work: Path, flags: dict) -> dict:
     cfg = TrainConfig(out_dir=str(out), epochs=t["epochs"], batch_size=t["batch_size"], learning_rate=t["lr"],
                       weight_decay=t["weight_decay"], warmup_ratio=t["warmup_ratio"], max_grad_norm=t["max_grad_norm"],
                       seed=seed, save_model=False, report_to="none", unpadded=bool(flags.get("unpadded")),
-                      adam_eps=float(flags.get("adam_eps", TrainConfig.adam_eps)))
+                      adam_eps=float(flags.get("adam_eps", TrainConfig.adam_eps)),
+                      precision=flags.get("precision", "fp32"))
     if t["kind"] == "squad":
         from bertkit.finetune.squad import finetune_squad
 
