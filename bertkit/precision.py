@@ -18,3 +18,11 @@ def cpu_bf16_units() -> bool:
         return bool(torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported())
     except AttributeError:  # an older torch: no way to tell
         return False
+
+
+def slow_bf16_note(device, precision: str) -> str | None:
+    """A line to print when bf16 was asked for on a CPU that would run it slower than fp32."""
+    if precision == "bf16" and torch.device(device).type == "cpu" and not cpu_bf16_units():
+        return ("note: this CPU has no bf16 matrix units (Intel AMX or AVX-512 BF16), so --precision bf16 runs "
+                "slower than fp32 here; drop it")
+    return None

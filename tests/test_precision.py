@@ -106,3 +106,23 @@ def test_finetuning_in_bf16_tracks_fp32_and_is_recorded(tmp_path):
     assert summaries["bf16"]["settings"]["precision"] == "bf16"
     fp32, bf16 = (summaries[p]["epochs"][0]["train_loss"] for p in ("fp32", "bf16"))
     assert bf16 == pytest.approx(fp32, rel=1e-2) and bf16 != fp32
+
+
+def test_bf16_on_a_cpu_without_bf16_units_says_so(tmp_path, monkeypatch):
+    """Where the CPU has no bf16 matrix units a bf16 run is slower than fp32: the run says so (and still runs)."""
+    from bertkit import precision
+    from bertkit.cli import main as cli
+
+    tiny_model_folder(tmp_path)
+    rows = ["text\tlabel"] + [f"w{i} w{(i * 5) % 27}\t{i % 2}" for i in range(16)]
+    (tmp_path / "train.tsv").write_text("\n".join(rows) + "\n")
+    args = ["finetune", "classify", "--model", str(tmp_path / "tiny"), "--epochs", "1", "--batch-size", "8",
+            "--max-seq-length", "16", "--report-to", "none", "--no-save-model", "--train-file",
+            str(tmp_path / "train.tsv"), "--dev-file", str(tmp_path / "train.tsv"), "--text-a", "text",
+            "--precision", "bf16"]
+    here = CliRunner().invoke(cli, args + ["--out", str(tmp_path / "here")])
+    assert here.exit_code == 0, here.output
+    assert ("no bf16 matrix units" in here.output) == (not precision.cpu_bf16_units())
+    monkeypatch.setattr(precision, "cpu_bf16_units", lambda: False)
+    older = CliRunner().invoke(cli, args + ["--out", str(tmp_path / "older")])
+    assert older.exit_code == 0 and "no bf16 matrix units" in older.output, older.output

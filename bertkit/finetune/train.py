@@ -24,7 +24,7 @@ from bertkit.formats import IGNORE_INDEX
 from bertkit.kernel_guard import kernel_uses, resolve_guarded
 from bertkit.models import save_pretrained
 from bertkit.optim import adamw, build_scheduler, param_groups
-from bertkit.precision import autocast
+from bertkit.precision import autocast, slow_bf16_note
 from bertkit.progress import tqdm
 from bertkit.runlog import RunLog, Throughput, default_report_to
 from bertkit.threads import choose_threads
@@ -279,6 +279,8 @@ def start_fine_tuning(model, train_rows: list, best_metric: str, cfg: TrainConfi
     if rank == 0:
         tqdm.write(threads.describe())
     device = pick_device(cfg.device, local_rank)
+    if rank == 0 and (note := slow_bf16_note(device, cfg.precision)):
+        tqdm.write(note)
     kernels.use(cfg.kernels)
     # auto on a GPU: checked (and both backends timed) there first
     backend = resolve_guarded(device, kernel_uses(model, cfg.precision, cfg.unpadded, batch=cfg.batch_size),

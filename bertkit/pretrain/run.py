@@ -19,6 +19,7 @@ from bertkit.formats import InstancesError, InstancesManifest
 from bertkit.kernel_guard import kernel_uses, resolve_guarded
 from bertkit.models import describe, family_of
 from bertkit.optim import build_optimizer, build_scheduler, param_groups
+from bertkit.precision import slow_bf16_note
 from bertkit.pretrain.budget import BudgetSchedule, plan_schedule
 from bertkit.pretrain.checkpoints import (
     choose_checkpoint,
@@ -232,6 +233,8 @@ def resolve_settings(cfg: PretrainConfig, world: int, rank: int, on_cuda: bool):
         picked = "bf16 (this GPU has it)" if settings.precision == "bf16" else \
             "fp16 with dynamic loss scaling (this GPU has no bf16)"
         print(f"precision auto: {picked}", file=sys.stderr, flush=True)
+    if not on_cuda and rank == 0 and (note := slow_bf16_note("cpu", settings.precision)):
+        print(note, file=sys.stderr, flush=True)
     return ds_config, settings
 
 
