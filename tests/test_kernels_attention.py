@@ -130,7 +130,7 @@ def test_varlen_matches_reference(dtype, head_dim, p):
 
 
 @interpreter_only
-@pytest.mark.parametrize("window,theta", [(None, None), (4, 10_000.0)])
+@pytest.mark.parametrize("window,theta", [(None, None), (4, 10_000.0), (None, 160_000.0)])
 def test_varlen_rows_past_the_last_sequence_are_zero(window, theta):
     """A fine-tuning batch's tail (tokens past cu_seqlens[-1], rounding its size) belongs to no sequence: its
     output rows and gradients come out exactly zero (no program writes them), the rest equal the reference."""
@@ -204,6 +204,39 @@ def test_rope_and_window_match_reference(varlen, dtype, window, theta, p):
         assert rel_err(g, r.grad) <= tol, f"d{name}: {rel_err(g, r.grad)}"
     if not varlen:
         _check_padded_rows_zero([out, *grads], seqinfo)
+
+
+@interpreter_only
+def test_a_global_layer_turns_q_and_k_once_before_the_kernels(monkeypatch):
+    """A global layer (RoPE, no window) turns q and k in one pass and runs the kernels without RoPE (turning inside
+    cost it 1.36x on an H200); a local layer keeps RoPE inside. Padded, each answer equals the float64 reference."""
+    import importlib
+
+    from bertkit import kernels
+
+    attn = importlib.import_module("bertkit.kernels.attention")  # the module (kernels.attention is its function)
+    seen = []
+    run = attn._run
+    monkeypatch.setattr(attn, "_run", lambda *a: seen.append(a[-1]) or run(*a))
+    gen = torch.Generator().manual_seed(5)
+    lengths = torch.tensor([19, 7, 0])
+    q, k, v = (torch.randn(3, 19, 2, 32, generator=gen, dtype=torch.float64) for _ in range(3))
+    dout = torch.randn(3, 19, 2, 32, generator=gen, dtype=torch.float64)
+    kernels.use("triton")
+    try:
+        for window, theta in ((None, 160_000.0), (4, 10_000.0)):
+            leaves = [t.float().requires_grad_() for t in (q, k, v)]
+            out = kernels.attention(*leaves, lengths, window=window, rope_theta=theta)
+            grads = torch.autograd.grad(out, leaves, dout.float())
+            ref_leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+            ref = attention_reference(*ref_leaves, lengths, window=window, rope_theta=theta)
+            ref_grads = torch.autograd.grad(ref, ref_leaves, dout)
+            assert rel_err(out, ref) <= TOLERANCE[torch.float32]
+            for g, r in zip(grads, ref_grads):
+                assert rel_err(g, r) <= TOLERANCE[torch.float32]
+    finally:
+        kernels.use("auto")
+    assert seen == [None, 10_000.0]
 
 
 @interpreter_only
