@@ -12,13 +12,13 @@ the median of --steps steps after a warm-up, for each of --rounds alternations.
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from modernbert_step import time_steps  # noqa: E402
 from record import run_info, write_result  # noqa: E402
 
 from bertkit.precision import autocast, cpu_bf16_units  # noqa: E402
@@ -63,14 +63,8 @@ def measure(family: str, preset: str, tokens: int, length: int, steps: int, roun
 
     seconds = {"fp32": [], "bf16": []}
     for _ in range(rounds):
-        for precision in seconds:
-            step(precision)  # warm-up (autocast's first casts)
-            times = []
-            for _ in range(steps):
-                t = time.perf_counter()
-                step(precision)
-                times.append(time.perf_counter() - t)
-            seconds[precision].append(statistics.median(times))
+        for precision in seconds:  # a warm-up (autocast's first casts), then the median of the steps
+            seconds[precision].append(time_steps(lambda: step(precision), steps, "cpu"))
     fp32, bf16 = (statistics.median(seconds[p]) for p in ("fp32", "bf16"))
     return {"model": f"{family}:{preset}", "tokens": docs * length, "length": length,
             "parameters": sum(p.numel() for p in model.parameters()), "fp32_s": fp32, "bf16_s": bf16,

@@ -30,6 +30,7 @@ import triton.language as tl
 from .common import INTERPRET, cdiv, draw_seed, next_power_of_2, threshold_and_scale
 from .dropout import keep_tile
 from .reference import cached_rotary_tables
+from .torch_backend import turn_packed, turn_padded
 
 LOG2E = 1.4426950408889634
 
@@ -798,36 +799,23 @@ def _run(q, k, v, seqinfo, max_seqlen, varlen, dropout_p, softmax_scale, window=
     return out
 
 
-def _turned_once(q, k, cu_seqlens, max_seqlen: int, rope_theta: float):
-    """A global layer's q and k turned by RoPE in one pass before the kernels, each token at its position in its
-    sequence (cu_seqlens None: padded rows, positions 0..S-1). Turning them inside the kernels re-reads the cos/sin
-    tables for every tile the loops visit, which a global layer's loops visit all of: on an H200 at 8,192 tokens that
-    made its forward + backward 12.36 ms against 9.09 turning once (FlexAttention 11.20; benchmarks/README.md). A
-    local layer's band visits few tiles, so it keeps RoPE inside (0.80 ms against 2.71)."""
-    from .torch_backend import rotate
-
-    cos, sin = cached_rotary_tables(max_seqlen, q.shape[-1], rope_theta, q.device)
-    if cu_seqlens is None:
-        cos, sin = cos[:, None], sin[:, None]
-    else:  # tokens past cu_seqlens[-1] belong to no sequence: any angle (their rows come out zero)
-        cu = cu_seqlens.to(torch.int64)
-        token = torch.arange(q.shape[0], device=q.device)
-        seq = torch.searchsorted(cu[1:], token, right=True)
-        pos = torch.where(seq < cu.numel() - 1, token - cu[seq], 0).clamp(max=max_seqlen - 1)
-        cos, sin = cos[pos][:, None], sin[pos][:, None]
-    return rotate(q, cos, sin), rotate(k, cos, sin)
+# A global layer's q and k are turned by RoPE in one pass before the kernels (torch_backend.turn_padded /
+# turn_packed). Turning them inside re-reads the cos/sin tables for every tile the loops visit, which a global
+# layer's loops visit all of: on an H200 at 8,192 tokens that made its forward + backward 12.36 ms against 9.09
+# turning once (FlexAttention 11.20; benchmarks/README.md). A local layer's band visits few tiles, so it keeps RoPE
+# inside (0.80 ms against 2.71).
 
 
 def attention_triton(q, k, v, lengths, dropout_p=0.0, softmax_scale=None, window=None, rope_theta=None):
     """q, k, v (batch, seq, heads, head_dim); lengths (batch,) valid tokens. Rows past a length are zero."""
-    if rope_theta is not None and window is None:
-        (q, k), rope_theta = _turned_once(q, k, None, q.shape[1], rope_theta), None
+    if rope_theta is not None and window is None:  # a global layer: turned once (above)
+        (q, k), rope_theta = turn_padded(q, k, rope_theta), None
     return _run(q, k, v, lengths, q.shape[1], False, dropout_p, softmax_scale, window, rope_theta)
 
 
 def attention_varlen_triton(q, k, v, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None, window=None,
                             rope_theta=None):
     """q, k, v (tokens, heads, head_dim); cu_seqlens (batch + 1,); max_seqlen: an upper bound (the bucket)."""
-    if rope_theta is not None and window is None:
-        (q, k), rope_theta = _turned_once(q, k, cu_seqlens, max_seqlen, rope_theta), None
+    if rope_theta is not None and window is None:  # a global layer: turned once (above)
+        (q, k), rope_theta = turn_packed(q, k, cu_seqlens, max_seqlen, rope_theta), None
     return _run(q, k, v, cu_seqlens, max_seqlen, True, dropout_p, softmax_scale, window, rope_theta)

@@ -74,6 +74,22 @@ def rotate(x, cos, sin):
     return _Rotary.apply(x, cos, sin)
 
 
+def turn_padded(q, k, theta: float):
+    """q and k (B, S, H, D) turned by rotary embeddings at positions 0..S-1."""
+    cos, sin = cached_rotary_tables(q.shape[1], q.shape[-1], theta, q.device)
+    return rotate(q, cos[:, None], sin[:, None]), rotate(k, cos[:, None], sin[:, None])
+
+
+def turn_packed(q, k, cu_seqlens, table_len: int, theta: float):
+    """q and k (T, H, D) turned by rotary embeddings, each token at its position in its sequence (table_len: a bound
+    on every length). Tokens past cu_seqlens[-1] belong to no sequence: any angle, their rows are dropped."""
+    seq, pos = _packed_index(cu_seqlens, q.shape[0])
+    pos = torch.where(seq < cu_seqlens.numel() - 1, pos, 0)
+    cos, sin = cached_rotary_tables(table_len, q.shape[-1], theta, q.device)
+    cos, sin = cos[pos][:, None], sin[pos][:, None]
+    return rotate(q, cos, sin), rotate(k, cos, sin)
+
+
 def _half_on_cpu(q) -> bool:
     """A bf16 (autocast) step on the CPU attends in fp32: PyTorch's CPU attention backward in bf16 ran 5x slower
     than in fp32 at pretraining's shapes (modernbert-tiny, 64 tokens; benchmarks/README.md, "bf16 on the CPU")."""
@@ -91,8 +107,7 @@ def attention_torch(q, k, v, lengths, dropout_p=0.0, softmax_scale=None, window=
                                    rope_theta, zero_padding).to(q.dtype)
     seq = q.shape[1]
     if rope_theta is not None:
-        cos, sin = cached_rotary_tables(seq, q.shape[-1], rope_theta, q.device)
-        q, k = rotate(q, cos[:, None], sin[:, None]), rotate(k, cos[:, None], sin[:, None])
+        q, k = turn_padded(q, k, rope_theta)
     keys = _key_mask(lengths, seq)[:, None, None, :]
     if window is not None:
         keys = keys & _band(seq, window, q.device)
@@ -139,11 +154,7 @@ def _varlen_by_document(q, k, v, cu_seqlens, dropout_p, softmax_scale, window=No
     bounds = cu_seqlens.tolist()
     lengths = [b - a for a, b in zip(bounds, bounds[1:])]
     if rope_theta is not None:
-        seq, pos = _packed_index(cu_seqlens, q.shape[0])
-        pos = torch.where(seq < len(lengths), pos, 0)  # the tail past cu_seqlens[-1]: any angle, it is dropped
-        cos, sin = cached_rotary_tables(max([1, *lengths]), q.shape[-1], rope_theta, q.device)
-        cos, sin = cos[pos][:, None], sin[pos][:, None]
-        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        q, k = turn_packed(q, k, cu_seqlens, max([1, *lengths]), rope_theta)
     runs = []  # (documents, length) of each run of neighbours with one length
     for n in lengths:
         if runs and runs[-1][1] == n:

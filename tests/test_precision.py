@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from bertkit.pretrain import PretrainConfig, pretrain
 from bertkit.pretrain.config import resolve_deepspeed_config
-from tests.helpers import TINY, make_instances_dir, tiny_model_folder
+from tests.helpers import tiny_model_folder, tiny_pretraining_inputs
 
 
 def test_bf16_on_the_cpu_keeps_deepspeed_in_fp32():
@@ -55,10 +55,7 @@ def test_attention_in_a_bf16_step_on_the_cpu_runs_in_fp32():
 
 @pytest.fixture(scope="module")
 def instances(tmp_path_factory):
-    d = tmp_path_factory.mktemp("bf16") / "inst"
-    make_instances_dir(d, n=64, holdout=16, max_len=32)
-    (d.parent / "model.json").write_text(json.dumps(TINY))
-    return d
+    return tiny_pretraining_inputs(tmp_path_factory.mktemp("bf16"), n=64)
 
 
 def test_pretraining_in_bf16_on_the_cpu_tracks_fp32(instances, tmp_path, clean_dist_env):

@@ -10,7 +10,7 @@ from bertkit.optim import Lamb, build_scheduler, lr_factor, param_groups
 from bertkit.pretrain import ConfigError, PretrainConfig, TrainingError, pretrain
 from bertkit.pretrain.config import resolve_deepspeed_config
 from bertkit.runlog import scalar_tag
-from tests.helpers import TINY, make_instances_dir
+from tests.helpers import TINY, tiny_pretraining_inputs
 
 
 def lamb_numpy(w, grads, lr, b1, b2, eps, wd):
@@ -123,10 +123,7 @@ def test_deepspeed_config_from_flags_and_merging():
 
 @pytest.fixture(scope="module")
 def instances(tmp_path_factory):
-    d = tmp_path_factory.mktemp("pretrain") / "inst"
-    make_instances_dir(d, n=96, holdout=16, max_len=32)
-    (d.parent / "model.json").write_text(json.dumps(TINY))
-    return d
+    return tiny_pretraining_inputs(tmp_path_factory.mktemp("pretrain"), n=96)
 
 
 def test_bad_inputs_give_clear_errors(instances, tmp_path, clean_dist_env):

@@ -10,15 +10,12 @@ from bertkit.fileio import DiskError
 from bertkit.pretrain import PretrainConfig, pretrain
 from bertkit.pretrain.checkpoints import find_checkpoint
 from bertkit.safe_load import safe_load
-from tests.helpers import TINY, make_instances_dir
+from tests.helpers import tiny_pretraining_inputs
 
 
 @pytest.fixture(scope="module")
 def instances(tmp_path_factory):
-    d = tmp_path_factory.mktemp("ckpt") / "inst"
-    make_instances_dir(d, n=96, holdout=16, max_len=32)
-    (d.parent / "model.json").write_text(json.dumps(TINY))
-    return d
+    return tiny_pretraining_inputs(tmp_path_factory.mktemp("ckpt"), n=96)
 
 
 def config(instances, out, **kw):

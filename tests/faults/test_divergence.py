@@ -7,15 +7,12 @@ import math
 import pytest
 
 from bertkit.pretrain import PretrainConfig, TrainingError, pretrain
-from tests.helpers import TINY, finish, launch, make_instances_dir
+from tests.helpers import finish, launch, tiny_pretraining_inputs
 
 
 @pytest.fixture(scope="module")
 def instances(tmp_path_factory):
-    d = tmp_path_factory.mktemp("div") / "inst"
-    make_instances_dir(d, n=256, holdout=16, max_len=32)
-    (d.parent / "model.json").write_text(json.dumps(TINY))
-    return d
+    return tiny_pretraining_inputs(tmp_path_factory.mktemp("div"), n=256)
 
 
 def records(run):
