@@ -35,7 +35,35 @@ def update_moments(p, state: dict, beta1: float, beta2: float):
     return grad, m, v, 1 - beta1 ** state["step"], 1 - beta2 ** state["step"]
 
 
-class Lamb(torch.optim.Optimizer):
+class PerTensorAdam(torch.optim.Optimizer):
+    """Adam's moments, one tensor at a time (update_moments); a subclass says how each tensor then steps."""
+
+    def __init__(self, params, lr, betas, eps, weight_decay):
+        if lr < 0 or eps < 0 or not (0 <= betas[0] < 1 and 0 <= betas[1] < 1):
+            raise ValueError(f"invalid {type(self).__name__} settings lr={lr} betas={betas} eps={eps}")
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                w = p.float()
+                self.step_tensor(w, *update_moments(p, self.state[p], *group["betas"]), group)
+                if w is not p:  # p.float() is p itself for fp32
+                    p.copy_(w)
+        return loss
+
+    def step_tensor(self, w, grad, m, v, bc1: float, bc2: float, group: dict) -> None:
+        raise NotImplementedError
+
+
+class Lamb(PerTensorAdam):
     """LAMB in PyTorch (CPU, or any device without DeepSpeed's fused op).
 
     update = m_hat / (sqrt(v_hat) + eps) + weight_decay * w;  w -= lr * (||w|| / ||update||) * update,
@@ -43,66 +71,32 @@ class Lamb(torch.optim.Optimizer):
     """
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0):
-        if lr < 0 or eps < 0 or not (0 <= betas[0] < 1 and 0 <= betas[1] < 1):
-            raise ValueError(f"invalid LAMB settings lr={lr} betas={betas} eps={eps}")
-        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
+        super().__init__(params, lr, betas, eps, weight_decay)
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                _, m, v, bc1, bc2 = update_moments(p, self.state[p], beta1, beta2)
-                update = v.sqrt().div_(bc2 ** 0.5).add_(group["eps"]).mul_(bc1)   # bc1 (sqrt(v_hat) + eps)
-                torch.div(m, update, out=update)                                  # m_hat / (sqrt(v_hat) + eps)
-                w = p.float()
-                if group["weight_decay"]:
-                    update.add_(w, alpha=group["weight_decay"])
-                w_norm, u_norm = w.norm(), update.norm()
-                trust = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
-                w.sub_(update.mul_(trust), alpha=group["lr"])
-                if w is not p:  # p.float() is p itself for fp32
-                    p.copy_(w)
-        return loss
+    def step_tensor(self, w, grad, m, v, bc1, bc2, group):
+        update = v.sqrt().div_(bc2 ** 0.5).add_(group["eps"]).mul_(bc1)   # bc1 (sqrt(v_hat) + eps)
+        torch.div(m, update, out=update)                                  # m_hat / (sqrt(v_hat) + eps)
+        if group["weight_decay"]:
+            update.add_(w, alpha=group["weight_decay"])
+        w_norm, u_norm = w.norm(), update.norm()
+        trust = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
+        w.sub_(update.mul_(trust), alpha=group["lr"])
 
 
-class StableAdamW(torch.optim.Optimizer):
+class StableAdamW(PerTensorAdam):
     """AdamW with update clipping (Wortsman et al. 2023, the optimizer ModernBERT trained with): each tensor's step
     size is divided by max(1, RMS(g² / v̂)), so a gradient far above its running second moment (a spike) cannot
     take a step far larger than the rate; otherwise it is AdamW exactly (decoupled weight decay, bias correction)."""
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.98), eps=1e-6, weight_decay=0.0):
-        if lr < 0 or eps < 0 or not (0 <= betas[0] < 1 and 0 <= betas[1] < 1):
-            raise ValueError(f"invalid StableAdamW settings lr={lr} betas={betas} eps={eps}")
-        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
+        super().__init__(params, lr, betas, eps, weight_decay)
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                grad, m, v, bc1, bc2 = update_moments(p, self.state[p], beta1, beta2)
-                denom = v.sqrt().div_(bc2 ** 0.5)  # sqrt(v_hat)
-                # RMS(g² / max(v_hat, eps²)) = ||g / max(sqrt(v_hat), eps)|| / sqrt(numel)
-                rms = float(torch.linalg.vector_norm(grad / denom.clamp_min(group["eps"]))) / p.numel() ** 0.5
-                lr = group["lr"] / max(1.0, rms)
-                w = p.float()
-                w.mul_(1 - lr * group["weight_decay"]).addcdiv_(m, denom.add_(group["eps"]), value=-lr / bc1)
-                if w is not p:  # p.float() is p itself for fp32
-                    p.copy_(w)
-        return loss
+    def step_tensor(self, w, grad, m, v, bc1, bc2, group):
+        denom = v.sqrt().div_(bc2 ** 0.5)  # sqrt(v_hat)
+        # RMS(g² / max(v_hat, eps²)) = ||g / max(sqrt(v_hat), eps)|| / sqrt(numel)
+        rms = float(torch.linalg.vector_norm(grad / denom.clamp_min(group["eps"]))) / w.numel() ** 0.5
+        lr = group["lr"] / max(1.0, rms)
+        w.mul_(1 - lr * group["weight_decay"]).addcdiv_(m, denom.add_(group["eps"]), value=-lr / bc1)
 
 
 def adamw(groups: list[dict], lr: float, betas, eps: float) -> torch.optim.AdamW:
