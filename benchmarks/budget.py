@@ -83,7 +83,8 @@ ARMS = {
                                            micro_batch=64, lr=3e-4),
     "modernbert-tiny-d0-seq64-lr3e-3": Arm(preset="modernbert-tiny", objective="none", dropout=0.0, seq=64,
                                            micro_batch=64, lr=3e-3),
-    "peer-modernbert": Arm(preset="modernbert-tiny", objective="none", dropout=0.0, seq=64, micro_batch=64),
+    # ... at the family's best rate of the three (3e-3), as its arm
+    "peer-modernbert": Arm(preset="modernbert-tiny", objective="none", dropout=0.0, seq=64, micro_batch=64, lr=3e-3),
     "random": Arm(),                                                # no pretraining: the probe's floor
 }
 
