@@ -82,6 +82,33 @@ def test_pretraining_in_bf16_on_the_cpu_tracks_fp32(instances, tmp_path, clean_d
     assert {t.dtype for t in load_file(tmp_path / "export" / "model.safetensors").values()} == {torch.float32}
 
 
+def test_a_run_saved_in_deepspeeds_bf16_is_refused_on_resume_not_crashed(instances, tmp_path, clean_dist_env,
+                                                                         monkeypatch):
+    """bertkit before 2026-11-26 ran --precision bf16 on a CPU as DeepSpeed's bf16 (its own checkpoint format).
+    Resuming such a run now is refused naming export and --init-from (DeepSpeed itself died on a KeyError), before
+    anything in the run folder is rewritten; --init-from continues from its weights."""
+    import bertkit.pretrain.run as run_module
+    from bertkit.pretrain.config import ConfigError
+
+    def old_settings(*args, **kwargs):  # the DeepSpeed config the old CPU bf16 path built
+        ds_config, settings = resolve_settings(*args, **kwargs)
+        return {**ds_config, "bf16": {"enabled": True}}, settings
+
+    resolve_settings = run_module.resolve_settings
+    out = tmp_path / "old"
+    common = dict(instances=str(instances), model=str(instances.parent / "model.json"), micro_batch=8,
+                  optimizer="adamw", precision="bf16", progress=False, num_workers=0, eval_every=10 ** 6)
+    with monkeypatch.context() as patch:
+        patch.setattr(run_module, "resolve_settings", old_settings)
+        pretrain(PretrainConfig(out=str(out), max_steps=2, save_every=2, **common))
+    before = (out / "config.json").read_bytes()
+    with pytest.raises(ConfigError, match="DeepSpeed's bf16 weights.*bertkit export.*--init-from"):
+        pretrain(PretrainConfig(out=str(out), max_steps=4, resume=True, **common))
+    assert (out / "config.json").read_bytes() == before
+    pretrain(PretrainConfig(out=str(tmp_path / "new"), init_from=str(out), max_steps=2, **common))
+    assert (tmp_path / "new" / "checkpoints" / "global_step2").is_dir()
+
+
 def test_finetuning_in_bf16_tracks_fp32_and_is_recorded(tmp_path):
     """`finetune --precision bf16`: the first epoch's loss is fp32's to within bf16's rounding but not equal (the
     autocast ran, in training and in evaluation), and the setting is in metrics.json."""

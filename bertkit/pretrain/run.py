@@ -33,7 +33,7 @@ from bertkit.pretrain.config import ConfigError, PretrainConfig, resolve_deepspe
 from bertkit.pretrain.divergence import Divergence
 from bertkit.pretrain.metrics import Meter, MetricsLog, say, training_flops
 from bertkit.pretrain.plateau import Plateau
-from bertkit.pretrain.resume import apply as apply_resume_changes, compare as resume_changes
+from bertkit.pretrain.resume import apply as apply_resume_changes, check_weights_format, compare as resume_changes
 from bertkit.pretrain.start import build_model, planned_family
 from bertkit.recipes import RECIPES, as_flags
 from bertkit.runlog import Throughput, default_report_to
@@ -146,6 +146,8 @@ def start_run(cfg: PretrainConfig, manifest: InstancesManifest, rank: int, world
     objective = cfg.effective_objective(previous_run.objective if previous_run else manifest.objective)
     changes = [] if previous_run is None else \
         resume_changes(previous_run, cfg, settings, world, manifest, objective, chosen.marker and chosen.marker.step)
+    if previous_run is not None:
+        check_weights_format(previous_run, ds_config, cfg.out)
     if rank == 0:
         say_plan(cfg, manifest, objective)
 
