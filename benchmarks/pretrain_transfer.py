@@ -402,6 +402,20 @@ def recipe_pretrain(instances: Path, run: Path, recipe: str, budget_s: float, bu
     return export_dir
 
 
+def given_run(run: Path, export_dir: Path, tokenizer: Path) -> tuple[Path, Path, dict]:
+    """--pretrained RUN: a run made elsewhere on this benchmark's corpus and tokenizer (budget.py's paced arm, say)
+    -> (the run, its export made once, {steps}: its time is its own benchmark's to say; a paced arm's wall clock ran
+    beside other work)."""
+    from bertkit.pretrain import export
+
+    if (run / "tokenizer" / "vocab.txt").read_bytes() != (tokenizer / "vocab.txt").read_bytes():
+        raise SystemExit(f"{run}: its vocabulary is not this benchmark's ({tokenizer}); pretrain it on the "
+                         "benchmark's corpus and tokenizer (budget.py does)")
+    if not (export_dir / "model.safetensors").is_file():
+        export(run, export_dir)
+    return run, export_dir, {"steps": timed_curve(run)[-1]["step"], "time_used_s": None, "pretrained_run": str(run)}
+
+
 def write_so_far(run: Path) -> Path:
     """A paused run's curve so far under results/, so partial results never wait on the run's end; the finished
     benchmark's own result replaces it (delete this file then)."""
@@ -456,11 +470,14 @@ def transfer_by_hours(work: Path, recipe: str, pooling: str) -> list[dict]:
     """Every budget of a recipe run in --work (results-RECIPE-T*.json) without a second phase and fine-tuned with this
     pooling, shortest first: its pretraining and each task's pretrained-minus-random difference at the best rates,
     i.e. how transfer grows with CPU-hours."""
+    from bertkit.pretrain.budget import parse_duration
+
     rows = []
     for path in work.glob(f"results-{recipe}-*.json"):
         r = json.loads(path.read_text())
         if "time_used_s" in r and r.get("variant") == {"then_128": None, "pooling": pooling}:
-            rows.append({"time_budget": r["time_budget"], "hours": r["time_used_s"] / 3600,
+            used_s = r["time_used_s"] or parse_duration(r["time_budget"])  # --pretrained: the budget it names
+            rows.append({"time_budget": r["time_budget"], "hours": used_s / 3600,
                          "steps": r["steps"], "masked_only_acc": r["masked_only"]["masked_only_acc"],
                          "tasks": {t["task"]: {k: t[k] for k in ("difference", "apart")}
                                    for t in sweep_table(r["sweep"]) if "difference" in t}})
@@ -559,9 +576,12 @@ def recipe_main(args, budget: Budget):
     if args.only in (None, "en", "finetune"):
         en = prepare(args.work, "en", budget)
         run = args.work / f"en-run-{recipe}-{args.time_budget}"
-        instances = recipe_instances(en["corpus"], en["tokenizer"], args.work / f"en-{args.recipe}", args.recipe)
-        pretrained = recipe_pretrain(instances, run, args.recipe, budget_s, budget, args.device)
-        schedule = json.loads((run / "schedule.json").read_text())
+        if args.pretrained:
+            run, pretrained, schedule = given_run(args.pretrained, run.parent / f"{run.name}-export", en["tokenizer"])
+        else:
+            instances = recipe_instances(en["corpus"], en["tokenizer"], args.work / f"en-{args.recipe}", args.recipe)
+            pretrained = recipe_pretrain(instances, run, args.recipe, budget_s, budget, args.device)
+            schedule = json.loads((run / "schedule.json").read_text())
         phases = [schedule]
         if args.then_128:  # BERT's second phase at longer sequences: positions 65-128 are never trained at 64
             phase1, run = run, args.work / f"en-run-{recipe}-{pretraining}"
@@ -570,7 +590,8 @@ def recipe_main(args, budget: Budget):
             pretrained = recipe_pretrain(instances, run, args.recipe, parse_duration(args.then_128), budget,
                                          args.device, init_from=str(phase1), micro_batch=32)  # 4,096 tokens a step
             phases.append(json.loads((run / "schedule.json").read_text()))
-        results.update(steps=sum(p["steps"] for p in phases), time_used_s=sum(p["time_used_s"] for p in phases))
+        results.update(steps=sum(p["steps"] for p in phases), time_used_s=None if args.pretrained else
+                       sum(p["time_used_s"] for p in phases), pretrained_run=schedule.get("pretrained_run"))
         if "masked_only" not in results:  # the export never changes once written: measured once
             results.update(masked_only=masked_only_accuracy(pretrained, en["dynamic"]),
                            en_fill_mask=fill_mask(pretrained, EN_FILL_MASK))
@@ -643,6 +664,9 @@ def main(argv=None):
     ap.add_argument("--model", default=None, help="with --recipe: pretrain this preset (e.g. modernbert-tiny) instead "
                     "of the budget's; its runs, fine-tunes and results are named apart")
     ap.add_argument("--time-budget", default="2h", help="with --recipe: the English pretraining's wall-clock")
+    ap.add_argument("--pretrained", type=Path, default=None, metavar="RUN",
+                    help="with --recipe: fine-tune this run folder (made on this benchmark's corpus and tokenizer, "
+                    "e.g. budget.py's paced arm) instead of pretraining; --time-budget names its budget")
     ap.add_argument("--then-128", default=None, metavar="DURATION",
                     help="with --recipe: a second pretraining phase at 128 tokens from the first's weights, this long")
     ap.add_argument("--pooling", choices=["cls", "mean"], default="cls",
@@ -658,6 +682,8 @@ def main(argv=None):
         if not args.recipe:
             raise SystemExit("--model goes with --recipe")
         budget = replace(budget, preset=args.model)
+    if args.pretrained and (not args.recipe or args.then_128):
+        raise SystemExit("--pretrained goes with --recipe (and --model), without --then-128")
     if args.recipe:
         args.work.mkdir(parents=True, exist_ok=True)
         return recipe_main(args, budget)
