@@ -42,5 +42,18 @@ bertkit finetune classify --model "$OUT/model" --train-file "$OUT/word_order/tra
 
 bertkit report "$OUT/finetune" --out "$OUT/finetune/report.html"
 
-step "done: everything is under $OUT/ (reports: $OUT/run/report.html, $OUT/finetune/report.html;
+step "8. the same corpus and vocabulary to a ModernBERT (RoPE, GeGLU, local/global attention), MLM only"
+# --recipe budget: 64-token MLM-only instances, no dropout, AdamW 1e-3 (benchmarks/README.md); the export is a
+# folder transformers' ModernBertForMaskedLM loads unchanged
+bertkit make-instances "$OUT/corpus" --tokenizer "$OUT/tokenizer" --out "$OUT/instances-mlm" --recipe budget
+bertkit pretrain --instances "$OUT/instances-mlm" --model modernbert-tiny --recipe budget --out "$OUT/run-modernbert" \
+    --max-steps "$STEPS" --log-every 50 --eval-every 100
+bertkit export "$OUT/run-modernbert" --out "$OUT/model-modernbert"
+python -c "import sys, transformers; m = transformers.AutoModelForMaskedLM.from_pretrained(sys.argv[1]); \
+print('transformers loads it:', type(m).__name__, m.config.global_attn_every_n_layers, m.config.local_attention)" \
+    "$OUT/model-modernbert"
+bertkit fill-mask --model "$OUT/model-modernbert" --top-k 5 "The [MASK] statement is used to leave a loop."
+
+step "done: everything is under $OUT/ (reports: $OUT/run/report.html, $OUT/finetune/report.html; ModernBERT:
+$OUT/model-modernbert;
 TensorBoard: tensorboard --logdir $OUT)"
