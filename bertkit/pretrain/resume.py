@@ -94,16 +94,16 @@ def compare(run: RunConfig, cfg: PretrainConfig, settings: DeepSpeedSettings, wo
 
 
 def check_weights_format(run: RunConfig, ds_config: dict, out) -> None:
-    """A run saved with DeepSpeed's bf16 (weights and optimizer in its bf16 format) cannot continue on an engine
-    without it: bertkit before 2026-11-26 ran `--precision bf16` on a CPU that way, and now runs it as autocast over
-    fp32 weights (bertkit.precision), whose engine would fail deep inside DeepSpeed."""
+    """A run saved with DeepSpeed's bf16 (weights and optimizer in its bf16 format: any GPU run in bf16, and a CPU
+    run in bf16 before 2026-11-26) cannot continue on an engine without it, as a CPU's bf16 now is (autocast over
+    fp32 weights, bertkit.precision): DeepSpeed would fail deep inside its loader."""
     def bf16(config: dict) -> bool:
         return bool(config.get("bf16", {}).get("enabled"))
 
     if bf16(run.deepspeed) and not bf16(ds_config):
-        raise ConfigError(f"--resume: {out} was saved with DeepSpeed's bf16 weights (how bertkit ran --precision bf16 "
-                          "on a CPU before 2026-11-26; it is now autocast over fp32 weights), which this engine "
-                          f"cannot load. Its weights are fine: `bertkit export {out}` writes them, and `bertkit "
+        raise ConfigError(f"--resume: {out} was saved with DeepSpeed's bf16 weights (a GPU run, or --precision bf16 "
+                          "on a CPU before 2026-11-26); on a CPU bf16 is now autocast over fp32 weights, whose engine "
+                          f"cannot load them. Its weights are fine: `bertkit export {out}` writes them, and `bertkit "
                           f"pretrain --init-from {out} ...` continues training from them in a new run")
 
 
