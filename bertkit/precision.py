@@ -20,6 +20,17 @@ def cpu_bf16_units() -> bool:
         return False
 
 
+def resolve(device, precision: str) -> str:
+    """auto -> bf16 where the device multiplies bf16 in hardware (a GPU that has it, a CPU with AMX or AVX-512 BF16),
+    else fp32; fp32 and bf16 stay as they are."""
+    if precision != "auto":
+        return precision
+    device = torch.device(device)
+    if device.type == "cuda":
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
+    return "bf16" if device.type == "cpu" and cpu_bf16_units() else "fp32"
+
+
 def slow_bf16_note(device, precision: str) -> str | None:
     """A line to print when bf16 was asked for on a CPU that would run it slower than fp32."""
     if precision == "bf16" and torch.device(device).type == "cpu" and not cpu_bf16_units():

@@ -46,9 +46,11 @@ def common_options(default_lr: float, default_epochs: float, default_batch: int,
             click.option("--compile", is_flag=True,
                          help="Run the model under torch.compile (its first batches compile; the losses equal the "
                               "eager run's)."),
-            click.option("--precision", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True,
+            click.option("--precision", type=click.Choice(["fp32", "bf16", "auto"]), default="fp32",
+                         show_default=True,
                          help="bf16: matrix products in bf16 (autocast), weights and optimizer in fp32; faster on "
-                              "a GPU and on a CPU with bf16 units (Intel AMX)."),
+                              "a GPU and on a CPU with bf16 units (Intel AMX). auto: bf16 where the device has "
+                              "them, else fp32 (metrics.json records which)."),
             click.option("--dropout", type=Real(0, 1, max_open=True),
                          help="Hidden and attention dropout while fine-tuning  [default: the model's config.json; "
                               "BERT's is 0.1]."),

@@ -24,7 +24,7 @@ from bertkit.formats import IGNORE_INDEX
 from bertkit.kernel_guard import kernel_uses, resolve_guarded
 from bertkit.models import save_pretrained
 from bertkit.optim import adamw, build_scheduler, param_groups
-from bertkit.precision import autocast, slow_bf16_note
+from bertkit.precision import autocast, resolve as resolve_precision, slow_bf16_note
 from bertkit.progress import tqdm
 from bertkit.runlog import RunLog, Throughput, default_report_to
 from bertkit.threads import choose_threads
@@ -51,6 +51,7 @@ class TrainConfig:
                                   # False (--padded): pad each batch to its longest row
     compile: bool = False         # the model under torch.compile (its first batches compile)
     precision: str = "fp32"       # fp32 | bf16: autocast over fp32 weights, training and evaluation (bertkit.precision)
+                                  # | auto: bf16 where the device has bf16 units, else fp32 (metrics.json: the one used)
     save_model: bool = True
     dropout: float | None = None  # hidden and attention dropout while fine-tuning; None: the model's config.json
     pooling: str | None = None    # sequence classifiers: cls or mean (BertConfig.classifier_pooling); None: the model's
@@ -232,7 +233,7 @@ def train(model, train_rows: list, evaluate, best_metric: str, cfg: TrainConfig,
             mine = mine if len(mine) else idx[:1]  # a last batch smaller than the world: one row each
             batch = to_device(collate_packed([train_rows[i] for i in mine]) if cfg.unpadded else
                               collate([train_rows[i] for i in mine]), ft.device)
-            with autocast(ft.device, cfg.precision):
+            with autocast(ft.device, ft.cfg.precision):
                 loss = ft.net(**batch).loss
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm or float("inf"))
@@ -279,6 +280,7 @@ def start_fine_tuning(model, train_rows: list, best_metric: str, cfg: TrainConfi
     if rank == 0:
         tqdm.write(threads.describe())
     device = pick_device(cfg.device, local_rank)
+    cfg = replace(cfg, precision=resolve_precision(device, cfg.precision))
     if rank == 0 and (note := slow_bf16_note(device, cfg.precision)):
         tqdm.write(note)
     kernels.use(cfg.kernels)
