@@ -109,8 +109,9 @@ def test_a_run_saved_in_deepspeeds_bf16_is_refused_on_resume_not_crashed(instanc
     assert (tmp_path / "new" / "checkpoints" / "global_step2").is_dir()
 
 
-def finetune_tiny(tmp_path, precision: str) -> dict:
-    """`finetune classify` of a tiny model for one epoch at this --precision; its metrics.json."""
+def finetune_tiny(tmp_path, precision: str, device: str = "auto") -> dict:
+    """`finetune classify` of a tiny model for one epoch at this --precision (on a GPU where there is one); its
+    metrics.json."""
     from bertkit.cli import main as cli
 
     if not (tmp_path / "train.tsv").is_file():
@@ -122,7 +123,7 @@ def finetune_tiny(tmp_path, precision: str) -> dict:
                                       "--epochs", "1", "--batch-size", "8", "--max-seq-length", "16", "--lr", "1e-3",
                                       "--report-to", "none", "--no-save-model", "--train-file",
                                       str(tmp_path / "train.tsv"), "--dev-file", str(tmp_path / "train.tsv"),
-                                      "--text-a", "text", "--precision", precision])
+                                      "--text-a", "text", "--precision", precision, "--device", device])
     assert result.exit_code == 0, result.output
     return json.loads((out / "metrics.json").read_text())
 
@@ -142,9 +143,9 @@ def test_finetuning_precision_auto_is_bf16_where_the_cpu_has_bf16_units(tmp_path
     chosen precision's exactly."""
     import bertkit.precision
 
-    chosen = finetune_tiny(tmp_path, "bf16" if units else "fp32")
+    chosen = finetune_tiny(tmp_path, "bf16" if units else "fp32", "cpu")
     monkeypatch.setattr(bertkit.precision, "cpu_bf16_units", lambda: units)
-    auto = finetune_tiny(tmp_path, "auto")
+    auto = finetune_tiny(tmp_path, "auto", "cpu")
     assert auto["settings"]["precision"] == ("bf16" if units else "fp32")
     assert auto["epochs"][0]["train_loss"] == chosen["epochs"][0]["train_loss"]
 
