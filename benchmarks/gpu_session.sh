@@ -65,7 +65,7 @@ case "${1:-check}" in
     timeout 150 python3 benchmarks/attention_tiles.py --deadline 120 --out "$OUT/attention_tiles.json" 2>&1 \
       | tee "$OUT/attention_tiles.log"
     # fine-tuning under bf16 autocast on the GPU (never run there before 2026-11-26): its loss tracks fp32's
-    timeout 90 python3 -m pytest -q -p no:cacheprovider -k finetuning tests/test_precision.py 2>&1 | tail -3
+    timeout 90 python3 -m pytest -q -p no:cacheprovider -k finetuning tests/test_finetune_precision.py 2>&1 | tail -3
     ;;
   profile)
     timeout 300 python3 benchmarks/pretrain_step.py --device cuda --configs base --seq 128 --batch 128 \
