@@ -404,8 +404,7 @@ def recipe_pretrain(instances: Path, run: Path, recipe: str, budget_s: float, bu
 
 def given_run(run: Path, export_dir: Path, tokenizer: Path) -> tuple[Path, Path, dict]:
     """--pretrained RUN: a run made elsewhere on this benchmark's corpus and tokenizer (budget.py's paced arm, say)
-    -> (the run, its export made once, {steps}: its time is its own benchmark's to say; a paced arm's wall clock ran
-    beside other work)."""
+    -> (the run, its export made once, {steps})."""
     from bertkit.pretrain import export
 
     if (run / "tokenizer" / "vocab.txt").read_bytes() != (tokenizer / "vocab.txt").read_bytes():
@@ -413,7 +412,7 @@ def given_run(run: Path, export_dir: Path, tokenizer: Path) -> tuple[Path, Path,
                          "benchmark's corpus and tokenizer (budget.py does)")
     if not (export_dir / "model.safetensors").is_file():
         export(run, export_dir)
-    return run, export_dir, {"steps": timed_curve(run)[-1]["step"], "time_used_s": None, "pretrained_run": str(run)}
+    return run, export_dir, {"steps": timed_curve(run)[-1]["step"]}
 
 
 def write_so_far(run: Path) -> Path:
@@ -590,8 +589,10 @@ def recipe_main(args, budget: Budget):
             pretrained = recipe_pretrain(instances, run, args.recipe, parse_duration(args.then_128), budget,
                                          args.device, init_from=str(phase1), micro_batch=32)  # 4,096 tokens a step
             phases.append(json.loads((run / "schedule.json").read_text()))
-        results.update(steps=sum(p["steps"] for p in phases), time_used_s=None if args.pretrained else
-                       sum(p["time_used_s"] for p in phases), pretrained_run=schedule.get("pretrained_run"))
+        if args.pretrained:  # its time is its own benchmark's to say (a paced arm's wall clock ran beside other work)
+            results.update(steps=schedule["steps"], time_used_s=None, pretrained_run=str(args.pretrained))
+        else:
+            results.update(steps=sum(p["steps"] for p in phases), time_used_s=sum(p["time_used_s"] for p in phases))
         if "masked_only" not in results:  # the export never changes once written: measured once
             results.update(masked_only=masked_only_accuracy(pretrained, en["dynamic"]),
                            en_fill_mask=fill_mask(pretrained, EN_FILL_MASK))

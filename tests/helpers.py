@@ -124,9 +124,6 @@ def make_instances_dir(path, n=256, holdout=32, max_len=64, mode="dynamic", seed
     return path
 
 
-# ---------------------------------------------------------------- the DeepSpeed launcher on CPU ranks
-
-
 def tiny_pretraining_inputs(root: Path, n: int) -> Path:
     """root/inst (n training rows, 16 held out, 32 tokens) and root/model.json (TINY): what a pretraining test runs
     on (`model=str(inst.parent / "model.json")`); returns the instances folder."""
@@ -134,6 +131,9 @@ def tiny_pretraining_inputs(root: Path, n: int) -> Path:
     make_instances_dir(inst, n=n, holdout=16, max_len=32)
     (root / "model.json").write_text(json.dumps(TINY))
     return inst
+
+
+# ---------------------------------------------------------------- the DeepSpeed launcher on CPU ranks
 
 def env_without_dist(**extra):
     """This process's environment without its process-group variables, one thread per rank."""
