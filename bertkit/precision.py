@@ -3,6 +3,8 @@ bf16. That is how bertkit runs `--precision bf16` on a CPU (pretraining and fine
 on a CPU with bf16 matrix units (Intel AMX, Sapphire Rapids and later) a bf16 product is 5-7x an fp32 one on one core,
 while DeepSpeed's bf16 (the weights themselves in bf16) made a CPU step slower (benchmarks/README.md, "bf16 on the
 CPU"). Pretraining on a GPU keeps DeepSpeed's bf16."""
+from pathlib import Path
+
 import torch
 
 
@@ -13,7 +15,12 @@ def autocast(device, precision: str):
 
 def cpu_bf16_units() -> bool:
     """Whether this CPU multiplies bf16 matrices in hardware (AMX tiles or AVX-512 BF16); without them a bf16 CPU
-    step is slower than fp32."""
+    step is slower than fp32. Linux says so in /proc/cpuinfo's flags; elsewhere torch's private probes are asked."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        flags = next((line.split(":", 1)[1].split() for line in cpuinfo.read_text().splitlines()
+                      if line.startswith("flags")), [])
+        return bool({"amx_bf16", "avx512_bf16"} & set(flags))
     try:
         return bool(torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported())
     except AttributeError:  # an older torch: no way to tell

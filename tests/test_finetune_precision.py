@@ -2,6 +2,7 @@
 no DeepSpeed, so benchmarks/gpu_session.sh runs it there), auto picks bf16 only where the device has bf16 units, and a
 CPU without them says bf16 will be slower."""
 import json
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -68,3 +69,16 @@ def test_bf16_on_a_cpu_without_bf16_units_says_so(tmp_path, monkeypatch):
     monkeypatch.setattr(precision, "cpu_bf16_units", lambda: False)
     older = CliRunner().invoke(cli, args + ["--out", str(tmp_path / "older")])
     assert older.exit_code == 0 and "no bf16 matrix units" in older.output, older.output
+
+
+def test_cpu_bf16_units_reads_the_same_answer_torch_probes_give():
+    """The CPU's bf16 units are read from /proc/cpuinfo's flags (public, stable); torch's own (private) probes of
+    the same instructions are the independent reference where they exist."""
+    import torch
+
+    from bertkit.precision import cpu_bf16_units
+
+    probes = [getattr(torch.cpu, name, None) for name in ("_is_amx_tile_supported", "_is_avx512_bf16_supported")]
+    if not Path("/proc/cpuinfo").is_file() or None in probes:
+        pytest.skip("needs Linux's /proc/cpuinfo and torch's CPU probes to compare")
+    assert cpu_bf16_units() == any(probe() for probe in probes)
