@@ -188,11 +188,10 @@ def finetune(task: str, model: Path, out: Path, lr: float, seed: int, unpadded: 
 
     metric, rows = TASKS[task]
     summary = finished_fine_tuning(out)
-    if summary is None:
-        shutil.rmtree(out, ignore_errors=True)  # a fine-tune killed part-way left its folder: redo it
+    if summary is None:  # a fine-tune killed part-way continues from its OUT/resume/
         t0 = time.time()
         cfg = TrainConfig(out_dir=str(out), epochs=3, batch_size=32, learning_rate=lr, seed=seed, save_model=False,
-                          dropout=FINETUNE_DROPOUT, report_to="none", overwrite=True, unpadded=unpadded)
+                          dropout=FINETUNE_DROPOUT, report_to="none", unpadded=unpadded)
         if task == "korquad":
             summary = finetune_korquad(SHARED, model, cfg)
         elif task == "klue-ner":

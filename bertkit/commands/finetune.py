@@ -55,7 +55,11 @@ def common_options(default_lr: float, default_epochs: float, default_batch: int,
                          help="Hidden and attention dropout while fine-tuning  [default: the model's config.json; "
                               "BERT's is 0.1]."),
             click.option("--no-save-model", is_flag=True, help="Skip writing OUT/best/ (metrics only)."),
-            click.option("--overwrite", is_flag=True, help="Replace an earlier fine-tuning of another task in OUT."),
+            click.option("--overwrite", is_flag=True, help="Replace an earlier fine-tuning of another task in OUT "
+                                                                "(or start afresh over an unfinished one)."),
+            click.option("--checkpoint-minutes", default=10.0, show_default=True, type=NON_NEGATIVE,
+                         help="Save the training state to OUT/resume/ this often and between epochs; the same "
+                              "command run again after a kill continues from it (0: never)."),
             click.option("--threads", type=click.IntRange(min=1),
                          help="Torch threads  [default: the cores other processes leave free; OMP_NUM_THREADS also "
                               "sets it]."),
@@ -87,7 +91,7 @@ def _train_config(kw: dict, pooling: str | None = None):
                        unpadded=kw.pop("unpadded"), compile=kw.pop("compile"), precision=kw.pop("precision"),
                        save_model=not kw.pop("no_save_model"),
                        dropout=kw.pop("dropout"), pooling=pooling, overwrite=kw.pop("overwrite"),
-                       threads=kw.pop("threads"))
+                       threads=kw.pop("threads"), checkpoint_minutes=kw.pop("checkpoint_minutes"))
 
 
 def _report(summary: dict) -> None:
@@ -183,7 +187,7 @@ KOREAN_COLUMNS = {"nsmc": ("accuracy",), "klue-nli": ("accuracy",), "kornli": ("
                   "klue-ner": ("entity_macro_f1", "char_macro_f1"), "korquad": ("exact_match", "f1")}
 # settings that do not change a fine-tuning's scores: a kept task may differ in these
 SCORE_NEUTRAL = ("out_dir", "overwrite", "threads", "report_to", "log_every", "no_save_model", "device", "kernels",
-                 "compile")
+                 "compile", "checkpoint_minutes")
 # settings added after folders were made, with the value every earlier folder ran with
 SINCE_ADDED = {"precision": "fp32"}
 

@@ -6,9 +6,12 @@ Runs on the CPU, on one GPU, or data-parallel under a launcher that sets WORLD_S
 torch.distributed (DDP), and rank 0 evaluates and saves.
 """
 import functools
+import io
+import json
 import math
 import os
 import random
+import shutil
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -19,14 +22,22 @@ import torch
 from bertkit import kernels
 from bertkit.data import to_device
 from bertkit.distributed import destroy_at_exit
-from bertkit.fileio import atomic_write_json, check_folder_owned, read_json_or_none, replace_earlier_output
+from bertkit.fileio import (
+    atomic_write_bytes,
+    atomic_write_json,
+    check_folder_owned,
+    read_json_or_none,
+    replace_earlier_output,
+)
 from bertkit.formats import IGNORE_INDEX
 from bertkit.kernel_guard import kernel_uses, resolve_guarded
 from bertkit.models import save_pretrained
 from bertkit.optim import adamw, build_scheduler, param_groups
 from bertkit.precision import autocast, resolve as resolve_precision, slow_bf16_note
 from bertkit.progress import tqdm
+from bertkit.rng import rng_state, set_rng_state
 from bertkit.runlog import RunLog, Throughput, default_report_to
+from bertkit.safe_load import safe_load
 from bertkit.threads import choose_threads
 
 
@@ -57,6 +68,8 @@ class TrainConfig:
     pooling: str | None = None    # sequence classifiers: cls or mean (BertConfig.classifier_pooling); None: the model's
     overwrite: bool = False       # replace an earlier fine-tuning of another task in out_dir
     threads: int | None = None    # torch threads; None: the free cores / processes (bertkit.threads)
+    checkpoint_minutes: float = 10.0  # the training state to OUT/resume/ this often and between epochs (one process
+                                  # only); the same command run again continues from it. 0: never
 
 
 def rate_for_width(hidden_size: int, base: float) -> float:
@@ -197,6 +210,7 @@ class FineTuning:
     backend: str
     total_steps: int
     step: int = 0
+    resumed: dict | None = None  # the OUT/resume/ state this fine-tuning continues from
 
 
 def train(model, train_rows: list, evaluate, best_metric: str, cfg: TrainConfig, *, task: str,
@@ -220,13 +234,18 @@ def train(model, train_rows: list, evaluate, best_metric: str, cfg: TrainConfig,
     scheduler = build_scheduler(optimizer, ft.total_steps, ft.summary["settings"]["warmup_steps"], "linear")
     rng, throughput, interval_losses = np.random.default_rng(cfg.seed), Throughput(), []
     per_rank = max(1, cfg.batch_size // ft.world)
-    epoch, t0 = 0, time.time()
-    progress = tqdm(total=ft.total_steps, desc=f"finetune {task}", disable=ft.rank != 0, mininterval=2.0)
+    epoch, t0, losses = 0, time.time(), []
+    if ft.resumed:
+        epoch, t0, losses = continue_from(ft, optimizer, scheduler, rng)
+    checkpoint = Checkpoints(ft, optimizer, scheduler)
+    progress = tqdm(total=ft.total_steps, initial=ft.step, desc=f"finetune {task}", disable=ft.rank != 0,
+                    mininterval=2.0)
     while ft.step < ft.total_steps:
         epoch += 1
         ft.net.train()
-        losses = []
-        for idx in _batches(len(train_rows), per_rank * ft.world, rng):  # the same order on every rank (seed)
+        epoch_rng = rng.bit_generator.state  # before this epoch's shuffle: a resume shuffles again from it
+        batches = _batches(len(train_rows), per_rank * ft.world, rng)  # the same order on every rank (seed)
+        for idx in batches[len(losses):]:  # a resumed epoch skips the batches it already trained on
             if ft.step >= ft.total_steps:
                 break
             mine = idx[ft.rank::ft.world] if ft.world > 1 else idx
@@ -252,15 +271,98 @@ def train(model, train_rows: list, evaluate, best_metric: str, cfg: TrainConfig,
                 interval_losses.clear()
             progress.update(1)
             progress.set_postfix(epoch=epoch, loss=f"{np.mean(losses[-50:]):.4f}")
+            checkpoint.if_due(epoch, epoch_rng, losses, time.time() - t0)
         reached = round(ft.step / math.ceil(len(train_rows) / (per_rank * ft.world)), 2)  # --epochs 0.1: 0.1
         end_of_epoch(ft, evaluate, save, min(epoch, reached), float(np.mean(losses)) if losses else None,
                      time.time() - t0)
+        losses = []
+        if ft.step < ft.total_steps:
+            checkpoint.save(epoch, rng.bit_generator.state, losses, time.time() - t0)
     progress.close()
     ft.log.close()
     ft.summary["train_seconds"] = time.time() - t0
     if ft.rank == 0:
         atomic_write_json(ft.out_dir / "metrics.json", ft.summary)
+        checkpoint.remove()
     return ft.summary
+
+
+# ---------------------------------------------------------------- resuming a killed fine-tuning
+# A CPU fine-tuning of a large task runs for hours: a killed one continues from OUT/resume/state.pt when the same
+# command runs again, and ends exactly where an uninterrupted one would (tested). Settings that say where and how it
+# runs may change between the two; any other change starts afresh, saying why.
+RESUME, STATE = "resume", "state.pt"
+RESUME_FREE = ("threads", "device", "kernels", "kernels_used", "compile", "report_to", "log_every", "overwrite",
+               "checkpoint_minutes")
+
+
+class Checkpoints:
+    """Writes OUT/resume/state.pt every cfg.checkpoint_minutes and between epochs (one process only: with several,
+    each would need its own generators' states)."""
+
+    def __init__(self, ft: FineTuning, optimizer, scheduler):
+        self.ft, self.optimizer, self.scheduler = ft, optimizer, scheduler
+        self.every_s = ft.cfg.checkpoint_minutes * 60 if ft.cfg.checkpoint_minutes > 0 and ft.world == 1 else None
+        self.last = time.time()
+
+    def if_due(self, epoch: int, epoch_rng: dict, losses: list, elapsed: float) -> None:
+        if self.every_s is not None and time.time() - self.last >= self.every_s and self.ft.step < self.ft.total_steps:
+            self.save(epoch - 1, epoch_rng, losses, elapsed)
+
+    def save(self, epochs_done: int, epoch_rng: dict, losses: list, elapsed: float) -> None:
+        """The state after `epochs_done` whole epochs and `losses` steps of the next, whose shuffle starts from
+        `epoch_rng`."""
+        if self.every_s is None:
+            return
+        ft, buffer = self.ft, io.BytesIO()
+        torch.save({"step": ft.step, "epochs_done": epochs_done, "epoch_rng": epoch_rng, "losses": list(losses),
+                    "elapsed_s": elapsed, "rng": rng_state(), "model": ft.model.state_dict(),
+                    "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                    "summary": json.dumps(ft.summary)}, buffer)
+        (ft.out_dir / RESUME).mkdir(exist_ok=True)
+        atomic_write_bytes(ft.out_dir / RESUME / STATE, buffer.getvalue())
+        self.last = time.time()
+
+    def remove(self) -> None:
+        shutil.rmtree(self.ft.out_dir / RESUME, ignore_errors=True)
+
+
+def saved_state(out_dir: Path, task: str, settings: dict) -> dict | None:
+    """The state of an unfinished fine-tuning of `task` in out_dir with these settings, else None (saying why a
+    state there is not used). Loaded as plain data: a folder from elsewhere cannot run code (bertkit.safe_load)."""
+    path = out_dir / RESUME / STATE
+    if not path.is_file():
+        return None
+    try:
+        state = safe_load(path)
+    except (RuntimeError, EOFError) as e:  # damaged (its write is atomic, so not by a kill): nothing to continue
+        tqdm.write(f"{path}: unreadable ({str(e).splitlines()[0]}); starting afresh")
+        return None
+    earlier = json.loads(state["summary"])
+    mine, theirs = json.loads(json.dumps(settings)), earlier["settings"]
+    differ = sorted(k for k in set(mine) | set(theirs) if k not in RESUME_FREE and mine.get(k) != theirs.get(k))
+    if earlier["task"] != task or differ:
+        said = "the task" if earlier["task"] != task else ", ".join(
+            f"{k} {theirs.get(k)} (this command: {mine.get(k)})" for k in differ[:4])
+        tqdm.write(f"{path}: an unfinished fine-tuning with another setting ({said}); starting afresh")
+        return None
+    state["summary"] = earlier
+    tqdm.write(f"resuming the fine-tuning in {out_dir} at step {state['step']} of {settings['total_steps']} "
+               f"({path})")
+    return state
+
+
+def continue_from(ft: FineTuning, optimizer, scheduler, rng) -> tuple:
+    """Put the saved state back: weights, optimizer, schedule, generators, the summary so far; -> (epochs done,
+    the loop's start time, the losses of the unfinished epoch)."""
+    state = ft.resumed
+    ft.model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    set_rng_state(state["rng"])
+    rng.bit_generator.state = state["epoch_rng"]
+    ft.step, ft.summary = state["step"], {**state["summary"], "settings": ft.summary["settings"]}
+    return state["epochs_done"], time.time() - state["elapsed_s"], state["losses"]
 
 
 def finished_fine_tuning(out_dir, task: str | None = None) -> dict | None:
@@ -311,15 +413,21 @@ def start_fine_tuning(model, train_rows: list, best_metric: str, cfg: TrainConfi
                                           "total_steps": total_steps,
                                           "warmup_steps": int(cfg.warmup_ratio * total_steps)},
                "best_metric": best_metric, "epochs": []}
-    out_dir = Path(cfg.out_dir)
+    out_dir, resumed = Path(cfg.out_dir), None
     if rank == 0:
         check_folder_owned(out_dir, "finetune")  # a new or empty folder, or an earlier fine-tuning's
-        earlier = read_json_or_none(out_dir / "metrics.json")
-        replace_earlier_output(out_dir, "fine-tuning", {"task": task}, earlier if isinstance(earlier, dict) else None,
-                               cfg.overwrite)
+        if world == 1 and not cfg.overwrite:
+            resumed = saved_state(out_dir, task, summary["settings"])
+        if resumed is None:
+            earlier = read_json_or_none(out_dir / "metrics.json")
+            replace_earlier_output(out_dir, "fine-tuning", {"task": task},
+                                   earlier if isinstance(earlier, dict) else None, cfg.overwrite)
         out_dir.mkdir(parents=True, exist_ok=True)
+        if resumed is None:  # from the start, so a folder killed before its first epoch ends is known as ours
+            atomic_write_json(out_dir / "metrics.json", summary)
     log = RunLog(out_dir, rank == 0, cfg.report_to or default_report_to(), config=summary["settings"])
-    return FineTuning(cfg, model, net, device, world, rank, out_dir, log, summary, backend, total_steps)
+    return FineTuning(cfg, model, net, device, world, rank, out_dir, log, summary, backend, total_steps,
+                      resumed=resumed)
 
 
 def end_of_epoch(ft: FineTuning, evaluate, save, epoch: int, train_loss, seconds: float) -> None:

@@ -60,6 +60,7 @@ from bertkit.formats import (
 from bertkit.models import build_pretraining, save_pretrained
 from bertkit.models.sentence_embeddings import write_sentence_transformers_files
 from bertkit.pretrain.config import ConfigError, DeepSpeedSettings, PretrainConfig, TrainingError
+from bertkit.rng import rng_state, set_rng_state
 from bertkit.safe_load import UnsafeCheckpointError, first_unsafe_file, refusing_code, safe_load
 
 LATEST = "latest"   # DeepSpeed's pointer, still written; bertkit chooses by checkpoint.json
@@ -250,21 +251,6 @@ def write_run_folder(cfg: PretrainConfig, settings: DeepSpeedSettings, ds_config
 
 
 # ---------------------------------------------------------------- RNG state
-
-def rng_state() -> dict:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
-
 
 def seed_rank(seed: int, rank: int) -> None:
     """A fresh run's per-rank generators: dropout differs per rank."""
