@@ -308,10 +308,15 @@ def yardstick(results: dict, hours: str = "2h") -> list[dict]:
     return rows
 
 
-VOCAB_STARTS = ("2h", "mecab-2h", "kiwi-2h")  # BERT tiny's 2 hours with each vocabulary: none, MeCab, kiwi
+# each family's 2 hours with each vocabulary (none, MeCab, kiwi), the plain one first
+VOCAB_STARTS = {family: tuple(Arm(family, v).prefix + "2h" for v in ("none", "mecab", "kiwi")) for family in PRESETS}
 
 
-def vocab_table(sweep_results: dict, starts=VOCAB_STARTS) -> list[dict]:
+def vocab_tables(sweep_results: dict) -> dict:
+    return {family: rows for family, starts in VOCAB_STARTS.items() if (rows := vocab_table(sweep_results, starts))}
+
+
+def vocab_table(sweep_results: dict, starts: tuple) -> list[dict]:
     """The vocabularies at equal budget (issue 38): per task, each arm's mean over seeds at the best of the rates
     every arm ran (the vocabulary arms may run fewer rates than the plain arm), its seeds, and whether its range is
     apart from the plain vocabulary's (above or below)."""
@@ -333,10 +338,14 @@ def vocab_table(sweep_results: dict, starts=VOCAB_STARTS) -> list[dict]:
     return rows
 
 
-def print_vocab_table(rows: list[dict]) -> None:
-    if rows:
-        print("\nvocabularies at equal budget (BERT tiny, 2 h): mean over seeds at the best shared rate "
+def print_vocab_tables(tables: dict) -> None:
+    for family, rows in tables.items():
+        print(f"\nvocabularies at equal budget ({PRESETS[family]}, 2 h): mean over seeds at the best shared rate "
               "(* = range apart from the plain vocabulary's)")
+        print_vocab_table(rows)
+
+
+def print_vocab_table(rows: list[dict]) -> None:
     for r in rows:
         cells = [f"{name}: {a['mean']:.3f} ({a['lr']:g}){'*' if a['apart'] else ''}" for name, a in r["arms"].items()]
         print(f"{r['task']:9} {r['metric']:16} " + "   ".join(cells))
@@ -396,7 +405,7 @@ def main(argv=None):
         write_result(name, {**{k: v for k, v in results.items() if k not in ("table", "yardstick", "vocabularies")},
                             **header,
                             "table": table(results["sweep"]), "yardstick": yardstick(results),
-                            "vocabularies": vocab_table(results["sweep"])})
+                            "vocabularies": vocab_tables(results["sweep"])})
 
     arm, hours = Arm(args.family, args.pretokenize), f"{args.hours:g}h"
     prefix = arm.prefix
@@ -430,7 +439,7 @@ def main(argv=None):
     if results["sweep"]:
         print_table(table(results["sweep"]))
     print_yardstick(yardstick(results))
-    print_vocab_table(vocab_table(results["sweep"]))
+    print_vocab_tables(vocab_tables(results["sweep"]))
 
 
 if __name__ == "__main__":
