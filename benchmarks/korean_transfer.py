@@ -132,7 +132,8 @@ def prepare(work: Path, arm: Arm) -> dict:
 def pretrain_config(instances: Path, out: Path, steps: int, arm: Arm, **extra):
     from bertkit.pretrain import PretrainConfig
 
-    return PretrainConfig(instances=str(instances), out=str(out), model=arm.preset, recipe="budget",
+    # lr 1e-3 for both families: the rate every recorded arm here ran at (the budget recipe now gives modernbert 3e-3)
+    return PretrainConfig(instances=str(instances), out=str(out), model=arm.preset, recipe="budget", lr=1e-3,
                           max_steps=steps, num_workers=1, progress=False, log_every=50, **extra)
 
 

@@ -222,6 +222,25 @@ def test_a_recipe_fills_only_what_the_flags_and_the_deepspeed_config_leave():
         PretrainConfig(instances="i", out="o", recipe="fast").with_recipe()
 
 
+def test_the_budget_recipe_builds_modernbert_tiny_and_gives_each_family_its_rate(tmp_path):
+    """No --model: modernbert-tiny at its measured 3e-3; a BERT model (a preset or a BERT config file) at BERT tiny's
+    1e-3; a ModernBERT preset at 3e-3; a rate given wins over both."""
+    from bertkit.pretrain.config import PretrainConfig
+    from bertkit.pretrain.start import spec_family
+
+    def planned(**given):
+        cfg = PretrainConfig(instances="i", out="o", recipe="budget", **given)
+        cfg = cfg.with_recipe(None, lambda model: spec_family(model, cfg.init_from))
+        return cfg.model, cfg.lr
+
+    (tmp_path / "bert.json").write_text(json.dumps(TINY))
+    assert planned() == ("modernbert-tiny", 3e-3)
+    assert planned(model="tiny") == ("tiny", 1e-3)
+    assert planned(model=str(tmp_path / "bert.json")) == (str(tmp_path / "bert.json"), 1e-3)
+    assert planned(model="modernbert-mini") == ("modernbert-mini", 3e-3)
+    assert planned(model="tiny", lr=5e-4) == ("tiny", 5e-4)
+
+
 def test_pretrain_recipe_budget_end_to_end(toy_corpus, clean_dist_env):
     inst = toy_corpus / "inst-recipe"
     r = CliRunner().invoke(main, ["make-instances", str(toy_corpus / "corpus"), "--tokenizer",
@@ -236,8 +255,9 @@ def test_pretrain_recipe_budget_end_to_end(toy_corpus, clean_dist_env):
                                   "--max-steps", "3", "--micro-batch", "8", "--eval-every", "3", "--eval-batches", "1",
                                   "--num-workers", "0", "--report-to", "none", "--no-progress"])
     assert r.exit_code == 0, r.output
-    assert "recipe budget: --objective mlm --dropout 0 --optimizer adamw --lr 0.001 --warmup 0.05 --micro-batch 64; " \
-           "yours win: --lr 0.002 --micro-batch 8" in r.output
+    assert "recipe budget: --model modernbert-tiny --objective mlm --dropout 0 --optimizer adamw --lr 0.001 " \
+           f"--warmup 0.05 --micro-batch 64; yours win: --model {toy_corpus / 'model.json'} --lr 0.002 " \
+           "--micro-batch 8" in r.output  # a BERT model: the recipe's BERT rate
     assert "was measured on instances made with `make-instances --recipe budget`" in r.output  # 32, not 64 tokens
     config = json.loads((run / "config.json").read_text())
     assert config["objective"] == "none" and config["pretrain"]["recipe"] == "budget"
@@ -279,3 +299,25 @@ def test_make_instances_applies_every_key_of_a_recipe(toy_corpus, monkeypatch):
     monkeypatch.setitem(RECIPES["budget"], "make-instances", {"max_seq_lenght": 48})
     r = CliRunner().invoke(main, [*args, "--out", str(toy_corpus / "inst-typo")])
     assert r.exit_code != 0 and "max_seq_lenght" in str(r.exception)
+
+
+def test_a_budget_run_from_before_the_recipe_named_a_model_resumes_as_itself(toy_corpus, clean_dist_env):
+    """A `--recipe budget` run started without --model recorded no model (the recipe named none then): resumed, it
+    keeps its own shape and rate rather than taking the recipe's modernbert-tiny (a change --resume refuses)."""
+    inst, run = toy_corpus / "inst-old", toy_corpus / "run-old"
+    r = CliRunner().invoke(main, ["make-instances", str(toy_corpus / "corpus"), "--tokenizer",
+                                  str(toy_corpus / "vocab.txt"), "--out", str(inst), "--recipe", "budget",
+                                  "--max-seq-length", "32", "--no-progress"])
+    assert r.exit_code == 0, r.output
+    args = ["pretrain", "--instances", str(inst), "--out", str(run), "--recipe", "budget", "--micro-batch", "8",
+            "--eval-every", "0", "--num-workers", "0", "--report-to", "none", "--no-progress"]
+    r = CliRunner().invoke(main, args + ["--model", str(toy_corpus / "model.json"), "--max-steps", "2"])
+    assert r.exit_code == 0, r.output
+    config = json.loads((run / "config.json").read_text())
+    shape = config["model"]
+    config["pretrain"]["model"] = None  # as such a run recorded it
+    (run / "config.json").write_text(json.dumps(config))
+    r = CliRunner().invoke(main, args + ["--max-steps", "3", "--resume"])
+    assert r.exit_code == 0, r.output
+    resumed = json.loads((run / "config.json").read_text())
+    assert resumed["model"] == shape and resumed["resolved"]["lr"] == 1e-3

@@ -62,8 +62,8 @@ class Duration(click.ParamType):
                    "[default: 0.01, or the recipe's].")
 @click.option("--recipe", type=click.Choice(sorted(RECIPES)),
               help="A measured set of settings; the flags you give win over it. budget: the most useful model from "
-                   "a short budget on a small machine (" + as_flags(RECIPES["budget"]["pretrain"]) + ", on instances "
-                   "from make-instances --recipe budget; see benchmarks/README.md).")
+                   "a short budget on a small machine (" + as_flags(RECIPES["budget"]["pretrain"]) + "; a BERT --model "
+                   "takes --lr 0.001; on instances from make-instances --recipe budget; see benchmarks/README.md).")
 @click.option("--deepspeed-config", type=click.Path(dir_okay=False, exists=True),
               help="A DeepSpeed JSON config; it wins where the flags are silent, a contradiction is an error.")
 @click.option("--init-from", type=click.Path(exists=True),

@@ -3,7 +3,7 @@ uses (DeepSpeedSettings) and the DeepSpeed config it hands to deepspeed.initiali
 import copy
 from dataclasses import dataclass, replace
 
-from bertkit.recipes import RECIPES, flag
+from bertkit.recipes import RECIPES, flag, recipe_settings
 
 
 class ConfigError(ValueError):
@@ -79,13 +79,21 @@ class PretrainConfig:
     spike_window: int = 100
     max_rollbacks: int = 3
 
-    def with_recipe(self, deepspeed_user: dict | None = None) -> "PretrainConfig":
+    def with_recipe(self, deepspeed_user: dict | None = None, family_for=None,
+                    resuming: bool = False) -> "PretrainConfig":
         """This config with its recipe's settings where neither a flag nor the user's DeepSpeed config gave one,
-        and the defaults that wait for a recipe (warmup) filled in."""
+        and the defaults that wait for a recipe (warmup) filled in. family_for(model spec) -> "bert" | "modernbert"
+        picks the recipe's settings for the family of the model the run builds. A resumed run keeps its own model
+        (one made before the recipe named a model recorded none)."""
         if self.recipe is not None and self.recipe not in RECIPES:
             raise ConfigError(f"--recipe {self.recipe!r}: choose one of {', '.join(RECIPES)}")
-        values = {}
-        for name, value in RECIPES[self.recipe]["pretrain"].items() if self.recipe else ():
+        values, settings = {}, {}
+        if self.recipe:
+            model = self.model or (None if resuming else RECIPES[self.recipe]["pretrain"].get("model"))
+            settings = recipe_settings(self.recipe, family_for(model) if family_for else None)
+            if resuming:
+                settings.pop("model", None)
+        for name, value in settings.items():
             in_file = name in DEEPSPEED_PATHS and _get(deepspeed_user or {}, DEEPSPEED_PATHS[name]) is not None
             if getattr(self, name) is None and not in_file:
                 values[name] = value

@@ -35,7 +35,7 @@ from bertkit.pretrain.metrics import Meter, MetricsLog, say, training_flops
 from bertkit.pretrain.plateau import Plateau
 from bertkit.pretrain.resume import apply as apply_resume_changes, check_weights_format, compare as resume_changes
 from bertkit.pretrain.start import build_model, planned_family
-from bertkit.recipes import RECIPES, as_flags
+from bertkit.recipes import RECIPES, as_flags, recipe_settings
 from bertkit.runlog import Throughput, default_report_to
 from bertkit.threads import choose_threads
 
@@ -149,7 +149,7 @@ def start_run(cfg: PretrainConfig, manifest: InstancesManifest, rank: int, world
     if previous_run is not None:
         check_weights_format(previous_run, ds_config, cfg.out)
     if rank == 0:
-        say_plan(cfg, manifest, objective)
+        say_plan(cfg, manifest, objective, planned_family(cfg, manifest, previous_run).name)
 
     torch.manual_seed(cfg.seed)  # same initial weights on every rank
     model, bert_cfg, init_source = build_model(cfg, manifest, previous_run, objective)
@@ -263,17 +263,17 @@ def threads_backend_schedule(cfg: PretrainConfig, rank: int, device):
         raise ConfigError(str(e)) from None
 
 
-def say_plan(cfg: PretrainConfig, manifest: InstancesManifest, objective: str) -> None:
-    """The recipe's settings, the ones the flags changed, instances made otherwise than it was measured on; what
-    ELECTRA leaves unused."""
+def say_plan(cfg: PretrainConfig, manifest: InstancesManifest, objective: str, family: str) -> None:
+    """The recipe's settings (for the model's family), the ones the flags changed, instances made otherwise than it
+    was measured on; what ELECTRA leaves unused."""
     if objective == "electra" and manifest.objective in ("nsp", "sop"):
         say(f"note: ELECTRA trains replaced-token detection only; the instances' {manifest.objective.upper()} "
             "labels are not used")
     if not cfg.recipe:
         return
-    recipe = RECIPES[cfg.recipe]
-    yours = {k: getattr(cfg, k) for k, v in recipe["pretrain"].items() if getattr(cfg, k) not in (None, v)}
-    say(f"recipe {cfg.recipe}: {as_flags(recipe['pretrain'])}" + (f"; yours win: {as_flags(yours)}" if yours else ""))
+    recipe, settings = RECIPES[cfg.recipe], recipe_settings(cfg.recipe, family)
+    yours = {k: getattr(cfg, k) for k, v in settings.items() if getattr(cfg, k) not in (None, v)}
+    say(f"recipe {cfg.recipe}: {as_flags(settings)}" + (f"; yours win: {as_flags(yours)}" if yours else ""))
     made = {"max_seq_length": manifest.max_seq_length, "mode": manifest.mode}
     differ = {k: v for k, v in made.items() if recipe["make-instances"].get(k, v) != v}
     if differ:

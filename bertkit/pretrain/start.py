@@ -21,9 +21,14 @@ def planned_family(cfg: PretrainConfig, manifest: InstancesManifest, previous_ru
     """The family the run will build, known before the model is: the resumed run's, --init-from's, or the preset's."""
     if previous_run is not None:
         return family_of(previous_run.model)
-    if cfg.init_from:
-        return FAMILIES["modernbert" if is_modernbert(Path(cfg.init_from)) else "bert"]
-    return FAMILIES["modernbert" if ModernBertConfig.from_spec(cfg.model, manifest.vocab_size) else "bert"]
+    return FAMILIES[spec_family(cfg.model, cfg.init_from)]
+
+
+def spec_family(model: str | None, init_from: str | None = None) -> str:
+    """"modernbert" or "bert": the family --init-from, else --model, names (read, nothing built)."""
+    if init_from:
+        return "modernbert" if is_modernbert(Path(init_from)) else "bert"
+    return "modernbert" if ModernBertConfig.from_spec(model, vocab_size=64) else "bert"
 
 
 def build_model(cfg: PretrainConfig, manifest: InstancesManifest, previous_run: RunConfig | None,

@@ -27,6 +27,7 @@ from bertkit.pretrain.divergence import injected_fault, roll_back
 from bertkit.pretrain.metrics import Meter, as_float, current_lr, peak_flops, say
 from bertkit.pretrain.resume import inherit
 from bertkit.pretrain.run import Run, read_user_deepspeed_config, start_run
+from bertkit.pretrain.start import spec_family
 from bertkit.runlog import ReportError, parse_report_to
 
 
@@ -34,10 +35,11 @@ def pretrain(cfg: PretrainConfig, given: set | None = None) -> dict:
     """Train; returns the last logged metrics (plus "step", "checkpoint" and "stopped_by_signal": the signal number
     that stopped the run early, or None). With --resume, a setting left None (or, from the CLI, a flag not in
     `given`) is the run's own."""
-    if cfg.resume and (Path(cfg.out) / RUN_CONFIG).is_file():
+    resuming = cfg.resume and (Path(cfg.out) / RUN_CONFIG).is_file()
+    if resuming:
         cfg = inherit(cfg, read_run_config(cfg.out), given)
     manifest = read_instances_manifest(cfg.instances)
-    cfg = cfg.with_recipe(read_user_deepspeed_config(cfg))
+    cfg = cfg.with_recipe(read_user_deepspeed_config(cfg), lambda model: spec_family(model, cfg.init_from), resuming)
     cfg.check()
     try:
         parse_report_to(cfg.report_to or "none")
