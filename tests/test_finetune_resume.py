@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from bertkit.finetune.train import TrainConfig
+from tests.helpers import tiny_model_folder
 
 STEPS_PER_EPOCH = 5  # 40 rows, batch 8
 
@@ -15,15 +16,7 @@ STEPS_PER_EPOCH = 5  # 40 rows, batch 8
 def task(tmp_path):
     """A tiny BERT (dropout 0.1, so the resumed run must draw dropout's masks where the first left off) and a
     40-row classification set."""
-    from bertkit.config import BertConfig
-    from bertkit.models import save_pretrained
-    from bertkit.models.bert import BertForPreTraining
-
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(27)]
-    (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    torch.manual_seed(0)
-    save_pretrained(BertForPreTraining(BertConfig.preset("tiny", vocab_size=len(vocab))), tmp_path / "model",
-                    tokenizer_dir=tmp_path)
+    tiny_model_folder(tmp_path, "model")
     rows = ["text\tlabel"] + [f"w{i} w{(i * 5) % 27} w{(i * 7) % 27}\t{i % 2}" for i in range(40)]
     (tmp_path / "train.tsv").write_text("\n".join(rows) + "\n")
     return tmp_path
