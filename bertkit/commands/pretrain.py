@@ -28,8 +28,9 @@ class Duration(click.ParamType):
 @click.option("--out", default="runs/pretrain", show_default=True, type=click.Path(file_okay=False),
               help="Run folder (checkpoints, metrics).")
 @click.option("--model", default=None,
-              help="Preset (tiny mini small medium base large) or an HF config.json / model folder  [default: base; "
-                   "with --resume the run's own].")
+              help="Preset (tiny mini small medium base large, modernbert-tiny ... modernbert-base) or an HF "
+                   "config.json / model folder  [default: base; with --recipe budget modernbert-tiny; with --resume "
+                   "the run's own].")
 @click.option("--max-steps", type=click.IntRange(min=1),
               help="Optimizer steps  [default: 10000; with --time-budget: until the time is spent; with "
                    "--schedule-from: the steps recorded there].")
