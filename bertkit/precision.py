@@ -3,6 +3,7 @@ bf16. That is how bertkit runs `--precision bf16` on a CPU (pretraining and fine
 on a CPU with bf16 matrix units (Intel AMX, Sapphire Rapids and later) a bf16 product is 5-7x an fp32 one on one core,
 while DeepSpeed's bf16 (the weights themselves in bf16) made a CPU step slower (benchmarks/README.md, "bf16 on the
 CPU"). Pretraining on a GPU keeps DeepSpeed's bf16."""
+import functools
 from pathlib import Path
 
 import torch
@@ -13,6 +14,7 @@ def autocast(device, precision: str):
     return torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=precision == "bf16")
 
 
+@functools.cache  # the CPU does not change under a running process
 def cpu_bf16_units() -> bool:
     """Whether this CPU multiplies bf16 matrices in hardware (AMX tiles or AVX-512 BF16); without them a bf16 CPU
     step is slower than fp32. Linux says so in /proc/cpuinfo's flags; elsewhere torch's private probes are asked."""

@@ -422,9 +422,9 @@ def start_fine_tuning(model, train_rows: list, best_metric: str, cfg: TrainConfi
             earlier = read_json_or_none(out_dir / "metrics.json")
             replace_earlier_output(out_dir, "fine-tuning", {"task": task},
                                    earlier if isinstance(earlier, dict) else None, cfg.overwrite)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        if resumed is None:  # from the start, so a folder killed before its first epoch ends is known as ours
-            atomic_write_json(out_dir / "metrics.json", summary)
+            out_dir.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(out_dir / "metrics.json", summary)  # from the start: a folder killed in its first
+            # epoch is known as ours
     log = RunLog(out_dir, rank == 0, cfg.report_to or default_report_to(), config=summary["settings"])
     return FineTuning(cfg, model, net, device, world, rank, out_dir, log, summary, backend, total_steps,
                       resumed=resumed)
