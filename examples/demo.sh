@@ -43,10 +43,10 @@ bertkit finetune classify --model "$OUT/model" --train-file "$OUT/word_order/tra
 bertkit report "$OUT/finetune" --out "$OUT/finetune/report.html"
 
 step "8. the same corpus and vocabulary to a ModernBERT (RoPE, GeGLU, local/global attention), MLM only"
-# --recipe budget: 64-token MLM-only instances, no dropout, AdamW 1e-3 (benchmarks/README.md); the export is a
-# folder transformers' ModernBertForMaskedLM loads unchanged
+# --recipe budget: 64-token MLM-only instances, modernbert-tiny, no dropout, AdamW 3e-3 (benchmarks/README.md);
+# the export is a folder transformers' ModernBertForMaskedLM loads unchanged
 bertkit make-instances "$OUT/corpus" --tokenizer "$OUT/tokenizer" --out "$OUT/instances-mlm" --recipe budget
-bertkit pretrain --instances "$OUT/instances-mlm" --model modernbert-tiny --recipe budget --out "$OUT/run-modernbert" \
+bertkit pretrain --instances "$OUT/instances-mlm" --recipe budget --out "$OUT/run-modernbert" \
     --max-steps "$STEPS" --log-every 50 --eval-every 100
 bertkit export "$OUT/run-modernbert" --out "$OUT/model-modernbert"
 python -c "import sys, transformers; m = transformers.AutoModelForMaskedLM.from_pretrained(sys.argv[1]); \

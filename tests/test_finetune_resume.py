@@ -109,3 +109,37 @@ def test_a_crafted_state_file_is_never_executed(task, monkeypatch):
     with pytest.raises(UnsafeCheckpointError, match=f"{state}: holds objects a checkpoint never holds"):
         finetune(task, "run", checkpoint_minutes=1e-9)
     assert not marker.exists()
+
+
+def test_the_cli_flag_sets_how_often_the_state_is_saved(task, monkeypatch):
+    """`finetune classify --checkpoint-minutes`: a tiny interval leaves a state the same command continues from;
+    0 leaves none, so the command run again starts afresh (and is not refused)."""
+    from click.testing import CliRunner
+
+    from bertkit.cli import main
+    from bertkit.finetune import train
+
+    class Killed(Exception):
+        pass
+
+    def command(name, minutes):
+        return ["finetune", "classify", "--model", str(task / "model"), "--train-file", str(task / "train.tsv"),
+                "--dev-file", str(task / "train.tsv"), "--text-a", "text", "--label", "label", "--out",
+                str(task / name), "--epochs", "2", "--batch-size", "8", "--lr", "1e-3", "--seed", "3",
+                "--max-seq-length", "16", "--no-save-model", "--report-to", "none", "--checkpoint-minutes", minutes]
+
+    if_due = train.Checkpoints.if_due
+
+    def die_at_step_3(self, *args):  # killed after step 3, whether or not the interval saved a state there
+        if_due(self, *args)
+        if self.ft.step == 3:
+            raise Killed
+
+    for name, minutes, saved in (("often", "1e-9", True), ("never", "0", False)):
+        with monkeypatch.context() as m:
+            m.setattr(train.Checkpoints, "if_due", die_at_step_3)
+            assert isinstance(CliRunner().invoke(main, command(name, minutes)).exception, Killed)
+        assert (task / name / "resume" / "state.pt").is_file() == saved, name
+        again = CliRunner().invoke(main, command(name, minutes))
+        assert again.exit_code == 0, again.output
+        assert ("resuming the fine-tuning in" in again.output) == saved, again.output
