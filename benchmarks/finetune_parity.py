@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import statistics
 import sys
 import tempfile
@@ -116,11 +117,10 @@ def conll_file(work: Path) -> Path:
 
 # ---------------------------------------------------------------- one cell, in its own process
 
-def run_bertkit(task: str, seed: int, work: Path, flags: dict) -> dict:
+def run_bertkit(task: str, seed: int, work: Path, out: Path, flags: dict) -> dict:
     from bertkit.finetune.train import TrainConfig
 
     t, model = TASKS[task], model_dir()
-    out = Path(tempfile.mkdtemp(dir=work, prefix=f"bertkit-{task}-"))
     cfg = TrainConfig(out_dir=str(out), epochs=t["epochs"], batch_size=t["batch_size"], learning_rate=t["lr"],
                       weight_decay=t["weight_decay"], warmup_ratio=t["warmup_ratio"], max_grad_norm=t["max_grad_norm"],
                       seed=seed, save_model=False, report_to="none", unpadded=bool(flags.get("unpadded")),
@@ -149,7 +149,9 @@ def run_bertkit(task: str, seed: int, work: Path, flags: dict) -> dict:
     return {k: v for k, v in last.items() if isinstance(v, (int, float)) and k != "epoch"}
 
 
-def run_transformers(task: str, seed: int, work: Path) -> dict:
+def run_transformers(task: str, seed: int, work: Path, out: Path) -> dict:
+    """The peer's scores; a SQuAD cell saves its training state in `out` and continues from it when run again
+    (scores["resumed_after_s"]: what its killed run had trained)."""
     import finetune_peer as peer
 
     from bertkit.finetune.metrics import entity_scores, squad_evaluate
@@ -158,8 +160,11 @@ def run_transformers(task: str, seed: int, work: Path) -> dict:
     settings = {**t, "seed": seed}
     train, dev, extra = data(task, work)
     if t["kind"] == "squad":
-        preds, odds = peer.squad(model_dir(), train, dev, settings, t.get("version_2", False))
-        return squad_evaluate(extra, preds, odds if t.get("version_2") else None)
+        out.mkdir(parents=True, exist_ok=True)
+        preds, odds, earlier = peer.squad(model_dir(), train, dev, settings, t.get("version_2", False),
+                                          state_path=out / "peer_state.pt")
+        scores = squad_evaluate(extra, preds, odds if t.get("version_2") else None)
+        return {**scores, "resumed_after_s": earlier} if earlier else scores
     if t["kind"] == "glue":
         from bertkit.finetune.glue import glue_metrics
 
@@ -170,10 +175,28 @@ def run_transformers(task: str, seed: int, work: Path) -> dict:
 
 
 def cell(system: str, task: str, seed: int, work: Path, flags: dict) -> dict:
+    """One cell, in a folder of its own under `work` that a killed cell continues from (bertkit's finetune resumes
+    from OUT/resume/, the peer's SQuAD loop from its state): `seconds` then adds what the killed run had trained."""
+    out = work / "cells" / "-".join([system, task, str(seed), *(f"{k}={v}" for k, v in sorted(flags.items()))])
+    earlier = fine_tuning_seconds_so_far(out) if system == "bertkit" else 0.0
     t0 = time.perf_counter()
-    scores = run_bertkit(task, seed, work, flags) if system == "bertkit" else run_transformers(task, seed, work)
-    return {"scores": scores, "seconds": time.perf_counter() - t0,
+    if system == "bertkit":
+        scores = run_bertkit(task, seed, work, out, flags)
+    else:
+        scores = run_transformers(task, seed, work, out)
+        earlier = scores.get("resumed_after_s", 0.0)
+    shutil.rmtree(out, ignore_errors=True)  # the scores are all a cell keeps
+    return {"scores": scores, "seconds": time.perf_counter() - t0 + earlier,
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def fine_tuning_seconds_so_far(out: Path) -> float:
+    """The training seconds a killed `finetune` in `out` had saved in OUT/resume/ (0 when there is none)."""
+    from bertkit.finetune.train import RESUME, STATE
+    from bertkit.safe_load import safe_load
+
+    state = out / RESUME / STATE
+    return float(safe_load(state)["elapsed_s"]) if state.is_file() else 0.0
 
 
 # ---------------------------------------------------------------- the grid and the table

@@ -8,7 +8,9 @@ bertkit's readers and the scores from bertkit's official metrics, so only what a
 """
 import collections
 import math
+import os
 import random
+import time
 
 import numpy as np
 import torch
@@ -20,11 +22,13 @@ def set_seed(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def train_loop(model, batches_of_epoch, total_steps: int, lr: float, weight_decay: float, warmup_ratio: float,
-               max_grad_norm: float):
+def train_loop(model, batches: "ShuffledBatches", total_steps: int, lr: float, weight_decay: float,
+               warmup_ratio: float, max_grad_norm: float, state_path=None, every_s: float = 600.0):
     """Trainer's optimisation: AdamW (eps 1e-8; fused, Trainer's default `adamw_torch_fused` since torch 2.8) with
     decay on all but biases and LayerNorm weights, linear warmup over ceil(ratio x steps) from 0, then linear decay
-    to 0."""
+    to 0. With state_path, the loop saves its state there every `every_s` seconds and a later call with the same
+    inputs continues from it, ending where an unkilled run ends (a SQuAD cell outlasts a session). Returns the
+    seconds a killed earlier run had trained before its last save (0 when it starts afresh)."""
     from transformers import get_linear_schedule_with_warmup
 
     no_decay = ("bias", "LayerNorm.weight")
@@ -34,10 +38,21 @@ def train_loop(model, batches_of_epoch, total_steps: int, lr: float, weight_deca
                "weight_decay": 0.0}]
     optimizer = torch.optim.AdamW(groups, lr=lr, eps=1e-8, fused=True)
     scheduler = get_linear_schedule_with_warmup(optimizer, math.ceil(warmup_ratio * total_steps), total_steps)
+    step, skip, earlier = 0, 0, 0.0
+    if state_path is not None and os.path.isfile(state_path):
+        state = torch.load(state_path, weights_only=True)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        batches.gen.set_state(state["epoch_gen"])
+        torch.set_rng_state(state["rng"])
+        step, skip, earlier = state["step"], state["done_in_epoch"], state["elapsed_s"]
+        print(f"peer: resuming at step {step} of {total_steps}", flush=True)
+    t0, last_save = time.time() - earlier, time.time()
     model.train()
-    step = 0
     while step < total_steps:
-        for batch in batches_of_epoch():
+        epoch_gen = batches.gen.get_state()
+        for done_in_epoch, batch in enumerate(batches.epoch(skip), start=skip + 1):
             loss = model(**batch).loss
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
@@ -47,18 +62,31 @@ def train_loop(model, batches_of_epoch, total_steps: int, lr: float, weight_deca
             step += 1
             if step >= total_steps:
                 break
+            if state_path is not None and time.time() - last_save >= every_s:
+                state = {"step": step, "done_in_epoch": done_in_epoch, "epoch_gen": epoch_gen,
+                         "rng": torch.get_rng_state(), "elapsed_s": time.time() - t0, "model": model.state_dict(),
+                         "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}
+                torch.save(state, f"{state_path}.tmp")
+                os.replace(f"{state_path}.tmp", state_path)
+                last_save = time.time()
+        skip = 0
     model.eval()
+    return earlier
 
 
-def shuffled_batches(rows: list, batch_size: int, collate, seed: int):
-    """A new shuffled order every epoch (as Trainer's RandomSampler), from the seed."""
-    gen = torch.Generator().manual_seed(seed)
+class ShuffledBatches:
+    """A new shuffled order every epoch (as Trainer's RandomSampler), from the seed; `gen` is the generator, whose
+    state at an epoch's start says that epoch's order."""
 
-    def epoch():
-        order = torch.randperm(len(rows), generator=gen).tolist()
-        for i in range(0, len(rows), batch_size):
-            yield collate([rows[j] for j in order[i:i + batch_size]])
-    return epoch
+    def __init__(self, rows: list, batch_size: int, collate, seed: int):
+        self.rows, self.batch_size, self.collate = rows, batch_size, collate
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def epoch(self, skip: int = 0):
+        """This epoch's batches, the first `skip` left out (drawn, not collated)."""
+        order = torch.randperm(len(self.rows), generator=self.gen).tolist()
+        for i in range(skip * self.batch_size, len(self.rows), self.batch_size):
+            yield self.collate([self.rows[j] for j in order[i:i + self.batch_size]])
 
 
 def pad(rows: list, tokenizer) -> dict:
@@ -68,7 +96,8 @@ def pad(rows: list, tokenizer) -> dict:
 
 # ---------------------------------------------------------------- SQuAD (run_qa.py, utils_qa.py)
 
-def squad(model_dir, train_examples, dev_examples, s, version_2: bool):
+def squad(model_dir, train_examples, dev_examples, s, version_2: bool, state_path=None):
+    """-> (predictions, null odds, seconds a killed earlier run had trained)."""
     from transformers import AutoModelForQuestionAnswering, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
@@ -102,8 +131,8 @@ def squad(model_dir, train_examples, dev_examples, s, version_2: bool):
                      "end_positions": end_pos})
     steps = math.ceil(len(rows) / s["batch_size"]) * s["epochs"]
     collate = lambda b: {k: torch.tensor([r[k] for r in b]) for k in b[0]}  # noqa: E731 (padded to max_length)
-    train_loop(model, shuffled_batches(rows, s["batch_size"], collate, s["seed"]), int(steps), s["lr"],
-               s["weight_decay"], s["warmup_ratio"], s["max_grad_norm"])
+    earlier = train_loop(model, ShuffledBatches(rows, s["batch_size"], collate, s["seed"]), int(steps), s["lr"],
+                         s["weight_decay"], s["warmup_ratio"], s["max_grad_norm"], state_path)
 
     enc = tokenize(dev_examples)
     features = []
@@ -118,7 +147,8 @@ def squad(model_dir, train_examples, dev_examples, s, version_2: bool):
             out = model(**batch)
             starts += list(out.start_logits.numpy())
             ends += list(out.end_logits.numpy())
-    return postprocess_qa(dev_examples, features, starts, ends, s["n_best_size"], s["max_answer_length"], version_2)
+    return (*postprocess_qa(dev_examples, features, starts, ends, s["n_best_size"], s["max_answer_length"],
+                           version_2), earlier)
 
 
 def postprocess_qa(examples, features, starts, ends, n_best: int, max_answer_length: int, version_2: bool):
@@ -171,7 +201,7 @@ def classify(model_dir, train_examples, dev_examples, labels, s):
 
     train_rows = rows(train_examples, True)
     steps = math.ceil(len(train_rows) / s["batch_size"]) * s["epochs"]
-    train_loop(model, shuffled_batches(train_rows, s["batch_size"], lambda b: pad(b, tok), s["seed"]), int(steps),
+    train_loop(model, ShuffledBatches(train_rows, s["batch_size"], lambda b: pad(b, tok), s["seed"]), int(steps),
                s["lr"], s["weight_decay"], s["warmup_ratio"], s["max_grad_norm"])
     dev_rows = rows(dev_examples, False)
     preds = []
@@ -220,7 +250,7 @@ def ner(model_dir, train_sentences, dev_sentences, tags, s):
         return out
 
     steps = math.ceil(len(train_rows) / s["batch_size"]) * s["epochs"]
-    train_loop(model, shuffled_batches(train_rows, s["batch_size"], collate, s["seed"]), int(steps), s["lr"],
+    train_loop(model, ShuffledBatches(train_rows, s["batch_size"], collate, s["seed"]), int(steps), s["lr"],
                s["weight_decay"], s["warmup_ratio"], s["max_grad_norm"])
     dev_rows, firsts = rows(dev_sentences, False)
     predicted = []
