@@ -224,8 +224,10 @@ GRID_LIMIT = 1.25  # on the CPU, a padded grid this many times the real tokens o
 def varlen_impl(device: torch.device, dropout_p: float, grid_share: float = 1.0, window_cuts: bool = False) -> str:
     """Which varlen path runs: BERTKIT_TORCH_VARLEN, else on the CPU each document alone where the padded grid would
     be `grid_share` >= GRID_LIMIT times the real tokens (fine-tuning's mixed lengths) or a local layer's window cuts
-    documents long enough to chunk (`window_cuts`); pretraining's short full instances keep the grid, whose one
-    call is cheaper than many small ones. Else varlen_attn on CUDA without dropout, else padding."""
+    documents long enough to chunk (`window_cuts`); batches of near-full instances keep the grid, whose one call is
+    cheaper than many small ones. (The budget recipe's 64-token MLM batches, grid about 1.3x their tokens, go by
+    document: a pace A/B against the grid was within its noise, benchmarks/README.md.) Else varlen_attn on CUDA
+    without dropout, else padding."""
     impl = os.environ.get("BERTKIT_TORCH_VARLEN", "auto")
     if impl not in VARLEN_IMPLS:
         raise ValueError(f"BERTKIT_TORCH_VARLEN={impl!r}: choose one of {', '.join(VARLEN_IMPLS)}")
