@@ -189,3 +189,29 @@ def test_v2_partial_dev_reads_and_scores_officially(shared_data):
     assert out["exact"] == pytest.approx(100 * 3168 / 6078)
     with pytest.raises(squad.SquadFormatError, match="pass --version-2"):
         squad.read_squad(path, training=False, version_2=False)
+
+
+def test_v2_tuned_threshold_counts_spans_the_written_predictions_left_out():
+    """All answers written as "" at threshold 0, yet the best spans are right: evaluate-v2.0.py's best_f1 cannot see
+    them; tuned_f1 sweeps the best spans and names the threshold that gives it, which postprocess then reproduces."""
+    from bertkit.finetune.metrics import squad_evaluate
+
+    ex, feats = _toy()
+    ex = [squad.SquadExample("q1", "capital?", ex[0].context, [("Paris", 0)], False),
+          squad.SquadExample("q2", "nothing?", ex[0].context, [], True)]
+    feats = [feats[0], squad.SquadFeature(1, *[getattr(feats[0], k) for k in
+                                               ("input_ids", "token_type_ids", "offsets", "max_context")])]
+    s1 = np.array([9.0, 0, 0, 3.0, 0, 0, 0, 0, 0, 0, 0])     # q1: null 18, "Paris" 6 -> odds 12
+    s2 = np.array([20.0, 0, 0, 3.0, 0, 0, 0, 0, 0, 0, 0])    # q2: null 40, "Paris" 6 -> odds 34
+    data = [{"paragraphs": [{"context": ex[0].context, "qas": [
+        {"id": "q1", "question": "capital?", "answers": [{"text": "Paris", "answer_start": 0}], "is_impossible": False},
+        {"id": "q2", "question": "nothing?", "answers": [], "is_impossible": True}]}]}]
+    preds, nbest, odds = squad.postprocess(ex, feats, [s1, s2], [s1, s2], version_2=True)
+    assert preds == {"q1": "", "q2": ""}
+    official = squad_evaluate(data, preds, odds)
+    assert official["f1"] == official["best_f1"] == 50.0  # the written "" hides q1's right span
+    tuned = squad.tuned_threshold_scores(data, nbest, odds)
+    assert tuned == {"tuned_exact": 100.0, "tuned_exact_thresh": pytest.approx(12.0), "tuned_f1": 100.0,
+                     "tuned_f1_thresh": pytest.approx(12.0)}
+    preds, _, _ = squad.postprocess(ex, feats, [s1, s2], [s1, s2], version_2=True, null_score_diff_threshold=12.0)
+    assert squad_evaluate(data, preds)["f1"] == 100.0  # the named threshold gives the tuned score

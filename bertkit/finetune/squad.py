@@ -308,6 +308,17 @@ def postprocess(examples, features, start_logits, end_logits, n_best_size: int =
     return predictions, nbest_json, null_odds
 
 
+def tuned_threshold_scores(dataset: list, nbest: dict, null_odds: dict) -> dict:
+    """SQuAD v2: the EM and F1 the best --null-score-diff-threshold would give on this dev set, and that threshold.
+    evaluate-v2.0.py's best_* sweep the threshold over the predictions as written, so an answer already written as
+    "" can never count; here each question's best span is swept instead (an all-null run shows what its spans are
+    worth). Tuned on the set it scores: an upper bound, as the official best_* are."""
+    from bertkit.finetune.metrics import squad_evaluate
+
+    spans = {qid: next((c["text"] for c in cands if c["text"]), "") for qid, cands in nbest.items()}
+    swept = squad_evaluate(dataset, spans, null_odds)
+    return {f"tuned_{k}{t}": swept[f"best_{k}{t}"] for k in ("exact", "f1") for t in ("", "_thresh")}
+
 
 # ---------------------------------------------------------------- the run
 
@@ -347,6 +358,8 @@ def finetune_squad(model_path, train_file, predict_file, cfg, *, version_2: bool
         preds, nbest, odds = postprocess(dev_examples, dev_features, out["start_logits"], out["end_logits"],
                                          n_best_size, max_answer_length, version_2, null_score_diff_threshold)
         scores = (scorer or squad_evaluate)(dev_data, preds, odds if version_2 else None)
+        if version_2:
+            scores.update(tuned_threshold_scores(dev_data, nbest, odds))
         files = {"predictions.json": preds, "nbest_predictions.json": nbest}
         if version_2:
             files["null_odds.json"] = odds
