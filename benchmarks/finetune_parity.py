@@ -155,15 +155,18 @@ def run_transformers(task: str, seed: int, work: Path, out: Path) -> dict:
     import finetune_peer as peer
 
     from bertkit.finetune.metrics import entity_scores, squad_evaluate
+    from bertkit.finetune.squad import tuned_threshold_scores
 
     t = TASKS[task]
     settings = {**t, "seed": seed}
     train, dev, extra = data(task, work)
     if t["kind"] == "squad":
         out.mkdir(parents=True, exist_ok=True)
-        preds, odds, earlier = peer.squad(model_dir(), train, dev, settings, t.get("version_2", False),
-                                          state_path=out / "peer_state.pt")
+        preds, odds, spans, earlier = peer.squad(model_dir(), train, dev, settings, t.get("version_2", False),
+                                                 state_path=out / "peer_state.pt")
         scores = squad_evaluate(extra, preds, odds if t.get("version_2") else None)
+        if t.get("version_2"):  # bertkit's tuned_* (finetune.squad.tuned_threshold_scores), from the same spans
+            scores.update(tuned_threshold_scores(extra, {q: [{"text": text}] for q, text in spans.items()}, odds))
         return {**scores, "resumed_after_s": earlier} if earlier else scores
     if t["kind"] == "glue":
         from bertkit.finetune.glue import glue_metrics

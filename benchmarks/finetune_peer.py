@@ -97,7 +97,7 @@ def pad(rows: list, tokenizer) -> dict:
 # ---------------------------------------------------------------- SQuAD (run_qa.py, utils_qa.py)
 
 def squad(model_dir, train_examples, dev_examples, s, version_2: bool, state_path=None):
-    """-> (predictions, null odds, seconds a killed earlier run had trained)."""
+    """-> (predictions, null odds, best spans, seconds a killed earlier run had trained)."""
     from transformers import AutoModelForQuestionAnswering, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
@@ -153,11 +153,12 @@ def squad(model_dir, train_examples, dev_examples, s, version_2: bool, state_pat
 
 def postprocess_qa(examples, features, starts, ends, n_best: int, max_answer_length: int, version_2: bool):
     """utils_qa.postprocess_qa_predictions: the best span over an example's windows by start + end logit; for v2
-    the smallest null ([CLS]) score, and "" when it beats the best span (threshold 0). -> (predictions, null_odds)"""
+    the smallest null ([CLS]) score, and "" when it beats the best span (threshold 0).
+    -> (predictions, null_odds, {qid: its best span's text, null or not})"""
     by_example = collections.defaultdict(list)
     for i, (ex_index, _) in enumerate(features):
         by_example[ex_index].append(i)
-    predictions, null_odds = {}, {}
+    predictions, null_odds, spans = {}, {}, {}
     for ex_index, ex in enumerate(examples):
         best, null = None, None
         for fi in by_example[ex_index]:
@@ -171,13 +172,13 @@ def postprocess_qa(examples, features, starts, ends, n_best: int, max_answer_len
                     score = s_log[a] + e_log[b]
                     if best is None or score > best[0]:
                         best = (score, ex.context[offsets[a][0]:offsets[b][1]])
-        text = best[1] if best else ""
+        text = spans[ex.qid] = best[1] if best else ""
         if version_2:
             diff = float(null - best[0]) if best else 1e4
             null_odds[ex.qid] = diff
             text = "" if diff > 0 else text
         predictions[ex.qid] = text
-    return predictions, null_odds
+    return predictions, null_odds, spans
 
 
 # ---------------------------------------------------------------- GLUE (run_glue.py)
