@@ -215,3 +215,32 @@ def test_v2_tuned_threshold_counts_spans_the_written_predictions_left_out():
                      "tuned_f1_thresh": pytest.approx(12.0)}
     preds, _, _ = squad.postprocess(ex, feats, [s1, s2], [s1, s2], version_2=True, null_score_diff_threshold=12.0)
     assert squad_evaluate(data, preds)["f1"] == 100.0  # the named threshold gives the tuned score
+
+
+def test_a_v2_fine_tuning_scores_official_and_tuned_keys(tmp_path):
+    """`finetune squad --version-2` end to end on a tiny model: the evaluate-v2.0.py keys, null_odds.json, and the
+    tuned_* keys, which can only add to the score at threshold 0 (their sweep passes through it)."""
+    import random
+
+    from bertkit.finetune.train import TrainConfig
+    from tests.helpers import tiny_model_folder
+
+    tiny_model_folder(tmp_path, "model")
+    rng, paragraphs = random.Random(0), []
+    for i in range(12):
+        words = [f"w{rng.randrange(27)}" for _ in range(rng.randint(4, 20))]
+        a = rng.randrange(len(words) - 1)
+        qa = {"id": str(i), "question": f"w{i} w{i + 1}", "is_impossible": i % 3 == 0,
+              "answers": [] if i % 3 == 0 else [{"text": " ".join(words[a:a + 2]),
+                                                 "answer_start": len(" ".join(words[:a] + [""]))}]}
+        paragraphs.append({"context": " ".join(words), "qas": [qa]})
+    path = tmp_path / "v2.json"
+    path.write_text(json.dumps({"version": "v2.0", "data": [{"title": "t", "paragraphs": paragraphs}]}))
+    cfg = TrainConfig(out_dir=str(tmp_path / "out"), epochs=1, batch_size=4, learning_rate=1e-3, save_model=False,
+                      report_to="none")
+    summary = squad.finetune_squad(tmp_path / "model", path, path, cfg, version_2=True, max_seq_length=24,
+                                   window_step=8, max_query_length=4)
+    scores = summary["epochs"][-1]
+    assert {"exact", "f1", "HasAns_f1", "NoAns_f1", "best_f1", "tuned_f1", "tuned_f1_thresh"} <= set(scores)
+    assert scores["tuned_f1"] >= scores["f1"] - 1e-9 and scores["tuned_exact"] >= scores["exact"] - 1e-9
+    assert set(json.loads((tmp_path / "out" / "null_odds.json").read_text())) == {str(i) for i in range(12)}
