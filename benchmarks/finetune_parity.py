@@ -181,9 +181,9 @@ def cell(system: str, task: str, seed: int, work: Path, flags: dict) -> dict:
     """One cell, in a folder of its own under `work` that a killed cell continues from (bertkit's finetune resumes
     from OUT/resume/, the peer's SQuAD loop from its state): `seconds` then adds what the killed run had trained."""
     out = work / "cells" / "-".join([system, task, str(seed), *(f"{k}={v}" for k, v in sorted(flags.items()))])
-    earlier = fine_tuning_seconds_so_far(out) if system == "bertkit" else 0.0
     t0 = time.perf_counter()
     if system == "bertkit":
+        earlier = fine_tuning_seconds_so_far(out)
         scores = run_bertkit(task, seed, work, out, flags)
     else:
         scores = run_transformers(task, seed, work, out)

@@ -7,6 +7,7 @@ and LayerNorm weights, linear warmup from 0 then linear decay, clipping), in a p
 bertkit's readers and the scores from bertkit's official metrics, so only what a user's recipe does differs.
 """
 import collections
+import io
 import math
 import os
 import random
@@ -14,6 +15,8 @@ import time
 
 import numpy as np
 import torch
+
+from bertkit.fileio import atomic_write_bytes
 
 
 def set_seed(seed: int) -> None:
@@ -66,8 +69,9 @@ def train_loop(model, batches: "ShuffledBatches", total_steps: int, lr: float, w
                 state = {"step": step, "done_in_epoch": done_in_epoch, "epoch_gen": epoch_gen,
                          "rng": torch.get_rng_state(), "elapsed_s": time.time() - t0, "model": model.state_dict(),
                          "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}
-                torch.save(state, f"{state_path}.tmp")
-                os.replace(f"{state_path}.tmp", state_path)
+                buffer = io.BytesIO()
+                torch.save(state, buffer)
+                atomic_write_bytes(state_path, buffer.getvalue())
                 last_save = time.time()
         skip = 0
     model.eval()
