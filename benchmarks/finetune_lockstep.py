@@ -6,11 +6,15 @@ windows (bertkit's, which equal transformers' for this split) in the same order,
 recipe (bertkit: train._optimizer + build_scheduler; transformers: Trainer's, as finetune_peer.train_loop). The
 losses per step are printed side by side; --dropout 0.1 adds dropout (then the two draw different masks and only
 the trend can agree). --swap NAME replaces one of bertkit's parts by transformers' (optimizer: Trainer's AdamW and
-schedule) to see what each is worth.
+schedule) to see what each is worth. `--task squad2` does the same on the parity grid's SQuAD v2 split (unanswerable
+questions labelled [CLS]); `--compare-windows` only compares the two systems' training windows: token ids and the
+start/end labels, window by window.
 
     python benchmarks/finetune_lockstep.py --steps 40
+    python benchmarks/finetune_lockstep.py --task squad2 --compare-windows
 """
 import argparse
+import collections
 import math
 import sys
 import time
@@ -36,8 +40,45 @@ def masked_loss(hf, batch):
             + ce(out.end_logits.masked_fill(pad, MASKED_LOGIT), batch["end_positions"])) / 2
 
 
+def compare_windows(examples, features: list, t: dict) -> None:
+    """bertkit's training windows against run_qa.py's (finetune_peer.squad_train_rows), question by question: how
+    many windows each makes, and where the counts agree, the token ids (transformers' padding left out) and the
+    start/end labels window by window. Windows part only on long contexts: bertkit steps 128 tokens from one window's
+    start to the next (google-research/bert), run_qa.py overlaps them by 128."""
+    from finetune_peer import squad_train_rows, squad_windows
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir())
+    theirs = squad_train_rows(tok, examples, t)
+    their_example = squad_windows(tok, examples, t)["overflow_to_sample_mapping"]
+    ours_by, theirs_by = collections.defaultdict(list), collections.defaultdict(list)
+    for f in features:
+        ours_by[f.example_index].append(f)
+    for i, row in zip(their_example, theirs):
+        theirs_by[int(i)].append(row)
+    same_count = [i for i in range(len(examples)) if len(ours_by[i]) == len(theirs_by[i])]
+    pairs = [(ours, their) for i in same_count for ours, their in zip(ours_by[i], theirs_by[i])]
+    same_ids = sum(ours.input_ids == their["input_ids"][:sum(their["attention_mask"])] for ours, their in pairs)
+    same_labels = sum((ours.start_position, ours.end_position) == (their["start_positions"], their["end_positions"])
+                      for ours, their in pairs)
+    impossible = [i for i, ex in enumerate(examples) if ex.is_impossible]
+    print(f"{len(examples)} questions ({len(impossible)} unanswerable): bertkit {len(features)} windows, "
+          f"transformers {len(theirs)}")
+    print(f"questions with as many windows in both: {len(same_count)}; their {len(pairs)} windows: same token ids "
+          f"{same_ids}, same labels {same_labels}")
+    ours_null = all(f.start_position == f.end_position == 0 for i in impossible for f in ours_by[i])
+    theirs_null = all(r["start_positions"] == r["end_positions"] == 0 for i in impossible for r in theirs_by[i])
+    print("windows labelled [CLS] (no answer inside): bertkit "
+          f"{sum(f.start_position == 0 for f in features)}, transformers "
+          f"{sum(r['start_positions'] == 0 for r in theirs)}; every unanswerable question's windows at [CLS]: "
+          f"bertkit {ours_null}, transformers {theirs_null}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--task", choices=["squad", "squad2"], default="squad")
+    ap.add_argument("--compare-windows", action="store_true",
+                    help="only compare bertkit's training windows and labels with transformers' (run_qa.py's)")
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--dropout", type=float, default=0.0)
     ap.add_argument("--batch-size", type=int, default=32)
@@ -54,9 +95,12 @@ def main():
     from bertkit.tokenization import load_tokenizer
 
     torch.set_num_threads(2)
-    t = TASKS["squad"]
-    examples, _ = read_squad(SHARED / t["file"], True, False, slice(*t["train"]))
-    rows = feature_dicts(make_features(examples, load_tokenizer(model_dir()), True), True)
+    t = TASKS[args.task]
+    examples, _ = read_squad(SHARED / t["file"], True, t.get("version_2", False), slice(*t["train"]))
+    features = make_features(examples, load_tokenizer(model_dir()), True)
+    if args.compare_windows:
+        return compare_windows(examples, features, t)
+    rows = feature_dicts(features, True)
     order = np.random.default_rng(42).permutation(len(rows))
     total = math.ceil(len(rows) / args.batch_size) * t["epochs"]
 
@@ -108,7 +152,7 @@ def main():
             opt.zero_grad(set_to_none=True)
             if model is ours:
                 lr_ours = lr
-        theirs = dict(hf.named_parameters())
+        theirs = {n: p.detach() for n, p in hf.named_parameters()}
         diff = max(float((p.detach()[:len(theirs[n])] - theirs[n]).abs().max())  # bertkit pads the vocabulary to 8
                    for n, p in ours.named_parameters() if n in theirs)
         print(f"{step:>4} {lr_ours:>9.2e} {lr:>9.2e} {losses[0]:>10.4f} {losses[1]:>10.4f} {norms[0]:>9.3f} "

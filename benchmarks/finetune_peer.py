@@ -100,20 +100,18 @@ def pad(rows: list, tokenizer) -> dict:
 
 # ---------------------------------------------------------------- SQuAD (run_qa.py, utils_qa.py)
 
-def squad(model_dir, train_examples, dev_examples, s, version_2: bool, state_path=None):
-    """-> (predictions, null odds, best spans, seconds a killed earlier run had trained)."""
-    from transformers import AutoModelForQuestionAnswering, AutoTokenizer
+def squad_windows(tok, examples, s: dict):
+    """run_qa.py's windows: question then context, the context cut into max_length windows overlapping by
+    doc_stride tokens, padded to max_length, with offset mappings."""
+    return tok([ex.question.lstrip() for ex in examples], [ex.context for ex in examples],
+               truncation="only_second", max_length=s["max_seq_length"], stride=s["doc_stride"],
+               return_overflowing_tokens=True, return_offsets_mapping=True, padding="max_length")
 
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    set_seed(s["seed"])
-    model = AutoModelForQuestionAnswering.from_pretrained(model_dir)
 
-    def tokenize(examples):
-        return tok([ex.question.lstrip() for ex in examples], [ex.context for ex in examples],
-                   truncation="only_second", max_length=s["max_seq_length"], stride=s["doc_stride"],
-                   return_overflowing_tokens=True, return_offsets_mapping=True, padding="max_length")
-
-    enc = tokenize(train_examples)
+def squad_train_rows(tok, train_examples, s: dict) -> list[dict]:
+    """run_qa.py's prepare_train_features: each window labelled with the answer's first and last token, or with
+    [CLS] where the answer is not wholly inside it or the question has none (v2)."""
+    enc = squad_windows(tok, train_examples, s)
     rows = []
     for i, offsets in enumerate(enc["offset_mapping"]):
         ids, seq = enc["input_ids"][i], enc.sequence_ids(i)
@@ -133,12 +131,24 @@ def squad(model_dir, train_examples, dev_examples, s, version_2: bool, state_pat
         rows.append({"input_ids": ids, "token_type_ids": enc["token_type_ids"][i],
                      "attention_mask": enc["attention_mask"][i], "start_positions": start_pos,
                      "end_positions": end_pos})
+    return rows
+
+
+def squad(model_dir, train_examples, dev_examples, s, version_2: bool, state_path=None):
+    """-> (predictions, null odds, best spans, seconds a killed earlier run had trained)."""
+    from transformers import AutoModelForQuestionAnswering, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    set_seed(s["seed"])
+    model = AutoModelForQuestionAnswering.from_pretrained(model_dir)
+
+    rows = squad_train_rows(tok, train_examples, s)
     steps = math.ceil(len(rows) / s["batch_size"]) * s["epochs"]
     collate = lambda b: {k: torch.tensor([r[k] for r in b]) for k in b[0]}  # noqa: E731 (padded to max_length)
     earlier = train_loop(model, ShuffledBatches(rows, s["batch_size"], collate, s["seed"]), int(steps), s["lr"],
                          s["weight_decay"], s["warmup_ratio"], s["max_grad_norm"], state_path)
 
-    enc = tokenize(dev_examples)
+    enc = squad_windows(tok, dev_examples, s)
     features = []
     for i in range(len(enc["input_ids"])):
         seq = enc.sequence_ids(i)
