@@ -192,7 +192,8 @@ def finetune(task: str, model: Path, out: Path, lr: float, seed: int, unpadded: 
     if summary is None:  # a fine-tune killed part-way continues from its OUT/resume/
         t0 = time.time()
         cfg = TrainConfig(out_dir=str(out), epochs=3, batch_size=32, learning_rate=lr, seed=seed, save_model=False,
-                          dropout=FINETUNE_DROPOUT, report_to="none", unpadded=unpadded)
+                          dropout=FINETUNE_DROPOUT, report_to="none", unpadded=unpadded,
+                          precision="fp32")  # every recorded score is fp32's
         if task == "korquad":
             summary = finetune_korquad(SHARED, model, cfg)
         elif task == "klue-ner":

@@ -241,7 +241,8 @@ def finetune_one(task: str, model: Path, out: Path, seed: int, budget: Budget, w
         if "train_seconds" in summary:
             return summary
     cfg = TrainConfig(out_dir=str(out), epochs=3, batch_size=32, learning_rate=budget.finetune_lr, seed=seed,
-                      save_model=False, dropout=FINETUNE_DROPOUT, pooling=pooling)
+                      save_model=False, dropout=FINETUNE_DROPOUT, pooling=pooling,
+                      precision="fp32")  # every recorded score is fp32's
     if task == "ner":
         return finetune_ner(model, conll_subsample(work, budget.conll_train), SHARED / "conll2003" / "valid.txt",
                             cfg)

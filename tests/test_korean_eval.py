@@ -175,8 +175,10 @@ def test_several_korean_tasks_in_one_command_gather_a_table_and_resume(shared_da
     manifest = json.loads((out / "manifest.json").read_text())  # a folder made before --precision existed
     del manifest["settings"]["precision"]
     (out / "manifest.json").write_text(json.dumps(manifest))
-    older = CliRunner().invoke(main, args)
+    older = CliRunner().invoke(main, args + ["--precision", "fp32"])  # what it ran in
     assert older.exit_code == 0 and older.output.count("kept the finished fine-tuning") == 2, older.output
+    auto = CliRunner().invoke(main, args)  # the default since fp32 was: auto
+    assert auto.exit_code == 2 and "precision: fp32 -> auto" in auto.output, auto.output
     bf16 = CliRunner().invoke(main, args + ["--precision", "bf16"])
     assert bf16.exit_code == 2 and "precision: fp32 -> bf16" in bf16.output, bf16.output
     other = CliRunner().invoke(main, [a if a != "1" else "2" for a in args])

@@ -46,7 +46,7 @@ def common_options(default_lr: float, default_epochs: float, default_batch: int,
             click.option("--compile", is_flag=True,
                          help="Run the model under torch.compile (its first batches compile; the losses equal the "
                               "eager run's)."),
-            click.option("--precision", type=click.Choice(["fp32", "bf16", "auto"]), default="fp32",
+            click.option("--precision", type=click.Choice(["fp32", "bf16", "auto"]), default="auto",
                          show_default=True,
                          help="bf16: matrix products in bf16 (autocast), weights and optimizer in fp32; faster on "
                               "a GPU and on a CPU with bf16 units (Intel AMX). auto: bf16 where the device has "

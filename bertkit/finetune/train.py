@@ -61,7 +61,7 @@ class TrainConfig:
     unpadded: bool = True         # pack each batch end to end (varlen attention): no compute spent on padding;
                                   # False (--padded): pad each batch to its longest row
     compile: bool = False         # the model under torch.compile (its first batches compile)
-    precision: str = "fp32"       # fp32 | bf16: autocast over fp32 weights, training and evaluation (bertkit.precision)
+    precision: str = "auto"       # fp32 | bf16: autocast over fp32 weights, training and evaluation (bertkit.precision)
                                   # | auto: bf16 where the device has bf16 units, else fp32 (metrics.json: the one used)
     save_model: bool = True
     dropout: float | None = None  # hidden and attention dropout while fine-tuning; None: the model's config.json
