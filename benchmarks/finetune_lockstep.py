@@ -49,8 +49,9 @@ def compare_windows(examples, features: list, t: dict) -> None:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir())
-    theirs = squad_train_rows(tok, examples, t)
-    their_example = squad_windows(tok, examples, t)["overflow_to_sample_mapping"]
+    windows = squad_windows(tok, examples, t)
+    theirs = squad_train_rows(tok, examples, windows)
+    their_example = windows["overflow_to_sample_mapping"]
     ours_by, theirs_by = collections.defaultdict(list), collections.defaultdict(list)
     for f in features:
         ours_by[f.example_index].append(f)

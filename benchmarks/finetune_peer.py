@@ -108,10 +108,10 @@ def squad_windows(tok, examples, s: dict):
                return_overflowing_tokens=True, return_offsets_mapping=True, padding="max_length")
 
 
-def squad_train_rows(tok, train_examples, s: dict) -> list[dict]:
-    """run_qa.py's prepare_train_features: each window labelled with the answer's first and last token, or with
-    [CLS] where the answer is not wholly inside it or the question has none (v2)."""
-    enc = squad_windows(tok, train_examples, s)
+def squad_train_rows(tok, train_examples, enc) -> list[dict]:
+    """run_qa.py's prepare_train_features on the examples' windows (`enc`, from squad_windows): each window labelled
+    with the answer's first and last token, or with [CLS] where the answer is not wholly inside it or the question
+    has none (v2)."""
     rows = []
     for i, offsets in enumerate(enc["offset_mapping"]):
         ids, seq = enc["input_ids"][i], enc.sequence_ids(i)
@@ -142,7 +142,7 @@ def squad(model_dir, train_examples, dev_examples, s, version_2: bool, state_pat
     set_seed(s["seed"])
     model = AutoModelForQuestionAnswering.from_pretrained(model_dir)
 
-    rows = squad_train_rows(tok, train_examples, s)
+    rows = squad_train_rows(tok, train_examples, squad_windows(tok, train_examples, s))
     steps = math.ceil(len(rows) / s["batch_size"]) * s["epochs"]
     collate = lambda b: {k: torch.tensor([r[k] for r in b]) for k in b[0]}  # noqa: E731 (padded to max_length)
     earlier = train_loop(model, ShuffledBatches(rows, s["batch_size"], collate, s["seed"]), int(steps), s["lr"],
