@@ -14,7 +14,10 @@ torch.cuda.max_memory_allocated, on the CPU the growth of the process's peak RSS
     python benchmarks/pretrain_step.py --configs tiny mini base --compile   # + bertkit under torch.compile
 
 --compile adds bertkit:BACKEND+compile (model.compile(), as pretrain --compile does); its warm-up steps, which
-include compiling, are timed apart (compile_s), never in the steps per second.
+include compiling, are timed apart (compile_s), never in the steps per second. --graphs adds bertkit:BACKEND+graphs
+(mode="reduce-overhead": on CUDA the compiled forward and backward replay as CUDA graphs; the batch's shape is fixed).
+Every eager run and transformers' come first, the compiled ones after; the JSON is rewritten after each run, a run
+that fails or passes --timeout is recorded as such, and --deadline stops starting new runs (a lease's minutes).
 """
 import argparse
 import json
@@ -73,10 +76,10 @@ def measure(impl: str, config: str, seq: int, batch: int, device: str, precision
 
         backend, _, compiled = impl.split(":")[1].partition("+")
         kernels.use(backend)
-        impl = f"bertkit:{kernels.resolve(device)}" + ("+compile" if compiled else "")
+        impl = f"bertkit:{kernels.resolve(device)}" + (f"+{compiled}" if compiled else "")
         model = BertForPreTraining(cfg).to(device)
         if compiled:
-            model.compile()
+            model.compile(mode="reduce-overhead" if compiled == "graphs" else None)
 
         def loss_fn():
             return model(**data).loss
@@ -112,7 +115,8 @@ def measure(impl: str, config: str, seq: int, batch: int, device: str, precision
     compile_s = time.perf_counter() - t0  # the warm-up steps: with +compile, the compiling
     if device == "cuda":
         torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
+        if not impl.endswith("+graphs"):  # a CUDA graph's memory pool is taken at capture, in the warm-up
+            torch.cuda.reset_peak_memory_stats()
     t = time.perf_counter()
     for _ in range(steps):
         step()
@@ -132,7 +136,7 @@ def measure(impl: str, config: str, seq: int, batch: int, device: str, precision
         by = "self_cuda_time_total" if device == "cuda" else "self_cpu_time_total"
         table = p.key_averages().table(sort_by=by, row_limit=40, max_name_column_width=60)
         Path(profile).mkdir(parents=True, exist_ok=True)
-        (Path(profile) / f"profile-{impl.replace(':', '-')}-{config}-{seq}.txt").write_text(table)
+        (Path(profile) / f"profile-{impl.replace(':', '-').replace('+', '-')}-{config}-{seq}.txt").write_text(table)
     return {"impl": impl, "config": config, "seq": seq, "batch": batch, "device": device, "precision": precision,
             "steps": steps, "seq_per_s": batch * steps / elapsed, "ms_per_step": 1000 * elapsed / steps,
             "peak_mem_mib": peak / 2**20, "tokens_per_step": int(data["attention_mask"].sum()),
@@ -169,6 +173,9 @@ def main():
     ap.add_argument("--kernels", nargs="+", choices=["auto", "triton", "torch", "reference"], default=None,
                     help="bertkit backends to time (default: auto on the CPU; triton and torch on CUDA)")
     ap.add_argument("--compile", action="store_true", help="also time bertkit under torch.compile")
+    ap.add_argument("--graphs", action="store_true", help="also time torch.compile(mode='reduce-overhead')")
+    ap.add_argument("--timeout", type=float, default=None, help="seconds one run may take")
+    ap.add_argument("--deadline", type=float, default=None, help="start no run after this many seconds")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
     ap.add_argument("--profile", default=None, help="folder for a torch.profiler table per run")
     ap.add_argument("--one", nargs=3, metavar=("IMPL", "CONFIG", "SEQ"), help=argparse.SUPPRESS)
@@ -185,35 +192,50 @@ def main():
                                  args.warmup, args.profile)))
         return
 
-    results = []
-    for config in args.configs:
-        for seq in args.seq:
-            compiled = [f"bertkit:{k}+compile" for k in kernels] if args.compile else []
-            for impl in [f"bertkit:{k}" for k in kernels] + compiled + ["transformers"]:
-                cmd = [sys.executable, __file__, "--one", impl, config, str(seq), "--batch", str(args.batch),
-                       "--device", args.device, "--precision", precision, "--steps", str(args.steps),
-                       "--warmup", str(args.warmup)] + (["--threads", str(args.threads)] if args.threads else []) \
-                    + (["--profile", args.profile] if args.profile else [])
-                out = subprocess.run(cmd, capture_output=True, text=True)
-                if out.returncode:
-                    print(out.stderr[-3000:], file=sys.stderr)
-                    raise SystemExit(f"{impl} {config} seq {seq} failed")
-                results.append(json.loads(out.stdout.strip().splitlines()[-1]))
-    print(f"\n{'config':8} {'seq':>4} {'batch':>5} {'impl':21} {'seq/s':>9} {'ms/step':>9} {'peak MiB':>9} "
-          f"{'speed-up':>8} {'warm-up s':>9}")
-    for r in results:
-        base = next(x for x in results if x["impl"] == "transformers" and x["config"] == r["config"]
-                    and x["seq"] == r["seq"])
-        print(f"{r['config']:8} {r['seq']:>4} {r['batch']:>5} {r['impl']:21} {r['seq_per_s']:9.1f} "
-              f"{r['ms_per_step']:9.1f} {r['peak_mem_mib']:9.0f} {r['seq_per_s'] / base['seq_per_s']:7.2f}x "
-              f"{r['warmup_s']:9.1f}")
+    runs = [(config, seq, f"bertkit:{k}") for config in args.configs for seq in args.seq for k in kernels]
+    runs += [(config, seq, "transformers") for config in args.configs for seq in args.seq]
+    for suffix, wanted in (("compile", args.compile), ("graphs", args.graphs)):
+        runs += [(config, seq, f"bertkit:{k}+{suffix}") for config in args.configs for seq in args.seq
+                 for k in kernels if wanted]
+    runs.sort(key=lambda r: ("+" in r[2], args.seq.index(r[1])))  # eager at every length first, then compiled
     now = datetime.now(timezone.utc)
-    record = {**run_info("pretrain_step"), "machine": machine(args.device), "precision": precision,
-              "results": results}
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"pretrain_step-{args.device}-{now:%Y%m%d-%H%M%S}.json"
-    path.write_text(json.dumps(record, indent=2) + "\n")
+    record = {**run_info("pretrain_step"), "machine": machine(args.device), "precision": precision,
+              "results": [], "failed": []}
+    t_start = time.perf_counter()
+    for config, seq, impl in runs:
+        if args.deadline and time.perf_counter() - t_start > args.deadline:
+            record["failed"].append({"impl": impl, "config": config, "seq": seq, "error": "not started: --deadline"})
+            continue
+        cmd = [sys.executable, __file__, "--one", impl, config, str(seq), "--batch", str(args.batch),
+               "--device", args.device, "--precision", precision, "--steps", str(args.steps),
+               "--warmup", str(args.warmup)] + (["--threads", str(args.threads)] if args.threads else []) \
+            + (["--profile", args.profile] if args.profile else [])
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+            error = out.stderr[-3000:] if out.returncode else None
+        except subprocess.TimeoutExpired:
+            error = f"timed out after {args.timeout} s"
+        if error:
+            print(f"{impl} {config} seq {seq} failed:\n{error}", file=sys.stderr)
+            record["failed"].append({"impl": impl, "config": config, "seq": seq, "error": error[-600:]})
+        else:
+            record["results"].append(json.loads(out.stdout.strip().splitlines()[-1]))
+            print(json.dumps(record["results"][-1]), flush=True)
+        path.write_text(json.dumps(record, indent=2) + "\n")
+    results = record["results"]
+    print(f"\n{'config':8} {'seq':>4} {'batch':>5} {'impl':21} {'seq/s':>9} {'ms/step':>9} {'peak MiB':>9} "
+          f"{'speed-up':>8} {'warm-up s':>9}")
+    for r in results:
+        base = next((x for x in results if x["impl"] == "transformers" and x["config"] == r["config"]
+                     and x["seq"] == r["seq"]), None)
+        ratio = r["seq_per_s"] / base["seq_per_s"] if base else float("nan")
+        print(f"{r['config']:8} {r['seq']:>4} {r['batch']:>5} {r['impl']:21} {r['seq_per_s']:9.1f} "
+              f"{r['ms_per_step']:9.1f} {r['peak_mem_mib']:9.0f} {ratio:7.2f}x {r['warmup_s']:9.1f}")
+    for f in record["failed"]:
+        print(f"{f['config']:8} {f['seq']:>4} {'':>5} {f['impl']:21} failed: {f['error'].splitlines()[-1][:80]}")
     print(f"\nwrote {path}")
 
 

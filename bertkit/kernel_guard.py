@@ -100,16 +100,28 @@ def kernel_uses(model, precision: str, unpadded: bool, seq: int = 128, batch: in
                       c.norm == "pre", seq=seq, batch=batch) for c in cfgs]
 
 
-def resolve_guarded(device, uses: list[KernelUse], say=print) -> str:
+COMPILED_BERT_ON_CUDA = (
+    "--compile on CUDA: --kernels auto takes PyTorch's SDPA and LayerNorm for a BERT encoder (BERT-base on an H200, "
+    "2026-11-27: compiled, PyTorch's path ran 2.12x transformers' step at 128 tokens, Triton's 0.93x, its ops a "
+    "break in what the compiler fuses; as CUDA graphs 2.12x against 2.06x at 128 and 1.70x against 1.64x at 512); "
+    "--kernels triton forces ours")
+
+
+def resolve_guarded(device, uses: list[KernelUse], say=print, compiled: bool = False) -> str:
     """bertkit.kernels.resolve(device), except that `auto` on a CUDA device is checked there first
-    (choose_backend); the outcome is set for the rest of this process."""
+    (choose_backend); the outcome is set for the rest of this process. compiled (--compile): a BERT encoder's
+    layers (no RoPE, no window) take the torch backend, measured faster there; ModernBERT's are checked and timed."""
     from bertkit import kernels
 
     backend = kernels.resolve(device)
     if not uses:  # a model that calls no bertkit kernel runs, and is recorded, as torch
         return "torch"
     if kernels.backend() == "auto" and backend == "triton" and torch.device(device).type == "cuda":
-        backend = "triton" if all(choose_backend(device, u, say) == "triton" for u in uses) else "torch"
+        if compiled and all(u.rope_theta is None and u.window is None for u in uses):
+            say(COMPILED_BERT_ON_CUDA)
+            backend = "torch"
+        else:
+            backend = "triton" if all(choose_backend(device, u, say) == "triton" for u in uses) else "torch"
         kernels.use(backend)
     return backend
 
@@ -151,6 +163,7 @@ def time_backends(use: KernelUse, device, repeats: int = 5) -> dict | None:
         for name in ("triton", "torch"):
             kernels.use(name)
             layer()  # compiles, autotunes
+            layer()  # after one warm-up call the next five still averaged 3x steady state (H200, 2026-11-27)
             torch.cuda.synchronize(device)
             start = time.perf_counter()
             for _ in range(repeats):

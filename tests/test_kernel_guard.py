@@ -122,6 +122,33 @@ def test_auto_on_the_cpu_and_forced_triton_never_check(monkeypatch):
         kernels.use(os.environ.get("BERTKIT_KERNELS", "auto"))
 
 
+def test_auto_under_compile_on_cuda_takes_torch_for_bert_and_still_checks_modernbert(monkeypatch):
+    """--compile on CUDA: a BERT encoder's layers go to PyTorch's ops (measured faster compiled), said once, no
+    check; a ModernBERT layer (RoPE, a window: PyTorch's path would attend over the whole band) is still checked."""
+    import torch
+
+    from bertkit import kernels
+    from bertkit.kernel_guard import COMPILED_BERT_ON_CUDA, resolve_guarded
+
+    checked = []
+    monkeypatch.setattr("bertkit.kernel_guard.choose_backend", lambda device, use, say: checked.append(use) or "triton")
+    monkeypatch.setattr(kernels, "resolve", lambda device: "triton")  # as on a GPU
+    modern = KernelUse(64, 768, "bf16", True, 0.0, True, rope_theta=10000.0, window=64, layer_norm=False)
+    cuda, said = torch.device("cuda"), []
+    try:
+        kernels.use("auto")
+        assert resolve_guarded(cuda, [USE], said.append, compiled=True) == "torch"
+        assert said == [COMPILED_BERT_ON_CUDA] and not checked and kernels.backend() == "torch"
+        kernels.use("auto")
+        assert resolve_guarded(cuda, [USE], said.append) == "triton" and checked == [USE]  # eager: checked, timed
+        kernels.use("auto")
+        assert resolve_guarded(cuda, [modern], said.append, compiled=True) == "triton" and checked[-1] == modern
+        kernels.use("triton")  # forced stays forced
+        assert resolve_guarded(cuda, [USE], said.append, compiled=True) == "triton" and len(said) == 1
+    finally:
+        kernels.use(os.environ.get("BERTKIT_KERNELS", "auto"))
+
+
 def test_the_uses_of_an_electra_pair_cover_both_models():
     from bertkit.config import BertConfig
     from bertkit.models.electra import ElectraForPreTraining

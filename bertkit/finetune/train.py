@@ -388,7 +388,8 @@ def start_fine_tuning(model, train_rows: list, best_metric: str, cfg: TrainConfi
     kernels.use(cfg.kernels)
     # auto on a GPU: checked (and both backends timed) there first
     backend = resolve_guarded(device, kernel_uses(model, cfg.precision, cfg.unpadded, batch=cfg.batch_size),
-                              say=tqdm.write if rank == 0 else lambda m: m.startswith("warning") and tqdm.write(m))
+                              say=tqdm.write if rank == 0 else lambda m: m.startswith("warning") and tqdm.write(m),
+                              compiled=cfg.compile)
     if world > 1 and not torch.distributed.is_initialized():
         if device.type == "cuda":
             torch.cuda.set_device(device)

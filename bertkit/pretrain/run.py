@@ -156,7 +156,8 @@ def start_run(cfg: PretrainConfig, manifest: InstancesManifest, rank: int, world
     # logged with the run (the weights never depend on it); auto on a GPU is checked there first
     backend = resolve_guarded(device, kernel_uses(model, settings.precision, cfg.unpadded, manifest.max_seq_length,
                                                   settings.micro_batch),
-                              say=say if rank == 0 else lambda m: m.startswith("warning") and say(m))
+                              say=say if rank == 0 else lambda m: m.startswith("warning") and say(m),
+                              compiled=cfg.compile)
     engine, scheduler = build_engine(cfg, model, settings, ds_config, budget, max_steps, on_cuda)
     if rank == 0:
         write_run_folder(cfg, settings, ds_config, describe(model), init_source, manifest, world, backend, objective,
