@@ -11,7 +11,9 @@
 #   benchmarks/gpu_session.sh lease   what fits a 15-minute lease in one call (~7 min; 2026-11-26's took 4.5): check-gpu
 #                                     --quick, ModernBERT's attention (8,192 first) and step, the backward's tile sweep
 #   benchmarks/gpu_session.sh step    the BERT-base step at 128 and 512: triton, torch, transformers, each compiled and
-#                                     as CUDA graphs (~9 min), after auto's per-layer timing of both backends
+#                                     as CUDA graphs (6.5 min on an H200: 512's compiled runs do not fit), after
+#                                     auto's per-layer timing of both backends
+#   benchmarks/gpu_session.sh step512 the 512 row of `step`, compiled and CUDA-graph runs included (~5 min)
 # Logs and JSON go to $OUT (or ./gpu_out). The device image has torch and triton but not bertkit's small
 # compiled dependencies: carry them as wheels in .whl/ (the device tool's README says how); no deepspeed needed.
 set -uo pipefail
@@ -47,17 +49,25 @@ case "${1:-check}" in
     ;;
   step)
     # what --kernels auto's timing sees (one layer, forward + backward, at the step's shapes), then the steps: eager
-    # and transformers first, the compiled and CUDA-graph ones after; each run at most 150 s, none started after 300 s
-    timeout 60 python3 -c "
+    # and transformers first, the compiled and CUDA-graph ones after; each run at most 150 s, none started after 290 s
+    # on a cold machine 60 s stopped the timing after its first shape (the kernels compiling): 90
+    timeout 90 python3 -c "
 from bertkit.kernel_guard import KernelUse, time_backends
 for seq in (128, 512):
     for varlen in (False, True):
         use = KernelUse(64, 768, 'bf16', varlen, 0.1, False, seq=seq, batch=128)
         print(f'seq {seq} {\"packed\" if varlen else \"padded\"}: ms per layer', time_backends(use, 'cuda'))
 " 2>&1 | tee "$OUT/auto_timing.log"
-    timeout 480 python3 benchmarks/pretrain_step.py --device cuda --configs base --seq 128 512 --batch 128 \
-      --precision bf16 --kernels triton torch --compile --graphs --timeout 150 --deadline 300 --out "$OUT" 2>&1 \
+    timeout 460 python3 benchmarks/pretrain_step.py --device cuda --configs base --seq 128 512 --batch 128 \
+      --precision bf16 --kernels triton torch --compile --graphs --timeout 150 --deadline 290 --out "$OUT" 2>&1 \
       | tee "$OUT/pretrain_step_compiled.log"
+    ;;
+  step512)
+    # what `step` leaves for a second call (on an H200 2026-11-27 `step` ran 387 s and stopped before 512's compiled
+    # runs): 512 eager again as the same call's baseline, compiled and as CUDA graphs (~5 min)
+    timeout 480 python3 benchmarks/pretrain_step.py --device cuda --configs base --seq 512 --batch 128 \
+      --precision bf16 --kernels triton torch --compile --graphs --timeout 150 --deadline 330 --out "$OUT" 2>&1 \
+      | tee "$OUT/pretrain_step_512_compiled.log"
     ;;
   modernbert)
     timeout 300 python3 benchmarks/modernbert_attention.py --out "$OUT/modernbert_attention.json" 2>&1 \
