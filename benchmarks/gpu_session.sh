@@ -14,6 +14,8 @@
 #                                     as CUDA graphs (6.5 min on an H200: 512's compiled runs do not fit), after
 #                                     auto's per-layer timing of both backends
 #   benchmarks/gpu_session.sh step512 the 512 row of `step`, compiled and CUDA-graph runs included (~5 min)
+#   benchmarks/gpu_session.sh compile `finetune --compile` packed and padded (it failed packed on an H200, 2026-11-27),
+#                                     and eager --kernels auto's first check on the GPU, timed (~5 min)
 # Logs and JSON go to $OUT (or ./gpu_out). The device image has torch and triton but not bertkit's small
 # compiled dependencies: carry them as wheels in .whl/ (the device tool's README says how); no deepspeed needed.
 set -uo pipefail
@@ -61,6 +63,11 @@ for seq in (128, 512):
     timeout 460 python3 benchmarks/pretrain_step.py --device cuda --configs base --seq 128 512 --batch 128 \
       --precision bf16 --kernels triton torch --compile --graphs --timeout 150 --deadline 290 --out "$OUT" 2>&1 \
       | tee "$OUT/pretrain_step_compiled.log"
+    ;;
+  compile)
+    # finetune --compile on this GPU, packed and padded, PyTorch's ops and ours; eager auto's check and its time
+    timeout 420 python3 benchmarks/gpu_compile_check.py --timeout 100 --out "$OUT/compile_check.json" 2>&1 \
+      | grep -v "it/s" | tee "$OUT/compile_check.log"
     ;;
   step512)
     # what `step` leaves for a second call (on an H200 2026-11-27 `step` ran 387 s and stopped before 512's compiled

@@ -177,7 +177,7 @@ def time_backends(use: KernelUse, device, repeats: int = 5) -> dict | None:
 
 def choose_backend(device, use: KernelUse, say=print, checks=run_checks, timer=time_backends) -> str:
     """"triton" or "torch" for --kernels auto on `device` (see the module docstring); `checks` and `timer` are
-    swappable for tests. Every outcome is one line through `say` when a check runs or fails, none when cached."""
+    swappable for tests. A check says that it starts, then its outcome, through `say`; a cached verdict says nothing."""
     device = torch.device(device)
     versions = _versions(device)
     key = cache_key(versions, use)
@@ -190,6 +190,9 @@ def choose_backend(device, use: KernelUse, say=print, checks=run_checks, timer=t
         known = {}
     if known.get(key, {}).get("passed") is True:
         return known[key].get("choice", "triton")
+    # the first run on a GPU compiles every shipped tile configuration: on an H200 over a minute of silence otherwise
+    say(f"checking the Triton kernels on {versions['gpu']} at this run's shapes before its first step (once per GPU "
+        "and version, then cached) ...")
     try:
         cases = checks(use, device)
         failed = [c for c in cases if not c.passed]

@@ -41,7 +41,8 @@ class Checks:
 def test_a_pass_is_cached_and_skipped_next_time():
     said, checks = [], Checks([case(True), case(True)])
     assert choose_backend("cpu", USE, said.append, checks) == "triton"
-    assert checks.calls == 1 and "2 cases" in said[0] and str(cache_dir()) in said[0]
+    assert checks.calls == 1 and said[0].startswith("checking the Triton kernels") and len(said) == 2
+    assert "2 cases" in said[1] and str(cache_dir()) in said[1]
     said.clear()
     assert choose_backend("cpu", USE, said.append, checks) == "triton"
     assert checks.calls == 1 and said == []  # cached: no check, nothing said
@@ -63,9 +64,9 @@ def test_auto_takes_the_faster_backend_and_caches_the_choice_with_both_times(tim
 
     use = KernelUse(64, 768, "bf16", False, 0.1, False, seq=512, batch=16)
     assert choose_backend("cpu", use, said.append, checks, timer) == choice
-    assert timed == [(16, 512)] and len(said) == 1
-    assert f"Triton {times['triton']:.2f} ms, PyTorch {times['torch']:.2f} ms" in said[0]
-    assert ("uses PyTorch" if choice == "torch" else "uses Triton") in said[0]
+    assert timed == [(16, 512)] and len(said) == 2
+    assert f"Triton {times['triton']:.2f} ms, PyTorch {times['torch']:.2f} ms" in said[1]
+    assert ("uses PyTorch" if choice == "torch" else "uses Triton") in said[1]
     entry, = json.loads((cache_dir() / "kernel_checks.json").read_text()).values()
     assert entry["choice"] == choice and entry["times_ms"] == times
     said.clear()
@@ -79,7 +80,7 @@ def test_a_timing_error_keeps_the_checked_kernels_and_says_so():
 
     said = []
     assert choose_backend("cpu", USE, said.append, Checks([case(True)]), broken) == "triton"
-    assert "timing both failed (RuntimeError: CUDA error: launch timeout)" in said[0]
+    assert "timing both failed (RuntimeError: CUDA error: launch timeout)" in said[1]
 
 
 def test_a_cached_pass_for_another_triton_is_checked_again():
@@ -101,8 +102,8 @@ def test_a_cached_pass_for_another_triton_is_checked_again():
 def test_a_failed_check_falls_back_to_torch_with_one_warning(result, named):
     said, checks = [], Checks(result)
     assert choose_backend("cpu", USE, said.append, checks) == "torch"
-    assert len(said) == 1 and said[0].startswith("warning:") and named in said[0]
-    assert "--kernels torch" in said[0] and "bertkit check-gpu" in said[0]
+    assert len(said) == 2 and said[1].startswith("warning:") and named in said[1]
+    assert "--kernels torch" in said[1] and "bertkit check-gpu" in said[1]
     assert not (cache_dir() / "kernel_checks.json").exists()  # a failure is never cached: the next run checks again
     assert choose_backend("cpu", USE, said.append, checks) == "torch" and checks.calls == 2
 
@@ -206,7 +207,7 @@ def wrong(*args, **kwargs):
     return dh * 1.01, dx, dw, db
 layer_norm.add_ln_backward = wrong
 said = []
-print("backend", choose_backend("cpu", use, said.append), said[0][:60])
+print("backend", choose_backend("cpu", use, said.append), said[-1][:60])
 """
     for layout in ("padded", "varlen"):
         r = subprocess.run([sys.executable, "-c", script, layout], capture_output=True, text=True, timeout=600,

@@ -15,7 +15,9 @@ report_to_option = click.option(
 kernels_option = click.option(
     "--kernels", type=click.Choice(KERNEL_BACKENDS), default="auto", show_default=True,
     help="Attention and LayerNorm: our Triton kernels, PyTorch's (SDPA, F.layer_norm), or the einsum reference "
-         "(slow; the tests' ground truth). auto: Triton on CUDA, PyTorch elsewhere.")
+         "(slow; the tests' ground truth). auto: on CUDA the Triton kernels are checked there and both backends "
+         "timed at the run's shape, the faster runs (cached; a BERT encoder under --compile takes PyTorch's); "
+         "PyTorch elsewhere.")
 
 
 def default_workers() -> int:
