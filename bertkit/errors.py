@@ -27,3 +27,14 @@ class DamagedFileError(FormatError):
         fix = fix or (f"`bertkit verify {folder}` checks every file of the folder; then re-run the stage that "
                       "wrote it")
         super().__init__(f"{self.path}: {what}. {fix}")
+
+
+def compile_failure(error: BaseException, fix: str) -> str | None:
+    """The one-line message for an error of torch.compile's (TorchDynamo's or Inductor's: a compiler's problem,
+    not the user's data or settings), None for any other error. Matched by class name, so this module needs no torch."""
+    if not any(c.__name__ == "TorchDynamoException" and c.__module__ == "torch._dynamo.exc"
+               for c in type(error).__mro__):
+        return None
+    first = next((line.strip() for line in str(error).splitlines() if line.strip()), "")
+    return (f"torch.compile could not compile this model ({type(error).__name__}: {first[:300]}); the model and "
+            f"its training are the same without it: {fix} (TORCHDYNAMO_VERBOSE=1 shows the compiler's own trace)")

@@ -102,9 +102,11 @@ def _report(summary: dict) -> None:
 
 
 def friendly_errors(f):
-    """Data errors and an unavailable --kernels are the user's to fix: print them without a traceback."""
+    """Data errors and an unavailable --kernels are the user's to fix: print them without a traceback; so is
+    torch.compile failing (the fix: leave --compile out)."""
     @functools.wraps(f)
     def run(*args, **kwargs):
+        from bertkit.errors import compile_failure
         from bertkit.fileio import FolderError
         from bertkit.finetune.classify import DataError
         from bertkit.finetune.squad import SquadFormatError
@@ -118,6 +120,11 @@ def friendly_errors(f):
         except (DataError, SquadFormatError, BackendError, ReportError, FolderError, FormatError,
                 TokenizerError) as e:  # FormatError: a model folder that cannot be loaded (bertkit.models)
             raise click.ClickException(str(e)) from None
+        except RuntimeError as e:
+            fix = "run the same command without --compile (a fine-tuning goes on from its last saved state)"
+            if message := compile_failure(e, fix):
+                raise click.ClickException(message) from None
+            raise
     return run
 
 

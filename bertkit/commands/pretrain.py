@@ -99,9 +99,10 @@ class Duration(click.ParamType):
                    "rows are never predicted and export trims them.")
 @click.option("--unpadded", is_flag=True,
               help="Pack each micro batch end to end (varlen attention): no compute spent on padding.")
-@click.option("--compile", is_flag=True,
+@click.option("--compile/--no-compile", default=False,
               help="Run the model under torch.compile, bertkit's kernels as custom ops inside its graph (the first "
-                   "steps compile: minutes on a CPU; the losses equal the eager run's).")
+                   "steps compile: minutes on a CPU; the losses equal the eager run's). A --resume keeps the run's "
+                   "own unless given.")
 @click.option("--token-budget", type=click.IntRange(min=8),
               help="Fill each packed micro batch to this many tokens by best fit instead of --micro-batch sequences, "
                    "so a step costs the same whatever the documents' lengths (ModernBERT's recipe; needs packed "
@@ -128,6 +129,7 @@ def pretrain(**flags):
     Several ranks:  deepspeed --num_gpus 8 cli.py pretrain --instances DIR --model base --out RUN
     One process:    bertkit pretrain --instances DIR --model tiny --out RUN
     """
+    from bertkit.errors import compile_failure
     from bertkit.fileio import FolderError
     from bertkit.formats import FormatError
     from bertkit.pretrain import ConfigError, PretrainConfig, TrainingError, pretrain as run
@@ -138,6 +140,11 @@ def pretrain(**flags):
         result = run(PretrainConfig(**flags), given=given)  # on --resume, a flag not given is the run's own
     except (FormatError, FolderError, ConfigError, TrainingError) as e:
         raise click.ClickException(str(e)) from e
+    except RuntimeError as e:
+        fix = "run it with --no-compile (with --resume it goes on from the run's last checkpoint)"
+        if message := compile_failure(e, fix):
+            raise click.ClickException(message) from None
+        raise
     if result.get("checkpoint") and os.environ.get("RANK", "0") == "0":
         click.echo(f"step {result['step']}: checkpoint {result['checkpoint']}", err=True)
         if not result.get("stopped_by_signal"):
