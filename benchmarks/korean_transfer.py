@@ -291,7 +291,9 @@ def table(sweep_results: dict) -> list[dict]:
 def yardstick(results: dict, hours: str = "2h") -> list[dict]:
     """Issue 37's clock question on the Korean corpus: how many minutes of its own pace (probed alone) each arm
     needs to reach BERT tiny's held-out MLM loss and [MASK] accuracy at the end of its `hours` (the first evaluation
-    at or past it). The runs' wall clocks are not used: they ran beside other work."""
+    at or past it). The runs' wall clocks are not used: they ran beside other work. Arms of another vocabulary are
+    left out: their loss and accuracy are over other pieces, not comparable."""
+    other_vocab = {Arm(f, v).prefix for f in PRESETS for v in ("mecab", "kiwi")}
     runs, target = results["runs"], results["runs"].get(hours, {}).get("curve")
     if not target:
         return []
@@ -300,7 +302,7 @@ def yardstick(results: dict, hours: str = "2h") -> list[dict]:
     for name, run in runs.items():
         prefix = name[:-len(hours)]
         steps_per_s = results.get(f"{prefix}pace", {}).get("steps_per_s")
-        if not name.endswith(hours) or not steps_per_s:
+        if not name.endswith(hours) or not steps_per_s or prefix in other_vocab:
             continue
         loss_step = next((p["step"] for p in run["curve"] if p["eval_mlm_loss"] <= goal_loss), None)
         acc_step = next((p["step"] for p in run["curve"] if p["eval_mlm_mask_acc"] >= goal_acc), None)
