@@ -237,6 +237,8 @@ def main():
     for f in record["failed"]:
         print(f"{f['config']:8} {f['seq']:>4} {'':>5} {f['impl']:21} failed: {f['error'].splitlines()[-1][:80]}")
     print(f"\nwrote {path}")
+    if any(not f["error"].startswith("not started") for f in record["failed"]):
+        raise SystemExit("some runs failed (above; recorded in the JSON)")
 
 
 if __name__ == "__main__":
