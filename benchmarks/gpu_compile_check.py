@@ -71,9 +71,9 @@ def run(variant: list[str], model: Path, train: Path, dev: Path, out: Path, time
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
         ok, text = done.returncode == 0, done.stdout + done.stderr
-    except subprocess.TimeoutExpired as e:
-        ok, text = False, f"{e.stdout or ''}{e.stderr or ''}\ntimed out after {timeout:.0f} s"
-        text = text if isinstance(text, str) else text.decode(errors="replace")
+    except subprocess.TimeoutExpired as e:  # its output may come as bytes even with text=True
+        parts = [x.decode(errors="replace") if isinstance(x, bytes) else x or "" for x in (e.stdout, e.stderr)]
+        ok, text = False, "".join(parts) + f"\ntimed out after {timeout:.0f} s"
     metrics = out / "metrics.json"
     return {"ok": ok and metrics.is_file(), "seconds": round(time.perf_counter() - t0, 1),
             "metrics": json.loads(metrics.read_text()) if metrics.is_file() else None,
