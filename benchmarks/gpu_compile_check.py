@@ -79,7 +79,7 @@ def run(variant: list[str], model: Path, train: Path, dev: Path, out: Path, time
             "metrics": json.loads(metrics.read_text()) if metrics.is_file() else None,
             "said": [line for line in text.splitlines() if line.startswith(("checking", "checked", "--compile",
                                                                            "warning"))],
-            "tail": text.splitlines()[-60:] if not ok else []}
+            "tail": text.splitlines()[-200:] if not ok else []}
 
 
 def main():
