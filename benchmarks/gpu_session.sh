@@ -16,6 +16,7 @@
 #   benchmarks/gpu_session.sh step512 the 512 row of `step`, compiled and CUDA-graph runs included (~5 min)
 #   benchmarks/gpu_session.sh compile `finetune --compile` packed and padded (it failed packed on an H200, 2026-11-27),
 #                                     and eager --kernels auto's first check on the GPU, timed (5 runs, <= 9 min)
+# The next 15-minute lease (as of 2026-11-27): `compile` (why finetune --compile failed on the H200), then `step512`.
 # Logs and JSON go to $OUT (or ./gpu_out). The device image has torch and triton but not bertkit's small
 # compiled dependencies: carry them as wheels in .whl/ (the device tool's README says how); no deepspeed needed.
 set -uo pipefail
