@@ -107,13 +107,14 @@ COMPILED_BERT_ON_CUDA = (
     "--kernels triton forces ours")
 
 
-_SAID = {}
+_said_compiled = False  # COMPILED_BERT_ON_CUDA is said once a process (`finetune korean --task all` runs seven)
 
 
 def resolve_guarded(device, uses: list[KernelUse], say=print, compiled: bool = False) -> str:
     """bertkit.kernels.resolve(device), except that `auto` on a CUDA device is checked there first
     (choose_backend); the outcome is set for the rest of this process. compiled (--compile): a BERT encoder's
     layers (no RoPE, no window) take the torch backend, measured faster there; ModernBERT's are checked and timed."""
+    global _said_compiled
     from bertkit import kernels
 
     backend = kernels.resolve(device)
@@ -121,9 +122,9 @@ def resolve_guarded(device, uses: list[KernelUse], say=print, compiled: bool = F
         return "torch"
     if kernels.backend() == "auto" and backend == "triton" and torch.device(device).type == "cuda":
         if compiled and all(u.rope_theta is None and u.window is None for u in uses):
-            if not _SAID.get(COMPILED_BERT_ON_CUDA):  # once a process (`finetune korean --task all` runs seven)
+            if not _said_compiled:
                 say(COMPILED_BERT_ON_CUDA)
-                _SAID[COMPILED_BERT_ON_CUDA] = True
+                _said_compiled = True
             backend = "torch"
         else:
             backend = "triton" if all(choose_backend(device, u, say) == "triton" for u in uses) else "torch"

@@ -135,7 +135,7 @@ def test_auto_under_compile_on_cuda_takes_torch_for_bert_and_still_checks_modern
     monkeypatch.setattr("bertkit.kernel_guard.choose_backend", lambda device, use, say: checked.append(use) or "triton")
     monkeypatch.setattr(kernels, "resolve", lambda device: "triton")  # as on a GPU
     modern = KernelUse(64, 768, "bf16", True, 0.0, True, rope_theta=10000.0, window=64, layer_norm=False)
-    monkeypatch.setattr("bertkit.kernel_guard._SAID", {})
+    monkeypatch.setattr("bertkit.kernel_guard._said_compiled", False)
     cuda, said = torch.device("cuda"), []
     try:
         kernels.use("auto")
