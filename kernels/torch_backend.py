@@ -130,15 +130,25 @@ def _packed_index(cu_seqlens, total: int):
 def _varlen_by_padding(q, k, v, cu_seqlens, max_seqlen, dropout_p, softmax_scale, window=None, rope_theta=None):
     total, heads, dim = q.shape
     batch = cu_seqlens.numel() - 1
-    seq, pos = _packed_index(cu_seqlens, total)
-    valid = seq < batch  # tokens past cu_seqlens[-1] belong to no sequence
-    slot = torch.where(valid, seq * max_seqlen + pos, batch * max_seqlen)  # one spare row for them
-    # q, k and v scattered in one pass (they are usually views of one fused projection)
-    grid = q.new_zeros(batch * max_seqlen + 1, 3, heads, dim).index_copy_(0, slot, torch.stack((q, k, v), 1))
-    qp, kp, vp = grid[:-1].view(batch, max_seqlen, 3, heads, dim).unbind(2)
-    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).to(torch.int64)
+    cu = cu_seqlens.to(torch.int64)
+    lengths = cu[1:] - cu[:-1]
+    # Each cell (sequence b, position p) of the padded grid gathers packed token cu[b] + p, and cells past a
+    # sequence's end are zeroed (torch.where also zeroes their gradients, so nothing flows back from them).
+    # Gathering leaves no sliced view at attention's inputs (a scatter into a grid with a spare row did:
+    # Inductor's CUDA lowering of SDPA in torch 2.11 has failed on a sliced input, "SliceView").
+    # A width that is a multiple of 8 keeps the key mask's rows aligned as CUDA's SDPA kernels want them, so
+    # Inductor has no mask to pad and slice back (the other suspect for that failure); at most 7 idle columns.
+    width = -(-max_seqlen // 8) * 8
+    position = torch.arange(width, device=q.device)
+    source = (cu[:-1, None] + position).clamp(max=max(total - 1, 0)).reshape(-1)
+    inside = (position < lengths[:, None]).reshape(-1, 1, 1, 1)
+    grid = torch.where(inside, torch.stack((q, k, v), 1).index_select(0, source), 0.0)
+    qp, kp, vp = grid.view(batch, width, 3, heads, dim).unbind(2)
     out = attention_torch(qp, kp, vp, lengths, dropout_p, softmax_scale, window, rope_theta, zero_padding=False)
-    out = out.reshape(batch * max_seqlen, heads, dim).index_select(0, slot.clamp(max=batch * max_seqlen - 1))
+    seq, pos = _packed_index(cu_seqlens, total)
+    valid = seq < batch  # tokens past cu_seqlens[-1] belong to no sequence: zero out
+    slot = torch.where(valid, seq * width + pos, 0)
+    out = out.reshape(batch * width, heads, dim).index_select(0, slot)
     return out * valid[:, None, None].to(out.dtype)
 
 
