@@ -121,7 +121,7 @@ def pretrain_arm(name: str, arm: Arm, instances: Path, run: Path, length: list[s
            "--model", arm.preset, *length, "--micro-batch", str(arm.micro_batch),
            "--optimizer", "adamw", "--lr", str(arm.lr), "--warmup", str(arm.warmup), "--eval-every",
            str(every), "--eval-batches", "20", "--save-every", str(10 * every), "--keep-last", "1",
-           "--log-every", "50", "--report-to", "none", "--no-progress", *arm.extra]
+           "--log-every", "50", "--report-to", "none", "--no-progress", "--precision", "fp32", *arm.extra]
     if arm.electra:
         cmd += ["--objective", "electra"]
     if arm.dropout is not None:

@@ -132,9 +132,10 @@ def prepare(work: Path, arm: Arm) -> dict:
 def pretrain_config(instances: Path, out: Path, steps: int, arm: Arm, **extra):
     from bertkit.pretrain import PretrainConfig
 
-    # lr 1e-3 for both families: the rate every recorded arm here ran at (the budget recipe now gives modernbert 3e-3)
+    # lr 1e-3 for both families: the rate every recorded arm here ran at (the budget recipe now gives modernbert 3e-3);
+    # fp32 as every recorded arm and pace probe (auto is bf16 on a CPU with bf16 units since 2026-11-27)
     return PretrainConfig(instances=str(instances), out=str(out), model=arm.preset, recipe="budget", lr=1e-3,
-                          max_steps=steps, num_workers=1, progress=False, log_every=50, **extra)
+                          max_steps=steps, num_workers=1, progress=False, log_every=50, precision="fp32", **extra)
 
 
 def pace(work: Path, instances: Path, arm: Arm) -> dict:

@@ -125,11 +125,12 @@ def pretrain_run(instances: Path, run: Path, budget: Budget, steps: int, device:
         return export_dir
     resume = (run / "checkpoints" / "latest").is_file()
     say(f"pretrain {run.name}: {budget.preset}, {steps} steps" + (" (resumed)" if resume else ""))
+    # fp32 on the CPU as every recorded arm (pretrain's auto is bf16 on a CPU with bf16 units since 2026-11-27)
     cfg = PretrainConfig(instances=str(instances), out=str(run), model=budget.preset, max_steps=steps,
                          micro_batch=budget.micro_batch, optimizer="adamw", lr=budget.lr, warmup=0.05,
                          eval_every=budget.eval_every, eval_batches=20, save_every=budget.eval_every, keep_last=1,
                          log_every=20, resume=resume, num_workers=1, progress=False, report_to="tensorboard",
-                         precision="bf16" if device == "cuda" else None)
+                         precision="bf16" if device == "cuda" else "fp32")
     result = pretrain(cfg)
     if result["step"] < steps:  # stopped by a signal: the next run of this script resumes it
         raise SystemExit(f"{run.name} stopped at step {result['step']}; run the benchmark again to resume")
@@ -394,7 +395,7 @@ def recipe_pretrain(instances: Path, run: Path, recipe: str, budget_s: float, bu
                          time_budget=budget_s, eval_every=budget.eval_every,
                          eval_batches=20, save_every=4 * budget.eval_every, keep_last=1, log_every=50,
                          resume=resume, num_workers=1, progress=False, report_to="tensorboard",
-                         precision="bf16" if device == "cuda" else None, **flags)
+                         precision="bf16" if device == "cuda" else "fp32", **flags)
     result = pretrain(cfg)
     if result.get("stopped_by_signal"):
         write_so_far(run)

@@ -48,7 +48,8 @@ def workloads(work: Path) -> dict:
     return {
         "pretrain": bertkit("pretrain", "--instances", inst, "--model", work / "model.json", "--max-steps", 20,
                             "--micro-batch", 16, "--optimizer", "adamw", "--eval-every", 0, "--save-every", 1000,
-                            "--num-workers", 0, "--report-to", "none", "--no-progress", "--out", "{out}"),
+                            "--num-workers", 0, "--report-to", "none", "--no-progress", "--out", "{out}",
+                            "--precision", "fp32"),  # as its recorded figures (auto is bf16 on AMX CPUs since then)
         "finetune": bertkit("finetune", "classify", "--model", minilm, "--train-file", work / "sst2.tsv",
                             "--dev-file", work / "sst2.tsv", "--text-a", "sentence", "--epochs", 1, "--batch-size", 16,
                             "--max-seq-length", 64, "--no-save-model", "--report-to", "none", "--out", "{out}",

@@ -4,6 +4,7 @@ on a CPU with bf16 matrix units (Intel AMX, Sapphire Rapids and later) a bf16 pr
 while DeepSpeed's bf16 (the weights themselves in bf16) made a CPU step slower (benchmarks/README.md, "bf16 on the
 CPU"). Pretraining on a GPU keeps DeepSpeed's bf16."""
 import functools
+import os
 from pathlib import Path
 
 import torch
@@ -14,10 +15,19 @@ def autocast(device, precision: str):
     return torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=precision == "bf16")
 
 
-@functools.cache  # the CPU does not change under a running process
 def cpu_bf16_units() -> bool:
     """Whether this CPU multiplies bf16 matrices in hardware (AMX tiles or AVX-512 BF16); without them a bf16 CPU
-    step is slower than fp32. Linux says so in /proc/cpuinfo's flags; elsewhere torch's private probes are asked."""
+    step is slower than fp32. BERTKIT_CPU_BF16_UNITS=0|1 answers instead (the tests pin it, so what `--precision
+    auto` picks, and with it their numbers, does not depend on the machine that runs them)."""
+    pinned = os.environ.get("BERTKIT_CPU_BF16_UNITS")
+    if pinned in ("0", "1"):
+        return pinned == "1"
+    return probe_cpu_bf16_units()
+
+
+@functools.cache  # the CPU does not change under a running process
+def probe_cpu_bf16_units() -> bool:
+    """Linux says so in /proc/cpuinfo's flags; elsewhere torch's private probes are asked."""
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.is_file():
         flags = next((line.split(":", 1)[1].split() for line in cpuinfo.read_text().splitlines()

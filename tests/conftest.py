@@ -4,6 +4,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# `--precision auto` picks bf16 on a CPU with bf16 units: pinned off, so every test (and every process it starts)
+# runs the same numbers on any CI machine; the tests of bf16 ask for it or patch the answer themselves
+os.environ["BERTKIT_CPU_BF16_UNITS"] = "0"
 SHARED_DATA = Path(os.environ.get("BERTKIT_SHARED_DATA", REPO.parent / "shared" / "data"))
 
 

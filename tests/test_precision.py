@@ -107,3 +107,35 @@ def test_a_run_saved_in_deepspeeds_bf16_is_refused_on_resume_not_crashed(instanc
     assert (out / "config.json").read_bytes() == before
     pretrain(PretrainConfig(out=str(tmp_path / "new"), init_from=str(out), max_steps=2, **common))
     assert (tmp_path / "new" / "checkpoints" / "global_step2").is_dir()
+
+
+def test_pretraining_precision_auto_follows_the_cpus_bf16_units_and_a_resume_keeps_its_choice(
+        instances, tmp_path, clean_dist_env, monkeypatch):
+    """`--precision auto` on a CPU is bf16 where it has bf16 units (the losses an explicit bf16 run logs, exactly)
+    and fp32 where it has none. A run begun under auto keeps what auto chose when it is resumed on a machine whose
+    answer differs (its optimizer state is in that precision): no refusal, and the resumed steps' losses are those
+    of the same resume on the machine the run began on."""
+    import shutil
+
+    def run(out, precision, units, steps, **extra):
+        monkeypatch.setenv("BERTKIT_CPU_BF16_UNITS", units)
+        pretrain(PretrainConfig(instances=str(instances), out=str(out), model=str(instances.parent / "model.json"),
+                                micro_batch=8, max_steps=steps, dropout=0.0, optimizer="adamw", lr=1e-3, warmup=0,
+                                precision=precision, progress=False, num_workers=0, log_every=1,
+                                eval_every=10 ** 6, save_every=2, **extra))
+        records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        return [r["loss"] for r in records if "loss" in r]
+
+    def resolved(out):
+        return json.loads((out / "config.json").read_text())["resolved"]["precision"]
+
+    assert run(tmp_path / "auto-units", "auto", "1", 2) == run(tmp_path / "bf16", "bf16", "1", 2)
+    assert resolved(tmp_path / "auto-units") == "bf16"
+    whole = run(tmp_path / "auto-none", "auto", "0", 4)
+    assert resolved(tmp_path / "auto-none") == "fp32" and whole != run(tmp_path / "bf16-4", "bf16", "0", 4)
+
+    stopped, same = tmp_path / "stopped", tmp_path / "same"
+    run(stopped, "auto", "0", 2)
+    shutil.copytree(stopped, same)
+    moved = run(stopped, None, "1", 4, resume=True)  # now on a CPU with units: the run stays fp32
+    assert resolved(stopped) == "fp32" and moved[2:] == run(same, None, "0", 4, resume=True)[2:]

@@ -45,8 +45,9 @@ class Duration(click.ParamType):
 @click.option("--zero-stage", type=click.IntRange(0, 3),
               help="DeepSpeed ZeRO stage  [default: 0 with LAMB (per-layer trust ratios), 2 with AdamW].")
 @click.option("--precision", type=click.Choice(["auto", "fp32", "bf16", "fp16"]),
-              help="auto = bf16 on GPUs that have it, else fp16 (dynamic loss scaling); fp32 on the CPU. bf16 on "
-                   "the CPU: autocast over fp32 weights, faster where the CPU has bf16 units (Intel AMX).")
+              help="auto = bf16 on GPUs that have it, else fp16 (dynamic loss scaling); on a CPU bf16 where it has "
+                   "bf16 units (Intel AMX, AVX-512 BF16), else fp32. bf16 on the CPU: autocast over fp32 weights. "
+                   "A resumed run keeps the precision it began with.")
 @click.option("--optimizer", type=click.Choice(["lamb", "adamw", "stableadamw"]),
               help="stableadamw: AdamW with update clipping (ModernBERT's)  [default: lamb]")
 @click.option("--lr", type=POSITIVE, help="Peak learning rate  [default: 1e-3].")

@@ -31,8 +31,9 @@ class PretrainConfig:
     micro_batch: int | None = None        # sequences per rank per forward
     global_batch: int | None = None       # sequences per optimizer step; None = micro_batch * ranks
     zero_stage: int | None = None
-    precision: str | None = None          # auto | fp32 | bf16 | fp16; auto = bf16 if the GPU has it, fp16, CPU fp32;
-                                          # bf16 on a CPU is autocast over fp32 weights (bertkit.precision)
+    precision: str | None = None          # auto | fp32 | bf16 | fp16; auto = bf16 where the GPU or CPU has bf16
+                                          # units, else fp16 (GPU) or fp32 (CPU); a CPU's bf16 is autocast over
+                                          # fp32 weights (bertkit.precision)
     grad_clip: float | None = None
     optimizer: str | None = None          # lamb | adamw | stableadamw (AdamW with update clipping)
     lr: float | None = None               # peak learning rate
@@ -201,8 +202,8 @@ def resolve_deepspeed_config(cfg: PretrainConfig, world_size: int, user: dict | 
         raise ConfigError(f"--precision {cfg.precision} contradicts {source}'s precision ({theirs_precision}: "
                           "see its fp16/bf16 sections); remove one of them")
     s.precision = theirs_precision or cfg.precision or "auto"
-    if s.precision == "auto":
-        s.precision = ("bf16" if bf16_supported else "fp16") if on_cuda else "fp32"
+    if s.precision == "auto":  # bf16 where the device multiplies it in hardware (a CPU's: autocast, bertkit.precision)
+        s.precision = "bf16" if bf16_supported else "fp16" if on_cuda else "fp32"
     if s.precision not in ("fp32", "bf16", "fp16"):
         raise ConfigError(f"--precision {s.precision!r}: choose auto, fp32, bf16 or fp16")
     if s.precision == "fp16" and not on_cuda:

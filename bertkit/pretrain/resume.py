@@ -46,6 +46,9 @@ def inherit(cfg: PretrainConfig, run: RunConfig, given: set | None = None) -> Pr
         unset = getattr(cfg, f.name) is None or (given is not None and f.name not in given)
         if unset:
             values[f.name] = run.pretrain[f.name]
+    if values.get("precision", cfg.precision) in (None, "auto") and run.resolved.get("precision"):
+        # what auto chose when the run began (its optimizer state is in it), not what auto would choose here
+        values["precision"] = run.resolved["precision"]
     if "instances" in values:
         values["instances"] = run.instances  # recorded resolved: the run can be resumed from any folder
     if isinstance(values.get("betas"), list):

@@ -19,7 +19,7 @@ from bertkit.formats import InstancesError, InstancesManifest
 from bertkit.kernel_guard import kernel_uses, resolve_guarded
 from bertkit.models import describe, family_of
 from bertkit.optim import build_optimizer, build_scheduler, param_groups
-from bertkit.precision import slow_bf16_note
+from bertkit.precision import cpu_bf16_units, slow_bf16_note
 from bertkit.pretrain.budget import BudgetSchedule, plan_schedule
 from bertkit.pretrain.checkpoints import (
     choose_checkpoint,
@@ -225,16 +225,17 @@ def resume_or_seed(cfg: PretrainConfig, engine, scheduler, chosen, changes, sett
 
 def resolve_settings(cfg: PretrainConfig, world: int, rank: int, on_cuda: bool):
     """(DeepSpeed config, DeepSpeedSettings): the flags merged with the user's DeepSpeed config."""
-    ds_config, settings = resolve_deepspeed_config(cfg, world, read_user_deepspeed_config(cfg), on_cuda,
-                                                   on_cuda and torch.cuda.is_bf16_supported(),
+    bf16_units = torch.cuda.is_bf16_supported() if on_cuda else cpu_bf16_units()
+    ds_config, settings = resolve_deepspeed_config(cfg, world, read_user_deepspeed_config(cfg), on_cuda, bf16_units,
                                                    source=str(cfg.deepspeed_config))
     if settings.optimizer == "lamb" and settings.zero_stage >= 1 and rank == 0:
         print(f"warning: LAMB under ZeRO stage {settings.zero_stage} sees flat partitions, so its trust ratio is "
               "per partition, not per layer; use --zero-stage 0 for layer-wise LAMB, or --optimizer adamw",
               file=sys.stderr, flush=True)
-    if on_cuda and cfg.precision in (None, "auto") and rank == 0:
-        picked = "bf16 (this GPU has it)" if settings.precision == "bf16" else \
-            "fp16 with dynamic loss scaling (this GPU has no bf16)"
+    if cfg.precision in (None, "auto") and rank == 0 and (on_cuda or settings.precision == "bf16"):  # CPU fp32: as ever
+        picked = {"bf16": "bf16 (this GPU has it)" if on_cuda else
+                  "bf16 autocast over fp32 weights (this CPU has bf16 matrix units; --precision fp32 to turn it off)",
+                  "fp16": "fp16 with dynamic loss scaling (this GPU has no bf16)"}[settings.precision]
         print(f"precision auto: {picked}", file=sys.stderr, flush=True)
     if not on_cuda and rank == 0 and (note := slow_bf16_note("cpu", settings.precision)):
         print(note, file=sys.stderr, flush=True)
