@@ -69,7 +69,7 @@ def test_packed_matches_the_reference_forward_and_backward(impl, tail, monkeypat
     """Both packed paths against the float64 reference; a tail of tokens past cu_seqlens[-1] (a fine-tuning
     batch's rounding) belongs to no sequence: zero out, zero gradients."""
     monkeypatch.setenv("BERTKIT_TORCH_VARLEN", impl)
-    lengths = [5, 17, 0, 1, 11]  # an empty sequence too (a batch whose last document ended a window early)
+    lengths = [5, 17, 0, 1, 11]  # an empty sequence too (an offset repeated in cu_seqlens)
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
     qkv64 = fused_qkv((int(cu[-1]) + tail,), 2, 16, seed=3)
     ref = qkv64.clone().requires_grad_()
