@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -336,10 +337,15 @@ def test_report_to_wandb_writes_an_offline_run(tmp_path, monkeypatch):
                       TrainConfig(out_dir=str(tmp_path / "out"), epochs=1, batch_size=8, save_model=False,
                                   log_every=1, report_to="wandb"), text_a="text", max_seq_length=16)
     [run_file] = (tmp_path / "out" / "wandb").glob("offline-run-*/run-*.wandb")
-    history = read_wandb_history(run_file)
-    logged = {(r["_step"], k): v for r in history for k, v in r.items() if not k.startswith("_")}
     expected = {(r["step"], scalar_tag(k)): v for r in read_metrics(tmp_path / "out") for k, v in r.items()
                 if k != "step" and isinstance(v, (int, float))}
+    deadline = time.monotonic() + 30  # wandb's own service writes the file: on a loaded machine after finish()
+    while True:
+        history = read_wandb_history(run_file)
+        logged = {(r["_step"], k): v for r in history for k, v in r.items() if not k.startswith("_")}
+        if logged.keys() == expected.keys() or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     assert logged.keys() == expected.keys() and all(logged[k] == pytest.approx(v) for k, v in expected.items())
 
 
