@@ -39,15 +39,19 @@ def probe_cpu_bf16_units() -> bool:
         return False
 
 
-def resolve(device, precision: str) -> str:
-    """auto -> bf16 where the device multiplies bf16 in hardware (a GPU that has it, a CPU with AMX or AVX-512 BF16),
-    else fp32; fp32 and bf16 stay as they are."""
-    if precision != "auto":
-        return precision
+def bf16_units(device) -> bool:
+    """Whether the device multiplies bf16 in hardware: a GPU that has it, a CPU with AMX or AVX-512 BF16."""
     device = torch.device(device)
     if device.type == "cuda":
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
-    return "bf16" if device.type == "cpu" and cpu_bf16_units() else "fp32"
+        return torch.cuda.is_bf16_supported()
+    return device.type == "cpu" and cpu_bf16_units()
+
+
+def resolve(device, precision: str) -> str:
+    """auto -> bf16 where the device has bf16 units, else fp32; fp32 and bf16 stay as they are."""
+    if precision != "auto":
+        return precision
+    return "bf16" if bf16_units(device) else "fp32"
 
 
 def slow_bf16_note(device, precision: str) -> str | None:

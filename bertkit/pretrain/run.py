@@ -19,7 +19,7 @@ from bertkit.formats import InstancesError, InstancesManifest
 from bertkit.kernel_guard import kernel_uses, resolve_guarded
 from bertkit.models import describe, family_of
 from bertkit.optim import build_optimizer, build_scheduler, param_groups
-from bertkit.precision import cpu_bf16_units, slow_bf16_note
+from bertkit.precision import bf16_units, slow_bf16_note
 from bertkit.pretrain.budget import BudgetSchedule, plan_schedule
 from bertkit.pretrain.checkpoints import (
     choose_checkpoint,
@@ -225,8 +225,8 @@ def resume_or_seed(cfg: PretrainConfig, engine, scheduler, chosen, changes, sett
 
 def resolve_settings(cfg: PretrainConfig, world: int, rank: int, on_cuda: bool):
     """(DeepSpeed config, DeepSpeedSettings): the flags merged with the user's DeepSpeed config."""
-    bf16_units = torch.cuda.is_bf16_supported() if on_cuda else cpu_bf16_units()
-    ds_config, settings = resolve_deepspeed_config(cfg, world, read_user_deepspeed_config(cfg), on_cuda, bf16_units,
+    ds_config, settings = resolve_deepspeed_config(cfg, world, read_user_deepspeed_config(cfg), on_cuda,
+                                                   bf16_units("cuda" if on_cuda else "cpu"),
                                                    source=str(cfg.deepspeed_config))
     if settings.optimizer == "lamb" and settings.zero_stage >= 1 and rank == 0:
         print(f"warning: LAMB under ZeRO stage {settings.zero_stage} sees flat partitions, so its trust ratio is "
