@@ -59,6 +59,31 @@ def test_a_label_outside_the_task_is_named(tmp_path):
         korean.check_labels(korean.read_examples(bad), korean.NLI_LABELS, bad)
 
 
+@pytest.mark.parametrize("content,message", [
+    ('[{"premise": "a",', r"not a readable KLUE JSON file"),
+    ('{"premise": "a"}', r"expected a list of examples"),
+    ('[{"guid": "g0", "premise": "a", "hypothesis": "b", "gold_label": "neutral"}, "a"]',
+     r"example 2: not an object but str 'a'"),
+    ('[{"guid": "g7", "premise": "a", "hypothesis": "b"}]', r"example 1 \(guid g7\): needs premise"),
+    ('[{"sentence1": "a", "sentence2": "b", "labels": {"label": 3.2}}]', r"example 1: needs labels.label.*binary"),
+    ('[{"sentence1": "a", "sentence2": "b", "labels": {"label": "x", "binary-label": 1}}]', r"needs labels.label"),
+    ('[{"question": "a"}]', r"neither a KLUE-NLI .* nor a KLUE-STS"),
+    ("[]", r"no examples"),
+])
+def test_a_malformed_klue_file_is_named_with_what_is_wrong(tmp_path, content, message):
+    bad = tmp_path / "klue-dev.json"
+    bad.write_text(content, encoding="utf-8")
+    with pytest.raises(korean.DataError, match=re.escape(str(bad)) + ".*" + message):
+        korean.read_examples(bad)
+
+
+def test_a_tsv_of_no_known_task_names_its_header(tmp_path):
+    bad = tmp_path / "mine.tsv"
+    bad.write_text("text\ttarget\nhello\t1\n", encoding="utf-8")
+    with pytest.raises(korean.DataError, match=r"mine.tsv: not a KorNLI, KorSTS or NSMC file .*'text', 'target'"):
+        korean.read_examples(bad)
+
+
 @pytest.fixture(scope="module")
 def minilm():
     import importlib.util

@@ -75,9 +75,9 @@ def _read_klue_json(path: Path) -> list:
         raise DataError(f"{path}: expected a list of examples (the KLUE layout)")
     examples = []
     for i, r in enumerate(rows):
-        where = f"{path}: example {i} ({r.get('guid', '?') if isinstance(r, dict) else r!r})"
+        where = f"{path}: example {i + 1}" + (f" (guid {r['guid']})" if isinstance(r, dict) and "guid" in r else "")
         if not isinstance(r, dict):
-            raise DataError(f"{where}: not an object")
+            raise DataError(f"{where}: not an object but {type(r).__name__} {r!r:.60}")
         if "premise" in r:  # KLUE-NLI: gold_label; the source field is `genre` in train, `source` in dev
             if not all(isinstance(r.get(k), str) for k in ("premise", "hypothesis", "gold_label")):
                 raise DataError(f"{where}: needs premise, hypothesis and gold_label as text")
