@@ -1,0 +1,79 @@
+"""The model a pretraining run starts from (bertkit/pretrain/start.py): each start that cannot work stops before
+training with a message that names what does not fit and the fix, and an --init-from continues the source's
+weights exactly."""
+import json
+
+import pytest
+import torch
+
+from bertkit.formats import read_instances_manifest
+from bertkit.pretrain import ConfigError, PretrainConfig
+from bertkit.pretrain.start import build_model
+from tests.helpers import TINY, tiny_model_folder, tiny_run
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Instances (32 tokens, the toy vocabulary), a BERT run and an ELECTRA run on them (2 steps each)."""
+    root = tmp_path_factory.mktemp("start")
+    inst, bert_run = tiny_run(root, "bert")
+    _, electra_run = tiny_run(root, "electra", objective="electra", generator_size=0.5)
+    return root, inst, bert_run, electra_run
+
+
+def start(inst, objective="nsp", **flags):
+    cfg = PretrainConfig(instances=str(inst), out=str(inst.parent / "unused"), **flags)
+    return build_model(cfg, read_instances_manifest(inst), None, objective)
+
+
+def write_model(root, name, **changes):
+    path = root / f"{name}.json"
+    path.write_text(json.dumps({**TINY, **changes}))
+    return str(path)
+
+
+def test_a_bert_config_that_does_not_fit_the_instances_is_named(runs):
+    root, inst, _, _ = runs
+    with pytest.raises(ConfigError, match=r"vocabulary has 999 tokens .* made with 133 .* use instances made with"):
+        start(inst, model=write_model(root, "wide-vocab", vocab_size=999))
+    with pytest.raises(ConfigError, match=r"has sequences of 32 tokens but the model has only 16 positions"):
+        start(inst, model=write_model(root, "short", max_position_embeddings=16))
+
+
+def test_modernbert_refuses_what_it_cannot_be(runs):
+    root, inst, _, _ = runs
+    with pytest.raises(ConfigError, match=r"ModernBERT is MLM-only, but .* NSP instances: make them with"):
+        start(inst, "nsp", model="modernbert-tiny")
+    with pytest.raises(ConfigError, match=r"--norm post: ModernBERT is pre-LN by design; drop --norm"):
+        start(inst, "none", model="modernbert-tiny", norm="post")
+    # 96 / 2 = 48-wide heads: the Triton kernels turn RoPE in power-of-two halves; --kernels auto falls back
+    odd = root / "odd-heads.json"
+    odd.write_text(json.dumps({"family": "modernbert", "vocab_size": 133, "hidden_size": 96, "num_layers": 2,
+                               "num_heads": 2, "intermediate_size": 64}))
+    with pytest.raises(ConfigError, match=r"--kernels triton: .* heads are 48 wide: use --kernels auto or torch"):
+        start(inst, "none", model=str(odd), kernels="triton")
+    model, mb, _ = start(inst, "none", model=str(odd), kernels="auto")
+    assert mb.head_dim == 48 and sum(p.numel() for p in model.parameters()) > 0
+
+
+def test_init_from_continues_a_run_of_the_same_objective_only(runs):
+    root, inst, bert_run, electra_run = runs
+    model, _, source = start(inst, "nsp", init_from=str(bert_run))
+    assert "global_step2" in source
+    from bertkit.pretrain import load_run_state_dict
+
+    state, _, _ = load_run_state_dict(bert_run)
+    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
+    with pytest.raises(ConfigError, match=r"an electra run cannot start this nsp run"):
+        start(inst, "nsp", init_from=str(electra_run))
+    with pytest.raises(ConfigError, match=r"an nsp run cannot start this electra run"):
+        start(inst, "electra", init_from=str(bert_run))
+    folder = tiny_model_folder(root)
+    with pytest.raises(ConfigError, match=r"ELECTRA continues from its run folder \(the one with checkpoints/\)"):
+        start(inst, "electra", init_from=str(folder))
+
+
+def test_norm_cannot_change_the_weights_it_starts_from(runs):
+    _, inst, bert_run, _ = runs
+    with pytest.raises(ConfigError, match=r"--norm pre: the weights this run starts from .* are post-LN; drop --norm"):
+        start(inst, "nsp", init_from=str(bert_run), norm="pre")
