@@ -225,3 +225,55 @@ def test_korquad_quick_look_takes_the_first_questions(shared_data, minilm, tmp_p
     assert r.exit_code == 0, r.output
     settings = json.loads((tmp_path / "kq" / "metrics.json").read_text())["settings"]
     assert settings["train_questions"] == 8 and settings["predict_questions"] == 6
+
+
+def test_a_rate_sweep_reports_each_rate_over_seeds_and_grows(shared_data, minilm, tmp_path):
+    """`--lrs R1,R2 --seeds S1,S2`: each cell is the fine-tuning a plain run at that rate and seed gives; per rate
+    the mean and range over the seeds, the best rate marked; a wider sweep keeps the cells already run."""
+    out = tmp_path / "sweep"
+    args = korean_args(shared_data, minilm, out, "nsmc")
+    r = CliRunner().invoke(main, args + ["--lrs", "1e-4,3e-4", "--seeds", "0,1"])
+    assert r.exit_code == 0, r.output
+    nsmc = json.loads((out / "manifest.json").read_text())["tasks"]["nsmc"]
+    accuracy = {}
+    for rate in ("0.0001", "0.0003"):
+        for seed in (0, 1):
+            cell = json.loads((out / "nsmc" / f"lr{float(rate):g}-seed{seed}" / "metrics.json").read_text())
+            assert (cell["settings"]["learning_rate"], cell["settings"]["seed"]) == (float(rate), seed)
+            accuracy[rate, seed] = cell["best"]["accuracy"]
+        got = nsmc["rates"][rate]
+        assert got["mean"] == pytest.approx((accuracy[rate, 0] + accuracy[rate, 1]) / 2) and got["seeds"] == [0, 1]
+        assert (got["min"], got["max"]) == (min(accuracy[rate, 0], accuracy[rate, 1]),
+                                            max(accuracy[rate, 0], accuracy[rate, 1]))
+        line = re.search(rf"^nsmc\s+accuracy\s+{float(rate):g}\s+{got['mean']:.4f}.*$", r.output, re.M)
+        assert line and ("<- best" in line.group(0)) == (rate == nsmc["best_rate"]), r.output
+    assert nsmc["best_rate"] == max(nsmc["rates"], key=lambda k: nsmc["rates"][k]["mean"])
+
+    # a cell is what the plain command gives at its rate and seed
+    plain = CliRunner().invoke(main, korean_args(shared_data, minilm, tmp_path / "plain", "nsmc")
+                               + ["--lr", "3e-4", "--seed", "1"])
+    assert plain.exit_code == 0, plain.output
+    assert json.loads((tmp_path / "plain" / "metrics.json").read_text())["best"]["accuracy"] == accuracy["0.0003", 1]
+
+    # a wider sweep runs only the new cells; --seeds alone takes --lr
+    wider = CliRunner().invoke(main, args + ["--lrs", "1e-4,3e-4,1e-3", "--seeds", "0,1"])
+    assert wider.exit_code == 0 and wider.output.count("kept the finished fine-tuning") == 4, wider.output
+    assert list(json.loads((out / "manifest.json").read_text())["tasks"]["nsmc"]["rates"]) == ["0.0001", "0.0003",
+                                                                                               "0.001"]
+    again = CliRunner().invoke(main, args + ["--lr", "1e-3", "--seeds", "1"])
+    assert again.exit_code == 0 and again.output.count("kept the finished fine-tuning") == 1, again.output
+    # the folder is a sweep's: a plain evaluation there is refused, naming the change
+    plain_here = CliRunner().invoke(main, args)
+    assert plain_here.exit_code == 2 and "sweep: True -> False" in plain_here.output, plain_here.output
+    bad = CliRunner().invoke(main, args + ["--lrs", "1e-4,,3e-4"])
+    assert bad.exit_code == 2 and "values separated by commas" in bad.output
+
+
+def test_sweep_summary_means_each_rate_over_its_seeds_once():
+    def cell(rate, seed, value):
+        return {"settings": {"learning_rate": rate, "seed": seed}, "best_metric": "f1", "best": {"f1": value}}
+    got = korean.sweep_summary({"lr0.001-seed0": cell(1e-3, 0, 10.0), "seed0": cell(1e-3, 0, 10.0),
+                                "lr0.001-seed1": cell(1e-3, 1, 14.0), "lr0.0001-seed0": cell(1e-4, 0, 11.0)})
+    assert got == {"metric": "f1", "best_rate": "0.001",
+                   "rates": {"0.0001": {"mean": 11.0, "min": 11.0, "max": 11.0, "seeds": [0]},
+                             "0.001": {"mean": 12.0, "min": 10.0, "max": 14.0, "seeds": [0, 1]}}}

@@ -69,6 +69,22 @@ class Shares(click.ParamType):
             self.fail(f"{value!r}: numbers separated by commas, such as 0.8,0.1,0.1", param, ctx)
 
 
+class NumberList(click.ParamType):
+    """Comma-separated values, each checked by `each` (a click type), e.g. 1e-4,3e-4,1e-3; a tuple, repeats dropped."""
+    name = "list"
+
+    def __init__(self, each: click.ParamType):
+        self.each = each
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        items = [x.strip() for x in str(value).split(",")]
+        if not all(items):
+            self.fail(f"{value!r}: values separated by commas, such as 1e-4,3e-4,1e-3", param, ctx)
+        return tuple(dict.fromkeys(self.each.convert(x, param, ctx) for x in items))
+
+
 POSITIVE = Real(0, min_open=True)        # rates, weights, epochs
 NON_NEGATIVE = Real(0)                   # decays, thresholds that 0 switches off
 PROBABILITY = Real(0, 1)

@@ -9,7 +9,16 @@ from pathlib import Path
 
 import click
 
-from bertkit.commands import NON_NEGATIVE, POSITIVE, PROBABILITY, Real, count, kernels_option, report_to_option
+from bertkit.commands import (
+    NON_NEGATIVE,
+    POSITIVE,
+    PROBABILITY,
+    NumberList,
+    Real,
+    count,
+    kernels_option,
+    report_to_option,
+)
 
 
 def common_options(default_lr: float, default_epochs: float, default_batch: int, default_max_len: int):
@@ -80,7 +89,7 @@ def _train_config(kw: dict, pooling: str | None = None):
     from bertkit.finetune.train import TrainConfig
 
     rate = kw.pop("learning_rate")  # not given: chosen by the model's width from the command's base rate
-    given = click.get_current_context().get_parameter_source("learning_rate") is not click.core.ParameterSource.DEFAULT
+    given = kw.pop("lr_given", False) or lr_given_by_flag()
     return TrainConfig(out_dir=kw.pop("out_dir"), epochs=kw.pop("epochs"), batch_size=kw.pop("batch_size"),
                        eval_batch_size=kw.pop("eval_batch_size"), learning_rate=rate if given else None,
                        base_learning_rate=rate,
@@ -92,6 +101,10 @@ def _train_config(kw: dict, pooling: str | None = None):
                        save_model=not kw.pop("no_save_model"),
                        dropout=kw.pop("dropout"), pooling=pooling, overwrite=kw.pop("overwrite"),
                        threads=kw.pop("threads"), checkpoint_minutes=kw.pop("checkpoint_minutes"))
+
+
+def lr_given_by_flag() -> bool:
+    return click.get_current_context().get_parameter_source("learning_rate") is not click.core.ParameterSource.DEFAULT
 
 
 def _report(summary: dict) -> None:
@@ -196,7 +209,7 @@ KOREAN_COLUMNS = {"nsmc": ("accuracy",), "klue-nli": ("accuracy",), "kornli": ("
 SCORE_NEUTRAL = ("out_dir", "overwrite", "threads", "report_to", "log_every", "no_save_model", "device", "kernels",
                  "compile", "checkpoint_minutes")
 # settings added after folders were made, with the value every earlier folder ran with
-SINCE_ADDED = {"precision": "fp32"}
+SINCE_ADDED = {"precision": "fp32", "sweep": False}
 
 
 @finetune.command("korean")
@@ -213,6 +226,12 @@ SINCE_ADDED = {"precision": "fp32"}
               help="Train on the first N rows (KorQuAD: questions) only (a quick look).")
 @click.option("--max-dev-rows", type=count(1),
               help="Score the first N rows (KorQuAD: questions) only (a quick look, not a score).")
+@click.option("--lrs", type=NumberList(POSITIVE),
+              help="A sweep: comma-separated rates, e.g. 1e-4,3e-4,1e-3; each task fine-tunes at every rate x seed "
+                   "(--seeds) in OUT/TASK/lrRATE-seedSEED/, and the table gives each rate's mean and range over the "
+                   "seeds and the best rate (a sweep may grow: the cells already run are kept).")
+@click.option("--seeds", type=NumberList(count(0)),
+              help="A sweep: comma-separated seeds, e.g. 0,1,2 (with --lrs, or alone at --lr or its default).")
 @pooling_option
 @friendly_errors
 def korean(**kw):
@@ -222,19 +241,27 @@ def korean(**kw):
     Where ../shared/data holds no training split, the task trains on part of what is there (see
     bertkit/finetune/korean.py). korquad takes SQuAD's defaults (384 tokens, lr 5e-5, 2 epochs) unless given."""
     from bertkit.fileio import atomic_write_json, check_folder_owned, folder_kind, read_json_or_none
+    from bertkit.finetune.korean import sweep_summary
     from bertkit.finetune.train import finished_fine_tuning
 
     tasks = list(dict.fromkeys(t for name in kw.pop("tasks") for t in (KOREAN_TASKS if name == "all" else [name])))
-    if len(tasks) == 1 and folder_kind(kw["out_dir"]) != "finetune-korean":  # one task: OUT is its fine-tuning
+    rates, seeds = kw.pop("lrs"), kw.pop("seeds")
+    sweep = bool(rates or seeds)
+    if sweep and not rates and lr_given_by_flag():
+        rates = (kw["learning_rate"],)
+    if len(tasks) == 1 and not sweep and folder_kind(kw["out_dir"]) != "finetune-korean":  # OUT is its fine-tuning
         _report(_korean_task(tasks[0], dict(kw)))
         return
-    if kw["train_file"] or kw["dev_file"]:
+    if (kw["train_file"] or kw["dev_file"]) and len(tasks) > 1:
         raise click.UsageError("--train-file and --dev-file name one task's files: give one --task with them")
     out = Path(kw["out_dir"])
     check_folder_owned(out, "finetune-korean")
-    # what the scores depend on: a finished task is kept only when these are the same
-    settings = {k: v for k, v in kw.items() if k not in SCORE_NEUTRAL}
+    # what the scores depend on: a finished task is kept only when these are the same (a sweep's cells are named
+    # by their rate and seed, so a sweep may add rates and seeds to its folder)
+    settings = {k: v for k, v in kw.items() if k not in SCORE_NEUTRAL and not (sweep and k in ("learning_rate",
+                                                                                               "seed"))}
     settings["model_path"] = str(Path(kw["model_path"]).resolve())
+    settings["sweep"] = sweep
     earlier = read_json_or_none(out / "manifest.json") or {}
     before = {**SINCE_ADDED, **earlier.get("settings", {})}
     changed = {k: (before.get(k), v) for k, v in settings.items() if "settings" in earlier and before.get(k) != v}
@@ -248,19 +275,45 @@ def korean(**kw):
         atomic_write_json(out / "manifest.json", {"stage": "finetune-korean", "settings": settings,
                                                   "tasks": summary, "complete": complete})
 
+    def fine_tune(task, folder, cell_kw):  # a finished fine-tuning in `folder` is kept, else it runs (or resumes)
+        done = None if kw["overwrite"] else finished_fine_tuning(folder, task)
+        click.echo(f"{task}: {'kept the finished fine-tuning in' if done else 'fine-tuning into'} {folder}")
+        return done or _korean_task(task, {**cell_kw, "out_dir": str(folder)})
+
     out.mkdir(parents=True, exist_ok=True)
     record()
     for task in tasks:
-        folder = out / task
-        done = None if kw["overwrite"] else finished_fine_tuning(folder, task)
-        if done:
-            click.echo(f"{task}: kept the finished fine-tuning in {folder}")
+        if sweep:
+            cells = dict((summary.get(task) or {}).get("cells") or {})
+            for rate in rates or [None]:  # None: the default rate for the model's width
+                for seed in seeds or [kw["seed"]]:
+                    name = f"lr{rate:g}-seed{seed}" if rate else f"seed{seed}"
+                    cell_kw = {**kw, "seed": seed, **({"learning_rate": rate, "lr_given": True} if rate else {})}
+                    cells[name] = _cell_summary(fine_tune(task, out / task / name, cell_kw))
+                    summary[task] = {"cells": cells, **sweep_summary(cells)}
+                    record()
         else:
-            click.echo(f"{task}: fine-tuning into {folder}")
-            done = _korean_task(task, {**kw, "out_dir": str(folder)})
-        summary[task] = {"best_epoch": done.get("best_epoch"), **done.get("best", {})}
+            done = fine_tune(task, out / task, kw)
+            summary[task] = {"best_epoch": done.get("best_epoch"), **done.get("best", {})}
         record(complete=task == tasks[-1])
-    click.echo(_korean_table(summary))
+    click.echo(_sweep_table(summary) if sweep else _korean_table(summary))
+
+
+def _cell_summary(done: dict) -> dict:
+    """What a sweep keeps of a fine-tuning's metrics.json (its folder keeps the rest)."""
+    keep = ("learning_rate", "seed")
+    return {"settings": {k: done["settings"][k] for k in keep}, "best_metric": done["best_metric"],
+            "best_epoch": done.get("best_epoch"), "best": done.get("best", {})}
+
+
+def _sweep_table(summary: dict) -> str:
+    lines = [f"{'task':<9} {'metric':<16} {'rate':>7}  {'mean':>8}  {'min .. max':>17}  seeds"]
+    for task, row in summary.items():
+        for rate, r in row["rates"].items():
+            best = "  <- best" if rate == row["best_rate"] else ""
+            lines.append(f"{task:<9} {row['metric']:<16} {rate:>7}  {r['mean']:8.4f}  {r['min']:8.4f} .. "
+                         f"{r['max']:<8.4f} {','.join(map(str, r['seeds']))}{best}")
+    return "\n".join(lines)
 
 
 def _korean_table(summary: dict) -> str:
@@ -278,7 +331,8 @@ def _korean_task(task: str, kw: dict) -> dict:
     if task == "korquad":
         defaults = {"max_seq_length": 384, "learning_rate": 5e-5, "epochs": 2.0}
         for name, value in defaults.items():
-            if ctx.get_parameter_source(name) is click.core.ParameterSource.DEFAULT:
+            if ctx.get_parameter_source(name) is click.core.ParameterSource.DEFAULT and not (
+                    name == "learning_rate" and kw.get("lr_given")):
                 kw[name] = value
         kw.pop("pooling")
         cfg = _train_config(kw)

@@ -280,3 +280,19 @@ def finetune_klue_ner(data_dir, model_path, cfg, max_seq_length: int = 128, trai
                 "train_sentences": len(train_s), "dev_sentences": len(dev_s)}
     return train(model, train_rows, evaluate, "entity_macro_f1", cfg, task="klue-ner", settings=settings,
                  tokenizer_dir=model_path, extra_config=extra)
+
+
+def sweep_summary(cells: dict) -> dict:
+    """A rate sweep's verdict from its cells ({name: metrics.json's summary}): per rate (as run, resolved), the
+    mean, min and max of the task's best-epoch metric over the seeds run, and the best rate by mean. Each start is
+    judged at its best rate, with every rate reported: a pretrained start can trail at a rate too low for it."""
+    by_rate = {}
+    for summary in cells.values():  # a (rate, seed) run twice (in a folder named by --lr and one by --lrs) counts once
+        rate, seed = summary["settings"]["learning_rate"], summary["settings"]["seed"]
+        by_rate.setdefault(rate, {}).setdefault(seed, summary["best"][summary["best_metric"]])
+    by_rate = {rate: list(runs.items()) for rate, runs in by_rate.items()}
+    metric = next(iter(cells.values()))["best_metric"]
+    rates = {f"{rate:g}": {"mean": sum(v for _, v in runs) / len(runs), "min": min(v for _, v in runs),
+                           "max": max(v for _, v in runs), "seeds": sorted(s for s, _ in runs)}
+             for rate, runs in sorted(by_rate.items())}
+    return {"metric": metric, "rates": rates, "best_rate": max(rates, key=lambda r: rates[r]["mean"])}
