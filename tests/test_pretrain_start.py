@@ -77,3 +77,52 @@ def test_norm_cannot_change_the_weights_it_starts_from(runs):
     _, inst, bert_run, _ = runs
     with pytest.raises(ConfigError, match=r"--norm pre: the weights this run starts from .* are post-LN; drop --norm"):
         start(inst, "nsp", init_from=str(bert_run), norm="pre")
+
+
+@pytest.mark.parametrize("which", ["bert", "electra"])
+def test_export_random_weights_is_where_the_run_began(runs, which):
+    """`export --random-weights`: the run's architecture and tokenizer with the weights `pretrain` drew at its seed
+    (the random start its pretraining is judged against), read by transformers; not a checkpoint's."""
+    from click.testing import CliRunner
+    from safetensors.torch import load_file
+
+    from bertkit.cli import main
+    from bertkit.formats import read_export_manifest
+    from bertkit.pretrain.checkpoints import read_run_config
+
+    root, inst, bert_run, electra_run = runs
+    run = bert_run if which == "bert" else electra_run
+    recorded = read_run_config(run)
+    out = root / f"random-{which}"
+    r = CliRunner().invoke(main, ["export", str(run), "--out", str(out), "--random-weights"])
+    assert r.exit_code == 0, r.output
+    torch.manual_seed(recorded.pretrain["seed"])  # as pretrain() does before building its model
+    began, _, _ = start(inst, recorded.objective, model=str(root / "model.json"),
+                        **({"generator_size": 0.5} if which == "electra" else {}))
+    trained = root / f"trained-{which}"
+    assert CliRunner().invoke(main, ["export", str(run), "--out", str(trained)]).exit_code == 0
+    fresh, pretrained = load_file(out / "model.safetensors"), load_file(trained / "model.safetensors")
+    assert fresh.keys() == pretrained.keys()
+    assert any(not torch.equal(fresh[k], pretrained[k]) for k in fresh)
+    from bertkit.models import save_pretrained
+    save_pretrained(began, root / f"began-{which}", tokenizer_dir=inst)  # the step-0 model, written the same way
+    for weights in ["model.safetensors"] + (["generator/model.safetensors"] if which == "electra" else []):
+        expected, got = load_file(root / f"began-{which}" / weights), load_file(out / weights)
+        assert expected.keys() == got.keys() and all(torch.equal(got[k], expected[k]) for k in got), weights
+    assert read_export_manifest(out).random_seed == recorded.pretrain["seed"]
+    assert (out / "vocab.txt").read_bytes() == (trained / "vocab.txt").read_bytes()
+
+    if which == "bert":
+        import transformers
+
+        transformers.AutoModelForPreTraining.from_pretrained(out)
+        # another seed draws other weights; a trained export in the folder is not replaced by a random one unasked
+        other = CliRunner().invoke(main, ["export", str(run), "--out", str(root / "seed9"), "--random-weights",
+                                          "--seed", "9"])
+        assert other.exit_code == 0 and not torch.equal(load_file(root / "seed9" / "model.safetensors")[
+            "bert.embeddings.word_embeddings.weight"], fresh["bert.embeddings.word_embeddings.weight"])
+        over = CliRunner().invoke(main, ["export", str(run), "--out", str(trained), "--random-weights"])
+        assert over.exit_code == 1 and "--overwrite" in over.output, over.output
+        assert "kind trained weights (this command: random weights (seed 42))" in over.output
+        lone = CliRunner().invoke(main, ["export", str(run), "--out", str(root / "x"), "--seed", "3"])
+        assert lone.exit_code == 2 and "--seed goes with --random-weights" in lone.output

@@ -159,16 +159,30 @@ def pretrain(**flags):
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="HF model folder to write.")
 @click.option("--checkpoint", "tag", help="Checkpoint tag (e.g. global_step1000)  [default: the latest].")
 @click.option("--overwrite", is_flag=True, help="Replace an earlier export of another run in --out.")
-def export(run_dir, out, tag, overwrite):
+@click.option("--random-weights", is_flag=True,
+              help="The run's architecture and tokenizer with fresh weights instead of a checkpoint's: the random "
+                   "start its pretraining is judged against (fine-tune both, e.g. `finetune korean --lrs ...`).")
+@click.option("--seed", type=count(0),
+              help="With --random-weights  [default: the run's own seed: the weights a run begun from random "
+                   "started from].")
+def export(run_dir, out, tag, overwrite, random_weights, seed):
     """Write a pretrain run's checkpoint (any ZeRO stage) as a folder transformers loads: BertForPreTraining
     (BertForMaskedLM for an MLM-only run, MegatronBert* for pre-LN, ElectraForPreTraining with generator/ for ELECTRA,
     ModernBertForMaskedLM for ModernBERT)."""
     from bertkit.fileio import FolderError
     from bertkit.formats import FormatError
     from bertkit.pretrain import ConfigError, TrainingError, export as run
+    from bertkit.pretrain.checkpoints import read_run_config
 
+    if seed is not None and not random_weights:
+        raise click.UsageError("--seed goes with --random-weights")
+    if random_weights and tag:
+        raise click.UsageError("--random-weights reads no checkpoint: leave out --checkpoint")
     try:
-        path = run(run_dir, out, tag, say=lambda message: click.echo(message, err=True), overwrite=overwrite)
+        if random_weights and seed is None:
+            seed = read_run_config(run_dir).pretrain["seed"]
+        path = run(run_dir, out, tag, say=lambda message: click.echo(message, err=True), overwrite=overwrite,
+                   random_seed=seed if random_weights else None)
     except (FormatError, FolderError, ConfigError, TrainingError) as e:
         raise click.ClickException(str(e)) from e
     click.echo(f"wrote {path}")

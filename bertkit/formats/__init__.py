@@ -427,6 +427,7 @@ class ExportManifest:
     run: str
     checkpoint: str
     files: dict                 # file -> {"bytes", "checksum"}
+    random_seed: int | None = None   # `export --random-weights`: fresh weights at this seed, no checkpoint read
 
 
 def read_export_manifest(folder) -> ExportManifest:

@@ -379,11 +379,23 @@ def load_run_state_dict(run_dir, tag: str | None = None, say=None) -> tuple[dict
     return {k: v.float() for k, v in state.items()}, run, tag
 
 
-def export(run_dir, out_dir, tag: str | None = None, say=None, overwrite: bool = False) -> Path:
+def weights_kind(random_seed: int | None) -> str:
+    return "trained weights" if random_seed is None else f"random weights (seed {random_seed})"
+
+
+def export(run_dir, out_dir, tag: str | None = None, say=None, overwrite: bool = False,
+           random_seed: int | None = None) -> Path:
     """Write the HF format (config.json, model.safetensors, tokenizer files) of a run's checkpoint (`tag`, or the
     newest one that verifies), and manifest.json with every file's checksum, written last. An ELECTRA run: the
-    discriminator (ElectraForPreTraining) in out_dir, the generator (ElectraForMaskedLM) in out_dir/generator."""
-    state, run, tag = load_run_state_dict(run_dir, tag, say)
+    discriminator (ElectraForPreTraining) in out_dir, the generator (ElectraForMaskedLM) in out_dir/generator.
+    random_seed: the run's architecture and tokenizer with fresh weights drawn as `pretrain --seed` draws them (at
+    the run's own seed: the weights a run begun from random started from), the baseline its pretraining is judged
+    against; no checkpoint is read."""
+    if random_seed is None:
+        state, run, tag = load_run_state_dict(run_dir, tag, say)
+    else:
+        state, run, tag = None, read_run_config(run_dir), f"random-seed{random_seed}"
+        torch.manual_seed(random_seed)
     model = build_pretraining(run.model, run.objective)
     if dropout := run.model.get("export_dropout"):  # pretrained with --dropout: fine-tuning gets the model's own
         for shape in (model.cfg, getattr(model, "gen_cfg", None)):  # ELECTRA's generator too
@@ -398,7 +410,7 @@ def export(run_dir, out_dir, tag: str | None = None, say=None, overwrite: bool =
     if run.objective == "none" and say:
         say("export: classifier_pooling mean in config.json (pretrained without NSP/SOP, so [CLS] learnt nothing); "
             "finetune --pooling cls overrides it")
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing, unexpected = model.load_state_dict(state, strict=False) if state is not None else ([], [])
     if missing or unexpected:
         raise TrainingError(f"{run_dir} ({tag}): checkpoint does not fit the model "
                             f"(missing {missing[:5]}, unexpected {unexpected[:5]})")
@@ -409,8 +421,9 @@ def export(run_dir, out_dir, tag: str | None = None, say=None, overwrite: bool =
     # a new or empty folder, or an earlier export; never another's folder
     with folder_lock(out_dir, "export"), disk_errors(out_dir, "free space, then run the same export again"):
         earlier = read_json_or_none(out_dir / MANIFEST)
-        replace_earlier_output(out_dir, "export", {"run": str(Path(run_dir).resolve())},
-                               earlier if isinstance(earlier, dict) else None, overwrite)
+        earlier = {**earlier, "kind": weights_kind(earlier.get("random_seed"))} if isinstance(earlier, dict) else None
+        replace_earlier_output(out_dir, "export", {"run": str(Path(run_dir).resolve()),
+                                                   "kind": weights_kind(random_seed)}, earlier, overwrite)
         tokenizer = tok if (tok / "vocab.txt").is_file() else None
         # an ELECTRA pair: the discriminator here, the generator in generator/
         save_pretrained(model, out_dir, tokenizer_dir=tokenizer, extra_config=extra,
@@ -421,5 +434,5 @@ def export(run_dir, out_dir, tag: str | None = None, say=None, overwrite: bool =
         files = {p.relative_to(out_dir).as_posix(): file_entry(p) for p in sorted(out_dir.rglob("*"))
                  if p.is_file() and p.name not in (MANIFEST, LOCK_FILE)}
         write_manifest(out_dir, ExportManifest(stage="export", complete=True, run=str(Path(run_dir).resolve()),
-                                               checkpoint=tag, files=files))
+                                               checkpoint=tag, random_seed=random_seed, files=files))
     return out_dir
