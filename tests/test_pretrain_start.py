@@ -18,7 +18,8 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("start")
     inst, bert_run = tiny_run(root, "bert")
     _, electra_run = tiny_run(root, "electra", objective="electra", generator_size=0.5)
-    return root, inst, bert_run, electra_run
+    _, modern_run = tiny_run(root, "modernbert", objective="mlm", model="modernbert-tiny")
+    return root, inst, bert_run, electra_run, modern_run
 
 
 def start(inst, objective="nsp", **flags):
@@ -33,7 +34,7 @@ def write_model(root, name, **changes):
 
 
 def test_a_bert_config_that_does_not_fit_the_instances_is_named(runs):
-    root, inst, _, _ = runs
+    root, inst, *_ = runs
     with pytest.raises(ConfigError, match=r"vocabulary has 999 tokens .* made with 133 .* use instances made with"):
         start(inst, model=write_model(root, "wide-vocab", vocab_size=999))
     with pytest.raises(ConfigError, match=r"has sequences of 32 tokens but the model has only 16 positions"):
@@ -41,7 +42,7 @@ def test_a_bert_config_that_does_not_fit_the_instances_is_named(runs):
 
 
 def test_modernbert_refuses_what_it_cannot_be(runs):
-    root, inst, _, _ = runs
+    root, inst, *_ = runs
     with pytest.raises(ConfigError, match=r"ModernBERT is MLM-only, but .* NSP instances: make them with"):
         start(inst, "nsp", model="modernbert-tiny")
     with pytest.raises(ConfigError, match=r"--norm post: ModernBERT is pre-LN by design; drop --norm"):
@@ -57,7 +58,7 @@ def test_modernbert_refuses_what_it_cannot_be(runs):
 
 
 def test_init_from_continues_a_run_of_the_same_objective_only(runs):
-    root, inst, bert_run, electra_run = runs
+    root, inst, bert_run, electra_run, _ = runs
     model, _, source = start(inst, "nsp", init_from=str(bert_run))
     assert "global_step2" in source
     from bertkit.pretrain import load_run_state_dict
@@ -74,12 +75,12 @@ def test_init_from_continues_a_run_of_the_same_objective_only(runs):
 
 
 def test_norm_cannot_change_the_weights_it_starts_from(runs):
-    _, inst, bert_run, _ = runs
+    _, inst, bert_run, *_ = runs
     with pytest.raises(ConfigError, match=r"--norm pre: the weights this run starts from .* are post-LN; drop --norm"):
         start(inst, "nsp", init_from=str(bert_run), norm="pre")
 
 
-@pytest.mark.parametrize("which", ["bert", "electra"])
+@pytest.mark.parametrize("which", ["bert", "electra", "modernbert"])
 def test_export_random_weights_is_where_the_run_began(runs, which):
     """`export --random-weights`: the run's architecture and tokenizer with the weights `pretrain` drew at its seed
     (the random start its pretraining is judged against), read by transformers; not a checkpoint's."""
@@ -90,14 +91,14 @@ def test_export_random_weights_is_where_the_run_began(runs, which):
     from bertkit.formats import read_export_manifest
     from bertkit.pretrain.checkpoints import read_run_config
 
-    root, inst, bert_run, electra_run = runs
-    run = bert_run if which == "bert" else electra_run
+    root, inst, *by_kind = runs
+    run = dict(zip(["bert", "electra", "modernbert"], by_kind))[which]
     recorded = read_run_config(run)
     out = root / f"random-{which}"
     r = CliRunner().invoke(main, ["export", str(run), "--out", str(out), "--random-weights"])
     assert r.exit_code == 0, r.output
     torch.manual_seed(recorded.pretrain["seed"])  # as pretrain() does before building its model
-    began, _, _ = start(inst, recorded.objective, model=str(root / "model.json"),
+    began, _, _ = start(inst, recorded.objective, model=recorded.pretrain["model"],
                         **({"generator_size": 0.5} if which == "electra" else {}))
     trained = root / f"trained-{which}"
     assert CliRunner().invoke(main, ["export", str(run), "--out", str(trained)]).exit_code == 0
