@@ -277,3 +277,40 @@ def test_sweep_summary_means_each_rate_over_its_seeds_once():
     assert got == {"metric": "f1", "best_rate": "0.001",
                    "rates": {"0.0001": {"mean": 11.0, "min": 11.0, "max": 11.0, "seeds": [0]},
                              "0.001": {"mean": 12.0, "min": 10.0, "max": 14.0, "seeds": [0, 1]}}}
+
+
+def test_compare_two_sweeps_at_their_best_rates(tmp_path):
+    """`finetune compare A B`: per shared task each side at its best rate, B - A, and whether the seeds' ranges are
+    apart (hand-made sweep manifests, so every number is known)."""
+    def sweep_folder(name, tasks):
+        folder = tmp_path / name
+        folder.mkdir()
+        cells = {t: {f"lr{r}-seed{s}": {"settings": {"learning_rate": r, "seed": s}, "best_metric": "accuracy",
+                                         "best": {"accuracy": v}} for (r, s), v in values.items()}
+                 for t, values in tasks.items()}
+        summary = {t: {"cells": c, **korean.sweep_summary(c)} for t, c in cells.items()}
+        (folder / "manifest.json").write_text(json.dumps({"stage": "finetune-korean", "settings": {"sweep": True},
+                                                          "tasks": summary, "complete": True}))
+        return folder
+
+    random = sweep_folder("random", {"nsmc": {(1e-4, 0): 0.70, (1e-4, 1): 0.72, (1e-3, 0): 0.60, (1e-3, 1): 0.62},
+                                     "kornli": {(1e-3, 0): 0.40, (1e-3, 1): 0.44}})
+    trained = sweep_folder("trained", {"nsmc": {(1e-3, 0): 0.75, (1e-3, 1): 0.79, (1e-4, 0): 0.50, (1e-4, 1): 0.5},
+                                       "kornli": {(1e-3, 0): 0.43, (1e-3, 1): 0.45},
+                                       "korsts": {(1e-3, 0): 0.2, (1e-3, 1): 0.3}})
+    rows = {r["task"]: r for r in korean.compare_sweeps(*(json.loads((f / "manifest.json").read_text())["tasks"]
+                                                          for f in (random, trained)))}
+    assert set(rows) == {"nsmc", "kornli"}
+    assert rows["nsmc"]["first"]["rate"] == "0.0001" and rows["nsmc"]["second"]["rate"] == "0.001"
+    assert rows["nsmc"]["difference"] == pytest.approx(0.77 - 0.71) and rows["nsmc"]["apart"]
+    assert rows["kornli"]["difference"] == pytest.approx(0.44 - 0.42) and not rows["kornli"]["apart"]
+    r = CliRunner().invoke(main, ["finetune", "compare", str(random), str(trained)])
+    assert r.exit_code == 0, r.output
+    assert re.search(r"^nsmc .*0\.7100 \(0\.7000-0\.7200, 0\.0001\) .*0\.7700 \(0\.7500-0\.7900, 0\.001\)\s+\+0\.0600"
+                     r"\s+apart$", r.output, re.M), r.output
+    assert re.search(r"^kornli .*\+0\.0200\s+overlap$", r.output, re.M) and "korsts: in one folder only" in r.output
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "manifest.json").write_text(json.dumps({"stage": "finetune-korean", "settings": {}, "tasks": {}}))
+    refused = CliRunner().invoke(main, ["finetune", "compare", str(random), str(plain)])
+    assert refused.exit_code == 1 and "not a sweep's folder" in refused.output

@@ -143,7 +143,8 @@ def friendly_errors(f):
 
 @click.group("finetune")
 def finetune():
-    """Fine-tune on SQuAD, GLUE, any classification file, or CoNLL tagging."""
+    """Fine-tune on SQuAD, GLUE, the Korean benchmarks, any classification file, or CoNLL tagging; compare two
+    Korean sweeps."""
 
 
 @finetune.command("squad")
@@ -297,6 +298,37 @@ def korean(**kw):
             summary[task] = {"best_epoch": done.get("best_epoch"), **done.get("best", {})}
         record(complete=task == tasks[-1])
     click.echo(_sweep_table(summary) if sweep else _korean_table(summary))
+
+
+@finetune.command("compare")
+@click.argument("first", type=click.Path(exists=True, file_okay=False))
+@click.argument("second", type=click.Path(exists=True, file_okay=False))
+def compare(first, second):
+    """Two Korean sweeps side by side, task by task (folders of `finetune korean --lrs ... --seeds ...`, e.g. random
+    weights, then the pretrained model): each at its best rate, its mean and seeds' range, the difference and
+    whether the ranges are apart."""
+    from bertkit.fileio import read_json_or_none
+    from bertkit.finetune.korean import compare_sweeps
+
+    sweeps = []
+    for folder in (first, second):
+        manifest = read_json_or_none(Path(folder) / "manifest.json")
+        if not (isinstance(manifest, dict) and manifest.get("stage") == "finetune-korean"
+                and (manifest.get("settings") or {}).get("sweep")):
+            raise click.ClickException(f"{folder}: not a sweep's folder (made by `bertkit finetune korean --lrs ... "
+                                       "--seeds ...`, holding its manifest.json)")
+        sweeps.append(manifest["tasks"])
+    rows = compare_sweeps(*sweeps)
+    if not rows:
+        raise click.ClickException(f"{first} and {second} share no task")
+    click.echo(f"first: {first}\nsecond: {second}\n{'task':<9} {'metric':<16} {'first (best rate)':>32}  "
+               f"{'second (best rate)':>32}  {'second - first':>14}  ranges")
+    for r in rows:
+        a, b = (f"{s['mean']:.4f} ({s['min']:.4f}-{s['max']:.4f}, {s['rate']})" for s in (r["first"], r["second"]))
+        click.echo(f"{r['task']:<9} {r['metric']:<16} {a:>32}  {b:>32}  {r['difference']:+14.4f}  "
+                   f"{'apart' if r['apart'] else 'overlap'}")
+    for task in [t for t in (*sweeps[0], *sweeps[1]) if not all(t in s for s in sweeps)]:
+        click.echo(f"{task}: in one folder only", err=True)
 
 
 def _cell_summary(done: dict) -> dict:

@@ -296,3 +296,14 @@ def sweep_summary(cells: dict) -> dict:
                            "max": max(v for _, v in runs), "seeds": sorted(s for s, _ in runs)}
              for rate, runs in sorted(by_rate.items())}
     return {"metric": metric, "rates": rates, "best_rate": max(rates, key=lambda r: rates[r]["mean"])}
+
+
+def compare_sweeps(first: dict, second: dict) -> list[dict]:
+    """Two sweeps' summaries (manifest.json's tasks) task by task, each start at its best rate: the difference of
+    the means (second - first) and whether the seeds' ranges are apart (neither touches the other)."""
+    rows = []
+    for task in [t for t in first if t in second]:
+        a, b = (s[task]["rates"][s[task]["best_rate"]] | {"rate": s[task]["best_rate"]} for s in (first, second))
+        rows.append({"task": task, "metric": first[task]["metric"], "first": a, "second": b,
+                     "difference": b["mean"] - a["mean"], "apart": b["min"] > a["max"] or a["min"] > b["max"]})
+    return rows
