@@ -211,7 +211,8 @@ def test_a_missing_splitter_says_how_to_install_it(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_the_korean_modernbert_block_runs_as_written(shared_data, tmp_path):
     """README.ko.md's ModernBERT block, as written, small: a Korean corpus to a ModernBERT that transformers reads,
-    fine-tuned and scored on three Korean tasks (the first rows of each, one epoch)."""
+    it and its random start fine-tuned and scored on three Korean tasks (the first rows of each, one epoch, one
+    rate, two seeds), and the two compared."""
     text = (REPO / "README.ko.md").read_text(encoding="utf-8")
     script = next(b for b in re.findall(r"```bash\n(.*?)```", text, re.S) if "--objective none" in b)
     (tmp_path / "ko").mkdir()
@@ -219,6 +220,7 @@ def test_the_korean_modernbert_block_runs_as_written(shared_data, tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
     env.update(PATH=f"{BIN}:{env['PATH']}", KO=str(tmp_path / "ko"), DATA=str(shared_data), OUT=str(tmp_path / "out"),
                MODEL="modernbert-tiny", STEPS="20", LEN="128", VOCAB="6000", OMP_NUM_THREADS="2",
+               LRS="1e-3", SEEDS="0,1",
                FT="--max-train-rows 48 --max-dev-rows 48 --epochs 1 --max-seq-length 48 --no-save-model")
     done = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=900)
@@ -226,7 +228,15 @@ def test_the_korean_modernbert_block_runs_as_written(shared_data, tmp_path):
     out = tmp_path / "out"
     assert json.loads((out / "model" / "config.json").read_text())["model_type"] == "modernbert"
     assert f"transformers reads {out / 'model'}" in done.stdout
-    table = json.loads((out / "eval" / "manifest.json").read_text())["tasks"]
-    for task, metric in (("nsmc", "accuracy"), ("klue-nli", "accuracy"), ("klue-sts", "pearson")):
-        summary = json.loads((out / "eval" / task / "metrics.json").read_text())
-        assert summary["task"] == task and table[task][metric] == summary["best"][metric]
+    for start in ("random", "model"):
+        table = json.loads((out / f"eval-{start}" / "manifest.json").read_text())["tasks"]
+        for task, metric in (("nsmc", "accuracy"), ("klue-nli", "accuracy"), ("klue-sts", "pearson")):
+            scores = [json.loads((out / f"eval-{start}" / task / f"lr0.001-seed{seed}" / "metrics.json").read_text())
+                      ["best"][metric] for seed in (0, 1)]
+            assert table[task]["rates"]["0.001"]["mean"] == pytest.approx(sum(scores) / 2)
+    import safetensors.torch
+
+    random, trained = (safetensors.torch.load_file(out / m / "model.safetensors") for m in ("random", "model"))
+    assert random.keys() == trained.keys() and any(not random[k].equal(trained[k]) for k in random)
+    assert re.search(r"^nsmc .*\(.*0\.001\) .*(apart|overlap)$", done.stdout, re.M), done.stdout[-3000:]
+    assert re.search(r"^klue-sts\s+pearson\s", done.stdout, re.M), done.stdout[-3000:]
