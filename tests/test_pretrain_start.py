@@ -95,8 +95,11 @@ def test_export_random_weights_is_where_the_run_began(runs, which):
     run = dict(zip(["bert", "electra", "modernbert"], by_kind))[which]
     recorded = read_run_config(run)
     out = root / f"random-{which}"
+    caller_rng = torch.get_rng_state()
     r = CliRunner().invoke(main, ["export", str(run), "--out", str(out), "--random-weights"])
     assert r.exit_code == 0, r.output
+    assert torch.equal(torch.get_rng_state(), caller_rng)  # drawn on a forked generator
+    assert "random weights drawn at seed 42, the weights this run began from" in r.output
     torch.manual_seed(recorded.pretrain["seed"])  # as pretrain() does before building its model
     began, _, _ = start(inst, recorded.objective, model=recorded.pretrain["model"],
                         **({"generator_size": 0.5} if which == "electra" else {}))
@@ -120,6 +123,7 @@ def test_export_random_weights_is_where_the_run_began(runs, which):
         # another seed draws other weights; a trained export in the folder is not replaced by a random one unasked
         other = CliRunner().invoke(main, ["export", str(run), "--out", str(root / "seed9"), "--random-weights",
                                           "--seed", "9"])
+        assert "not the weights this run began from (random initialisation, seed 42)" in other.output
         assert other.exit_code == 0 and not torch.equal(load_file(root / "seed9" / "model.safetensors")[
             "bert.embeddings.word_embeddings.weight"], fresh["bert.embeddings.word_embeddings.weight"])
         over = CliRunner().invoke(main, ["export", str(run), "--out", str(trained), "--random-weights"])

@@ -393,10 +393,17 @@ def export(run_dir, out_dir, tag: str | None = None, say=None, overwrite: bool =
     against; no checkpoint is read."""
     if random_seed is None:
         state, run, tag = load_run_state_dict(run_dir, tag, say)
+        model = build_pretraining(run.model, run.objective)
     else:
         state, run, tag = None, read_run_config(run_dir), f"random-seed{random_seed}"
-        torch.manual_seed(random_seed)
-    model = build_pretraining(run.model, run.objective)
+        with torch.random.fork_rng(devices=[]):  # the caller's generator is left as it was
+            torch.manual_seed(random_seed)
+            model = build_pretraining(run.model, run.objective)
+        if say:
+            began = ("the weights this run began from" if run.init_from == "random initialisation" and
+                     random_seed == run.pretrain.get("seed") else
+                     f"not the weights this run began from ({run.init_from}, seed {run.pretrain.get('seed')})")
+            say(f"export: random weights drawn at seed {random_seed}, {began}; no checkpoint read")
     if dropout := run.model.get("export_dropout"):  # pretrained with --dropout: fine-tuning gets the model's own
         for shape in (model.cfg, getattr(model, "gen_cfg", None)):  # ELECTRA's generator too
             if shape is not None:
