@@ -314,3 +314,33 @@ def test_compare_two_sweeps_at_their_best_rates(tmp_path):
     (plain / "manifest.json").write_text(json.dumps({"stage": "finetune-korean", "settings": {}, "tasks": {}}))
     refused = CliRunner().invoke(main, ["finetune", "compare", str(random), str(plain)])
     assert refused.exit_code == 1 and "not a sweep's folder" in refused.output
+
+
+def test_evaluate_from_python_runs_each_cell_once(tmp_path):
+    """korean.evaluate, the loop behind `finetune korean`, with a stand-in fine-tuner that writes what a real one
+    does: every cell once, the manifest after each, a finished cell kept, other settings refused."""
+    calls = []
+
+    def fine_tune(task, folder, rate, seed):
+        calls.append((task, rate, seed))
+        summary = {"task": task, "settings": {"learning_rate": rate, "seed": seed}, "best_metric": "accuracy",
+                   "best": {"accuracy": rate * 100 + seed}, "best_epoch": 1, "train_seconds": 1.0}
+        folder.mkdir(parents=True)
+        (folder / "metrics.json").write_text(json.dumps(summary))
+        return summary
+
+    out = tmp_path / "eval"
+    tasks = korean.evaluate(out, ["nsmc", "kornli"], fine_tune, {"model_path": "m"}, rates=(1e-3, 1e-4),
+                            seeds=(0, 1), say=lambda _: None)
+    assert sorted(calls) == sorted((t, r, s) for t in ("nsmc", "kornli") for r in (1e-3, 1e-4) for s in (0, 1))
+    rate = dict(tasks["nsmc"]["rates"]["0.001"])
+    assert rate.pop("seeds") == [0, 1] and rate == pytest.approx({"mean": 0.6, "min": 0.1, "max": 1.1})
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["complete"] and manifest["settings"] == {"model_path": "m", "sweep": True}
+    assert manifest["tasks"] == tasks
+    calls.clear()
+    korean.evaluate(out, ["nsmc"], fine_tune, {"model_path": "m"}, rates=(1e-3,), seeds=(0, 1, 2),
+                    say=lambda _: None)
+    assert calls == [("nsmc", 1e-3, 2)]
+    with pytest.raises(korean.SettingsChanged, match=r"other settings \(model_path: m -> n\); give another --out"):
+        korean.evaluate(out, ["nsmc"], fine_tune, {"model_path": "n"}, rates=(1e-3,), seeds=(0,))

@@ -209,8 +209,6 @@ KOREAN_COLUMNS = {"nsmc": ("accuracy",), "klue-nli": ("accuracy",), "kornli": ("
 # settings that do not change a fine-tuning's scores: a kept task may differ in these
 SCORE_NEUTRAL = ("out_dir", "overwrite", "threads", "report_to", "log_every", "no_save_model", "device", "kernels",
                  "compile", "checkpoint_minutes")
-# settings added after folders were made, with the value every earlier folder ran with
-SINCE_ADDED = {"precision": "fp32", "sweep": False}
 
 
 @finetune.command("korean")
@@ -241,9 +239,8 @@ def korean(**kw):
     KorQuAD 1.0 (its own EM and character F1).
     Where ../shared/data holds no training split, the task trains on part of what is there (see
     bertkit/finetune/korean.py). korquad takes SQuAD's defaults (384 tokens, lr 5e-5, 2 epochs) unless given."""
-    from bertkit.fileio import atomic_write_json, check_folder_owned, folder_kind, read_json_or_none
-    from bertkit.finetune.korean import sweep_summary
-    from bertkit.finetune.train import finished_fine_tuning
+    from bertkit.fileio import folder_kind
+    from bertkit.finetune.korean import SettingsChanged, evaluate
 
     tasks = list(dict.fromkeys(t for name in kw.pop("tasks") for t in (KOREAN_TASKS if name == "all" else [name])))
     rates, seeds = kw.pop("lrs"), kw.pop("seeds")
@@ -255,48 +252,22 @@ def korean(**kw):
         return
     if (kw["train_file"] or kw["dev_file"]) and len(tasks) > 1:
         raise click.UsageError("--train-file and --dev-file name one task's files: give one --task with them")
-    out = Path(kw["out_dir"])
-    check_folder_owned(out, "finetune-korean")
-    # what the scores depend on: a finished task is kept only when these are the same (a sweep's cells are named
-    # by their rate and seed, so a sweep may add rates and seeds to its folder)
+    # what the scores depend on (a sweep's cells are named by their rate and seed: a sweep may add more)
     settings = {k: v for k, v in kw.items() if k not in SCORE_NEUTRAL and not (sweep and k in ("learning_rate",
                                                                                                "seed"))}
     settings["model_path"] = str(Path(kw["model_path"]).resolve())
-    settings["sweep"] = sweep
-    earlier = read_json_or_none(out / "manifest.json") or {}
-    before = {**SINCE_ADDED, **earlier.get("settings", {})}
-    changed = {k: (before.get(k), v) for k, v in settings.items() if "settings" in earlier and before.get(k) != v}
-    if changed and not kw["overwrite"]:
-        raise click.UsageError(f"{out} holds a Korean evaluation made with other settings ("
-                               + "; ".join(f"{k}: {a} -> {b}" for k, (a, b) in changed.items())
-                               + "); give another --out, or --overwrite to redo every task")
-    summary = {} if kw["overwrite"] else dict(earlier.get("tasks") or {})  # tasks an earlier call finished stay
 
-    def record(complete=False):  # OUT/manifest.json: the folder's kind, from the first moment, and every score
-        atomic_write_json(out / "manifest.json", {"stage": "finetune-korean", "settings": settings,
-                                                  "tasks": summary, "complete": complete})
+    def fine_tune(task, folder, rate, seed):
+        cell = {"seed": seed} if seed is not None else {}
+        if rate is not None:
+            cell.update(learning_rate=rate, lr_given=True)
+        return _korean_task(task, {**kw, **cell, "out_dir": str(folder)})
 
-    def fine_tune(task, folder, cell_kw):  # a finished fine-tuning in `folder` is kept, else it runs (or resumes)
-        done = None if kw["overwrite"] else finished_fine_tuning(folder, task)
-        click.echo(f"{task}: {'kept the finished fine-tuning in' if done else 'fine-tuning into'} {folder}")
-        return done or _korean_task(task, {**cell_kw, "out_dir": str(folder)})
-
-    out.mkdir(parents=True, exist_ok=True)
-    record()
-    for task in tasks:
-        if sweep:
-            cells = dict((summary.get(task) or {}).get("cells") or {})
-            for rate in rates or [None]:  # None: the default rate for the model's width
-                for seed in seeds or [kw["seed"]]:
-                    name = f"lr{rate:g}-seed{seed}" if rate else f"seed{seed}"
-                    cell_kw = {**kw, "seed": seed, **({"learning_rate": rate, "lr_given": True} if rate else {})}
-                    cells[name] = _cell_summary(fine_tune(task, out / task / name, cell_kw))
-                    summary[task] = {"cells": cells, **sweep_summary(cells)}
-                    record()
-        else:
-            done = fine_tune(task, out / task, kw)
-            summary[task] = {"best_epoch": done.get("best_epoch"), **done.get("best", {})}
-        record(complete=task == tasks[-1])
+    try:
+        summary = evaluate(kw["out_dir"], tasks, fine_tune, settings, rates, seeds or (kw["seed"],) if sweep else (),
+                           kw["overwrite"], say=click.echo)
+    except SettingsChanged as e:
+        raise click.UsageError(str(e)) from None
     click.echo(_sweep_table(summary) if sweep else _korean_table(summary))
 
 
@@ -329,13 +300,6 @@ def compare(first, second):
                    f"{'apart' if r['apart'] else 'overlap'}")
     for task in [t for t in (*sweeps[0], *sweeps[1]) if not all(t in s for s in sweeps)]:
         click.echo(f"{task}: in one folder only", err=True)
-
-
-def _cell_summary(done: dict) -> dict:
-    """What a sweep keeps of a fine-tuning's metrics.json (its folder keeps the rest)."""
-    keep = ("learning_rate", "seed")
-    return {"settings": {k: done["settings"][k] for k in keep}, "best_metric": done["best_metric"],
-            "best_epoch": done.get("best_epoch"), "best": done.get("best", {})}
 
 
 def _sweep_table(summary: dict) -> str:

@@ -282,6 +282,70 @@ def finetune_klue_ner(data_dir, model_path, cfg, max_seq_length: int = 128, trai
                  tokenizer_dir=model_path, extra_config=extra)
 
 
+# settings added after evaluation folders were made, with the value every earlier folder ran with
+SINCE_ADDED = {"precision": "fp32", "sweep": False}
+
+
+class SettingsChanged(DataError):
+    """An evaluation folder made with other settings (the message names each change)."""
+
+
+def evaluate(out, tasks: list, fine_tune, settings: dict, rates=(), seeds=(), overwrite: bool = False,
+             say=print) -> dict:
+    """Several tasks into OUT/TASK/, or a sweep (`rates` and `seeds` given: every rate x seed of each task) into
+    OUT/TASK/lrRATE-seedSEED/, every score in OUT/manifest.json (stage finetune-korean) after each fine-tuning.
+    fine_tune(task, folder, rate, seed) runs one (rate None: the configured or default rate) and returns its
+    metrics.json summary; a folder holding a finished one is kept, not redone (a sweep grows by its new cells).
+    `settings` are what the scores depend on: a folder made with others raises SettingsChanged, unless `overwrite`
+    (every task redone). Returns the manifest's tasks."""
+    from bertkit.fileio import atomic_write_json, check_folder_owned, read_json_or_none
+    from bertkit.finetune.train import finished_fine_tuning
+
+    out, sweep = Path(out), bool(rates or seeds)
+    check_folder_owned(out, "finetune-korean")
+    settings = {**settings, "sweep": sweep}
+    earlier = read_json_or_none(out / "manifest.json") or {}
+    before = {**SINCE_ADDED, **earlier.get("settings", {})}
+    changed = {k: (before.get(k), v) for k, v in settings.items() if "settings" in earlier and before.get(k) != v}
+    if changed and not overwrite:
+        raise SettingsChanged(f"{out} holds a Korean evaluation made with other settings ("
+                              + "; ".join(f"{k}: {a} -> {b}" for k, (a, b) in changed.items())
+                              + "); give another --out, or --overwrite to redo every task")
+    summary = {} if overwrite else dict(earlier.get("tasks") or {})  # tasks an earlier call finished stay
+
+    def record(complete=False):  # the folder's kind, from the first moment, and every score
+        atomic_write_json(out / "manifest.json", {"stage": "finetune-korean", "settings": settings,
+                                                  "tasks": summary, "complete": complete})
+
+    def run(task, folder, rate=None, seed=None):
+        done = None if overwrite else finished_fine_tuning(folder, task)
+        say(f"{task}: {'kept the finished fine-tuning in' if done else 'fine-tuning into'} {folder}")
+        return done or fine_tune(task, folder, rate, seed)
+
+    out.mkdir(parents=True, exist_ok=True)
+    record()
+    for task in tasks:
+        if sweep:
+            cells = dict((summary.get(task) or {}).get("cells") or {})
+            for rate in rates or [None]:
+                for seed in seeds:
+                    name = f"lr{rate:g}-seed{seed}" if rate else f"seed{seed}"
+                    cells[name] = _cell_summary(run(task, out / task / name, rate, seed))
+                    summary[task] = {"cells": cells, **sweep_summary(cells)}
+                    record()
+        else:
+            done = run(task, out / task)
+            summary[task] = {"best_epoch": done.get("best_epoch"), **done.get("best", {})}
+        record(complete=task == tasks[-1])
+    return summary
+
+
+def _cell_summary(done: dict) -> dict:
+    """What a sweep's manifest keeps of a fine-tuning's metrics.json (its folder keeps the rest)."""
+    return {"settings": {k: done["settings"][k] for k in ("learning_rate", "seed")},
+            "best_metric": done["best_metric"], "best_epoch": done.get("best_epoch"), "best": done.get("best", {})}
+
+
 def sweep_summary(cells: dict) -> dict:
     """A rate sweep's verdict from its cells ({name: metrics.json's summary}): per rate (as run, resolved), the
     mean, min and max of the task's best-epoch metric over the seeds run, and the best rate by mean. Each start is
