@@ -105,7 +105,9 @@ def prepare(work: Path, lang: str, budget: Budget) -> dict:
     if not done(d["tokenizer"]):
         say(f"train-tokenizer {lang}")
         vocab = budget.vocab_size if lang == "en" else 12000
-        train_tokenizer(d["corpus"], d["tokenizer"], TokenizerConfig(vocab_size=vocab, progress=False))
+        # plain WordPiece, as the recorded arms were made (auto would pick kiwi for the Korean corpus)
+        train_tokenizer(d["corpus"], d["tokenizer"], TokenizerConfig(vocab_size=vocab, progress=False,
+                                                                     pretokenize="none"))
     for mode, dupe in (("static", 2), ("dynamic", 1)):
         if lang == "ko" and mode == "static":
             continue

@@ -19,6 +19,16 @@ from bertkit.tokenization import TokenizerError
 
 HANGUL = re.compile(r"[\uac00-\ud7a3]")
 PRETOKENIZERS = ("none", "mecab", "kiwi")
+# `--pretokenize auto`: a corpus whose words are mostly Korean gets kiwi, the vocabulary that fine-tuned best on the
+# Korean tasks at equal budget (benchmarks/README.md, Korean transfer: KLUE-NER and KorQuAD well ahead of plain
+# WordPiece, no task behind beyond the seeds' spread); other corpora none
+KOREAN_DEFAULT, KOREAN_SHARE = "kiwi", 0.5
+
+
+def korean_word_share(sentences) -> float:
+    """The share of whitespace-separated words holding a Hangul syllable."""
+    words = [w for s in sentences for w in s.split()]
+    return sum(bool(HANGUL.search(w)) for w in words) / len(words) if words else 0.0
 
 
 class KoreanError(TokenizerError):

@@ -12,6 +12,7 @@ pipelines/engine.py (here, in --workers processes, or on a Ray cluster); the tra
 """
 import contextlib
 import hashlib
+import sys
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -43,7 +44,15 @@ from bertkit.formats import (
 )
 from bertkit.pipelines.engine import Engine, check_available, check_engine, check_shared_path
 from bertkit.pipelines.instance_io import single_threaded_tokenizers
-from bertkit.pipelines.korean import PRETOKENIZERS, training_words
+from bertkit.pipelines.korean import (
+    KOREAN_DEFAULT,
+    KOREAN_SHARE,
+    PRETOKENIZERS,
+    KoreanError,
+    analyser,
+    korean_word_share,
+    training_words,
+)
 from bertkit.tokenization import (
     CLS,
     CONTINUATION,
@@ -77,8 +86,9 @@ class TokenizerConfig:
     min_frequency: int = 2             # a pair must occur this often to be merged
     limit_alphabet: int | None = None  # None keeps every character of the corpus (tokenizers' BERT default: 1000)
     vocab_file: str | None = None      # use this vocab.txt instead of training one
-    pretokenize: str = "none"          # none | mecab | kiwi: cut Korean words at morpheme boundaries while training
-                                       # (pipelines/korean.py); the tokenizer written still reads raw text
+    pretokenize: str = "auto"          # none | mecab | kiwi: cut Korean words at morpheme boundaries while training
+                                       # (pipelines/korean.py); the tokenizer written still reads raw text. auto:
+                                       # kiwi for a mostly Korean corpus, else none (resolved, then recorded)
     sample_bytes: int | None = None    # learn the merges on at most this much text (documents chosen by a hash of
                                        # their id); the alphabet still comes from all of it. None: all the text
     stats_sentences: int = 100_000     # held-out sentences measured for the manifest's statistics
@@ -101,9 +111,9 @@ class TokenizerConfig:
             raise TokenizerError("limit_alphabet must be a positive number of characters, or None for all")
         if self.min_frequency < 1:
             raise TokenizerError("min_frequency must be at least 1")
-        if self.pretokenize not in PRETOKENIZERS:
-            raise TokenizerError(f"pretokenize must be one of {PRETOKENIZERS}, not {self.pretokenize!r}")
-        if self.pretokenize != "none" and self.vocab_file is not None:
+        if self.pretokenize not in PRETOKENIZERS + ("auto",):
+            raise TokenizerError(f"pretokenize must be auto or one of {PRETOKENIZERS}, not {self.pretokenize!r}")
+        if self.pretokenize not in ("none", "auto") and self.vocab_file is not None:
             raise TokenizerError("--pretokenize shapes a trained vocabulary; it does nothing with --vocab")
         if self.sample_bytes is not None and self.sample_bytes < 1:
             raise TokenizerError("sample_bytes must be a positive number of bytes, or None for all the text")
@@ -325,6 +335,29 @@ def _hf_files(config: TokenizerConfig) -> tuple[dict, dict]:
     return cfg, specials
 
 
+def _korean_default(corpus_dir, per_shard: int = 1000, most_shards: int = 20) -> str:
+    """`--pretokenize auto`: kiwi when most words are Korean in the first sentences of up to 20 training shards
+    spread over the corpus, else none (the same corpus always decides the same)."""
+    shards = corpus_shards(corpus_dir, "train")
+    shards = [shards[i * len(shards) // most_shards] for i in range(most_shards)] if len(shards) > most_shards \
+        else shards
+    share = korean_word_share(s for path in shards for batch in _sentence_batches([path], False, "", limit=per_shard)
+                              for s in batch)
+    choice = KOREAN_DEFAULT if share >= KOREAN_SHARE else "none"
+    if choice != "none":
+        try:
+            analyser(choice)
+        except KoreanError as e:
+            raise KoreanError(f"{e} (--pretokenize auto chose {choice} for this Korean corpus; --pretokenize none "
+                              "trains plain WordPiece without it)") from None
+        from bertkit.progress import tqdm
+
+        tqdm.write(f"train-tokenizer: {share:.0%} of the corpus' words are Korean, so the vocabulary follows "
+                   f"{choice}'s morpheme cuts (--pretokenize auto; measured best on Korean tasks, benchmarks/README.md"
+                   "); --pretokenize none trains plain WordPiece", file=sys.stderr)
+    return choice
+
+
 def _settings(config: TokenizerConfig) -> dict:
     s = asdict(config)
     for run_only in ("progress", "stats_sentences", "overwrite", "workers", "engine", "ray_address"):
@@ -382,6 +415,8 @@ def _train_tokenizer(corpus_dir, out: Path, config: TokenizerConfig) -> Tokenize
     else:
         config.lowercase = True if config.lowercase is None else config.lowercase
         config.strip_accents = "latin" if config.strip_accents == "auto" else config.strip_accents
+    if config.pretokenize == "auto":
+        config.pretokenize = "none" if config.vocab_file is not None else _korean_default(corpus_dir)
     corpus = _corpus_identity(corpus_dir)
     settings = _settings(config)
 
@@ -392,9 +427,12 @@ def _train_tokenizer(corpus_dir, out: Path, config: TokenizerConfig) -> Tokenize
         if old.get("complete") and old.get("settings") == settings and same_corpus:  # (the folder may have moved)
             return read_tokenizer_manifest(out)  # already done: re-running a finished stage is a no-op
         if not config.overwrite:
+            before = old.get("settings") or {}
+            changed = "; ".join(f"{k}: {before.get(k)} -> {v}" for k, v in settings.items() if before.get(k) != v)
             raise TokenizerError(
-                f"{out}: already holds a tokenizer made from another corpus or with other settings "
-                f"(see {manifest_path}); choose a new --out folder, or pass --overwrite to replace it.")
+                f"{out}: already holds a tokenizer made from "
+                + (f"other settings ({changed})" if changed else "another corpus")
+                + f" (see {manifest_path}); choose a new --out folder, or pass --overwrite to replace it.")
         manifest_path.unlink()  # the folder is not a finished tokenizer until the new manifest is written
 
     if config.vocab_file is None:

@@ -37,6 +37,26 @@ def vocabularies(ko_corpus):
             for mode in ("none", "mecab", "kiwi")}
 
 
+def test_auto_takes_kiwi_for_a_korean_corpus_only(ko_corpus, vocabularies, tmp_path, capsys):
+    """--pretokenize auto (the default): a mostly Korean corpus gets kiwi's vocabulary, byte for byte, and is told;
+    a corpus of other words gets plain WordPiece; a folder made before with plain WordPiece names the change."""
+    from bertkit.pipelines.train_tokenizer import TokenizerConfig, train_tokenizer
+    from bertkit.tokenization import TokenizerError
+    from tests.helpers import write_corpus
+
+    auto = train_tokenizer(ko_corpus, tmp_path / "auto", TokenizerConfig(vocab_size=6000, progress=False))
+    assert auto.settings["pretokenize"] == "kiwi" and auto.vocab_sha256 == vocabularies["kiwi"].vocab_sha256
+    assert "of the corpus' words are Korean, so the vocabulary follows kiwi" in capsys.readouterr().err
+    english = tmp_path / "english"
+    write_corpus(english, [[["the cat sat on the mat", "a dog ran", "대한민국 is a country"]] * 20])
+    plain = train_tokenizer(english, tmp_path / "en", TokenizerConfig(vocab_size=200, min_frequency=1,
+                                                                      progress=False))
+    assert plain.settings["pretokenize"] == "none"
+    with pytest.raises(TokenizerError, match=r"tok-none: already holds a tokenizer made from other settings "
+                                             r"\(pretokenize: none -> kiwi\)"):
+        train_tokenizer(ko_corpus, ko_corpus.parent / "tok-none", TokenizerConfig(vocab_size=6000, progress=False))
+
+
 def held_out(corpus):
     from bertkit.fileio import read_arrow
     from bertkit.formats import corpus_shards
@@ -81,6 +101,16 @@ def test_a_missing_analyser_says_how_to_install_it(ko_corpus, tmp_path, monkeypa
     finally:
         korean.analyser.cache_clear()
     assert r.exit_code == 1 and "pip install 'bertkit[korean]'" in r.output and "Traceback" not in r.output
+    korean.analyser.cache_clear()
+    monkeypatch.setitem(sys.modules, "kiwipiepy", None)  # the default, auto, takes kiwi for a Korean corpus
+    try:
+        r = CliRunner().invoke(main, ["train-tokenizer", str(ko_corpus), "--out", str(tmp_path / "t"),
+                                      "--no-progress"])
+    finally:
+        korean.analyser.cache_clear()
+    assert r.exit_code == 1 and "pip install 'bertkit[korean]'" in r.output and "Traceback" not in r.output
+    assert "--pretokenize auto chose kiwi for this Korean corpus; --pretokenize none trains plain" in r.output
+    assert not (tmp_path / "t" / "vocab.txt").exists()
 
 
 def test_korean_legacy_encodings_and_hangul_file_names(tmp_path):
@@ -120,7 +150,7 @@ def test_the_korean_quick_start_runs_as_written(shared_data, tmp_path):
     """Every command of README.ko.md's quick start, as written, on one file of the Korean sample with a tiny
     model and 30 steps (the block's variables carry the sizes)."""
     script = quickstart_block()
-    assert all(flag in script for flag in ("--pretokenize mecab", "--splitter kss", "fill-mask", "finetune classify"))
+    assert all(flag in script for flag in ("--splitter kss", "fill-mask", "finetune classify"))
     (tmp_path / "ko").mkdir()
     (tmp_path / "ko" / "wiki_02").symlink_to(shared_data / KO_WIKI / "wiki_02")
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
@@ -130,7 +160,7 @@ def test_the_korean_quick_start_runs_as_written(shared_data, tmp_path):
                           text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = tmp_path / "out"
-    assert json.loads((out / "tokenizer" / "manifest.json").read_text())["settings"]["pretokenize"] == "mecab"
+    assert json.loads((out / "tokenizer" / "manifest.json").read_text())["settings"]["pretokenize"] == "kiwi"
     assert json.loads((out / "corpus" / "manifest.json").read_text())["options"]["splitter"] == "kss"
     assert "대한민국의 수도는 [MASK]이다." in done.stdout and re.search(r"^\s+1\. \S+", done.stdout, re.M)
     summary = json.loads((out / "finetune" / "metrics.json").read_text())

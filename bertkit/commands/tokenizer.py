@@ -30,9 +30,10 @@ from bertkit.pipelines.engine import ENGINE_HELP, ENGINES, RAY_ADDRESS_HELP
 @click.option("--vocab", "vocab_file", type=click.Path(dir_okay=False, exists=True), default=None,
               help="Use this existing vocab.txt (e.g. bert-base-uncased's) instead of training; CORPUS_DIR is then "
                    "optional and only used for the held-out statistics.")
-@click.option("--pretokenize", type=click.Choice(["none", "mecab", "kiwi"]), default="none", show_default=True,
+@click.option("--pretokenize", type=click.Choice(["auto", "none", "mecab", "kiwi"]), default="auto", show_default=True,
               help="Korean: cut words at morpheme boundaries (MeCab-ko or Kiwi) while training the vocabulary, as "
-                   "KLUE-BERT did; the tokenizer still reads raw text. Needs pip install 'bertkit[korean]'.")
+                   "KLUE-BERT did; the tokenizer still reads raw text. auto: kiwi when most of the corpus' words are "
+                   "Korean (measured best on Korean tasks), else none. Needs pip install 'bertkit[korean]'.")
 @click.option("--sample-bytes", default=None, metavar="SIZE", type=Size(),
               help="Learn the merges on at most this much text (e.g. 10GB), documents chosen by a hash of their id; "
                    "the alphabet still comes from all of the text. Default: all of it.")
