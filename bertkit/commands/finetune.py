@@ -57,9 +57,9 @@ def common_options(default_lr: float, default_epochs: float, default_batch: int,
                               "eager run's)."),
             click.option("--precision", type=click.Choice(["fp32", "bf16", "auto"]), default="auto",
                          show_default=True,
-                         help="bf16: matrix products in bf16 (autocast), weights and optimizer in fp32; faster on "
-                              "a GPU and on a CPU with bf16 units (Intel AMX). auto: bf16 where the device has "
-                              "them, else fp32 (metrics.json records which)."),
+                         help="bf16: training's matrix products in bf16 (autocast), weights and optimizer in fp32; "
+                              "faster on a GPU and on a CPU with bf16 units (Intel AMX). auto: bf16 where the device "
+                              "has them, else fp32 (metrics.json records which). Evaluation always runs in fp32."),
             click.option("--dropout", type=Real(0, 1, max_open=True),
                          help="Hidden and attention dropout while fine-tuning  [default: the model's config.json; "
                               "BERT's is 0.1]."),
