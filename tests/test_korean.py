@@ -268,5 +268,5 @@ def test_the_korean_modernbert_block_runs_as_written(shared_data, tmp_path):
 
     random, trained = (safetensors.torch.load_file(out / m / "model.safetensors") for m in ("random", "model"))
     assert random.keys() == trained.keys() and any(not random[k].equal(trained[k]) for k in random)
-    assert re.search(r"^nsmc .*\(.*0\.001\) .*(apart|overlap)$", done.stdout, re.M), done.stdout[-3000:]
+    assert re.search(r"^nsmc .*\(.*lr 0\.001\) .*(apart|overlap)$", done.stdout, re.M), done.stdout[-3000:]
     assert re.search(r"^klue-sts\s+pearson\s", done.stdout, re.M), done.stdout[-3000:]

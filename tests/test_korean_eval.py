@@ -306,8 +306,8 @@ def test_compare_two_sweeps_at_their_best_rates(tmp_path):
     assert rows["kornli"]["difference"] == pytest.approx(0.44 - 0.42) and not rows["kornli"]["apart"]
     r = CliRunner().invoke(main, ["finetune", "compare", str(random), str(trained)])
     assert r.exit_code == 0, r.output
-    assert re.search(r"^nsmc .*0\.7100 \(0\.7000-0\.7200, 0\.0001\) .*0\.7700 \(0\.7500-0\.7900, 0\.001\)\s+\+0\.0600"
-                     r"\s+apart$", r.output, re.M), r.output
+    assert re.search(r"^nsmc .*0\.7100 \(0\.7000 \.\. 0\.7200, lr 0\.0001\) .*"
+                     r"0\.7700 \(0\.7500 \.\. 0\.7900, lr 0\.001\)\s+\+0\.0600\s+apart$", r.output, re.M), r.output
     assert re.search(r"^kornli .*\+0\.0200\s+overlap$", r.output, re.M) and "korsts: in one folder only" in r.output
     plain = tmp_path / "plain"
     plain.mkdir()

@@ -292,11 +292,13 @@ def compare(first, second):
     rows = compare_sweeps(*sweeps)
     if not rows:
         raise click.ClickException(f"{first} and {second} share no task")
-    click.echo(f"first: {first}\nsecond: {second}\n{'task':<9} {'metric':<16} {'first (best rate)':>32}  "
-               f"{'second (best rate)':>32}  {'second - first':>14}  ranges")
+    head = "first: mean (min .. max, best rate)"
+    click.echo(f"first: {first}\nsecond: {second}\n{'task':<9} {'metric':<16} {head:>40}  {'second: the same':>40}  "
+               f"{'second - first':>14}  ranges")
     for r in rows:
-        a, b = (f"{s['mean']:.4f} ({s['min']:.4f}-{s['max']:.4f}, {s['rate']})" for s in (r["first"], r["second"]))
-        click.echo(f"{r['task']:<9} {r['metric']:<16} {a:>32}  {b:>32}  {r['difference']:+14.4f}  "
+        a, b = (f"{s['mean']:.4f} ({s['min']:.4f} .. {s['max']:.4f}, lr {s['rate']})" for s in (r["first"],
+                                                                                                r["second"]))
+        click.echo(f"{r['task']:<9} {r['metric']:<16} {a:>40}  {b:>40}  {r['difference']:+14.4f}  "
                    f"{'apart' if r['apart'] else 'overlap'}")
     for task in [t for t in (*sweeps[0], *sweeps[1]) if not all(t in s for s in sweeps)]:
         click.echo(f"{task}: in one folder only", err=True)
