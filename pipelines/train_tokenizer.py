@@ -335,27 +335,29 @@ def _hf_files(config: TokenizerConfig) -> tuple[dict, dict]:
     return cfg, specials
 
 
-def _korean_default(corpus_dir, per_shard: int = 1000, most_shards: int = 20) -> str:
-    """`--pretokenize auto`: kiwi when most words are Korean in the first sentences of up to 20 training shards
-    spread over the corpus, else none (the same corpus always decides the same)."""
+def _korean_default(corpus_dir, per_shard: int = 1000, most_shards: int = 20) -> tuple[str, float]:
+    """`--pretokenize auto`: (kiwi when most words are Korean in the first sentences of up to 20 training shards
+    spread over the corpus, else none; that share). The same corpus always decides the same."""
     shards = corpus_shards(corpus_dir, "train")
     shards = [shards[i * len(shards) // most_shards] for i in range(most_shards)] if len(shards) > most_shards \
         else shards
     share = korean_word_share(s for path in shards for batch in _sentence_batches([path], False, "", limit=per_shard)
                               for s in batch)
-    choice = KOREAN_DEFAULT if share >= KOREAN_SHARE else "none"
-    if choice != "none":
-        try:
-            analyser(choice)
-        except KoreanError as e:
-            raise KoreanError(f"{e} (--pretokenize auto chose {choice} for this Korean corpus; --pretokenize none "
-                              "trains plain WordPiece without it)") from None
-        from bertkit.progress import tqdm
+    return (KOREAN_DEFAULT if share >= KOREAN_SHARE else "none"), share
 
-        tqdm.write(f"train-tokenizer: {share:.0%} of the corpus' words are Korean, so the vocabulary follows "
-                   f"{choice}'s morpheme cuts (--pretokenize auto; measured best on Korean tasks, benchmarks/README.md"
-                   "); --pretokenize none trains plain WordPiece", file=sys.stderr)
-    return choice
+
+def _say_korean_default(choice: str, share: float) -> None:
+    """Before training with what auto chose: say so, and stop at once, naming the fix, if its analyser is missing."""
+    from bertkit.progress import tqdm
+
+    try:
+        analyser(choice)
+    except KoreanError as e:
+        raise KoreanError(f"{e} (--pretokenize auto chose {choice} for this Korean corpus; --pretokenize none "
+                          "trains plain WordPiece without it)") from None
+    tqdm.write(f"train-tokenizer: {share:.0%} of the corpus' words are Korean, so the vocabulary follows {choice}'s "
+               "morpheme cuts (--pretokenize auto; measured best on Korean tasks, benchmarks/README.md); "
+               "--pretokenize none trains plain WordPiece", file=sys.stderr)
 
 
 def _settings(config: TokenizerConfig) -> dict:
@@ -415,8 +417,9 @@ def _train_tokenizer(corpus_dir, out: Path, config: TokenizerConfig) -> Tokenize
     else:
         config.lowercase = True if config.lowercase is None else config.lowercase
         config.strip_accents = "latin" if config.strip_accents == "auto" else config.strip_accents
+    auto = config.pretokenize == "auto" and config.vocab_file is None
     if config.pretokenize == "auto":
-        config.pretokenize = "none" if config.vocab_file is not None else _korean_default(corpus_dir)
+        config.pretokenize, korean_share = _korean_default(corpus_dir) if auto else ("none", 0.0)
     corpus = _corpus_identity(corpus_dir)
     settings = _settings(config)
 
@@ -436,6 +439,8 @@ def _train_tokenizer(corpus_dir, out: Path, config: TokenizerConfig) -> Tokenize
         manifest_path.unlink()  # the folder is not a finished tokenizer until the new manifest is written
 
     if config.vocab_file is None:
+        if auto and config.pretokenize != "none":
+            _say_korean_default(config.pretokenize, korean_share)
         tokens = _train(corpus_dir, config)
         source = "trained"
     else:

@@ -37,7 +37,7 @@ def vocabularies(ko_corpus):
             for mode in ("none", "mecab", "kiwi")}
 
 
-def test_auto_takes_kiwi_for_a_korean_corpus_only(ko_corpus, vocabularies, tmp_path, capsys):
+def test_auto_takes_kiwi_for_a_korean_corpus_only(ko_corpus, vocabularies, tmp_path, capsys, monkeypatch):
     """--pretokenize auto (the default): a mostly Korean corpus gets kiwi's vocabulary, byte for byte, and is told;
     a corpus of other words gets plain WordPiece; a folder made before with plain WordPiece names the change."""
     from bertkit.pipelines.train_tokenizer import TokenizerConfig, train_tokenizer
@@ -47,6 +47,16 @@ def test_auto_takes_kiwi_for_a_korean_corpus_only(ko_corpus, vocabularies, tmp_p
     auto = train_tokenizer(ko_corpus, tmp_path / "auto", TokenizerConfig(vocab_size=6000, progress=False))
     assert auto.settings["pretokenize"] == "kiwi" and auto.vocab_sha256 == vocabularies["kiwi"].vocab_sha256
     assert "of the corpus' words are Korean, so the vocabulary follows kiwi" in capsys.readouterr().err
+    from bertkit.pipelines import korean
+
+    korean.analyser.cache_clear()
+    monkeypatch.setitem(sys.modules, "kiwipiepy", None)  # a finished folder is found again without the analyser
+    try:
+        again = train_tokenizer(ko_corpus, tmp_path / "auto", TokenizerConfig(vocab_size=6000, progress=False))
+    finally:
+        korean.analyser.cache_clear()
+    assert again.vocab_sha256 == auto.vocab_sha256
+    monkeypatch.undo()
     english = tmp_path / "english"
     write_corpus(english, [[["the cat sat on the mat", "a dog ran", "대한민국 is a country"]] * 20])
     plain = train_tokenizer(english, tmp_path / "en", TokenizerConfig(vocab_size=200, min_frequency=1,
