@@ -417,9 +417,9 @@ def _train_tokenizer(corpus_dir, out: Path, config: TokenizerConfig) -> Tokenize
     else:
         config.lowercase = True if config.lowercase is None else config.lowercase
         config.strip_accents = "latin" if config.strip_accents == "auto" else config.strip_accents
-    auto = config.pretokenize == "auto" and config.vocab_file is None
+    korean_share = None  # set when auto decided from the corpus
     if config.pretokenize == "auto":
-        config.pretokenize, korean_share = _korean_default(corpus_dir) if auto else ("none", 0.0)
+        config.pretokenize, korean_share = _korean_default(corpus_dir) if config.vocab_file is None else ("none", None)
     corpus = _corpus_identity(corpus_dir)
     settings = _settings(config)
 
@@ -439,7 +439,7 @@ def _train_tokenizer(corpus_dir, out: Path, config: TokenizerConfig) -> Tokenize
         manifest_path.unlink()  # the folder is not a finished tokenizer until the new manifest is written
 
     if config.vocab_file is None:
-        if auto and config.pretokenize != "none":
+        if korean_share is not None and config.pretokenize != "none":
             _say_korean_default(config.pretokenize, korean_share)
         tokens = _train(corpus_dir, config)
         source = "trained"
