@@ -56,33 +56,23 @@ class Size(click.ParamType):
             self.fail(str(e), param, ctx)
 
 
-class Shares(click.ParamType):
-    """Comma-separated numbers, e.g. 0.8,0.1,0.1; the value is a tuple of floats."""
-    name = "shares"
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, tuple):
-            return value
-        try:
-            return tuple(float(x) for x in str(value).split(","))
-        except ValueError:
-            self.fail(f"{value!r}: numbers separated by commas, such as 0.8,0.1,0.1", param, ctx)
-
-
 class NumberList(click.ParamType):
-    """Comma-separated values, each checked by `each` (a click type), e.g. 1e-4,3e-4,1e-3; a tuple, repeats dropped."""
+    """Comma-separated values, each checked by `each` (a click type), e.g. 1e-4,3e-4,1e-3; a tuple.
+
+    Repeats are dropped (a sweep's rates) unless `unique=False` (masking shares: 0.1,0.1 means two shares)."""
     name = "list"
 
-    def __init__(self, each: click.ParamType):
-        self.each = each
+    def __init__(self, each: click.ParamType, unique: bool = True, example: str = "1e-4,3e-4,1e-3"):
+        self.each, self.unique, self.example = each, unique, example
 
     def convert(self, value, param, ctx):
         if isinstance(value, tuple):
             return value
         items = [x.strip() for x in str(value).split(",")]
         if not all(items):
-            self.fail(f"{value!r}: values separated by commas, such as 1e-4,3e-4,1e-3", param, ctx)
-        return tuple(dict.fromkeys(self.each.convert(x, param, ctx) for x in items))
+            self.fail(f"{value!r}: values separated by commas, such as {self.example}", param, ctx)
+        values = tuple(self.each.convert(x, param, ctx) for x in items)
+        return tuple(dict.fromkeys(values)) if self.unique else values
 
 
 POSITIVE = Real(0, min_open=True)        # rates, weights, epochs

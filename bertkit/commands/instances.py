@@ -1,7 +1,7 @@
 """`bertkit make-instances`: maps flags onto pipelines.make_instances.InstancesConfig and runs the stage."""
 import click
 
-from bertkit.commands import PROBABILITY, Real, Shares, count, default_workers
+from bertkit.commands import PROBABILITY, NumberList, Real, count, default_workers
 from bertkit.pipelines.engine import ENGINE_HELP, ENGINES, RAY_ADDRESS_HELP
 from bertkit.recipes import RECIPES, as_flags
 
@@ -19,7 +19,8 @@ from bertkit.recipes import RECIPES, as_flags
               help="Most masked positions per instance.")
 @click.option("--masked-lm-prob", default=0.15, show_default=True, type=Real(0, 1, min_open=True, max_open=True),
               help="Share of tokens to predict (BERT 0.15; 0.3-0.4 helped larger models in Wettig et al. 2023).")
-@click.option("--mask-replace", default="0.8,0.1,0.1", show_default=True, type=Shares(),
+@click.option("--mask-replace", default="0.8,0.1,0.1", show_default=True,
+              type=NumberList(click.FLOAT, unique=False, example="0.8,0.1,0.1"),
               help="Shares of the chosen tokens replaced by [MASK], kept, replaced by a random token.")
 @click.option("--objective", type=click.Choice(["nsp", "sop", "none"]), default="nsp", show_default=True,
               help="nsp: BERT's next-sentence pairs; sop: ALBERT's sentence order (same document, swapped for "
