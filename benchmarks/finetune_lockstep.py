@@ -7,7 +7,7 @@ recipe (bertkit: train._optimizer + build_scheduler; transformers: Trainer's, as
 losses per step are printed side by side; --dropout 0.1 adds dropout (then the two draw different masks and only
 the trend can agree). --swap NAME replaces one of bertkit's parts by transformers' (optimizer: Trainer's AdamW and
 schedule) to see what each is worth. `--task squad2` does the same on the parity grid's SQuAD v2 split (unanswerable
-questions labelled [CLS]); `--compare-windows` only compares the two systems' training windows: token ids and the
+questions labelled [CLS]), `--task squad-large` on its larger v1.1 split; `--compare-windows` only compares the two systems' training windows: token ids and the
 start/end labels, window by window.
 
     python benchmarks/finetune_lockstep.py --steps 40
@@ -77,7 +77,7 @@ def compare_windows(examples, features: list, t: dict) -> None:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--task", choices=["squad", "squad2"], default="squad")
+    ap.add_argument("--task", choices=[k for k, t in TASKS.items() if t["kind"] == "squad"], default="squad")
     ap.add_argument("--compare-windows", action="store_true",
                     help="only compare bertkit's training windows and labels with transformers' (run_qa.py's)")
     ap.add_argument("--steps", type=int, default=40)
