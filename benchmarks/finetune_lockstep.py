@@ -7,8 +7,8 @@ recipe (bertkit: train._optimizer + build_scheduler; transformers: Trainer's, as
 losses per step are printed side by side; --dropout 0.1 adds dropout (then the two draw different masks and only
 the trend can agree). --swap NAME replaces one of bertkit's parts by transformers' (optimizer: Trainer's AdamW and
 schedule) to see what each is worth. `--task squad2` does the same on the parity grid's SQuAD v2 split (unanswerable
-questions labelled [CLS]), `--task squad-large` on its larger v1.1 split; `--compare-windows` only compares the two systems' training windows: token ids and the
-start/end labels, window by window.
+questions labelled [CLS]), `--task squad-large` on its larger v1.1 split; `--compare-windows` only compares the
+two systems' training windows: token ids and the start/end labels, window by window.
 
     python benchmarks/finetune_lockstep.py --steps 40
     python benchmarks/finetune_lockstep.py --task squad2 --compare-windows

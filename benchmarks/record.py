@@ -1,4 +1,5 @@
 """What every CPU benchmark records beside its numbers (date, machine, load, commit), and where it writes them."""
+import collections
 import json
 import os
 import platform
@@ -50,10 +51,18 @@ def best_ms(fn, repeats: int = 5, warmup: int = 1) -> float:
 
 def cell_in_own_process(script, argv: list) -> dict:
     """Runs `python script --cell ARGV...` (its peak memory its own, progress bars off) and returns the dict the
-    child printed on its "CELL {json}" line; a child that printed none stops the benchmark with its output's tail."""
-    proc = subprocess.run([sys.executable, str(script), "--cell", *map(str, argv)], capture_output=True, text=True,
-                          env={**os.environ, "TQDM_DISABLE": "1"})
-    line = next((x for x in proc.stdout.splitlines() if x.startswith("CELL ")), None)
-    if line is None:
-        sys.exit(f"{' '.join(map(str, argv))} failed:\n{proc.stdout[-2000:]}{proc.stderr[-3000:]}")
-    return json.loads(line[5:])
+    child printed on its "CELL {json}" line. The child's other lines pass through, indented, as they come (a cell
+    can run for hours: the log shows it resuming, its epochs); a child that printed no CELL line stops the
+    benchmark with its output's tail."""
+    tail, cell = collections.deque(maxlen=60), None
+    with subprocess.Popen([sys.executable, str(script), "--cell", *map(str, argv)], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, env={**os.environ, "TQDM_DISABLE": "1"}) as proc:
+        for line in proc.stdout:
+            if line.startswith("CELL "):
+                cell = json.loads(line[5:])
+                continue
+            tail.append(line)
+            print("  " + line, end="", flush=True)
+    if cell is None:
+        sys.exit(f"{' '.join(map(str, argv))} failed (exit status {proc.returncode}):\n{''.join(tail)}")
+    return cell
