@@ -235,11 +235,15 @@ KEYED_EPS = "1e-6"
 
 def key_flags(flags: dict) -> dict:
     """The flags a bertkit cell's key names: the given ones, plus the eps where bertkit's default is no longer the
-    one the unmarked cells ran with, so a cached cell is never taken for a run with other settings."""
+    one the unmarked cells ran with, and `predict=fp32` on bf16 cells, so a cached cell is never taken for a run
+    with other settings."""
     from bertkit.finetune.train import TrainConfig
 
     eps = flags.get("adam_eps", f"{TrainConfig.adam_eps:.0e}".replace("e-0", "e-"))
-    return {k: v for k, v in {**flags, "adam_eps": eps}.items() if (k, v) != ("adam_eps", KEYED_EPS)}
+    keyed = {**flags, "adam_eps": eps}
+    if flags.get("precision") == "bf16":  # bf16 cells predict in fp32 since 5187baa; the earlier ones in bf16
+        keyed["predict"] = "fp32"
+    return {k: v for k, v in keyed.items() if (k, v) != ("adam_eps", KEYED_EPS)}
 
 
 def main():
