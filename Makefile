@@ -32,7 +32,7 @@ browser:
 	@command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 		chromium >/dev/null) || echo "could not install chromium: the browser test will skip"
 
-# the inner loop: everything but the tests marked slow (DeepSpeed launches, the Triton interpreter), under a minute
+# the inner loop: everything but the tests marked slow (DeepSpeed launches, the Triton interpreter, end-to-end runs)
 test-fast: install
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q -m "not slow" tests
 
