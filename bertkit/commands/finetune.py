@@ -295,9 +295,11 @@ def compare(first, second):
     head = "first: mean (min .. max, best rate)"
     click.echo(f"first: {first}\nsecond: {second}\n{'task':<9} {'metric':<16} {head:>40}  {'second: the same':>40}  "
                f"{'second - first':>14}  ranges")
+    def shown(s):
+        return f"{s['mean']:.4f} ({s['min']:.4f} .. {s['max']:.4f}, lr {s['rate']})"
+
     for r in rows:
-        a, b = (f"{s['mean']:.4f} ({s['min']:.4f} .. {s['max']:.4f}, lr {s['rate']})" for s in (r["first"],
-                                                                                                r["second"]))
+        a, b = shown(r["first"]), shown(r["second"])
         click.echo(f"{r['task']:<9} {r['metric']:<16} {a:>40}  {b:>40}  {r['difference']:+14.4f}  "
                    f"{'apart' if r['apart'] else 'overlap'}")
     for task in [t for t in (*sweeps[0], *sweeps[1]) if not all(t in s for s in sweeps)]:
