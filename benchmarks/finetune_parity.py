@@ -133,6 +133,7 @@ def run_bertkit(task: str, seed: int, work: Path, out: Path, flags: dict) -> dic
         summary = finetune_squad(model, path, path, cfg, version_2=t.get("version_2", False),
                                  max_seq_length=t["max_seq_length"],
                                  window_step=int(flags.get("window_step", t["doc_stride"])),
+                                 window_overlap=int(flags["window_overlap"]) if "window_overlap" in flags else None,
                                  max_query_length=t["max_query_length"], n_best_size=t["n_best_size"],
                                  max_answer_length=t["max_answer_length"], train_articles=slice(*t["train"]),
                                  predict_articles=slice(*t["predict"]))
@@ -252,7 +253,7 @@ def main():
     ap.add_argument("--seeds", default="42,43,44")
     ap.add_argument("--systems", default="bertkit,transformers")
     ap.add_argument("--bertkit-flags", default="",
-                    help="k=v,... a bertkit variant (unpadded=1, window_step=238, adam_eps=1e-8)")
+                    help="k=v,... a bertkit variant (unpadded=1, window_step=238, window_overlap=128, adam_eps=1e-8)")
     ap.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "bertkit-finetune-parity")
     ap.add_argument("--only", choices=["report"])
     ap.add_argument("--cell", nargs=3, metavar=("SYSTEM", "TASK", "SEED"), help=argparse.SUPPRESS)

@@ -26,6 +26,34 @@ def test_windows_step_is_distance_between_starts():
     assert squad.windows(10, 4, 10) == [(0, 4), (4, 4), (8, 2)]  # a step above the window never skips tokens
 
 
+def test_window_overlap_cuts_the_windows_hf_tokenizers_cut(shared_data, tokenizer):
+    # run_qa.py's windows: the fast tokenizer's overflow of the context with `stride` tokens shared; the reference
+    # here is the tokenizers library itself, on real questions whose contexts need several windows
+    from tokenizers import Tokenizer
+
+    reference = Tokenizer.from_str(tokenizer.to_str())
+    reference.no_padding()
+    reference.enable_truncation(max_length=96, stride=24, strategy="only_second")
+    examples, _ = squad.read_squad(shared_data / "squad_v1.1" / "dev-v1.1.json", training=False,
+                                   articles=slice(0, 2))
+    features = squad.make_features(examples, tokenizer, False, max_seq_length=96, window_overlap=24,
+                                   max_query_length=64)
+    ours = {}
+    for f in features:
+        ours.setdefault(f.example_index, []).append(f.input_ids)
+    several = 0
+    for i, ex in enumerate(examples):
+        enc = reference.encode(ex.question, pair=ex.context)
+        theirs = [e.ids for e in [enc] + enc.overflowing]
+        assert ours[i] == theirs, ex.qid
+        several += len(theirs) > 1
+    assert several > 0.5 * len(examples)  # most contexts need more than one 96-token window
+    steps = squad.make_features(examples[:1], tokenizer, False, max_seq_length=96, window_step=24)
+    assert [f.input_ids for f in steps] != ours[0]  # a step of 24 is not an overlap of 24
+    with pytest.raises(ValueError, match="smaller --window-overlap"):
+        squad.make_features(examples[:1], tokenizer, False, max_seq_length=96, window_overlap=90)
+
+
 def test_max_context_rule_by_hand():
     spans = [(0, 4), (2, 4)]
     # position 3: window 0 -> min(3, 0) + .04; window 1 -> min(1, 2) + .04: window 1 wins
@@ -244,3 +272,15 @@ def test_a_v2_fine_tuning_scores_official_and_tuned_keys(tmp_path):
     assert {"exact", "f1", "HasAns_f1", "NoAns_f1", "best_f1", "tuned_f1", "tuned_f1_thresh"} <= set(scores)
     assert scores["tuned_f1"] >= scores["f1"] - 1e-9 and scores["tuned_exact"] >= scores["exact"] - 1e-9
     assert set(json.loads((tmp_path / "out" / "null_odds.json").read_text())) == {str(i) for i in range(12)}
+
+
+def test_window_step_and_overlap_together_are_refused(tmp_path):
+    from click.testing import CliRunner
+
+    from bertkit.cli import main as cli
+
+    (tmp_path / "dev.json").write_text(json.dumps({"version": "1.1", "data": []}))
+    result = CliRunner().invoke(cli, ["finetune", "squad", "--model", str(tmp_path), "--out", str(tmp_path / "o"),
+                                      "--predict-file", str(tmp_path / "dev.json"), "--window-step", "64",
+                                      "--window-overlap", "128"])
+    assert result.exit_code == 2 and "give one" in result.output, result.output

@@ -156,6 +156,9 @@ def finetune():
 @click.option("--window-step", default=128, show_default=True, type=count(1),
               help="Tokens between the starts of consecutive context windows (run_squad.py's doc_stride; "
                    "NOT HF's `stride`, which is the overlap = window length - step).")
+@click.option("--window-overlap", default=None, type=count(0),
+              help="Instead of --window-step: consecutive windows share this many context tokens (HF's `stride`, "
+                   "run_qa.py's --doc_stride), so the step depends on each question's length.")
 @click.option("--max-query-length", default=64, show_default=True, type=count(1))
 @click.option("--n-best-size", default=20, show_default=True, type=count(1))
 @click.option("--max-answer-length", default=30, show_default=True, type=count(1), help="In tokens.")
@@ -172,10 +175,14 @@ def squad(**kw):
     """SQuAD v1.1 / v2.0 span extraction; writes predictions.json, nbest_predictions.json (and null_odds.json)."""
     from bertkit.finetune.squad import finetune_squad, parse_articles
 
+    source = click.get_current_context().get_parameter_source("window_step")
+    if kw["window_overlap"] is not None and source is not click.core.ParameterSource.DEFAULT:
+        raise click.UsageError("--window-step and --window-overlap are two ways to place windows: give one")
     cfg = _train_config(kw)
     summary = finetune_squad(kw["model_path"], kw["train_file"], kw["predict_file"], cfg,
                              version_2=kw["version_2"], max_seq_length=kw["max_seq_length"],
-                             window_step=kw["window_step"], max_query_length=kw["max_query_length"],
+                             window_step=kw["window_step"], window_overlap=kw["window_overlap"],
+                             max_query_length=kw["max_query_length"],
                              n_best_size=kw["n_best_size"], max_answer_length=kw["max_answer_length"],
                              null_score_diff_threshold=kw["null_score_diff_threshold"],
                              train_articles=parse_articles(kw["train_articles"]),

@@ -3,7 +3,8 @@
 Windows follow google-research/bert's run_squad.py: a window holds [CLS] question [SEP] context-piece [SEP],
 at most `max_seq_length` tokens, the question cut to `max_query_length` tokens, and window starts are
 `window_step` tokens apart (the reference's `doc_stride`). HF tokenizers' `stride` is something else: the
-number of tokens two windows *overlap* (overlap = window length - window_step). A context token that falls in
+number of tokens two windows *overlap* (overlap = window length - window_step); `window_overlap` cuts windows that
+way instead (run_qa.py's, so the step depends on the question's length). A context token that falls in
 several windows is answered only from the window where it has the most context on both sides (max-context rule).
 
 Answers map between characters and tokens through the tokenizer's character offsets, so the predicted text is
@@ -183,9 +184,11 @@ def prepare_tokenizer(tokenizer):
 
 
 def make_features(examples, tokenizer, training: bool, max_seq_length: int = 384, window_step: int = 128,
-                  max_query_length: int = 64, stats: dict | None = None):
+                  max_query_length: int = 64, stats: dict | None = None, window_overlap: int | None = None):
     """SquadFeature list. In training, a window without the whole answer (or an unanswerable question) points at
-    [CLS] (start = end = 0), as the reference does. `stats` (a dict) receives counts of unmappable answers."""
+    [CLS] (start = end = 0), as the reference does. `stats` (a dict) receives counts of unmappable answers.
+    `window_overlap` (instead of `window_step`): consecutive windows share this many context tokens, as HF
+    tokenizers' `stride` and run_qa.py's `--doc_stride` cut them."""
     prepare_tokenizer(tokenizer)
     cls_id, sep_id = tokenizer.token_to_id(CLS), tokenizer.token_to_id(SEP)
     contexts = {}  # many questions share a paragraph: tokenize each once
@@ -205,6 +208,11 @@ def make_features(examples, tokenizer, training: bool, max_seq_length: int = 384
         max_doc = max_tokens - len(q_ids)
         if max_doc <= 0:
             raise ValueError(f"max_seq_length {max_seq_length} leaves no room for the context")
+        step = window_step if window_overlap is None else max_doc - window_overlap
+        if step < 1:
+            raise ValueError(f"a window overlap of {window_overlap} tokens leaves no step: a question of "
+                             f"{len(q_ids)} tokens leaves {max_doc} for the context at max_seq_length "
+                             f"{max_seq_length}; give a smaller --window-overlap")
         answer_span = None
         if training and not ex.is_impossible:
             text, start = ex.answers[0]
@@ -212,7 +220,7 @@ def make_features(examples, tokenizer, training: bool, max_seq_length: int = 384
             if answer_span is None:
                 stats["unmappable_answers"] += 1
                 continue  # an answer made only of characters the tokenizer drops (e.g. whitespace)
-        spans = windows(len(doc_ids), max_doc, window_step)
+        spans = windows(len(doc_ids), max_doc, step)
         for span_index, (start, length) in enumerate(spans):
             input_ids = [cls_id] + q_ids + [sep_id] + doc_ids[start:start + length] + [sep_id]
             type_ids = [0] * (len(q_ids) + 2) + [1] * (length + 1)
@@ -323,8 +331,9 @@ def tuned_threshold_scores(dataset: list, nbest: dict, null_odds: dict) -> dict:
 # ---------------------------------------------------------------- the run
 
 def finetune_squad(model_path, train_file, predict_file, cfg, *, version_2: bool = False,
-                   max_seq_length: int = 384, window_step: int = 128, max_query_length: int = 64,
-                   n_best_size: int = 20, max_answer_length: int = 30, null_score_diff_threshold: float = 0.0,
+                   max_seq_length: int = 384, window_step: int = 128, window_overlap: int | None = None,
+                   max_query_length: int = 64, n_best_size: int = 20, max_answer_length: int = 30,
+                   null_score_diff_threshold: float = 0.0,
                    train_articles: slice | None = None, predict_articles: slice | None = None,
                    every_nth_train_question: int = 1, every_nth_predict_question: int = 1,
                    max_train_questions: int | None = None, max_predict_questions: int | None = None, scorer=None,
@@ -338,7 +347,8 @@ def finetune_squad(model_path, train_file, predict_file, cfg, *, version_2: bool
     from bertkit.tokenization import load_tokenizer
 
     tokenizer = load_tokenizer(model_path)
-    window = dict(max_seq_length=max_seq_length, window_step=window_step, max_query_length=max_query_length)
+    window = dict(max_seq_length=max_seq_length, window_step=window_step, window_overlap=window_overlap,
+                  max_query_length=max_query_length)
     stats = {}
     train_rows = []
     if train_file:
