@@ -418,6 +418,10 @@ def main(argv=None):
         d = prepare(args.work, arm)
         corpus = json.loads((d["corpus"] / "manifest.json").read_text())
         results["corpus"] = corpus["totals"]   # files, bytes, documents, sentences: how much Korean text
+        recorded = results.get(f"{arm.vocab}vocab_sha256")
+        if recorded and vocab_checksum(d["tokenizer"]) != recorded:  # say so now, not after hours of pretraining
+            raise SystemExit(f"{d['tokenizer']}: this tokenizer differs from the one the recorded scores used "
+                             f"({recorded[:12]}...); its starts would not be comparable")
     if args.only == "random":
         random = random_start(args.work, d["instances"], arm)
         sweep(args.work, f"{prefix}random", random, results, save, tasks=args.tasks, vocab=arm.vocab,
@@ -428,7 +432,8 @@ def main(argv=None):
         sweep(args.work, REFERENCE, model_dir(), results, save, rates=REFERENCE_RATES, tasks=args.tasks,
               unpadded=True, seeds=args.seeds)
     if args.only in (None, "pretrain"):
-        arm_pace = results[f"{prefix}pace"] = pace(args.work, d["instances"], arm)
+        # the recorded pace, where there is one: a fresh --work must not re-measure it (another step count)
+        arm_pace = results[f"{prefix}pace"] = results.get(f"{prefix}pace") or pace(args.work, d["instances"], arm)
         export_dir = pretrain_hours(args.work, d["instances"], args.hours, arm_pace["steps_per_s"], arm)
         results["runs"][prefix + hours] = {"steps": round(args.hours * 3600 * arm_pace["steps_per_s"]),
                                            "curve": timed_curve(args.work / f"ko-{prefix}run-{hours}"),
