@@ -73,6 +73,7 @@ def train_loop(model, batches: "ShuffledBatches", total_steps: int, lr: float, w
                 torch.save(state, buffer)
                 atomic_write_bytes(state_path, buffer.getvalue())
                 last_save = time.time()
+                print(f"peer: step {step} of {total_steps}, loss {loss.item():.4f}, saved", flush=True)  # progress
         skip = 0
     model.eval()
     return earlier
