@@ -277,6 +277,7 @@ def main():
                     print(f"{key} ...", flush=True)
                     got = cell_in_own_process(__file__, [system, task, seed, "--work", args.work,
                                                          "--bertkit-flags", args.bertkit_flags])
+                    result = load()  # what another sweep wrote into the same file meanwhile stays
                     result["cells"][key] = {**got, **run_info(RESULT)}
                     write_result(RESULT, result)
                     report(result)
