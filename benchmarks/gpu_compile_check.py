@@ -2,9 +2,9 @@
 
 On an H200 (2026-11-27, torch 2.11) `finetune classify --compile` stopped at its first step with inductor's
 "NotImplementedError: SliceView" while the pretraining step compiled (benchmarks/pretrain_step.py: full 128/512-token
-batches). Two suspects were then removed without a GPU to confirm it (the packed path's padded grid is gathered,
-no longer a sliced view, and 8-aligned, so SDPA's mask needs no padding). This runs the same command on a small
-random BERT and random sentences of uneven lengths in each layout, so the failing one, and with
+batches). On 2026-11-28 the trace (bertkit.errors.compile_failure made to re-raise) named searchsorted over the sliced
+cu_seqlens[1:]; with the whole tensor searched every variant passed (benchmarks/README.md). This runs the same command
+on a small random BERT and random sentences of uneven lengths in each layout, so a failing one, and with
 TORCHDYNAMO_VERBOSE its op, shows:
 
     python benchmarks/gpu_compile_check.py --out gpu_out/compile_check.json

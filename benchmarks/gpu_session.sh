@@ -16,7 +16,8 @@
 #   benchmarks/gpu_session.sh step512 the 512 row of `step`, compiled and CUDA-graph runs included (~5 min)
 #   benchmarks/gpu_session.sh compile `finetune --compile` packed and padded (it failed packed on an H200, 2026-11-27),
 #                                     and eager --kernels auto's first check on the GPU, timed (5 runs, <= 9 min)
-# The next 15-minute lease (as of 2026-11-27): `compile` (why finetune --compile failed on the H200), then `step512`.
+# 2026-11-28's lease ran `compile` then `step512` in one call (8.3 min on an H200) and found and checked the compile
+# fix. The next lease: `profile` (where the eager Triton step at 128 still loses to PyTorch's ops), then `host`.
 # Logs and JSON go to $OUT (or ./gpu_out). The device image has torch and triton but not bertkit's small
 # compiled dependencies: carry them as wheels in .whl/ (the device tool's README says how); no deepspeed needed.
 set -uo pipefail

@@ -1,4 +1,5 @@
 """The errors a stage raises about a folder or file it reads, below formats and fileio so both can raise them."""
+import os
 from pathlib import Path
 
 
@@ -31,7 +32,10 @@ class DamagedFileError(FormatError):
 
 def compile_failure(error: BaseException, fix: str) -> str | None:
     """The one-line message for an error of torch.compile's (TorchDynamo's or Inductor's: a compiler's problem,
-    not the user's data or settings), None for any other error. Matched by class name, so this module needs no torch."""
+    not the user's data or settings), None for any other error, and None under TORCHDYNAMO_VERBOSE=1, so the
+    compiler's trace that the message points to is shown. Matched by class name, so this module needs no torch."""
+    if os.environ.get("TORCHDYNAMO_VERBOSE", "0") not in ("", "0"):
+        return None
     if not any(c.__name__ == "TorchDynamoException" and c.__module__ == "torch._dynamo.exc"
                for c in type(error).__mro__):
         return None

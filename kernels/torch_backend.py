@@ -123,7 +123,7 @@ def _packed_index(cu_seqlens, total: int):
     """(sequence, position) of each packed token, on the device."""
     cu = cu_seqlens.to(torch.int64)
     t = torch.arange(total, device=cu.device)
-    seq = torch.searchsorted(cu[1:], t, right=True)
+    seq = torch.searchsorted(cu, t, right=True) - 1  # not over cu[1:]: see bert.packed_rows_and_positions
     return seq, t - cu[seq]
 
 
@@ -134,10 +134,8 @@ def _varlen_by_padding(q, k, v, cu_seqlens, max_seqlen, dropout_p, softmax_scale
     lengths = cu[1:] - cu[:-1]
     # Each cell (sequence b, position p) of the padded grid gathers packed token cu[b] + p, and cells past a
     # sequence's end are zeroed (torch.where also zeroes their gradients, so nothing flows back from them).
-    # Gathering leaves no sliced view at attention's inputs (a scatter into a grid with a spare row did:
-    # Inductor's CUDA lowering of SDPA in torch 2.11 has failed on a sliced input, "SliceView").
     # A width that is a multiple of 8 keeps the key mask's rows aligned as CUDA's SDPA kernels want them, so
-    # Inductor has no mask to pad and slice back (the other suspect for that failure); at most 7 idle columns.
+    # Inductor has no mask to pad and slice back; at most 7 idle columns.
     width = -(-max_seqlen // 8) * 8
     position = torch.arange(width, device=q.device)
     source = (cu[:-1, None] + position).clamp(max=max(total - 1, 0)).reshape(-1)

@@ -33,6 +33,16 @@ def test_a_compile_failure_becomes_one_line_with_the_fix_and_nothing_else_does()
     assert compile_failure(ValueError("bad row"), "x") is None
 
 
+def test_torchdynamo_verbose_lets_the_compilers_trace_through(monkeypatch):
+    """The one-line message says TORCHDYNAMO_VERBOSE=1 shows the trace: then the error itself must propagate (on an
+    H200 the one line hid the op that failed even with it set)."""
+    error = a_real_compile_error()
+    monkeypatch.setenv("TORCHDYNAMO_VERBOSE", "1")
+    assert compile_failure(error, "leave it out") is None
+    monkeypatch.setenv("TORCHDYNAMO_VERBOSE", "0")
+    assert compile_failure(error, "leave it out").startswith("torch.compile could not compile this model")
+
+
 def test_the_commands_print_the_compile_failure_and_let_other_errors_through(tmp_path, monkeypatch):
     error = a_real_compile_error()
 

@@ -50,6 +50,22 @@ def test_collate_packed_lays_rows_end_to_end():
     assert torch.equal(packed["next_sentence_label"], padded["next_sentence_label"])
 
 
+@pytest.mark.parametrize("lengths, total", [([9, 2, 13], 24), ([4, 0, 3], 7), ([5, 1], 9), ([1], 1)])
+def test_packed_token_owner_and_position_against_a_loop(lengths, total):
+    """Each packed token's sequence and position, from both index helpers (the model's and the torch attention
+    backend's), equal a plain walk over the sequences; a tail past cu_seqlens[-1] (rounded-up packing) belongs to
+    row B at position 0 in the model, and an empty sequence owns no token."""
+    from bertkit.kernels import torch_backend
+
+    cu = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32)
+    owner = [b for b, n in enumerate(lengths) for _ in range(n)] + [len(lengths)] * (total - int(cu[-1]))
+    position = [p for n in lengths for p in range(n)] + [0] * (total - int(cu[-1]))
+    row, pos = bm.packed_rows_and_positions(cu, total)
+    assert row.tolist() == owner and pos.tolist() == position
+    seq, seq_pos = torch_backend._packed_index(cu, int(cu[-1]))  # attention sees the real tokens only
+    assert seq.tolist() == owner[:int(cu[-1])] and seq_pos.tolist() == position[:int(cu[-1])]
+
+
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_packed_forward_and_backward_match_padded(checkpointing):
     cfg = BertConfig(vocab_size=101, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,

@@ -159,7 +159,9 @@ def packed_rows_and_positions(cu_seqlens, total_tokens):
     past cu_seqlens[-1] gets row B (one past the last) and position 0."""
     cu = cu_seqlens.long()
     t = torch.arange(total_tokens, device=cu.device)
-    row = torch.searchsorted(cu[1:], t, right=True)
+    # cu[0] is 0, so this equals searchsorted(cu[1:], t); over the sliced cu[1:], Inductor's CUDA lowering (torch
+    # 2.11) stopped `--compile` with "NotImplementedError: SliceView" (traced on an H200, 2026-11-28)
+    row = torch.searchsorted(cu, t, right=True) - 1
     return row, (t - cu[row]).masked_fill(row == len(cu) - 1, 0)
 
 
