@@ -130,10 +130,11 @@ def run_bertkit(task: str, seed: int, work: Path, out: Path, flags: dict) -> dic
         from bertkit.finetune.squad import finetune_squad
 
         path = SHARED / t["file"]
+        overlap = int(flags["window_overlap"]) if "window_overlap" in flags else None  # instead of the step
         summary = finetune_squad(model, path, path, cfg, version_2=t.get("version_2", False),
                                  max_seq_length=t["max_seq_length"],
-                                 window_step=int(flags.get("window_step", t["doc_stride"])),
-                                 window_overlap=int(flags["window_overlap"]) if "window_overlap" in flags else None,
+                                 window_step=None if overlap else int(flags.get("window_step", t["doc_stride"])),
+                                 window_overlap=overlap,
                                  max_query_length=t["max_query_length"], n_best_size=t["n_best_size"],
                                  max_answer_length=t["max_answer_length"], train_articles=slice(*t["train"]),
                                  predict_articles=slice(*t["predict"]))

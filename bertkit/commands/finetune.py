@@ -176,12 +176,14 @@ def squad(**kw):
     from bertkit.finetune.squad import finetune_squad, parse_articles
 
     source = click.get_current_context().get_parameter_source("window_step")
-    if kw["window_overlap"] is not None and source is not click.core.ParameterSource.DEFAULT:
+    step_given = source is not click.core.ParameterSource.DEFAULT
+    if kw["window_overlap"] is not None and step_given:
         raise click.UsageError("--window-step and --window-overlap are two ways to place windows: give one")
     cfg = _train_config(kw)
     summary = finetune_squad(kw["model_path"], kw["train_file"], kw["predict_file"], cfg,
                              version_2=kw["version_2"], max_seq_length=kw["max_seq_length"],
-                             window_step=kw["window_step"], window_overlap=kw["window_overlap"],
+                             window_step=kw["window_step"] if step_given else None,
+                             window_overlap=kw["window_overlap"],
                              max_query_length=kw["max_query_length"],
                              n_best_size=kw["n_best_size"], max_answer_length=kw["max_answer_length"],
                              null_score_diff_threshold=kw["null_score_diff_threshold"],

@@ -149,6 +149,9 @@ def char_span_to_tokens(offsets, char_start: int, char_end: int):
     return first, last
 
 
+WINDOW_STEP = 128  # google-research/bert's doc_stride: measured against run_qa.py's overlap in bertkit/finetune/README.md
+
+
 def windows(num_tokens: int, max_tokens: int, window_step: int):
     """[(start, length)] of the sliding windows over a context of `num_tokens` tokens (run_squad.py's doc spans)."""
     spans, start = [], 0
@@ -183,12 +186,15 @@ def prepare_tokenizer(tokenizer):
     return tokenizer
 
 
-def make_features(examples, tokenizer, training: bool, max_seq_length: int = 384, window_step: int = 128,
+def make_features(examples, tokenizer, training: bool, max_seq_length: int = 384, window_step: int | None = None,
                   max_query_length: int = 64, stats: dict | None = None, window_overlap: int | None = None):
     """SquadFeature list. In training, a window without the whole answer (or an unanswerable question) points at
     [CLS] (start = end = 0), as the reference does. `stats` (a dict) receives counts of unmappable answers.
     `window_overlap` (instead of `window_step`): consecutive windows share this many context tokens, as HF
-    tokenizers' `stride` and run_qa.py's `--doc_stride` cut them."""
+    tokenizers' `stride` and run_qa.py's `--doc_stride` cut them. Neither given: windows 128 tokens apart."""
+    if window_step is not None and window_overlap is not None:
+        raise ValueError("window_step and window_overlap are two ways to place windows: give one")
+    window_step = window_step or WINDOW_STEP
     prepare_tokenizer(tokenizer)
     cls_id, sep_id = tokenizer.token_to_id(CLS), tokenizer.token_to_id(SEP)
     contexts = {}  # many questions share a paragraph: tokenize each once
@@ -331,7 +337,7 @@ def tuned_threshold_scores(dataset: list, nbest: dict, null_odds: dict) -> dict:
 # ---------------------------------------------------------------- the run
 
 def finetune_squad(model_path, train_file, predict_file, cfg, *, version_2: bool = False,
-                   max_seq_length: int = 384, window_step: int = 128, window_overlap: int | None = None,
+                   max_seq_length: int = 384, window_step: int | None = None, window_overlap: int | None = None,
                    max_query_length: int = 64, n_best_size: int = 20, max_answer_length: int = 30,
                    null_score_diff_threshold: float = 0.0,
                    train_articles: slice | None = None, predict_articles: slice | None = None,
