@@ -149,7 +149,7 @@ def char_span_to_tokens(offsets, char_start: int, char_end: int):
     return first, last
 
 
-WINDOW_STEP = 128  # google-research/bert's doc_stride: measured against run_qa.py's overlap in bertkit/finetune/README.md
+WINDOW_STEP = 128  # google-research/bert's doc_stride; against run_qa.py's overlap: bertkit/finetune/README.md
 
 
 def windows(num_tokens: int, max_tokens: int, window_step: int):
