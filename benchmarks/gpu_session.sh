@@ -3,7 +3,8 @@
 #   benchmarks/gpu_session.sh check   check-gpu (every shipped tile configuration) + the CUDA tests
 #   benchmarks/gpu_session.sh bench   attention, LayerNorm and pretraining-step benchmarks
 #   benchmarks/gpu_session.sh profile the BERT-base step at 128 tokens under torch.profiler, each backend
-#   benchmarks/gpu_session.sh host    host (CPU) microseconds per call of each layer of the Triton path
+#   benchmarks/gpu_session.sh host    host (CPU) microseconds per call of each layer of the Triton path, and of one
+#                                     Triton launch: kernel[grid] against the compiled kernel launched directly
 #   benchmarks/gpu_session.sh quick   the CUDA kernel tests, host overhead and the BERT-base step at 128 (after a change)
 #   benchmarks/gpu_session.sh tune    the LayerNorm launch-shape sweep, LayerNorm again, attention with dropout
 #   benchmarks/gpu_session.sh modernbert  ModernBERT's global and local attention (RoPE, window) vs FlexAttention, SDPA,
@@ -104,6 +105,8 @@ for seq in (128, 512):
     ;;
   host)
     timeout 200 python3 benchmarks/host_overhead.py --out "$OUT/host_overhead.json" 2>&1 | tee "$OUT/host_overhead.log"
+    # one Triton launch the usual way against the compiled kernel launched directly: is a cached launch worth it?
+    timeout 120 python3 benchmarks/triton_launch.py --out "$OUT/triton_launch.json" 2>&1 | tee "$OUT/triton_launch.log"
     ;;
   quick)
     timeout 150 python3 -m pytest -q -p no:cacheprovider -k "not under_interpreter and not interpreter" \
