@@ -284,7 +284,7 @@ def test_window_step_and_overlap_together_are_refused(tmp_path):
                                       "--predict-file", str(tmp_path / "dev.json"), "--window-step", "64",
                                       "--window-overlap", "128"])
     assert result.exit_code == 2 and "give one" in result.output, result.output
-    # from Python too: both given is refused (it let the overlap win silently), neither gives 128-token steps
+    # from Python too: both given is refused (it let the overlap win silently)
     with pytest.raises(ValueError, match="give one"):
         squad.make_features([squad.SquadExample("q0", "Where?", "here", [])], None, False, window_step=64,
                             window_overlap=128)

@@ -194,7 +194,7 @@ def make_features(examples, tokenizer, training: bool, max_seq_length: int = 384
     tokenizers' `stride` and run_qa.py's `--doc_stride` cut them. Neither given: windows 128 tokens apart."""
     if window_step is not None and window_overlap is not None:
         raise ValueError("window_step and window_overlap are two ways to place windows: give one")
-    window_step = window_step or WINDOW_STEP
+    window_step = WINDOW_STEP if window_step is None else window_step
     prepare_tokenizer(tokenizer)
     cls_id, sep_id = tokenizer.token_to_id(CLS), tokenizer.token_to_id(SEP)
     contexts = {}  # many questions share a paragraph: tokenize each once
