@@ -131,9 +131,10 @@ def run_bertkit(task: str, seed: int, work: Path, out: Path, flags: dict) -> dic
 
         path = SHARED / t["file"]
         overlap = int(flags["window_overlap"]) if "window_overlap" in flags else None  # instead of the step
+        step = None if overlap is not None else int(flags.get("window_step", t["doc_stride"]))
         summary = finetune_squad(model, path, path, cfg, version_2=t.get("version_2", False),
                                  max_seq_length=t["max_seq_length"],
-                                 window_step=None if overlap else int(flags.get("window_step", t["doc_stride"])),
+                                 window_step=step,
                                  window_overlap=overlap,
                                  max_query_length=t["max_query_length"], n_best_size=t["n_best_size"],
                                  max_answer_length=t["max_answer_length"], train_articles=slice(*t["train"]),
