@@ -13,6 +13,8 @@ attention_varlen(q, k, v, cu_seqlens, max_seqlen, dropout_p, softmax_scale)
 add_layer_norm(x, residual, weight, bias, eps, dropout_p, prenorm=False)
     LayerNorm(dropout(x) + residual) over the last dim; residual may be None. prenorm=True returns the sum too,
     (LayerNorm(h), h): a pre-LN encoder's residual stream h and the next sub-layer's input, from one fused pass.
+packed_rows_and_positions(cu_seqlens, total_tokens)
+    Each packed token's sequence and position in it (the model's pooling and the torch backend share this lookup).
 
 Backends, chosen with `use(name)` (the CLI's --kernels) or the BERTKIT_KERNELS environment variable:
   triton     our kernels (kernels/attention.py, kernels/layer_norm.py; torch.library ops bertkit::flash_attn_fwd/bwd,
@@ -29,7 +31,7 @@ import os
 
 import torch
 
-from .common import INTERPRET
+from .common import INTERPRET, packed_rows_and_positions
 from .reference import add_layer_norm_reference, attention_reference, attention_varlen_reference
 from .torch_backend import add_layer_norm_torch, attention_torch, attention_varlen_torch
 

@@ -22,6 +22,17 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def packed_rows_and_positions(cu_seqlens, total_tokens: int):
+    """(T,) sequence of each packed token and (T,) its position within it; on the device (no host sync). A tail
+    past cu_seqlens[-1] gets row B (one past the last) and position 0."""
+    cu = cu_seqlens.long()
+    t = torch.arange(total_tokens, device=cu.device)
+    # cu[0] is 0, so this equals searchsorted(cu[1:], t); over the sliced cu[1:], Inductor's CUDA lowering (torch
+    # 2.11) stopped `--compile` with "NotImplementedError: SliceView" (traced on an H200, 2026-11-28)
+    row = torch.searchsorted(cu, t, right=True) - 1
+    return row, (t - cu[row]).masked_fill(row == len(cu) - 1, 0)
+
+
 def next_power_of_2(n: int) -> int:
     """The least power of two >= n (0 for 0, as triton's), in plain Python (triton.next_power_of_2: as cdiv)."""
     return 1 << (n - 1).bit_length() if n > 0 else 0

@@ -19,6 +19,7 @@ import os
 import torch
 import torch.nn.functional as F
 
+from .common import packed_rows_and_positions
 from .reference import add_layer_norm_reference, cached_rotary_tables
 
 VARLEN_IMPLS = ("auto", "pad", "njt", "varlen", "documents")
@@ -83,8 +84,7 @@ def turn_padded(q, k, theta: float):
 def turn_packed(q, k, cu_seqlens, table_len: int, theta: float):
     """q and k (T, H, D) turned by rotary embeddings, each token at its position in its sequence (table_len: a bound
     on every length). Tokens past cu_seqlens[-1] belong to no sequence: any angle, their rows are dropped."""
-    seq, pos = _packed_index(cu_seqlens, q.shape[0])
-    pos = torch.where(seq < cu_seqlens.numel() - 1, pos, 0)
+    pos = packed_rows_and_positions(cu_seqlens, q.shape[0])[1]
     cos, sin = cached_rotary_tables(table_len, q.shape[-1], theta, q.device)
     cos, sin = cos[pos][:, None], sin[pos][:, None]
     return rotate(q, cos, sin), rotate(k, cos, sin)
@@ -119,14 +119,6 @@ def attention_torch(q, k, v, lengths, dropout_p=0.0, softmax_scale=None, window=
     return torch.where(rows[:, :, None, None], out.transpose(1, 2), 0.0).to(q.dtype)
 
 
-def _packed_index(cu_seqlens, total: int):
-    """(sequence, position) of each packed token, on the device."""
-    cu = cu_seqlens.to(torch.int64)
-    t = torch.arange(total, device=cu.device)
-    seq = torch.searchsorted(cu, t, right=True) - 1  # not over cu[1:]: see bert.packed_rows_and_positions
-    return seq, t - cu[seq]
-
-
 def _varlen_by_padding(q, k, v, cu_seqlens, max_seqlen, dropout_p, softmax_scale, window=None, rope_theta=None):
     total, heads, dim = q.shape
     batch = cu_seqlens.numel() - 1
@@ -143,7 +135,7 @@ def _varlen_by_padding(q, k, v, cu_seqlens, max_seqlen, dropout_p, softmax_scale
     grid = torch.where(inside, torch.stack((q, k, v), 1).index_select(0, source), 0.0)
     qp, kp, vp = grid.view(batch, width, 3, heads, dim).unbind(2)
     out = attention_torch(qp, kp, vp, lengths, dropout_p, softmax_scale, window, rope_theta, zero_padding=False)
-    seq, pos = _packed_index(cu_seqlens, total)
+    seq, pos = packed_rows_and_positions(cu_seqlens, total)
     valid = seq < batch  # tokens past cu_seqlens[-1] belong to no sequence: zero out
     slot = torch.where(valid, seq * width + pos, 0)
     out = out.reshape(batch * width, heads, dim).index_select(0, slot)

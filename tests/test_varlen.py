@@ -7,6 +7,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from bertkit import kernels
 from bertkit.config import BertConfig
 from bertkit.data import InstanceDataset, collate, collate_packed
 from bertkit.models import bert as bm
@@ -52,18 +53,14 @@ def test_collate_packed_lays_rows_end_to_end():
 
 @pytest.mark.parametrize("lengths, total", [([9, 2, 13], 24), ([4, 0, 3], 7), ([5, 1], 9), ([1], 1)])
 def test_packed_token_owner_and_position_against_a_loop(lengths, total):
-    """Each packed token's sequence and position, from both index helpers (the model's and the torch attention
-    backend's), equal a plain walk over the sequences; a tail past cu_seqlens[-1] (rounded-up packing) belongs to
-    row B at position 0 in the model, and an empty sequence owns no token."""
-    from bertkit.kernels import torch_backend
-
+    """Each packed token's sequence and position (the one lookup the model and the torch attention backend share)
+    equal a plain walk over the sequences; a tail past cu_seqlens[-1] (rounded-up packing) belongs to row B at
+    position 0, and an empty sequence owns no token."""
     cu = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32)
     owner = [b for b, n in enumerate(lengths) for _ in range(n)] + [len(lengths)] * (total - int(cu[-1]))
     position = [p for n in lengths for p in range(n)] + [0] * (total - int(cu[-1]))
-    row, pos = bm.packed_rows_and_positions(cu, total)
+    row, pos = kernels.packed_rows_and_positions(cu, total)
     assert row.tolist() == owner and pos.tolist() == position
-    seq, seq_pos = torch_backend._packed_index(cu, int(cu[-1]))  # attention sees the real tokens only
-    assert seq.tolist() == owner[:int(cu[-1])] and seq_pos.tolist() == position[:int(cu[-1])]
 
 
 @pytest.mark.parametrize("checkpointing", [False, True])

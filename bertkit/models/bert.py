@@ -154,20 +154,9 @@ def sequence_lengths(input_ids, attention_mask):
     return attention_mask.sum(1, dtype=torch.int32)
 
 
-def packed_rows_and_positions(cu_seqlens, total_tokens):
-    """(T,) sequence of each packed token and (T,) its position within it; on the device (no host sync). A tail
-    past cu_seqlens[-1] gets row B (one past the last) and position 0."""
-    cu = cu_seqlens.long()
-    t = torch.arange(total_tokens, device=cu.device)
-    # cu[0] is 0, so this equals searchsorted(cu[1:], t); over the sliced cu[1:], Inductor's CUDA lowering (torch
-    # 2.11) stopped `--compile` with "NotImplementedError: SliceView" (traced on an H200, 2026-11-28)
-    row = torch.searchsorted(cu, t, right=True) - 1
-    return row, (t - cu[row]).masked_fill(row == len(cu) - 1, 0)
-
-
 def packed_position_ids(cu_seqlens, total_tokens):
     """(T,) position of each packed token within its own sequence."""
-    return packed_rows_and_positions(cu_seqlens, total_tokens)[1]
+    return kernels.packed_rows_and_positions(cu_seqlens, total_tokens)[1]
 
 
 class BertModel(nn.Module):
@@ -286,7 +275,8 @@ def mean_over_tokens(h, attention_mask=None, cu_seqlens=None):
     """Each sequence's mean last-layer vector: (B, S, H) over its attention_mask, or packed (T, H) by cu_seqlens."""
     if cu_seqlens is not None:
         lengths = cu_seqlens.long().diff()
-        owner = packed_rows_and_positions(cu_seqlens, h.shape[0])[0]  # a tail's tokens: row B, summed then dropped
+        # a tail's tokens: row B, summed then dropped
+        owner = kernels.packed_rows_and_positions(cu_seqlens, h.shape[0])[0]
         sums = h.new_zeros(len(lengths) + 1, h.shape[-1]).index_add_(0, owner, h)[:-1]
         return sums / lengths.unsqueeze(-1).to(h.dtype)
     if attention_mask is None:
@@ -398,7 +388,8 @@ def packed_to_grid(x, cu_seqlens, max_seqlen=None, fill: float = MASKED_LOGIT):
     (a tail past cu_seqlens[-1] goes to a spare row, dropped)."""
     lengths = cu_seqlens.long().diff()
     width = int(max_seqlen) if max_seqlen is not None else int(lengths.max())
-    grid = x.new_full((len(lengths) + 1, width), fill).index_put(packed_rows_and_positions(cu_seqlens, x.shape[0]), x)
+    cells = kernels.packed_rows_and_positions(cu_seqlens, x.shape[0])
+    grid = x.new_full((len(lengths) + 1, width), fill).index_put(cells, x)
     return grid[:-1]
 
 
