@@ -31,7 +31,7 @@ import os
 
 import torch
 
-from .common import INTERPRET, packed_rows_and_positions
+from .common import INTERPRET, packed_rows_and_positions  # noqa: F401 (public: the model reads it)
 from .reference import add_layer_norm_reference, attention_reference, attention_varlen_reference
 from .torch_backend import add_layer_norm_torch, attention_torch, attention_varlen_torch
 
