@@ -409,10 +409,12 @@ def main(argv=None):
                     help="the arm's vocabulary: plain WordPiece, or morpheme-aware (train-tokenizer --pretokenize)")
     ap.add_argument("--tasks", nargs="+", choices=list(TASKS), default=list(TASKS),
                     help="fine-tune these tasks only (two processes on two task lists share the results file)")
-    ap.add_argument("--rates", nargs="+", type=float, choices=RATES, default=list(RATES),
-                    help="fine-tune at these rates only (a vocabulary arm at the plain arm's best, say)")
+    ap.add_argument("--rates", nargs="+", type=float, choices=sorted({*RATES, *REFERENCE_RATES}),
+                    help="fine-tune at these rates only (a vocabulary arm at the plain arm's best, say); "
+                         f"default: the start's grid ({', '.join(f'{r:g}' for r in RATES)}; the reference: "
+                         f"{', '.join(f'{r:g}' for r in REFERENCE_RATES)})")
     ap.add_argument("--seeds", nargs="+", type=int, choices=SEEDS, default=list(SEEDS),
-                    help="--only reference: these seeds only (its slowest tasks take hours a seed on 2 cores)")
+                    help="fine-tune these seeds only (two processes on two seed lists share the results file)")
     ap.add_argument("--work", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "bertkit-korean-transfer")
     args = ap.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
@@ -445,13 +447,13 @@ def main(argv=None):
                              f"({recorded[:12]}...); its starts would not be comparable")
     if args.only == "random":
         random = random_start(args.work, d["instances"], arm)
-        sweep(args.work, f"{prefix}random", random, results, save, tasks=args.tasks, vocab=arm.vocab,
-              unpadded=arm.unpadded)
+        sweep(args.work, f"{prefix}random", random, results, save, rates=args.rates or RATES, tasks=args.tasks,
+              vocab=arm.vocab, unpadded=arm.unpadded, seeds=args.seeds)
     if args.only == "reference":
         from finetune_parity import model_dir
 
-        sweep(args.work, REFERENCE, model_dir(), results, save, rates=REFERENCE_RATES, tasks=args.tasks,
-              unpadded=True, seeds=args.seeds)
+        sweep(args.work, REFERENCE, model_dir(), results, save, rates=args.rates or REFERENCE_RATES,
+              tasks=args.tasks, unpadded=True, seeds=args.seeds)
     if args.only in (None, "pretrain"):
         # the recorded pace, where there is one: a fresh --work must not re-measure it (another step count)
         arm_pace = results[f"{prefix}pace"] = results.get(f"{prefix}pace") or pace(args.work, d["instances"], arm)
@@ -464,8 +466,8 @@ def main(argv=None):
         export_dir = args.work / f"ko-{prefix}run-{hours}-export"
         if not (export_dir / "model.safetensors").is_file():
             raise SystemExit(f"{export_dir}: no export yet; run --only pretrain first")
-        sweep(args.work, prefix + hours, export_dir, results, save, rates=args.rates, tasks=args.tasks,
-              vocab=arm.vocab, unpadded=arm.unpadded)
+        sweep(args.work, prefix + hours, export_dir, results, save, rates=args.rates or RATES, tasks=args.tasks,
+              vocab=arm.vocab, unpadded=arm.unpadded, seeds=args.seeds)
     if args.only == "report":
         results["korsts_overlap_floor"] = overlap_floor()
         save()
