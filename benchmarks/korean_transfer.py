@@ -284,6 +284,36 @@ def overlap_floor() -> dict:
     return floor
 
 
+def input_lengths(work: Path, max_seq_length: int = 128) -> dict:
+    """What each tokenizer makes of the sentence tasks' dev inputs (pairs as the fine-tune encodes them): median
+    tokens, the share longer than the fine-tunes' max_seq_length (cut), the share of [UNK] tokens. The reference's
+    English vocabulary spells Hangul as jamo, so its inputs are longer and partly unknown."""
+    import numpy as np
+    from finetune_parity import model_dir
+
+    from bertkit.finetune.korean import TASKS as FILES, read_examples
+    from bertkit.tokenization import load_tokenizer
+
+    tokenizers = {REFERENCE: model_dir(), "plain": work / "ko-tokenizer"}
+    out = {}
+    for name, folder in tokenizers.items():
+        if not folder.is_dir():
+            continue
+        tok = load_tokenizer(folder)
+        unk = tok.token_to_id("[UNK]")
+        for task in ("nsmc", "klue-nli", "korsts"):
+            spec = FILES[task]
+            examples = read_examples(SHARED / spec.dev)[spec.dev_rows or slice(None)]
+            ids = [e.ids for e in tok.encode_batch([(x.text_a, x.text_b) if x.text_b else x.text_a
+                                                    for x in examples])]
+            lengths = np.array([len(i) for i in ids])
+            out.setdefault(name, {})[task] = {
+                "median_tokens": float(np.median(lengths)),
+                f"share_over_{max_seq_length}": round(float(np.mean(lengths > max_seq_length)), 4),
+                "unk_share": round(float(np.mean([np.mean(np.array(i) == unk) for i in ids])), 4)}
+    return out
+
+
 def random_of(start: str) -> str:
     """The random start a start is compared with: its own arm's (modernbert-mecab-2h: modernbert-mecab-random; the
     outside reference: BERT's)."""
@@ -470,9 +500,10 @@ def main(argv=None):
               vocab=arm.vocab, unpadded=arm.unpadded, seeds=args.seeds)
     if args.only == "report":
         results["korsts_overlap_floor"] = overlap_floor()
+        results["input_lengths"] = input_lengths(args.work)
         save()
-    say(json.dumps({k: v for k, v in results.items() if k.endswith("pace") or k in ("corpus", "korsts_overlap_floor")},
-                   indent=1))
+    shown = ("corpus", "korsts_overlap_floor", "input_lengths")
+    say(json.dumps({k: v for k, v in results.items() if k.endswith("pace") or k in shown}, indent=1))
     if results["sweep"]:
         print_table(table(results["sweep"]))
     print_yardstick(yardstick(results))
