@@ -14,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from record import RESULTS, run_info, write_result  # noqa: E402
+from record import read_result, run_info, write_result  # noqa: E402
 
 PRECISIONS = ("fp32", "bf16")
 
@@ -58,8 +58,7 @@ def main(argv=None):
         print(f"{step:6}  {a:10.3f} / {a_acc:8.2%}  {b:10.3f} / {b_acc or 0:8.2%}  {b - a:+.3f}")
     # one entry per seed: a second seed adds to the file instead of replacing the first (the top level is seed 42's,
     # as first written)
-    path = RESULTS / "cpu_bf16_quality.json"
-    held = json.loads(path.read_text()) if path.is_file() else {}
+    held = read_result("cpu_bf16_quality")
     entry = {**run_info("cpu_bf16_quality"), "model": args.model, "lr": args.lr, "seed": args.seed,
              "instances": str(args.instances), "rows": rows}
     if args.seed == held.get("seed", args.seed):

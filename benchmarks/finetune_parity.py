@@ -26,7 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 sys.path.insert(0, str(REPO))
-from record import RESULTS, cell_in_own_process, run_info, write_result  # noqa: E402
+from record import cell_in_own_process, read_result, run_info, write_result  # noqa: E402
 
 SHARED = Path(os.environ.get("BERTKIT_SHARED_DATA", REPO.parent / "shared" / "data"))
 RESULT = "finetune_parity"
@@ -208,8 +208,7 @@ def fine_tuning_seconds_so_far(out: Path) -> float:
 # ---------------------------------------------------------------- the grid and the table
 
 def load() -> dict:
-    path = RESULTS / f"{RESULT}.json"
-    return json.loads(path.read_text()) if path.is_file() else {"cells": {}}
+    return read_result(RESULT) or {"cells": {}}
 
 
 def report(result: dict) -> None:

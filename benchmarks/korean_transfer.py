@@ -55,7 +55,7 @@ from pretrain_transfer import (  # noqa: E402
     say,
     timed_curve,
 )
-from record import RESULTS, run_info, write_result  # noqa: E402
+from record import read_result, run_info, write_result  # noqa: E402
 
 PRESETS = {"bert": "tiny", "modernbert": "modernbert-tiny"}
 
@@ -265,12 +265,20 @@ def keep_scores(ours: dict, theirs: dict) -> None:
             ours.setdefault(key, value)
 
 
+def official_examples(task: str, split: str) -> list:
+    """A sentence task's train or dev examples as the fine-tunes read them: its file in ../shared/data, cut to the
+    task's rows (NSMC's one file is both)."""
+    from bertkit.finetune.korean import TASKS as FILES, read_examples
+
+    spec = FILES[task]
+    return read_examples(SHARED / getattr(spec, split))[getattr(spec, f"{split}_rows") or slice(None)]
+
+
 def overlap_floor() -> dict:
     """KorSTS with no model at all: the Pearson correlation of each pair's share of common characters (the sets of
     its two sentences' characters, spaces left out, intersection over union) with the gold score. A fine-tuned start
     below it has learnt less than spelling overlap tells."""
     from bertkit.finetune import metrics
-    from bertkit.finetune.korean import TASKS as FILES, read_examples
 
     def overlap(a: str, b: str) -> float:
         a, b = set(a.replace(" ", "")), set(b.replace(" ", ""))
@@ -278,7 +286,7 @@ def overlap_floor() -> dict:
 
     floor = {}
     for split in ("train", "dev"):
-        examples = read_examples(SHARED / getattr(FILES["korsts"], split))
+        examples = official_examples("korsts", split)
         floor[split] = metrics.pearson([overlap(e.text_a, e.text_b) for e in examples],
                                        [float(e.label) for e in examples])
     return floor
@@ -291,7 +299,6 @@ def input_lengths(work: Path, max_seq_length: int = 128) -> dict:
     import numpy as np
     from finetune_parity import model_dir
 
-    from bertkit.finetune.korean import TASKS as FILES, read_examples
     from bertkit.tokenization import load_tokenizer
 
     tokenizers = {REFERENCE: model_dir(), "plain": work / "ko-tokenizer"}
@@ -302,8 +309,7 @@ def input_lengths(work: Path, max_seq_length: int = 128) -> dict:
         tok = load_tokenizer(folder)
         unk = tok.token_to_id("[UNK]")
         for task in ("nsmc", "klue-nli", "korsts"):
-            spec = FILES[task]
-            examples = read_examples(SHARED / spec.dev)[spec.dev_rows or slice(None)]
+            examples = official_examples(task, "dev")
             ids = [e.ids for e in tok.encode_batch([(x.text_a, x.text_b) if x.text_b else x.text_a
                                                     for x in examples])]
             lengths = np.array([len(i) for i in ids])
@@ -449,14 +455,13 @@ def main(argv=None):
     args = ap.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
     name = "korean_transfer"
-    path = RESULTS / f"{name}.json"
-    results = json.loads(path.read_text()) if path.is_file() else {}
+    results = read_result(name)
     results.setdefault("sweep", {})
     results.setdefault("runs", {})
 
     def save():
-        if path.is_file():  # what another process wrote meanwhile (scores, a run, a pace) stays
-            keep_scores(results, {k: v for k, v in json.loads(path.read_text()).items() if k != "table"})
+        # what another process wrote meanwhile (scores, a run, a pace) stays
+        keep_scores(results, {k: v for k, v in read_result(name).items() if k != "table"})
         # the header is this save's; each commit that added scores keeps its date and load in `saves`
         header = run_info(name)
         results.setdefault("saves", {})[header["commit"]] = {k: header[k] for k in ("date", "load_average_1_5_15min")}

@@ -27,6 +27,12 @@ def run_info(benchmark: str) -> dict:
             "commit": commit}
 
 
+def read_result(name: str) -> dict:
+    """results/NAME.json as written last (by this run or another sharing the file), or {} when there is none."""
+    path = RESULTS / f"{name}.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
 def write_result(name: str, result: dict) -> Path:
     out = RESULTS / f"{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
