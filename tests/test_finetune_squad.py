@@ -288,3 +288,6 @@ def test_window_step_and_overlap_together_are_refused(tmp_path):
     with pytest.raises(ValueError, match="give one"):
         squad.make_features([squad.SquadExample("q0", "Where?", "here", [])], None, False, window_step=64,
                             window_overlap=128)
+    # a step of 0 is refused with its own message (it read as an overlap problem: "overlap of None tokens")
+    with pytest.raises(ValueError, match="window_step 0"):
+        squad.make_features([squad.SquadExample("q0", "Where?", "here", [])], None, False, window_step=0)

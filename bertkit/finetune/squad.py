@@ -195,6 +195,9 @@ def make_features(examples, tokenizer, training: bool, max_seq_length: int = 384
     if window_step is not None and window_overlap is not None:
         raise ValueError("window_step and window_overlap are two ways to place windows: give one")
     window_step = WINDOW_STEP if window_step is None else window_step
+    if window_step < 1:
+        raise ValueError(f"window_step {window_step}: consecutive windows must start at least 1 token apart "
+                         f"(google-research/bert's doc_stride is {WINDOW_STEP})")
     prepare_tokenizer(tokenizer)
     cls_id, sep_id = tokenizer.token_to_id(CLS), tokenizer.token_to_id(SEP)
     contexts = {}  # many questions share a paragraph: tokenize each once
