@@ -265,20 +265,12 @@ def keep_scores(ours: dict, theirs: dict) -> None:
             ours.setdefault(key, value)
 
 
-def official_examples(task: str, split: str) -> list:
-    """A sentence task's train or dev examples as the fine-tunes read them: its file in ../shared/data, cut to the
-    task's rows (NSMC's one file is both)."""
-    from bertkit.finetune.korean import TASKS as FILES, read_examples
-
-    spec = FILES[task]
-    return read_examples(SHARED / getattr(spec, split))[getattr(spec, f"{split}_rows") or slice(None)]
-
-
 def overlap_floor() -> dict:
     """KorSTS with no model at all: the Pearson correlation of each pair's share of common characters (the sets of
     its two sentences' characters, spaces left out, intersection over union) with the gold score. A fine-tuned start
     below it has learnt less than spelling overlap tells."""
     from bertkit.finetune import metrics
+    from bertkit.finetune.korean import official_examples
 
     def overlap(a: str, b: str) -> float:
         a, b = set(a.replace(" ", "")), set(b.replace(" ", ""))
@@ -286,7 +278,7 @@ def overlap_floor() -> dict:
 
     floor = {}
     for split in ("train", "dev"):
-        examples = official_examples("korsts", split)
+        examples = official_examples("korsts", split, SHARED)
         floor[split] = metrics.pearson([overlap(e.text_a, e.text_b) for e in examples],
                                        [float(e.label) for e in examples])
     return floor
@@ -299,6 +291,7 @@ def input_lengths(work: Path, max_seq_length: int = 128) -> dict:
     import numpy as np
     from finetune_parity import model_dir
 
+    from bertkit.finetune.korean import official_examples
     from bertkit.tokenization import load_tokenizer
 
     tokenizers = {REFERENCE: model_dir(), "plain": work / "ko-tokenizer"}
@@ -309,7 +302,7 @@ def input_lengths(work: Path, max_seq_length: int = 128) -> dict:
         tok = load_tokenizer(folder)
         unk = tok.token_to_id("[UNK]")
         for task in ("nsmc", "klue-nli", "korsts"):
-            examples = official_examples(task, "dev")
+            examples = official_examples(task, "dev", SHARED)
             ids = [e.ids for e in tok.encode_batch([(x.text_a, x.text_b) if x.text_b else x.text_a
                                                     for x in examples])]
             lengths = np.array([len(i) for i in ids])

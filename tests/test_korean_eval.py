@@ -16,8 +16,8 @@ from bertkit.finetune import korean, metrics as M
                                             ("klue-sts", 5749, 519)])
 def test_the_official_files_read_to_their_sizes(shared_data, task, train, dev):
     spec = korean.TASKS[task]
-    got_train = korean.read_examples(shared_data / spec.train)[spec.train_rows or slice(None)]
-    got_dev = korean.read_examples(shared_data / spec.dev)[spec.dev_rows or slice(None)]
+    got_train = korean.official_examples(task, "train", shared_data)
+    got_dev = korean.official_examples(task, "dev", shared_data)
     assert (len(got_train), len(got_dev)) == (train, dev)
     korean.check_labels(got_train, spec.labels, spec.train)
     korean.check_labels(got_dev, spec.labels, spec.dev)

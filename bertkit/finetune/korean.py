@@ -117,6 +117,13 @@ def sts_metrics(preds, golds, binary=None) -> dict:
     return out
 
 
+def official_examples(task: str, split: str, data_dir) -> list:
+    """A task's "train" or "dev" examples from the published file in `data_dir`, cut to the task's rows (NSMC's one
+    file is both splits)."""
+    spec = TASKS[task]
+    return read_examples(Path(data_dir) / getattr(spec, split))[getattr(spec, f"{split}_rows") or slice(None)]
+
+
 def finetune_korean(task: str, data_dir, model_path, cfg, max_seq_length: int = 128, train_file=None,
                     dev_file=None, max_train_rows: int | None = None, max_dev_rows: int | None = None) -> dict:
     """`bertkit finetune korean --task TASK` (korquad goes through finetune_korquad); max_*_rows keep the first
@@ -130,8 +137,8 @@ def finetune_korean(task: str, data_dir, model_path, cfg, max_seq_length: int = 
         if not path.is_file():
             raise DataError(f"{path}: not found; pass the folder holding {spec.train.split('/')[0]}/ as --data-dir "
                             "(../shared/data), or the files with --train-file / --dev-file")
-    train = read_examples(train_path)[spec.train_rows if not train_file and spec.train_rows else slice(None)]
-    dev = read_examples(dev_path)[spec.dev_rows if not dev_file and spec.dev_rows else slice(None)]
+    train = read_examples(train_path) if train_file else official_examples(task, "train", data_dir)
+    dev = read_examples(dev_path) if dev_file else official_examples(task, "dev", data_dir)
     train, dev = train[:max_train_rows], dev[:max_dev_rows]  # a quick look: the first rows only
     check_labels(train, spec.labels, train_path)
     check_labels(dev, spec.labels, dev_path)
