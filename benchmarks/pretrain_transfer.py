@@ -435,7 +435,10 @@ def best_rate(by_lr: dict) -> dict:
     rates = {lr: {"mean": statistics.mean(scores.values()), "seeds": list(scores.values()),
                   "sd": statistics.stdev(scores.values()) if len(scores) > 1 else 0.0}
              for lr, scores in by_lr.items() if scores}
-    lr = max(rates, key=lambda k: rates[k]["mean"])
+    # where some rates ran more seeds than others, choose on the seeds all of them ran (a one-seed mean against a
+    # three-seed mean is luck against an average)
+    shared = set.intersection(*(set(by_lr[k]) for k in rates))
+    lr = max(rates, key=lambda k: statistics.mean(by_lr[k][s] for s in shared) if shared else rates[k]["mean"])
     return {"lr": float(lr), **rates[lr], "rates": rates}
 
 

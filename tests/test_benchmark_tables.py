@@ -1,0 +1,35 @@
+"""The transfer benchmarks' tables (benchmarks/pretrain_transfer.py, read by korean_transfer.py too): which rate is
+each start's best and when two starts' seeds are apart. Checked against sums done by hand."""
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture
+def transfer(monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import pretrain_transfer
+
+    return pretrain_transfer
+
+
+def test_best_rate_is_the_best_mean_over_seeds_and_every_rate_is_reported(transfer):
+    best = transfer.best_rate({"1e-4": {0: 0.5, 1: 0.7, 2: 0.6}, "3e-4": {0: 0.55, 1: 0.65, 2: 0.66}})
+    assert best["lr"] == 3e-4 and best["mean"] == pytest.approx(0.62)
+    assert best["rates"]["1e-4"]["mean"] == pytest.approx(0.6) and best["rates"]["1e-4"]["sd"] == pytest.approx(0.1)
+
+
+def test_best_rate_chooses_on_the_seeds_every_rate_ran(transfer):
+    # 5e-5 ran three seeds (mean 0.284); 1e-4 one lucky seed 0 (0.30) that 5e-5's seed 0 (0.333) beats
+    best = transfer.best_rate({"5e-5": {0: 0.333, 1: 0.100, 2: 0.420}, "1e-4": {0: 0.30}})
+    assert best["lr"] == 5e-5 and best["mean"] == pytest.approx(0.853 / 3)
+    # no seed in common: each rate's own mean
+    assert transfer.best_rate({"5e-5": {0: 0.2}, "1e-4": {1: 0.3}})["lr"] == 1e-4
+
+
+def test_sweep_table_differences_and_ranges_apart(transfer):
+    sweep = {"sst2": {"random": {"1e-4": {0: 0.80, 1: 0.82}}, "pretrained": {"1e-4": {0: 0.83, 1: 0.86}}},
+             "stsb": {"random": {"1e-4": {0: 0.10, 1: 0.30}}, "pretrained": {"1e-4": {0: 0.25, 1: 0.40}}}}
+    rows = {r["task"]: r for r in transfer.sweep_table(sweep)}
+    assert rows["sst2"]["difference"] == pytest.approx(0.035) and rows["sst2"]["apart"]
+    assert rows["stsb"]["difference"] == pytest.approx(0.125) and not rows["stsb"]["apart"]  # 0.25 < 0.30
