@@ -24,6 +24,22 @@ def test_the_official_files_read_to_their_sizes(shared_data, task, train, dev):
     assert all(ex.text_a for ex in got_dev[:100])
 
 
+def test_a_file_of_ones_own_leaves_the_published_file_whole(shared_data, tmp_path):
+    """The published NSMC and KLUE-NER files are cut in two only to make a training split; with one's own train file
+    (e.g. NSMC's ratings_train.txt) the score is on the whole published file, as the official one is."""
+    own = tmp_path / "ratings_train.txt"
+    own.write_text("id\tdocument\tlabel\n1\t재밌다\t1\n2\t지루하다\t0\n", encoding="utf-8")
+    (train, _), (dev, dev_path) = korean.task_examples("nsmc", shared_data, train_file=own)
+    assert (len(train), len(dev), dev_path) == (2, 50_000, shared_data / "nsmc" / "ratings_test.txt")
+    (train, _), (dev, _) = korean.task_examples("nsmc", None, train_file=own, dev_file=own)  # no data folder needed
+    assert len(train) == len(dev) == 2
+    with pytest.raises(korean.DataError, match="--data-dir"):
+        korean.task_examples("nsmc", None, train_file=own)
+    ner = shared_data / korean.KLUE_NER
+    assert [len(s) for s in korean.klue_ner_sentences(shared_data)] == [4000, 1000]
+    assert [len(s) for s in korean.klue_ner_sentences(shared_data, train_file=ner)] == [5000, 5000]
+
+
 def test_korsts_bare_quotes_and_klue_sts_binary_labels(shared_data):
     sts = korean.read_examples(shared_data / "kornlu/KorSTS/sts-train.tsv")
     assert any('"' in ex.text_a or '"' in ex.text_b for ex in sts)  # a bare quote is text, not CSV quoting
@@ -108,10 +124,12 @@ def test_finetune_korean_end_to_end(shared_data, minilm, tmp_path, task, files):
                         encoding="utf-8")
     else:
         part.write_text("".join(src.read_text(encoding="utf-8").splitlines(keepends=True)[:n]), encoding="utf-8")
-    r = CliRunner().invoke(main, ["finetune", "korean", "--task", task, "--data-dir", str(shared_data), "--model",
-                                  str(minilm), "--out", str(tmp_path / "out"), "--train-file", str(part), "--dev-file",
-                                  str(part), "--epochs", "1", "--batch-size", "8", "--max-seq-length", "48",
-                                  "--no-save-model", "--report-to", "none"])
+    args = ["finetune", "korean", "--task", task, "--model", str(minilm), "--out", str(tmp_path / "out"),
+            "--train-file", str(part), "--epochs", "1", "--batch-size", "8", "--max-seq-length", "48",
+            "--no-save-model", "--report-to", "none"]
+    r = CliRunner().invoke(main, args)  # one file of one's own, no data folder for the other
+    assert r.exit_code == 2 and "--data-dir" in r.output and "--dev-file" in r.output, r.output
+    r = CliRunner().invoke(main, args + ["--dev-file", str(part)])  # both files: no data folder needed
     assert r.exit_code == 0, r.output
     summary = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert summary["task"] == task

@@ -225,11 +225,14 @@ SCORE_NEUTRAL = ("out_dir", "overwrite", "threads", "report_to", "log_every", "n
 @click.option("--task", "tasks", required=True, multiple=True, type=click.Choice([*KOREAN_TASKS, "all"]),
               help="Repeat for several (or `all`): each goes to OUT/TASK/, and OUT/manifest.json and a table gather "
                    "their scores; a task whose OUT/TASK/ holds a finished fine-tuning is kept, not redone.")
-@click.option("--data-dir", required=True, type=click.Path(exists=True, file_okay=False),
-              help="The folder holding klue/, kornlu/, nsmc/ and korquad_v1.0/ as published (../shared/data).")
+@click.option("--data-dir", type=click.Path(exists=True, file_okay=False),
+              help="The folder holding klue/, kornlu/, nsmc/ and korquad_v1.0/ as published (../shared/data); "
+                   "not needed where --train-file and --dev-file give both files.")
 @click.option("--train-file", type=click.Path(exists=True, dir_okay=False),
-              help="Instead of the task's training file (e.g. the official train set where you have it).")
-@click.option("--dev-file", type=click.Path(exists=True, dir_okay=False), help="Instead of the task's scored file.")
+              help="Instead of the task's training file (e.g. the official train set where you have it); the "
+                   "published file the task split in two (NSMC, KLUE-NER, KorQuAD) is then scored whole.")
+@click.option("--dev-file", type=click.Path(exists=True, dir_okay=False),
+              help="Instead of the task's scored file; a published file the task split in two then trains whole.")
 @click.option("--max-train-rows", type=count(1),
               help="Train on the first N rows (KorQuAD: questions) only (a quick look).")
 @click.option("--max-dev-rows", type=count(1),
@@ -256,6 +259,9 @@ def korean(**kw):
     sweep = bool(rates or seeds)
     if sweep and not rates and lr_given_by_flag():
         rates = (kw["learning_rate"],)
+    if kw["data_dir"] is None and not (kw["train_file"] and kw["dev_file"]):
+        raise click.UsageError("--data-dir: give the folder holding klue/, kornlu/, nsmc/ and korquad_v1.0/ as "
+                               "published (../shared/data), or both --train-file and --dev-file")
     if len(tasks) == 1 and not sweep and folder_kind(kw["out_dir"]) != "finetune-korean":  # OUT is its fine-tuning
         _report(_korean_task(tasks[0], dict(kw)))
         return

@@ -13,7 +13,8 @@
 - korquad: korquad_v1.0/KorQuAD_v1.0_dev.json (only dev is here: articles 0-99 train, 100-139 score); KorQuAD's
   own EM and character F1.
 
-`--train-file` / `--dev-file` replace a task's files (the official train set where a user has it). The readers
+`--train-file` / `--dev-file` replace a task's files (the official train set where a user has it); the published
+file a task cut in two is then read whole. The readers
 accept what the files really hold: KLUE-NLI names the source field `genre` in train and `source` in dev; KorSTS
 quotes nothing (a sentence may hold a bare `"`) and writes `main-forum` in train, `main-forums` in dev/test;
 KLUE-STS's JSON has CRLF line ends.
@@ -117,11 +118,37 @@ def sts_metrics(preds, golds, binary=None) -> dict:
     return out
 
 
+def published_file(given, data_dir, relative: str) -> Path:
+    """The file the user gave, else the published one under `data_dir`."""
+    if given:
+        return Path(given)
+    if data_dir is None:
+        raise DataError(f"no data folder for {relative}: pass the folder holding {relative.split('/')[0]}/ "
+                        "(../shared/data) as --data-dir, or your own files with --train-file and --dev-file")
+    return Path(data_dir) / relative
+
+
 def official_examples(task: str, split: str, data_dir) -> list:
     """A task's "train" or "dev" examples from the published file in `data_dir`, cut to the task's rows (NSMC's one
     file is both splits)."""
     spec = TASKS[task]
     return read_examples(Path(data_dir) / getattr(spec, split))[getattr(spec, f"{split}_rows") or slice(None)]
+
+
+def task_examples(task: str, data_dir=None, train_file=None, dev_file=None) -> tuple:
+    """((train examples, path), (dev examples, path)): the published files cut to the task's split, or the user's
+    file(s); with a file of one's own the published one is read whole (it was cut only to make two splits of one)."""
+    spec = TASKS[task]
+    train_path = published_file(train_file, data_dir, spec.train)
+    dev_path = published_file(dev_file, data_dir, spec.dev)
+    for path in (train_path, dev_path):
+        if not path.is_file():
+            raise DataError(f"{path}: not found; pass the folder holding {spec.train.split('/')[0]}/ as --data-dir "
+                            "(../shared/data), or the files with --train-file / --dev-file")
+    if train_file or dev_file:
+        return (read_examples(train_path), train_path), (read_examples(dev_path), dev_path)
+    return (official_examples(task, "train", data_dir), train_path), (official_examples(task, "dev", data_dir),
+                                                                      dev_path)
 
 
 def finetune_korean(task: str, data_dir, model_path, cfg, max_seq_length: int = 128, train_file=None,
@@ -130,15 +157,8 @@ def finetune_korean(task: str, data_dir, model_path, cfg, max_seq_length: int = 
     rows only (a quick look, not a score to report)."""
     if task not in TASKS:
         raise DataError(f"unknown Korean task {task!r}; one of {sorted(TASKS) + ['korquad']}")
-    spec, data_dir = TASKS[task], Path(data_dir)
-    train_path = Path(train_file) if train_file else data_dir / spec.train
-    dev_path = Path(dev_file) if dev_file else data_dir / spec.dev
-    for path in (train_path, dev_path):
-        if not path.is_file():
-            raise DataError(f"{path}: not found; pass the folder holding {spec.train.split('/')[0]}/ as --data-dir "
-                            "(../shared/data), or the files with --train-file / --dev-file")
-    train = read_examples(train_path) if train_file else official_examples(task, "train", data_dir)
-    dev = read_examples(dev_path) if dev_file else official_examples(task, "dev", data_dir)
+    spec = TASKS[task]
+    (train, train_path), (dev, dev_path) = task_examples(task, data_dir, train_file, dev_file)
     train, dev = train[:max_train_rows], dev[:max_dev_rows]  # a quick look: the first rows only
     check_labels(train, spec.labels, train_path)
     check_labels(dev, spec.labels, dev_path)
@@ -163,8 +183,8 @@ def finetune_korquad(data_dir, model_path, cfg, train_file=None, dev_file=None, 
     from bertkit.finetune.metrics import korquad_evaluate
     from bertkit.finetune.squad import finetune_squad
 
-    default = Path(data_dir) / KORQUAD
-    train_path, dev_path = Path(train_file or default), Path(dev_file or default)
+    train_path = published_file(train_file, data_dir, KORQUAD)
+    dev_path = published_file(dev_file, data_dir, KORQUAD)
     if not train_file and not dev_file:
         squad.setdefault("train_articles", slice(0, 100))
         squad.setdefault("predict_articles", slice(100, None))
@@ -257,15 +277,23 @@ def decode_char_tags(logits: list, spans: list, sentences: list) -> list:
     return out
 
 
+def klue_ner_sentences(data_dir=None, train_file=None, dev_file=None) -> tuple:
+    """(train, dev) sentences: the published dev file's first 4,000 and the rest, or the user's file(s); with a file
+    of one's own the published one is read whole (it was cut only to make two splits of one)."""
+    own = bool(train_file or dev_file)
+    train = read_klue_ner(published_file(train_file, data_dir, KLUE_NER))
+    dev = read_klue_ner(published_file(dev_file, data_dir, KLUE_NER))
+    return (train, dev) if own else (train[:4000], dev[4000:])
+
+
 def finetune_klue_ner(data_dir, model_path, cfg, max_seq_length: int = 128, train_file=None, dev_file=None,
                       max_train_rows: int | None = None, max_dev_rows: int | None = None) -> dict:
     from bertkit.finetune.train import predict, set_seed, train
     from bertkit.models import load_pretrained
     from bertkit.tokenization import load_tokenizer
 
-    default = Path(data_dir) / KLUE_NER
-    train_s = read_klue_ner(train_file or default)[slice(None) if train_file else slice(0, 4000)][:max_train_rows]
-    dev_s = read_klue_ner(dev_file or default)[slice(None) if dev_file else slice(4000, None)][:max_dev_rows]
+    train_s, dev_s = klue_ner_sentences(data_dir, train_file, dev_file)
+    train_s, dev_s = train_s[:max_train_rows], dev_s[:max_dev_rows]
     tokenizer = load_tokenizer(model_path)
     train_rows, _ = encode_char_tags(train_s, tokenizer, max_seq_length, True)
     dev_rows, dev_spans = encode_char_tags(dev_s, tokenizer, max_seq_length, False)
