@@ -365,16 +365,19 @@ def yardstick(results: dict, hours: str = "2h") -> list[dict]:
 
 # each family's 2 hours with each vocabulary (none, MeCab, kiwi), the plain one first
 VOCAB_STARTS = {family: tuple(Arm(family, v).prefix + "2h" for v in ("none", "mecab", "kiwi")) for family in PRESETS}
+# each family's plain vocabulary at 2 and at 4 hours: what the second two hours buy
+BUDGET_STARTS = {family: tuple(Arm(family).prefix + h for h in ("2h", "4h")) for family in PRESETS}
 
 
-def vocab_tables(sweep_results: dict) -> dict:
-    return {family: rows for family, starts in VOCAB_STARTS.items() if (rows := vocab_table(sweep_results, starts))}
+def vocab_tables(sweep_results: dict, starts_by_family: dict = VOCAB_STARTS) -> dict:
+    return {family: rows for family, starts in starts_by_family.items()
+            if (rows := vocab_table(sweep_results, starts))}
 
 
 def vocab_table(sweep_results: dict, starts: tuple) -> list[dict]:
-    """The vocabularies at equal budget (issue 38): per task, each arm's mean over seeds at the best of the rates
-    every arm ran (the vocabulary arms may run fewer rates than the plain arm), its seeds, and whether its range is
-    apart from the plain vocabulary's (above or below)."""
+    """Starts against the first one (the vocabularies at equal budget, issue 38; or 2 hours against 4): per task,
+    each start's mean over seeds at the best of the rates every start ran in full (the vocabulary arms may run
+    fewer rates than the plain arm), its seeds, and whether its range is apart from the first's (above or below)."""
     rows = []
     for task, by_start in sweep_results.items():
         held = [by_start[s] for s in starts if by_start.get(s)]
@@ -393,10 +396,11 @@ def vocab_table(sweep_results: dict, starts: tuple) -> list[dict]:
     return rows
 
 
-def print_vocab_tables(tables: dict) -> None:
+def print_vocab_tables(tables: dict, title: str = "vocabularies at equal budget ({}, 2 h)",
+                       first: str = "the plain vocabulary's") -> None:
     for family, rows in tables.items():
-        print(f"\nvocabularies at equal budget ({PRESETS[family]}, 2 h): mean over seeds at the best shared rate "
-              "(* = range apart from the plain vocabulary's)")
+        print(f"\n{title.format(PRESETS[family])}: mean over seeds at the best shared rate (* = range apart from "
+              f"{first})")
         print_vocab_table(rows)
 
 
@@ -458,10 +462,12 @@ def main(argv=None):
         # the header is this save's; each commit that added scores keeps its date and load in `saves`
         header = run_info(name)
         results.setdefault("saves", {})[header["commit"]] = {k: header[k] for k in ("date", "load_average_1_5_15min")}
-        write_result(name, {**{k: v for k, v in results.items() if k not in ("table", "yardstick", "vocabularies")},
+        derived = ("table", "yardstick", "vocabularies", "budgets")
+        write_result(name, {**{k: v for k, v in results.items() if k not in derived},
                             **header,
                             "table": table(results["sweep"]), "yardstick": yardstick(results),
-                            "vocabularies": vocab_tables(results["sweep"])})
+                            "vocabularies": vocab_tables(results["sweep"]),
+                            "budgets": vocab_tables(results["sweep"], BUDGET_STARTS)})
 
     arm, hours = Arm(args.family, args.pretokenize), f"{args.hours:g}h"
     prefix = arm.prefix
@@ -506,6 +512,8 @@ def main(argv=None):
         print_table(table(results["sweep"]))
     print_yardstick(yardstick(results))
     print_vocab_tables(vocab_tables(results["sweep"]))
+    print_vocab_tables(vocab_tables(results["sweep"], BUDGET_STARTS), "2 hours against 4 ({}, plain vocabulary)",
+                       "the 2 hours'")
 
 
 if __name__ == "__main__":

@@ -33,3 +33,24 @@ def test_sweep_table_differences_and_ranges_apart(transfer):
     rows = {r["task"]: r for r in transfer.sweep_table(sweep)}
     assert rows["sst2"]["difference"] == pytest.approx(0.035) and rows["sst2"]["apart"]
     assert rows["stsb"]["difference"] == pytest.approx(0.125) and not rows["stsb"]["apart"]  # 0.25 < 0.30
+
+
+def test_korean_starts_compare_at_the_rates_both_ran_in_full(transfer):
+    import korean_transfer
+
+    three = lambda a, b, c: {"0": a, "1": b, "2": c}  # noqa: E731
+    sweep = {"nsmc": {"modernbert-2h": {"1e-4": three(0.70, 0.71, 0.72), "3e-4": three(0.80, 0.79, 0.81),
+                                        "1e-3": three(0.78, 0.79, 0.80)},
+                      "modernbert-4h": {"3e-4": {"0": 0.90, "1": 0.91}, "1e-3": three(0.81, 0.82, 0.83)}},
+             "korsts": {"modernbert-2h": {"1e-3": three(0.20, 0.25, 0.30)},
+                        "modernbert-4h": {"1e-3": three(0.28, 0.35, 0.36)}},
+             "klue-nli": {"modernbert-2h": {"1e-3": three(0.4, 0.4, 0.4)}}}  # one start only: no row
+    tables = korean_transfer.vocab_tables(sweep, korean_transfer.BUDGET_STARTS)
+    assert list(tables) == ["modernbert"]
+    rows = {r["task"]: r for r in tables["modernbert"]}
+    assert set(rows) == {"nsmc", "korsts"}
+    # 4h's 3e-4 has two seeds: both sides are read at 1e-3 alone (2h's 3e-4 is not compared with it)
+    assert rows["nsmc"]["rates"] == [1e-3]
+    two, four = rows["nsmc"]["arms"]["modernbert-2h"], rows["nsmc"]["arms"]["modernbert-4h"]
+    assert (two["mean"], four["mean"]) == (pytest.approx(0.79), pytest.approx(0.82)) and four["apart"]
+    assert not rows["korsts"]["arms"]["modernbert-4h"]["apart"]  # 0.28 < 0.30
