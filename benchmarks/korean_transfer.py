@@ -270,15 +270,14 @@ def overlap_floor() -> dict:
     its two sentences' characters, spaces left out, intersection over union) with the gold score. A fine-tuned start
     below it has learnt less than spelling overlap tells."""
     from bertkit.finetune import metrics
-    from bertkit.finetune.korean import official_examples
+    from bertkit.finetune.korean import task_examples
 
     def overlap(a: str, b: str) -> float:
         a, b = set(a.replace(" ", "")), set(b.replace(" ", ""))
         return len(a & b) / max(1, len(a | b))
 
     floor = {}
-    for split in ("train", "dev"):
-        examples = official_examples("korsts", split, SHARED)
+    for split, (examples, _) in zip(("train", "dev"), task_examples("korsts", SHARED)):
         floor[split] = metrics.pearson([overlap(e.text_a, e.text_b) for e in examples],
                                        [float(e.label) for e in examples])
     return floor

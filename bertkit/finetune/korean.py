@@ -129,10 +129,9 @@ def published_file(given, data_dir, relative: str) -> Path:
 
 
 def official_examples(task: str, split: str, data_dir) -> list:
-    """A task's "train" or "dev" examples from the published file in `data_dir`, cut to the task's rows (NSMC's one
-    file is both splits)."""
-    spec = TASKS[task]
-    return read_examples(Path(data_dir) / getattr(spec, split))[getattr(spec, f"{split}_rows") or slice(None)]
+    """A task's "train" or "dev" examples from the published files in `data_dir`, cut to the task's split."""
+    train, dev = task_examples(task, data_dir)
+    return (train if split == "train" else dev)[0]
 
 
 def task_examples(task: str, data_dir=None, train_file=None, dev_file=None) -> tuple:
@@ -145,10 +144,11 @@ def task_examples(task: str, data_dir=None, train_file=None, dev_file=None) -> t
         if not path.is_file():
             raise DataError(f"{path}: not found; pass the folder holding {spec.train.split('/')[0]}/ as --data-dir "
                             "(../shared/data), or the files with --train-file / --dev-file")
+    train = read_examples(train_path)
+    dev = train if dev_path == train_path else read_examples(dev_path)  # NSMC: one file, read once
     if train_file or dev_file:
-        return (read_examples(train_path), train_path), (read_examples(dev_path), dev_path)
-    return (official_examples(task, "train", data_dir), train_path), (official_examples(task, "dev", data_dir),
-                                                                      dev_path)
+        return (train, train_path), (dev, dev_path)
+    return (train[spec.train_rows or slice(None)], train_path), (dev[spec.dev_rows or slice(None)], dev_path)
 
 
 def finetune_korean(task: str, data_dir, model_path, cfg, max_seq_length: int = 128, train_file=None,
@@ -281,8 +281,9 @@ def klue_ner_sentences(data_dir=None, train_file=None, dev_file=None) -> tuple:
     """(train, dev) sentences: the published dev file's first 4,000 and the rest, or the user's file(s); with a file
     of one's own the published one is read whole (it was cut only to make two splits of one)."""
     own = bool(train_file or dev_file)
-    train = read_klue_ner(published_file(train_file, data_dir, KLUE_NER))
-    dev = read_klue_ner(published_file(dev_file, data_dir, KLUE_NER))
+    train_path, dev_path = published_file(train_file, data_dir, KLUE_NER), published_file(dev_file, data_dir, KLUE_NER)
+    train = read_klue_ner(train_path)
+    dev = train if dev_path == train_path else read_klue_ner(dev_path)  # the published file: read once
     return (train, dev) if own else (train[:4000], dev[4000:])
 
 
