@@ -265,7 +265,7 @@ def keep_scores(ours: dict, theirs: dict) -> None:
             ours.setdefault(key, value)
 
 
-def overlap_floor() -> dict:
+def overlap_floor(data_dir: Path = SHARED) -> dict:
     """KorSTS with no model at all: the Pearson correlation of each pair's share of common characters (the sets of
     its two sentences' characters, spaces left out, intersection over union) with the gold score. A fine-tuned start
     below it has learnt less than spelling overlap tells."""
@@ -277,13 +277,14 @@ def overlap_floor() -> dict:
         return len(a & b) / max(1, len(a | b))
 
     floor = {}
-    for split, (examples, _) in zip(("train", "dev"), task_examples("korsts", SHARED)):
+    for split, (examples, _) in zip(("train", "dev"), task_examples("korsts", data_dir)):
         floor[split] = metrics.pearson([overlap(e.text_a, e.text_b) for e in examples],
                                        [float(e.label) for e in examples])
     return floor
 
 
-def input_lengths(work: Path, max_seq_length: int = 128) -> dict:
+def input_lengths(work: Path, max_seq_length: int = 128, data_dir: Path = SHARED,
+                  tasks=("nsmc", "klue-nli", "korsts")) -> dict:
     """What each tokenizer makes of the sentence tasks' dev inputs (pairs as the fine-tune encodes them): median
     tokens, the share longer than the fine-tunes' max_seq_length (cut), the share of [UNK] tokens. The reference's
     English vocabulary spells Hangul as jamo, so its inputs are longer and partly unknown."""
@@ -293,17 +294,16 @@ def input_lengths(work: Path, max_seq_length: int = 128) -> dict:
     from bertkit.finetune.korean import official_examples
     from bertkit.tokenization import load_tokenizer
 
-    tokenizers = {REFERENCE: model_dir(), "plain": work / "ko-tokenizer"}
+    tokenizers = {name: folder for name, folder in {REFERENCE: model_dir(), "plain": work / "ko-tokenizer"}.items()
+                  if folder.is_dir()}
+    inputs = {task: [(x.text_a, x.text_b) if x.text_b else x.text_a for x in official_examples(task, "dev", data_dir)]
+              for task in (tasks if tokenizers else ())}
     out = {}
     for name, folder in tokenizers.items():
-        if not folder.is_dir():
-            continue
         tok = load_tokenizer(folder)
         unk = tok.token_to_id("[UNK]")
-        for task in ("nsmc", "klue-nli", "korsts"):
-            examples = official_examples(task, "dev", SHARED)
-            ids = [e.ids for e in tok.encode_batch([(x.text_a, x.text_b) if x.text_b else x.text_a
-                                                    for x in examples])]
+        for task, texts in inputs.items():
+            ids = [e.ids for e in tok.encode_batch(texts)]
             lengths = np.array([len(i) for i in ids])
             out.setdefault(name, {})[task] = {
                 "median_tokens": float(np.median(lengths)),

@@ -54,3 +54,42 @@ def test_korean_starts_compare_at_the_rates_both_ran_in_full(transfer):
     two, four = rows["nsmc"]["arms"]["modernbert-2h"], rows["nsmc"]["arms"]["modernbert-4h"]
     assert (two["mean"], four["mean"]) == (pytest.approx(0.79), pytest.approx(0.82)) and four["apart"]
     assert not rows["korsts"]["arms"]["modernbert-4h"]["apart"]  # 0.28 < 0.30
+
+
+KORSTS_ROWS = [("가나 다", "가나", 4.0), ("가나 라", "라", 1.0), ("다", "다", 5.0)]
+
+
+@pytest.fixture
+def korsts_folder(tmp_path):
+    """A KorSTS folder as published (genre, filename, year, id, score, sentence1, sentence2), three pairs."""
+    folder = tmp_path / "data" / "kornlu" / "KorSTS"
+    folder.mkdir(parents=True)
+    lines = ["genre\tfilename\tyear\tid\tscore\tsentence1\tsentence2"]
+    lines += [f"main-captions\tMSRvid\t2012test\t{i:04d}\t{s:.3f}\t{a}\t{b}" for i, (a, b, s) in enumerate(KORSTS_ROWS)]
+    for name in ("sts-train.tsv", "sts-dev.tsv"):
+        (folder / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return tmp_path / "data"
+
+
+def test_korsts_overlap_floor_correlates_character_overlap_without_spaces(transfer, korsts_folder):
+    import korean_transfer
+
+    # overlaps 2/3, 1/3, 1 (a space counted would make the first 2/4) against 4, 1, 5: r = 12 / sqrt(156), by hand
+    floor = korean_transfer.overlap_floor(korsts_folder)
+    assert floor["train"] == floor["dev"] == pytest.approx(12 / 156 ** 0.5)
+
+
+def test_input_lengths_counts_tokens_cut_and_unknown(transfer, korsts_folder, tmp_path, monkeypatch):
+    import finetune_parity
+    import korean_transfer
+
+    monkeypatch.setattr(finetune_parity, "model_dir", lambda: tmp_path / "no-reference")  # the plain vocabulary only
+    tokenizer = tmp_path / "work" / "ko-tokenizer"
+    tokenizer.mkdir(parents=True)
+    (tokenizer / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "가나", "다"]) + "\n")
+    (tokenizer / "tokenizer_config.json").write_text('{"do_lower_case": false, "strip_accents": false}')
+    # [CLS] 가나 다 [SEP] 가나 [SEP]: 6 tokens; [CLS] 가나 [UNK] [SEP] [UNK] [SEP]: 6, a third unknown;
+    # [CLS] 다 [SEP] 다 [SEP]: 5
+    out = korean_transfer.input_lengths(tmp_path / "work", max_seq_length=5, data_dir=korsts_folder, tasks=("korsts",))
+    assert out == {"plain": {"korsts": {"median_tokens": 6.0, "share_over_5": round(2 / 3, 4),
+                                        "unk_share": round(1 / 9, 4)}}}

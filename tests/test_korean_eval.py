@@ -137,6 +137,24 @@ def test_finetune_korean_end_to_end(shared_data, minilm, tmp_path, task, files):
     assert keys <= set(summary["best"])
 
 
+def test_korquad_with_a_file_of_ones_own_scores_the_published_dev_whole(tmp_path, monkeypatch):
+    """KorQuAD's dev file is cut by article only to make a training split: with one's own train file (KorQuAD's
+    official train set) all 140 published articles are scored, as KorQuAD's own score is."""
+    from bertkit.finetune import squad
+
+    calls = []
+    monkeypatch.setattr(squad, "finetune_squad", lambda model, train, dev, cfg, **kw: calls.append(
+        (train, dev, kw.get("train_articles"), kw.get("predict_articles"))))
+    published, own = tmp_path / korean.KORQUAD, tmp_path / "KorQuAD_v1.0_train.json"
+    korean.finetune_korquad(tmp_path, "model", None)
+    korean.finetune_korquad(tmp_path, "model", None, train_file=own)
+    korean.finetune_korquad(None, "model", None, train_file=own, dev_file=own)  # no data folder needed
+    assert calls == [(published, published, slice(0, 100), slice(100, None)), (own, published, None, None),
+                     (own, own, None, None)]
+    with pytest.raises(korean.DataError, match="--data-dir"):
+        korean.finetune_korquad(None, "model", None, train_file=own)
+
+
 def test_korquad_end_to_end_reads_the_file_in_place(shared_data, minilm, tmp_path):
     from bertkit.finetune.train import TrainConfig
 
