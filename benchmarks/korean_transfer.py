@@ -50,12 +50,13 @@ from pretrain_transfer import (  # noqa: E402
     best_rate,
     done,
     masked_only_accuracy,
+    plot_by_hours,
     random_init,
     run_pace,
     say,
     timed_curve,
 )
-from record import read_result, run_info, write_result  # noqa: E402
+from record import RESULTS, read_result, run_info, write_result  # noqa: E402
 
 PRESETS = {"bert": "tiny", "modernbert": "modernbert-tiny"}
 
@@ -417,6 +418,26 @@ def print_yardstick(rows: list[dict]) -> None:
               f"{r['final']['eval_mlm_mask_acc']:.1%} at step {r['final']['step']}")
 
 
+def by_hours(rows: list[dict], family: str) -> list[dict]:
+    """A family's plain-vocabulary budgets (2 and 4 hours) against its random start, as pretrain_transfer's
+    by-hours rows (`plot_by_hours`): per task the difference of the best rates' means on a 0-1 scale (F1 / 100),
+    and whether the seeds' ranges part. Only whole sweeps (every rate and seed on both sides) count."""
+    whole = len(RATES) * len(SEEDS)
+    out = []
+    for start in BUDGET_STARTS[family]:
+        tasks = {}
+        for r in rows:
+            cells = [sum(len(v["seeds"]) for v in r[side]["rates"].values()) for side in ("random", "pretrained")
+                     if r.get(side)]
+            if r["start"] != start or "difference" not in r or min(cells) < whole:
+                continue
+            scale = 100 if TASKS[r["task"]][0].endswith("f1") else 1
+            tasks[r["task"]] = {"difference": r["difference"] / scale, "apart": r["apart"]}
+        if tasks:
+            out.append({"hours": float(start.rsplit("-", 1)[-1].rstrip("h")), "tasks": tasks})
+    return out
+
+
 def print_table(rows: list[dict]) -> None:
     print(f"\n{'task':9} {'metric':16} {'start':17} {'its random start':>24} {'this start (best lr)':>24} "
           f"{'diff':>7} apart  fine-tunes done (random; this)")
@@ -508,7 +529,11 @@ def main(argv=None):
     shown = ("corpus", "korsts_overlap_floor", "input_lengths")
     say(json.dumps({k: v for k, v in results.items() if k.endswith("pace") or k in shown}, indent=1))
     if results["sweep"]:
-        print_table(table(results["sweep"]))
+        rows = table(results["sweep"])
+        print_table(rows)
+        for family in PRESETS:
+            if len(hours := by_hours(rows, family)) > 1:
+                plot_by_hours(hours, RESULTS / f"korean_transfer_{family}_by_hours.png")
     print_yardstick(yardstick(results))
     print_vocab_tables(vocab_tables(results["sweep"]))
     print_vocab_tables(vocab_tables(results["sweep"], BUDGET_STARTS), "2 hours against 4 ({}, plain vocabulary)",

@@ -93,3 +93,18 @@ def test_input_lengths_counts_tokens_cut_and_unknown(transfer, korsts_folder, tm
     out = korean_transfer.input_lengths(tmp_path / "work", max_seq_length=5, data_dir=korsts_folder, tasks=("korsts",))
     assert out == {"plain": {"korsts": {"median_tokens": 6.0, "share_over_5": round(2 / 3, 4),
                                         "unk_share": round(1 / 9, 4)}}}
+
+
+def test_korean_budgets_against_hours_scale_f1_and_need_whole_sweeps(transfer):
+    import korean_transfer
+
+    nine = lambda a, b, c: {lr: {"0": a, "1": b, "2": c} for lr in ("1e-4", "3e-4", "1e-3")}  # noqa: E731
+    sweep = {"klue-ner": {"modernbert-random": nine(30.0, 31.0, 32.0), "modernbert-2h": nine(40.0, 41.0, 42.0),
+                          "modernbert-4h": nine(31.5, 41.0, 45.0)},
+             "nsmc": {"modernbert-random": nine(0.70, 0.71, 0.72), "modernbert-2h": nine(0.80, 0.80, 0.80),
+                      "modernbert-4h": {"1e-3": {"0": 0.9}}}}  # one cell of nine: not on the figure yet
+    rows = korean_transfer.by_hours(korean_transfer.table(sweep), "modernbert")
+    assert [r["hours"] for r in rows] == [2.0, 4.0]
+    assert rows[0]["tasks"]["klue-ner"] == {"difference": pytest.approx(0.10), "apart": True}  # F1 points / 100
+    assert rows[0]["tasks"]["nsmc"] == {"difference": pytest.approx(0.09), "apart": True}
+    assert rows[1]["tasks"] == {"klue-ner": {"difference": pytest.approx(0.245 / 3), "apart": False}}  # 39.17 - 31
