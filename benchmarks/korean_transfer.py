@@ -366,7 +366,8 @@ def yardstick(results: dict, hours: str = "2h") -> list[dict]:
 # each family's 2 hours with each vocabulary (none, MeCab, kiwi), the plain one first
 VOCAB_STARTS = {family: tuple(Arm(family, v).prefix + "2h" for v in ("none", "mecab", "kiwi")) for family in PRESETS}
 # each family's plain vocabulary at 2 and at 4 hours: what the second two hours buy
-BUDGET_STARTS = {family: tuple(Arm(family).prefix + h for h in ("2h", "4h")) for family in PRESETS}
+BUDGET_HOURS = (2, 4)
+BUDGET_STARTS = {family: tuple(f"{Arm(family).prefix}{h}h" for h in BUDGET_HOURS) for family in PRESETS}
 
 
 def vocab_tables(sweep_results: dict, starts_by_family: dict = VOCAB_STARTS) -> dict:
@@ -424,18 +425,19 @@ def by_hours(rows: list[dict], family: str) -> list[dict]:
     and whether the seeds' ranges part. Only whole sweeps (every rate and seed on both sides) count."""
     whole = len(RATES) * len(SEEDS)
     out = []
-    for start in BUDGET_STARTS[family]:
-        tasks = {}
-        for r in rows:
-            cells = [sum(len(v["seeds"]) for v in r[side]["rates"].values()) for side in ("random", "pretrained")
-                     if r.get(side)]
-            if r["start"] != start or "difference" not in r or min(cells) < whole:
-                continue
-            scale = 100 if TASKS[r["task"]][0].endswith("f1") else 1
-            tasks[r["task"]] = {"difference": r["difference"] / scale, "apart": r["apart"]}
+    for hours, start in zip(BUDGET_HOURS, BUDGET_STARTS[family]):
+        tasks = {r["task"]: {"difference": r["difference"] / (100 if r["metric"].endswith("f1") else 1),
+                             "apart": r["apart"]}
+                 for r in rows if r["start"] == start and "difference" in r
+                 and min(cells_done(r["random"]), cells_done(r["pretrained"])) == whole}
         if tasks:
-            out.append({"hours": float(start.rsplit("-", 1)[-1].rstrip("h")), "tasks": tasks})
+            out.append({"hours": float(hours), "tasks": tasks})
     return out
+
+
+def cells_done(best: dict | None) -> int:
+    """How many fine-tunes (rates x seeds) a start's best_rate summary holds."""
+    return sum(len(v["seeds"]) for v in best["rates"].values()) if best else 0
 
 
 def print_table(rows: list[dict]) -> None:
@@ -444,8 +446,7 @@ def print_table(rows: list[dict]) -> None:
     for r in rows:
         cells = [f"{r[i]['mean']:7.3f} ± {r[i]['sd']:5.3f} ({r[i]['lr']:g})" if r.get(i) else "-"
                  for i in ("random", "pretrained")]
-        done = [sum(len(v["seeds"]) for v in r[i]["rates"].values()) if r.get(i) else 0
-                for i in ("random", "pretrained")]
+        done = [cells_done(r.get(i)) for i in ("random", "pretrained")]
         planned = len(REFERENCE_RATES if r["start"] == REFERENCE else RATES) * len(SEEDS)
         diff = f"{r['difference']:7.3f}" if "difference" in r else f"{'-':>7}"
         print(f"{r['task']:9} {r['metric']:16} {r['start']:17} {cells[0]:>24} {cells[1]:>24} {diff} "

@@ -129,26 +129,35 @@ def published_file(given, data_dir, relative: str) -> Path:
 
 
 def official_examples(task: str, split: str, data_dir) -> list:
-    """A task's "train" or "dev" examples from the published files in `data_dir`, cut to the task's split."""
-    train, dev = task_examples(task, data_dir)
-    return (train if split == "train" else dev)[0]
+    """A task's "train" or "dev" examples from the published file in `data_dir`, cut to the task's split (only
+    that split's file is read)."""
+    spec = TASKS[task]
+    return split_rows(spec, split, read_examples(existing(published_file(None, data_dir, getattr(spec, split)), spec)))
+
+
+def split_rows(spec: KoreanTask, split: str, examples: list) -> list:
+    """The part of a published file that is the task's "train" or "dev" split (NSMC: one file holds both)."""
+    return examples[getattr(spec, f"{split}_rows") or slice(None)]
+
+
+def existing(path: Path, spec: KoreanTask) -> Path:
+    if not path.is_file():
+        raise DataError(f"{path}: not found; pass the folder holding {spec.train.split('/')[0]}/ as --data-dir "
+                        "(../shared/data), or the files with --train-file / --dev-file")
+    return path
 
 
 def task_examples(task: str, data_dir=None, train_file=None, dev_file=None) -> tuple:
     """((train examples, path), (dev examples, path)): the published files cut to the task's split, or the user's
     file(s); with a file of one's own the published one is read whole (it was cut only to make two splits of one)."""
     spec = TASKS[task]
-    train_path = published_file(train_file, data_dir, spec.train)
-    dev_path = published_file(dev_file, data_dir, spec.dev)
-    for path in (train_path, dev_path):
-        if not path.is_file():
-            raise DataError(f"{path}: not found; pass the folder holding {spec.train.split('/')[0]}/ as --data-dir "
-                            "(../shared/data), or the files with --train-file / --dev-file")
+    train_path = existing(published_file(train_file, data_dir, spec.train), spec)
+    dev_path = existing(published_file(dev_file, data_dir, spec.dev), spec)
     train = read_examples(train_path)
     dev = train if dev_path == train_path else read_examples(dev_path)  # NSMC: one file, read once
     if train_file or dev_file:
         return (train, train_path), (dev, dev_path)
-    return (train[spec.train_rows or slice(None)], train_path), (dev[spec.dev_rows or slice(None)], dev_path)
+    return (split_rows(spec, "train", train), train_path), (split_rows(spec, "dev", dev), dev_path)
 
 
 def finetune_korean(task: str, data_dir, model_path, cfg, max_seq_length: int = 128, train_file=None,
