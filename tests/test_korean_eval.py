@@ -100,6 +100,23 @@ def test_a_tsv_of_no_known_task_names_its_header(tmp_path):
         korean.read_examples(bad)
 
 
+@pytest.mark.parametrize("missing", ["klue-ner", "korquad", "korsts"])
+def test_a_missing_task_file_stops_every_task_before_any_fine_tuning(tmp_path, missing):
+    """`--task nsmc --task X` with X's file absent names that file and fixes before NSMC trains (a model folder
+    that was never read: the check comes before any loading)."""
+    data = tmp_path / "data"
+    (data / "nsmc").mkdir(parents=True)
+    (data / "nsmc" / "ratings_test.txt").write_text("id\tdocument\tlabel\n1\t좋다\t1\n", encoding="utf-8")
+    (tmp_path / "model").mkdir()
+    out = tmp_path / "out"
+    r = CliRunner().invoke(main, ["finetune", "korean", "--task", "nsmc", "--task", missing, "--data-dir", str(data),
+                                  "--model", str(tmp_path / "model"), "--out", str(out)])
+    wanted = {"klue-ner": korean.KLUE_NER, "korquad": korean.KORQUAD, "korsts": korean.TASKS["korsts"].train}[missing]
+    assert r.exit_code == 1 and r.exception is not None and not isinstance(r.exception, FileNotFoundError)
+    assert f"{data / wanted}: not found" in r.output and "--data-dir" in r.output, r.output
+    assert not out.exists()  # nothing began
+
+
 @pytest.fixture(scope="module")
 def minilm():
     import importlib.util
@@ -146,6 +163,8 @@ def test_korquad_with_a_file_of_ones_own_scores_the_published_dev_whole(tmp_path
     monkeypatch.setattr(squad, "finetune_squad", lambda model, train, dev, cfg, **kw: calls.append(
         (train, dev, kw.get("train_articles"), kw.get("predict_articles"))))
     published, own = tmp_path / korean.KORQUAD, tmp_path / "KorQuAD_v1.0_train.json"
+    published.parent.mkdir()
+    published.write_text("{}")  # only its path is passed on
     korean.finetune_korquad(tmp_path, "model", None)
     korean.finetune_korquad(tmp_path, "model", None, train_file=own)
     korean.finetune_korquad(None, "model", None, train_file=own, dev_file=own)  # no data folder needed

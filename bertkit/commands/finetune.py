@@ -252,7 +252,7 @@ def korean(**kw):
     Where ../shared/data holds no training split, the task trains on part of what is there (see
     bertkit/finetune/korean.py). korquad takes SQuAD's defaults (384 tokens, lr 5e-5, 2 epochs) unless given."""
     from bertkit.fileio import folder_kind
-    from bertkit.finetune.korean import SettingsChanged, evaluate
+    from bertkit.finetune.korean import SettingsChanged, evaluate, task_files
 
     tasks = list(dict.fromkeys(t for name in kw.pop("tasks") for t in (KOREAN_TASKS if name == "all" else [name])))
     rates, seeds = kw.pop("lrs"), kw.pop("seeds")
@@ -262,11 +262,13 @@ def korean(**kw):
     if kw["data_dir"] is None and not (kw["train_file"] and kw["dev_file"]):
         raise click.UsageError("--data-dir: give the folder holding klue/, kornlu/, nsmc/ and korquad_v1.0/ as "
                                "published (../shared/data), or both --train-file and --dev-file")
+    if (kw["train_file"] or kw["dev_file"]) and len(tasks) > 1:
+        raise click.UsageError("--train-file and --dev-file name one task's files: give one --task with them")
+    for task in tasks:  # a missing file stops now, not after hours of the tasks before it
+        task_files(task, kw["data_dir"], kw["train_file"], kw["dev_file"])
     if len(tasks) == 1 and not sweep and folder_kind(kw["out_dir"]) != "finetune-korean":  # OUT is its fine-tuning
         _report(_korean_task(tasks[0], dict(kw)))
         return
-    if (kw["train_file"] or kw["dev_file"]) and len(tasks) > 1:
-        raise click.UsageError("--train-file and --dev-file name one task's files: give one --task with them")
     # what the scores depend on (a sweep's cells are named by their rate and seed: a sweep may add more)
     settings = {k: v for k, v in kw.items() if k not in SCORE_NEUTRAL and not (sweep and k in ("learning_rate",
                                                                                                "seed"))}

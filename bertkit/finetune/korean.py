@@ -118,21 +118,34 @@ def sts_metrics(preds, golds, binary=None) -> dict:
     return out
 
 
-def published_file(given, data_dir, relative: str) -> Path:
-    """The file the user gave, else the published one under `data_dir`."""
+def task_files(task: str, data_dir=None, train_file=None, dev_file=None) -> tuple[Path, Path]:
+    """(train file, dev file) of a task: the user's, else the published ones under `data_dir`. A missing one stops
+    here, naming the path and the fix, before any model is loaded (`--task all` checks every task first)."""
+    train_rel, dev_rel = ((TASKS[task].train, TASKS[task].dev) if task in TASKS
+                          else {"klue-ner": (KLUE_NER, KLUE_NER), "korquad": (KORQUAD, KORQUAD)}[task])
+    return _published_file(train_file, data_dir, train_rel), _published_file(dev_file, data_dir, dev_rel)
+
+
+def _published_file(given, data_dir, relative: str) -> Path:
+    """The file the user gave, else the published one under `data_dir`, which must be there."""
     if given:
         return Path(given)
+    folder = relative.split("/")[0]
     if data_dir is None:
-        raise DataError(f"no data folder for {relative}: pass the folder holding {relative.split('/')[0]}/ "
-                        "(../shared/data) as --data-dir, or your own files with --train-file and --dev-file")
-    return Path(data_dir) / relative
+        raise DataError(f"no data folder for {relative}: pass the folder holding {folder}/ (../shared/data) as "
+                        "--data-dir, or your own files with --train-file and --dev-file")
+    path = Path(data_dir) / relative
+    if not path.is_file():
+        raise DataError(f"{path}: not found; give --data-dir the folder that holds {folder}/ as published (e.g. "
+                        "../shared/data), or give the files with --train-file / --dev-file")
+    return path
 
 
 def official_examples(task: str, split: str, data_dir) -> list:
     """A task's "train" or "dev" examples from the published file in `data_dir`, cut to the task's split (only
     that split's file is read)."""
     spec = TASKS[task]
-    return split_rows(spec, split, read_examples(existing(published_file(None, data_dir, getattr(spec, split)), spec)))
+    return split_rows(spec, split, read_examples(_published_file(None, data_dir, getattr(spec, split))))
 
 
 def split_rows(spec: KoreanTask, split: str, examples: list) -> list:
@@ -140,19 +153,11 @@ def split_rows(spec: KoreanTask, split: str, examples: list) -> list:
     return examples[getattr(spec, f"{split}_rows") or slice(None)]
 
 
-def existing(path: Path, spec: KoreanTask) -> Path:
-    if not path.is_file():
-        raise DataError(f"{path}: not found; pass the folder holding {spec.train.split('/')[0]}/ as --data-dir "
-                        "(../shared/data), or the files with --train-file / --dev-file")
-    return path
-
-
 def task_examples(task: str, data_dir=None, train_file=None, dev_file=None) -> tuple:
     """((train examples, path), (dev examples, path)): the published files cut to the task's split, or the user's
     file(s); with a file of one's own the published one is read whole (it was cut only to make two splits of one)."""
     spec = TASKS[task]
-    train_path = existing(published_file(train_file, data_dir, spec.train), spec)
-    dev_path = existing(published_file(dev_file, data_dir, spec.dev), spec)
+    train_path, dev_path = task_files(task, data_dir, train_file, dev_file)
     train = read_examples(train_path)
     dev = train if dev_path == train_path else read_examples(dev_path)  # NSMC: one file, read once
     if train_file or dev_file:
@@ -192,8 +197,7 @@ def finetune_korquad(data_dir, model_path, cfg, train_file=None, dev_file=None, 
     from bertkit.finetune.metrics import korquad_evaluate
     from bertkit.finetune.squad import finetune_squad
 
-    train_path = published_file(train_file, data_dir, KORQUAD)
-    dev_path = published_file(dev_file, data_dir, KORQUAD)
+    train_path, dev_path = task_files("korquad", data_dir, train_file, dev_file)
     if not train_file and not dev_file:
         squad.setdefault("train_articles", slice(0, 100))
         squad.setdefault("predict_articles", slice(100, None))
@@ -290,7 +294,7 @@ def klue_ner_sentences(data_dir=None, train_file=None, dev_file=None) -> tuple:
     """(train, dev) sentences: the published dev file's first 4,000 and the rest, or the user's file(s); with a file
     of one's own the published one is read whole (it was cut only to make two splits of one)."""
     own = bool(train_file or dev_file)
-    train_path, dev_path = published_file(train_file, data_dir, KLUE_NER), published_file(dev_file, data_dir, KLUE_NER)
+    train_path, dev_path = task_files("klue-ner", data_dir, train_file, dev_file)
     train = read_klue_ner(train_path)
     dev = train if dev_path == train_path else read_klue_ner(dev_path)  # the published file: read once
     return (train, dev) if own else (train[:4000], dev[4000:])
