@@ -312,6 +312,21 @@ def test_fill_mask_matches_transformers(tmp_path):
     assert result.exit_code != 0 and "has no pretraining head: it lacks cls.predictions.bias" in result.output
 
 
+def test_fill_mask_lines_up_korean_guesses_by_terminal_columns():
+    """A Hangul syllable takes two columns on a terminal: padded by characters, a Korean guess pushed its
+    probability right of the others'."""
+    import unicodedata
+
+    from bertkit.commands.model import padded
+
+    def columns(s):
+        return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in s)
+
+    for token in (")", "다음과", "##서울", "Paris", "현재"):
+        assert columns(padded(token, 20)) == 20 and padded(token, 20).startswith(token)
+    assert padded("가" * 12, 20) == "가" * 12  # wider than the column: nothing added, nothing cut
+
+
 def test_mean_pooling_classifier_reads_the_mean_of_transformers_last_layer(tmp_path):
     """classifier_pooling "mean": logits = classifier(mean of the last layer over the real tokens), with that layer
     from transformers' own BertModel on the saved weights; packed input gives the same; config.json keeps the choice

@@ -1,4 +1,6 @@
 """`bertkit fill-mask`: the top-k predictions of a model's MLM head at each [MASK] (a quick sanity check)."""
+import unicodedata
+
 import click
 
 from bertkit.commands import kernels_option
@@ -57,4 +59,11 @@ def fill_mask(model_dir, top_k, device, kernels, texts):
             if len(masks) > 1:
                 click.echo(f"  [MASK] {n}:")
             for rank, (token, prob) in enumerate(predictions, 1):
-                click.echo(f"  {rank:>2}. {token:<20} {prob:.4f}")
+                click.echo(f"  {rank:>2}. {padded(token, 20)} {prob:.4f}")
+
+
+def padded(text: str, columns: int) -> str:
+    """`text` padded to `columns` terminal columns: a Hangul syllable (or any wide character) takes two, so the
+    probabilities of Korean guesses line up."""
+    wide = sum(unicodedata.east_asian_width(c) in "WF" for c in text)
+    return text + " " * max(0, columns - len(text) - wide)
