@@ -206,6 +206,12 @@ def test_bad_squad_files_name_file_line_and_question(tmp_path):
     path.write_text(json.dumps(data))
     with pytest.raises(squad.SquadFormatError, match="no answers"):
         squad.read_squad(path, training=True)
+    page = tmp_path / "korquad2.json"  # KorQuAD 2.0: one HTML context per article, no paragraphs
+    page.write_text(json.dumps({"data": [{"title": "T", "context": "<p>Paris</p>", "qas": [
+        {"id": "q1", "question": "Where?", "answer": {"text": "Paris", "answer_start": 3}}]}]}))
+    with pytest.raises(squad.SquadFormatError, match=r"korquad2.json: no questions found; its articles hold "
+                                                     r"\['context', 'qas', 'title'\], not SQuAD's 'paragraphs'"):
+        squad.read_squad(page, training=True)
 
 
 def test_v2_partial_dev_reads_and_scores_officially(shared_data):

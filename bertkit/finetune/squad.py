@@ -134,7 +134,10 @@ def read_squad(path, training: bool, version_2: bool = False, articles: slice | 
                                            "(mark it is_impossible=true with --version-2, or drop it)")
                 examples.append(SquadExample(qid, question, context, answers, impossible, article.get("title", "")))
     if not examples:
-        raise SquadFormatError(f"{path}: no questions found")
+        other = next((sorted(a) for a in dataset if "paragraphs" not in a), None)  # another layout (KorQuAD 2.0's)
+        raise SquadFormatError(f"{path}: no questions found" + (
+            f"; its articles hold {other}, not SQuAD's 'paragraphs' (each a 'context' with its 'qas'): bertkit reads "
+            "the SQuAD v1.1/v2.0 layout (KorQuAD 1.0's too, not KorQuAD 2.0's whole-page HTML)" if other else ""))
     return examples, dataset
 
 
