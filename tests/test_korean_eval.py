@@ -93,6 +93,19 @@ def test_a_malformed_klue_file_is_named_with_what_is_wrong(tmp_path, content, me
         korean.read_examples(bad)
 
 
+@pytest.mark.parametrize("content,message", [
+    ("EU B-ORG\nrejects O\n", r"ner.tsv:1: a character line outside a sentence .*word-level CoNLL"),
+    ("## klue-ner-v1.1_dev_00000\t<서울:LC>\n서\tB-LC\n울\tB-CITY\n", r"ner.tsv:3: tag 'B-CITY' is not KLUE-NER's"),
+    ("## klue-ner-v1.1_dev_00000\t서울\n서울\tB-LC\n", r"ner.tsv:2: expected one character, a tab and its tag"),
+    ("## a note, no sentence\n", r"ner.tsv: no sentences"),
+])
+def test_a_malformed_klue_ner_file_is_named_with_line_and_fix(tmp_path, content, message):
+    bad = tmp_path / "ner.tsv"
+    bad.write_text(content, encoding="utf-8")
+    with pytest.raises(korean.DataError, match=message):
+        korean.read_klue_ner(bad)
+
+
 def test_a_tsv_of_no_known_task_names_its_header(tmp_path):
     bad = tmp_path / "mine.tsv"
     bad.write_text("text\ttarget\nhello\t1\n", encoding="utf-8")

@@ -237,7 +237,9 @@ def read_klue_ner(path) -> list:
             current = None
             continue
         if current is None:
-            raise DataError(f"{path}:{n}: a character line outside a sentence (no `## guid` line before it)")
+            raise DataError(f"{path}:{n}: a character line outside a sentence (no `## guid` line before it); "
+                            "KLUE-NER's TSV heads each sentence with `## klue-ner-v1.1_..._00000<TAB>text`, then one "
+                            "`character<TAB>tag` line per character (a word-level CoNLL file is `finetune ner`'s)")
         char, sep, tag = line.rpartition("\t")
         if not sep or len(char) != 1:
             raise DataError(f"{path}:{n}: expected one character, a tab and its tag; got {line!r}")
