@@ -106,6 +106,19 @@ def test_a_malformed_klue_ner_file_is_named_with_line_and_fix(tmp_path, content,
         korean.read_klue_ner(bad)
 
 
+def test_another_tasks_file_is_said_to_be_one(tmp_path, monkeypatch):
+    """An NSMC file given to a pair task (or a pair file to NSMC) is named as such, before any model is read."""
+    single, pairs = tmp_path / "nsmc.tsv", tmp_path / "sts.tsv"
+    single.write_text("id\tdocument\tlabel\n1\t좋아요\t1\n", encoding="utf-8")
+    pairs.write_text("genre\tfilename\tyear\tid\tscore\tsentence1\tsentence2\nx\tf\t1\t1\t3.0\t가\t나\n",
+                     encoding="utf-8")
+    monkeypatch.setattr(korean, "run_classification", lambda *a, **k: pytest.fail("trained on the wrong file"))
+    with pytest.raises(korean.DataError, match=r"nsmc.tsv: holds single texts .*klue-nli takes sentence pairs"):
+        korean.finetune_korean("klue-nli", None, "model", None, train_file=single, dev_file=single)
+    with pytest.raises(korean.DataError, match=r"sts.tsv: holds sentence pairs, but nsmc takes single texts"):
+        korean.finetune_korean("nsmc", None, "model", None, train_file=single, dev_file=pairs)
+
+
 def test_a_tsv_of_no_known_task_names_its_header(tmp_path):
     bad = tmp_path / "mine.tsv"
     bad.write_text("text\ttarget\nhello\t1\n", encoding="utf-8")

@@ -96,6 +96,16 @@ def _read_klue_json(path: Path) -> list:
     return examples
 
 
+def check_pairs(examples: list, task: str, path) -> None:
+    """NSMC scores single texts, the others sentence pairs: another task's file stops here, said as such, rather
+    than at its first label."""
+    pairs = task != "nsmc"
+    if examples and (examples[0].text_b is not None) != pairs:
+        held = "single texts (NSMC's layout)" if pairs else "sentence pairs"  # the other kind
+        raise DataError(f"{path}: holds {held}, but {task} takes {'sentence pairs' if pairs else 'single texts'}; "
+                        f"give {task}'s own file")
+
+
 def check_labels(examples: list, labels: tuple | None, path) -> None:
     """A label outside the task's set (or a score outside 0-5) stops naming the file, line and label."""
     for ex in examples:
@@ -174,8 +184,9 @@ def finetune_korean(task: str, data_dir, model_path, cfg, max_seq_length: int = 
     spec = TASKS[task]
     (train, train_path), (dev, dev_path) = task_examples(task, data_dir, train_file, dev_file)
     train, dev = train[:max_train_rows], dev[:max_dev_rows]  # a quick look: the first rows only
-    check_labels(train, spec.labels, train_path)
-    check_labels(dev, spec.labels, dev_path)
+    for examples, path in ((train, train_path), (dev, dev_path)):
+        check_pairs(examples, task, path)
+        check_labels(examples, spec.labels, path)
     labels = list(spec.labels) if spec.labels else None
     binary = [ex.binary for ex in dev] if all(ex.binary is not None for ex in dev) else None
 
