@@ -22,7 +22,7 @@ English model, as a floor for cross-lingual transfer.
     python benchmarks/korean_transfer.py --pretokenize mecab --only prepare   # the vocabularies compared: each
     python benchmarks/korean_transfer.py --pretokenize mecab --hours 2        # its own tokenizer and instances,
                                                                               # its family's pace (the same shape)
-    python benchmarks/korean_transfer.py --only report
+    python benchmarks/korean_transfer.py --only report             # tables; runs still under way: their curve
 
 "2 CPU-hours" is a step count, not a clock: a short probe alone on the machine measures this run's steps per
 second (its load average recorded beside it), and the run takes as many steps as 2 hours of that pace buy, on the
@@ -32,6 +32,8 @@ The random start is the same architecture and tokenizer with BERT's initialisati
 pretraining: `--only random` fine-tunes it alone, and a later session adds each pretrained start. One results file,
 benchmarks/results/korean_transfer.json, keeps every fine-tune's score as it finishes (a sweep skips what it holds)
 and the tokenizer's checksum: a start whose tokenizer differs from the recorded one is refused, not mixed in.
+A pretraining that spans sessions is recorded by `--only report` under `partial_runs` (its held-out curve so far),
+until its finished run takes its place in `runs`.
 """
 import argparse
 import json
@@ -184,6 +186,29 @@ def pretrain_hours(work: Path, instances: Path, hours: float, steps_per_s: float
         raise SystemExit(f"{run.name} stopped at step {result['step']}; run the benchmark again to resume")
     export(run, export_dir)
     return export_dir
+
+
+def runs_under_way(work: Path, runs: dict) -> dict:
+    """The held-out curves so far of the pretraining runs in `work` that have no export yet and no entry in `runs`
+    (a run spans sessions): progress for the record, not a result. A run leaves this once it is in `runs`."""
+    under_way = {}
+    for run in sorted(work.glob("ko-*run-*h")):
+        key = run.name.removeprefix("ko-").replace("run-", "")  # ko-modernbert-run-4h -> modernbert-4h
+        if key in runs or (work / f"{run.name}-export" / "model.safetensors").is_file() or not (
+                run / "metrics.jsonl").is_file():
+            continue
+        logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        under_way[key] = {"recorded": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                          "step": max((r["step"] for r in logged), default=0),
+                          "of_steps": json.loads((run / "config.json").read_text())["pretrain"]["max_steps"],
+                          "curve": timed_curve(run)}
+    return under_way
+
+
+def drop_finished_runs(results: dict) -> None:
+    """A finished run is in `runs` only: its curve so far leaves `partial_runs` (the key goes with the last)."""
+    partial = {k: v for k, v in results.pop("partial_runs", {}).items() if k not in results["runs"]}
+    results.update({"partial_runs": partial} if partial else {})
 
 
 def finetune(task: str, model: Path, out: Path, lr: float, seed: int, unpadded: bool = False) -> float:
@@ -480,6 +505,7 @@ def main(argv=None):
     def save():
         # what another process wrote meanwhile (scores, a run, a pace) stays
         keep_scores(results, {k: v for k, v in read_result(name).items() if k != "table"})
+        drop_finished_runs(results)
         # the header is this save's; each commit that added scores keeps its date and load in `saves`
         header = run_info(name)
         results.setdefault("saves", {})[header["commit"]] = {k: header[k] for k in ("date", "load_average_1_5_15min")}
@@ -526,6 +552,7 @@ def main(argv=None):
     if args.only == "report":
         results["korsts_overlap_floor"] = overlap_floor()
         results["input_lengths"] = input_lengths(args.work)
+        results["partial_runs"] = runs_under_way(args.work, results["runs"])
         save()
     shown = ("corpus", "korsts_overlap_floor", "input_lengths")
     say(json.dumps({k: v for k, v in results.items() if k.endswith("pace") or k in shown}, indent=1))

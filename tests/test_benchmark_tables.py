@@ -108,3 +108,38 @@ def test_korean_budgets_against_hours_scale_f1_and_need_whole_sweeps(transfer):
     assert rows[0]["tasks"]["klue-ner"] == {"difference": pytest.approx(0.10), "apart": True}  # F1 points / 100
     assert rows[0]["tasks"]["nsmc"] == {"difference": pytest.approx(0.09), "apart": True}
     assert rows[1]["tasks"] == {"klue-ner": {"difference": pytest.approx(0.245 / 3), "apart": False}}  # 39.17 - 31
+
+
+def test_runs_under_way_are_recorded_until_their_run_is(transfer, tmp_path):
+    """A pretraining spanning sessions: its held-out curve so far is recorded (the resumed run's later line for a
+    step wins); a run already in `runs`, or exported, or with nothing logged is not under way."""
+    import json
+
+    import korean_transfer
+
+    def run(name, lines, max_steps=100):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({"pretrain": {"max_steps": max_steps}}))
+        (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+        return folder
+
+    run("ko-run-4h", [{"step": 10, "loss": 5.0}, {"step": 20, "eval_mlm_loss": 4.0, "elapsed_s": 9.0},
+                      {"step": 25, "loss": 4.1}, {"step": 20, "eval_mlm_loss": 3.9, "elapsed_s": 8.0},  # resumed
+                      {"step": 30, "loss": 3.8}], max_steps=64)
+    run("ko-modernbert-run-4h", [{"step": 40, "eval_mlm_loss": 3.0}])
+    (tmp_path / "ko-modernbert-run-4h-export").mkdir()
+    (tmp_path / "ko-modernbert-run-4h-export" / "model.safetensors").write_bytes(b"")
+    run("ko-run-2h", [{"step": 5, "loss": 6.0}])
+    run("ko-modernbert-mecab-run-2h", [{"step": 7, "loss": 6.0}])
+    out = korean_transfer.runs_under_way(tmp_path, {"2h": {}})
+    assert set(out) == {"4h", "modernbert-mecab-2h"}
+    assert out["4h"]["step"] == 30 and out["4h"]["of_steps"] == 64
+    assert out["4h"]["curve"] == [{"step": 20, "eval_mlm_loss": 3.9, "elapsed_s": 8.0}]
+    assert out["modernbert-mecab-2h"]["curve"] == []
+    results = {"runs": {"2h": {}, "4h": {}}, "partial_runs": {"4h": out["4h"], "modernbert-mecab-2h": {}}}
+    korean_transfer.drop_finished_runs(results)  # the 4-hour run finished: its curve so far goes
+    assert results["partial_runs"] == {"modernbert-mecab-2h": {}}
+    results["runs"]["modernbert-mecab-2h"] = {}
+    korean_transfer.drop_finished_runs(results)
+    assert "partial_runs" not in results
