@@ -17,11 +17,15 @@ each tiny kernel sooner than the host issues the next, so the wall time is the h
 import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from attention import no_gpu  # noqa: E402
 
 
 def per_call_us(fn, calls: int, rounds: int = 7) -> float:
@@ -43,6 +47,8 @@ def main():
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--out", default="gpu_out/triton_launch.json")
     args = ap.parse_args()
+    if no_gpu("triton_launch.py"):
+        return
     import triton
 
     from bertkit.kernels.common import cdiv

@@ -1,5 +1,6 @@
-"""The transfer benchmarks' tables (benchmarks/pretrain_transfer.py, read by korean_transfer.py too): which rate is
-each start's best and when two starts' seeds are apart. Checked against sums done by hand."""
+"""The benchmarks' own logic: the transfer benchmarks' tables (benchmarks/pretrain_transfer.py, read by
+korean_transfer.py too: which rate is each start's best, when two starts' seeds are apart; checked against sums done
+by hand), the runs they record while under way, and the GPU-only scripts on a machine without a GPU."""
 from pathlib import Path
 
 import pytest
@@ -143,3 +144,23 @@ def test_runs_under_way_are_recorded_until_their_run_is(transfer, tmp_path):
     results["runs"]["modernbert-mecab-2h"] = {}
     korean_transfer.drop_finished_runs(results)
     assert "partial_runs" not in results
+
+
+@pytest.mark.parametrize("script", ["attention", "attention_tiles", "layer_norm", "modernbert_attention",
+                                    "host_overhead", "triton_launch"])
+def test_gpu_only_benchmarks_say_so_on_a_machine_without_one(script, tmp_path):
+    """`make bench` on a laptop, or a lease's step run by mistake on the CPU: a sentence and exit 0, no traceback
+    and no result file claiming a measurement."""
+    import subprocess
+    import sys
+
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is here: the script would measure")
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / f"{script}.json"
+    r = subprocess.run([sys.executable, str(root / "benchmarks" / f"{script}.py"), "--out", str(out)], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert f"benchmarks/{script}.py needs a CUDA GPU" in r.stderr and not out.exists()
