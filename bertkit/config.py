@@ -34,6 +34,9 @@ class BertConfig:
                                              # sub-layer, plus a final one (MegatronBERT's; HF model_type megatron-bert)
     classifier_pooling: str = "cls"          # what a sequence classifier reads: cls, tanh(dense(h[CLS])) as BERT; mean,
                                              # the mean of the last layer over the tokens (ModernBERT's option)
+    layout: str = "bert"                     # the HF layout it loads from and saves to: bert, or roberta (RoBERTa's
+                                             # names, positions counted from pad_token_id + 1, one token type; KLUE's
+                                             # RoBERTa is this encoder with a WordPiece vocabulary)
 
     def __post_init__(self):
         for name in ("hidden_size", "num_heads", "intermediate_size"):
@@ -47,6 +50,9 @@ class BertConfig:
             raise ValueError(f"vocab_pad_multiple must be positive, got {self.vocab_pad_multiple}")
         if self.norm not in ("post", "pre"):
             raise ValueError(f"norm must be 'post' or 'pre', got {self.norm!r}")
+        if self.layout not in ("bert", "roberta") or (self.layout == "roberta" and self.norm != "post"):
+            raise ValueError(f"layout must be 'bert', or 'roberta' with norm 'post'; got {self.layout!r} with norm "
+                             f"{self.norm!r}")
         self.set_pooling(self.classifier_pooling)
 
     def set_dropout(self, hidden: float, attention: float | None = None) -> None:
@@ -64,6 +70,16 @@ class BertConfig:
     @property
     def embedding_width(self) -> int:
         return self.embedding_size or self.hidden_size
+
+    @property
+    def position_offset(self) -> int:
+        """The first position's row of the position table: RoBERTa counts positions from pad_token_id + 1."""
+        return self.pad_token_id + 1 if self.layout == "roberta" else 0
+
+    @property
+    def max_length(self) -> int:
+        """The longest sequence the position table holds."""
+        return self.max_position_embeddings - self.position_offset
 
     @property
     def head_dim(self) -> int:
@@ -95,7 +111,7 @@ class BertConfig:
                              "form in transformers; an ELECTRA generator is written by bertkit.models.electra.write_hf")
         pooling = {} if self.classifier_pooling == "cls" else {"classifier_pooling": self.classifier_pooling}
         return {
-            "model_type": "bert" if self.norm == "post" else "megatron-bert",
+            "model_type": "roberta" if self.layout == "roberta" else "bert" if self.norm == "post" else "megatron-bert",
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
             "num_hidden_layers": self.num_layers,
@@ -120,11 +136,12 @@ class BertConfig:
         model_type = d.get("model_type")
         archs = d.get("architectures") or []
         # configs from before HF wrote model_type (and google-research's bert_config.json) have none
-        prefix = {"megatron-bert": "MegatronBert", "electra": "Electra"}.get(model_type, "Bert")
-        if model_type not in ("bert", "megatron-bert", "electra", None) or not all(a.startswith(prefix) for a in archs):
+        prefix = {"megatron-bert": "MegatronBert", "electra": "Electra", "roberta": "Roberta"}.get(model_type, "Bert")
+        if model_type not in ("bert", "megatron-bert", "electra", "roberta", None) or not all(
+                a.startswith(prefix) for a in archs):
             raise ValueError(
-                f"{source}: model_type is {model_type!r} (architectures {archs}), not 'bert', 'megatron-bert' or "
-                "'electra'; bertkit loads BERT-family checkpoints only"
+                f"{source}: model_type is {model_type!r} (architectures {archs}), not 'bert', 'megatron-bert', "
+                "'electra', 'roberta' or 'modernbert'; bertkit loads these families' checkpoints only"
             )
         unsupported = {
             "hidden_act": (d.get("hidden_act", "gelu"), ("gelu",)),
@@ -151,6 +168,7 @@ class BertConfig:
             classifier_dropout=d.get("classifier_dropout"),
             classifier_pooling=d.get("classifier_pooling", "cls"),
             norm="pre" if model_type == "megatron-bert" else "post",
+            layout="roberta" if model_type == "roberta" else "bert",
             embedding_size=None if d.get("embedding_size") in (None, d["hidden_size"]) else d["embedding_size"],
         )
 

@@ -66,7 +66,11 @@ class Embeddings(nn.Module):
     def forward(self, input_ids, token_type_ids, position_ids=None):
         positions = position_ids if position_ids is not None else torch.arange(input_ids.shape[-1],
                                                                                device=input_ids.device)
+        if self.cfg.type_vocab_size == 1:  # one token type (RoBERTa): a pair's second segment is type 0 too
+            token_type_ids = torch.zeros_like(input_ids)
         x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
+        if self.cfg.position_offset:  # RoBERTa: the first position is row pad_token_id + 1
+            positions = positions + self.cfg.position_offset
         x = x + self.position_embeddings(positions)
         if self.norm is not None:
             x = kernels.add_layer_norm(x, None, self.norm.weight, self.norm.bias, self.cfg.layer_norm_eps, 0.0)
@@ -187,9 +191,10 @@ class BertModel(nn.Module):
         longest = max_seqlen if packed else input_ids.shape[1]
         if packed and (max_seqlen is None or input_ids.dim() != 1 or attention_mask is not None):
             raise ValueError("a packed batch is input_ids (T,) with cu_seqlens and max_seqlen, no attention_mask")
-        if longest > self.cfg.max_position_embeddings:
-            raise ValueError(f"sequence of {longest} tokens; the model has "
-                             f"{self.cfg.max_position_embeddings} positions (max_position_embeddings)")
+        if longest > self.cfg.max_length:
+            raise ValueError(f"sequence of {longest} tokens; the model has {self.cfg.max_length} positions "
+                             "(max_position_embeddings" + (f" less RoBERTa's offset {self.cfg.position_offset})"
+                                                           if self.cfg.position_offset else ")"))
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         if packed and position_ids is None:

@@ -60,6 +60,18 @@ HEAD_OF_ARCHITECTURE.update({  # ELECTRA: the discriminator's replaced-token hea
     "ElectraModel": None, "ElectraForPreTraining": None, "ElectraForMaskedLM": "pretraining",
     "ElectraForSequenceClassification": "sequence_classification",
     "ElectraForTokenClassification": "token_classification", "ElectraForQuestionAnswering": "question_answering"})
+HEAD_OF_ARCHITECTURE.update({  # RoBERTa (KLUE's): an MLM head only, its classifier reads <s> through dense + tanh
+    "RobertaModel": None, "RobertaForMaskedLM": "pretraining",
+    "RobertaForSequenceClassification": "sequence_classification",
+    "RobertaForTokenClassification": "token_classification", "RobertaForQuestionAnswering": "question_answering"})
+ROBERTA_ARCHITECTURES = {"BertModel": "RobertaModel", "BertForPreTraining": "RobertaForMaskedLM",
+                         "BertForMaskedLM": "RobertaForMaskedLM"}
+# RoBERTa's names for BERT's: its MLM head is lm_head; its sequence classifier's dense + tanh is BERT's pooler and its
+# out_proj BERT's classifier (the same function of h[<s>]; RoBERTa adds a dropout before the dense when training)
+ROBERTA_NAMES = {"roberta.": "bert.", "lm_head.dense.": "cls.predictions.transform.dense.",
+                 "lm_head.layer_norm.": "cls.predictions.transform.LayerNorm.", "lm_head.bias": "cls.predictions.bias",
+                 "lm_head.decoder.": "cls.predictions.decoder."}
+ROBERTA_CLASSIFIER = {"classifier.dense.": "bert.pooler.dense.", "classifier.out_proj.": "classifier."}
 # ELECTRA's generator head under BERT's names (its decoder is tied to the word embeddings, as BERT's)
 ELECTRA_HEAD = {"generator_predictions.dense.": "cls.predictions.transform.dense.",
                 "generator_predictions.LayerNorm.": "cls.predictions.transform.LayerNorm.",
@@ -97,9 +109,28 @@ def repad_vocab(state: dict, cfg: BertConfig) -> dict:
 
 # ---------------------------------------------------------------- names
 def architecture(model, masked_lm_only: bool = False) -> str:
-    """transformers' class name for a bertkit model: Bert* (post-LN) or MegatronBert* (pre-LN)."""
+    """transformers' class name for a bertkit model: Bert* (post-LN), MegatronBert* (pre-LN) or Roberta*."""
     name = "BertForMaskedLM" if masked_lm_only else ARCHITECTURES[type(model)]
+    if model.cfg.layout == "roberta":
+        return ROBERTA_ARCHITECTURES.get(name, name.replace("Bert", "Roberta"))
     return "Megatron" + name if model.cfg.norm == "pre" else name
+
+
+def renamed(tensors: dict, names: dict) -> dict:
+    """Tensors with each name that starts with a key of `names` starting with its value instead."""
+    out = {}
+    for key, tensor in tensors.items():
+        old = next((o for o in names if key.startswith(o)), None)
+        out[names[old] + key[len(old):] if old else key] = tensor
+    return out
+
+
+def to_roberta_names(hf: dict, sequence_classification: bool) -> dict:
+    """BERT-named HF tensors under RoBERTa's names (no NSP head or MLM pooler: RoBERTa has neither)."""
+    if sequence_classification:
+        hf = renamed(hf, {v: k for k, v in ROBERTA_CLASSIFIER.items()})
+    hf = {k: v for k, v in hf.items() if not k.startswith(("cls.seq_relationship.", "bert.pooler."))}
+    return renamed(hf, {v: k for k, v in ROBERTA_NAMES.items() if not k.startswith("lm_head.decoder.")})
 
 
 def hf_names(key: str, norm: str = "post") -> list[str]:
@@ -150,6 +181,8 @@ def to_hf_state_dict(state: dict, cfg: BertConfig) -> dict:
 def _normalise_hf_keys(tensors: dict) -> dict:
     """Put every encoder tensor under `bert.` (ELECTRA's `electra.` too, and its generator head under BERT's MLM
     head names); TF-era LayerNorm gamma/beta -> weight/bias."""
+    if any(k.startswith(("roberta.", "lm_head.")) for k in tensors):
+        tensors = renamed(renamed(tensors, ROBERTA_CLASSIFIER), ROBERTA_NAMES)
     out = {}
     for key, tensor in tensors.items():
         if key.startswith("electra."):
@@ -408,6 +441,8 @@ def save_hf(model, out_dir, tokenizer_dir=None, extra_config: dict | None = None
         if not isinstance(model, BertForPreTraining):
             raise ValueError("masked_lm_only needs a BertForPreTraining")
         hf = {k: v for k, v in hf.items() if not k.startswith(("cls.seq_relationship.", "bert.pooler."))}
+    if cfg.layout == "roberta":
+        hf = to_roberta_names(hf, isinstance(model, BertForSequenceClassification))
 
     config = cfg.to_hf_dict()
     config["architectures"] = [architecture(model, masked_lm_only)]
