@@ -13,7 +13,7 @@ def fill_mask_predictions(model, tokenizer, texts, top_k: int = 5, device="cpu")
     mask_id = tokenizer.token_to_id(MASK)
     if mask_id is None:
         raise ValueError(f"the tokenizer has no {MASK} token")
-    max_len = getattr(model.cfg, "max_length", model.cfg.max_position_embeddings)  # RoBERTa's positions start late
+    max_len = model.cfg.max_length
     results = []
     for text in texts:
         ids = tokenizer.encode(text).ids

@@ -147,6 +147,11 @@ def test_a_korean_fine_tune_from_a_roberta_folder_saves_what_transformers_loads(
                                   str(rows), "--model", str(model), "--out", str(out), "--epochs", "1",
                                   "--batch-size", "4", "--max-seq-length", str(LENGTH), "--report-to", "none"])
     assert r.exit_code == 0, r.output
+    longer = CliRunner().invoke(main, ["finetune", "korean", "--task", "nsmc", "--train-file", str(rows),
+                                       "--dev-file", str(rows), "--model", str(model), "--out", str(tmp_path / "long"),
+                                       "--max-seq-length", str(LENGTH + 1), "--report-to", "none"])
+    assert longer.exit_code == 1 and f"--max-seq-length {LENGTH + 1} is longer than the {LENGTH} positions" in \
+        longer.output, longer.output  # the table's 26 rows hold 24 tokens
     back, info = transformers.RobertaForSequenceClassification.from_pretrained(out / "best", output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     ours = load_pretrained(out / "best")
@@ -156,3 +161,39 @@ def test_a_korean_fine_tune_from_a_roberta_folder_saves_what_transformers_loads(
         torch.testing.assert_close(back.eval()(input_ids=ids).logits, ours(ids).logits, rtol=0, atol=1e-5)
     said = CliRunner().invoke(main, ["fill-mask", "--model", str(model), "--top-k", "2", "정말 [MASK] 영화"])
     assert said.exit_code == 0 and len(said.output.splitlines()) == 3, said.output
+
+
+def test_continued_pretraining_from_a_roberta_exports_a_roberta(tmp_path, clean_dist_env):
+    """Domain-adaptive pretraining as a Korean team does it: --init-from KLUE's RoBERTa on one's own instances, then
+    export: transformers loads a RobertaForMaskedLM whole, trained away from the start; instances longer than the
+    position table less its offset are refused before any step."""
+    import os
+
+    from bertkit.pretrain import PretrainConfig, export, pretrain
+    from bertkit.pretrain.config import ConfigError
+    from tests.helpers import make_instances_dir, toy_vocab
+
+    start = random_roberta("RobertaForMaskedLM")
+    start.resize_token_embeddings(len(toy_vocab()))
+    start.save_pretrained(tmp_path / "roberta")
+    (tmp_path / "roberta" / "vocab.txt").write_text("\n".join(toy_vocab()) + "\n")
+    args = dict(out=str(tmp_path / "run"), init_from=str(tmp_path / "roberta"), objective="mlm", max_steps=3,
+                micro_batch=8, optimizer="adamw", lr=1e-3, num_workers=0, eval_every=0, save_every=3, progress=False,
+                report_to="none", precision="fp32")
+    saved = dict(os.environ)
+    try:
+        with pytest.raises(ConfigError, match=f"sequences of {LENGTH + 8} tokens but the model has only {LENGTH}"):
+            pretrain(PretrainConfig(instances=str(make_instances_dir(tmp_path / "long", n=16, holdout=2,
+                                                                      max_len=LENGTH + 8)), **args))
+        pretrain(PretrainConfig(instances=str(make_instances_dir(tmp_path / "inst", n=32, holdout=4, max_len=LENGTH)),
+                                **{**args, "out": str(tmp_path / "run2")}))
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    out = export(tmp_path / "run2", tmp_path / "export")
+    back, info = transformers.AutoModelForMaskedLM.from_pretrained(out, output_loading_info=True)
+    assert type(back).__name__ == "RobertaForMaskedLM" and not info["missing_keys"] and not info["unexpected_keys"]
+    rows = (back.roberta.embeddings.position_embeddings.weight - start.roberta.embeddings.position_embeddings.weight)
+    moved = rows.abs().amax(1)
+    assert moved[PAD + 1] > 1e-4  # position 0 is row pad_token_id + 1: three steps at 1e-3 trained it
+    assert moved[:PAD + 1].max() < 1e-5  # rows below the offset are never read: weight decay's drift only

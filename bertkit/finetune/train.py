@@ -219,6 +219,12 @@ def train(model, train_rows: list, evaluate, best_metric: str, cfg: TrainConfig,
     after each epoch; `files` ({name: JSON object}, e.g. SQuAD predictions) are written for the best epoch, whose
     model goes to OUT/best/ (HF format). With no train rows, evaluates once (prediction only).
     Returns the summary written to OUT/metrics.json."""
+    longest = (settings or {}).get("max_seq_length")
+    if longest and longest > model.cfg.max_length:  # before any step, not a traceback at the first long batch
+        from bertkit.finetune.classify import DataError
+
+        raise DataError(f"--max-seq-length {longest} is longer than the {model.cfg.max_length} positions of the "
+                        f"model in {settings.get('model')}; give --max-seq-length {model.cfg.max_length} or less")
     if cfg.learning_rate is None:
         cfg = replace(cfg, learning_rate=rate_for_width(model.cfg.hidden_size, cfg.base_learning_rate))
         if _distributed()[1] == 0:

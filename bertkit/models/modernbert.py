@@ -60,6 +60,11 @@ class ModernBertConfig:
     sep_token_id: int = 3
 
     @property
+    def max_length(self) -> int:
+        """The longest sequence (RoPE has no table: the length it was configured for)."""
+        return self.max_position_embeddings
+
+    @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads
 

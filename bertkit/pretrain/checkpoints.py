@@ -436,8 +436,7 @@ def export(run_dir, out_dir, tag: str | None = None, say=None, overwrite: bool =
         save_pretrained(model, out_dir, tokenizer_dir=tokenizer, extra_config=extra,
                         masked_lm_only=run.objective == "none")
         if run.objective == "none" and tokenizer is not None:  # read through the mean: a sentence encoder too
-            write_sentence_transformers_files(out_dir, model.cfg.hidden_size,
-                                              model.cfg.max_position_embeddings)
+            write_sentence_transformers_files(out_dir, model.cfg.hidden_size, model.cfg.max_length)
         files = {p.relative_to(out_dir).as_posix(): file_entry(p) for p in sorted(out_dir.rglob("*"))
                  if p.is_file() and p.name not in (MANIFEST, LOCK_FILE)}
         write_manifest(out_dir, ExportManifest(stage="export", complete=True, run=str(Path(run_dir).resolve()),

@@ -117,9 +117,9 @@ def apply_model_flags(cfg: PretrainConfig, manifest: InstancesManifest, bert_cfg
                           f" but {cfg.instances} was made with {manifest.vocab_size} (manifest vocab_size): use "
                           "instances made with the model's tokenizer, or a model config with the instances' "
                           "vocab_size")
-    if manifest.max_seq_length > bert_cfg.max_position_embeddings:
+    if manifest.max_seq_length > bert_cfg.max_length:
         raise ConfigError(f"{cfg.instances} has sequences of {manifest.max_seq_length} tokens but the model has only "
-                          f"{bert_cfg.max_position_embeddings} positions")
+                          f"{bert_cfg.max_length} positions")
     return export_dropout
 
 
