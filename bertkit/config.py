@@ -128,6 +128,8 @@ class BertConfig:
             "position_embedding_type": "absolute",
             "classifier_dropout": self.classifier_dropout,
             **pooling,  # transformers' BertConfig keeps it but its BertForSequenceClassification reads [CLS]
+            # a RoBERTa here has a WordPiece vocabulary (KLUE's): AutoTokenizer would take RoBERTa's BPE otherwise
+            **({"tokenizer_class": "BertTokenizer"} if self.layout == "roberta" else {}),
         }
 
     @classmethod

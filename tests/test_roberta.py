@@ -155,10 +155,12 @@ def test_a_korean_fine_tune_from_a_roberta_folder_saves_what_transformers_loads(
     back, info = transformers.RobertaForSequenceClassification.from_pretrained(out / "best", output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     ours = load_pretrained(out / "best")
-    enc = load_tokenizer(out / "best").encode(texts[0])
-    ids = torch.tensor([enc.ids])
+    enc = load_tokenizer(out / "best").encode(texts[0], texts[1])  # a pair: types 0 and 1, which ours ignores
+    theirs = transformers.AutoTokenizer.from_pretrained(out / "best")(texts[0], texts[1], return_tensors="pt")
+    assert theirs["input_ids"][0].tolist() == enc.ids and "token_type_ids" not in theirs  # WordPiece, one type
     with torch.no_grad():
-        torch.testing.assert_close(back.eval()(input_ids=ids).logits, ours(ids).logits, rtol=0, atol=1e-5)
+        torch.testing.assert_close(back.eval()(**theirs).logits, ours(torch.tensor([enc.ids]),
+                                   token_type_ids=torch.tensor([enc.type_ids])).logits, rtol=0, atol=1e-5)
     said = CliRunner().invoke(main, ["fill-mask", "--model", str(model), "--top-k", "2", "정말 [MASK] 영화"])
     assert said.exit_code == 0 and len(said.output.splitlines()) == 3, said.output
 

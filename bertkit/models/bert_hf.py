@@ -261,9 +261,10 @@ def _read_json(path: Path):
         raise ModelFolderError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
 
 
-def read_config_or_none(path: Path) -> dict | None:
-    """config.json of a model folder as a dict, or None when there is none (the loader then says what is missing)."""
-    config = Path(path) / "config.json"
+def read_config_or_none(path: Path, name: str = "config.json") -> dict | None:
+    """config.json (or another JSON file) of a model folder as a dict, or None when there is none (the loader then
+    says what is missing)."""
+    config = Path(path) / name
     d = _read_json(config) if config.is_file() else None
     return d if isinstance(d, dict) else None
 
@@ -465,6 +466,10 @@ def save_hf(model, out_dir, tokenizer_dir=None, extra_config: dict | None = None
     atomic_write_json(out_dir / "config.json", config)
     if tokenizer_dir is not None:
         copy_tokenizer_files(cfg, tokenizer_dir, out_dir)
+        if cfg.layout == "roberta":  # one token type: transformers' tokenizer must not hand the model a pair's 1s
+            settings = read_config_or_none(out_dir, "tokenizer_config.json") or {}
+            atomic_write_json(out_dir / "tokenizer_config.json",
+                              {**settings, "model_input_names": ["input_ids", "attention_mask"]})
     return out_dir
 
 
