@@ -75,35 +75,29 @@ def test_a_label_outside_the_task_is_named(tmp_path):
         korean.check_labels(korean.read_examples(bad), korean.NLI_LABELS, bad)
 
 
-@pytest.mark.parametrize("content,message", [
-    ('[{"premise": "a",', r"not a readable KLUE JSON file"),
-    ('{"premise": "a"}', r"expected a list of examples"),
-    ('[{"guid": "g0", "premise": "a", "hypothesis": "b", "gold_label": "neutral"}, "a"]',
+@pytest.mark.parametrize("name,content,message", [
+    ("klue-dev.json", '[{"premise": "a",', r"not a readable KLUE JSON file"),
+    ("klue-dev.json", '{"premise": "a"}', r"expected a list of examples"),
+    ("klue-dev.json", '[{"guid": "g0", "premise": "a", "hypothesis": "b", "gold_label": "neutral"}, "a"]',
      r"example 2: not an object but str 'a'"),
-    ('[{"guid": "g7", "premise": "a", "hypothesis": "b"}]', r"example 1 \(guid g7\): needs premise"),
-    ('[{"sentence1": "a", "sentence2": "b", "labels": {"label": 3.2}}]', r"example 1: needs labels.label.*binary"),
-    ('[{"sentence1": "a", "sentence2": "b", "labels": {"label": "x", "binary-label": 1}}]', r"needs labels.label"),
-    ('[{"question": "a"}]', r"neither a KLUE-NLI .* nor a KLUE-STS"),
-    ("[]", r"no examples"),
+    ("klue-dev.json", '[{"guid": "g7", "premise": "a", "hypothesis": "b"}]', r"example 1 \(guid g7\): needs premise"),
+    ("klue-dev.json", '[{"sentence1": "a", "sentence2": "b", "labels": {"label": 3.2}}]',
+     r"example 1: needs labels.label.*binary"),
+    ("klue-dev.json", '[{"sentence1": "a", "sentence2": "b", "labels": {"label": "x", "binary-label": 1}}]',
+     r"needs labels.label"),
+    ("klue-dev.json", '[{"question": "a"}]', r"neither a KLUE-NLI .* nor a KLUE-STS"),
+    ("klue-dev.json", "[]", r"no examples"),
+    ("ner.tsv", "EU B-ORG\nrejects O\n", r":1: a character line outside a sentence .*word-level CoNLL"),
+    ("ner.tsv", "## klue-ner-v1.1_dev_00000\t<서울:LC>\n서\tB-LC\n울\tB-CITY\n", r":3: tag 'B-CITY' is not KLUE-NER's"),
+    ("ner.tsv", "## klue-ner-v1.1_dev_00000\t서울\n서울\tB-LC\n", r":2: expected one character, a tab and its tag"),
+    ("ner.tsv", "## a note, no sentence\n", r": no sentences"),
 ])
-def test_a_malformed_klue_file_is_named_with_what_is_wrong(tmp_path, content, message):
-    bad = tmp_path / "klue-dev.json"
+def test_a_malformed_klue_file_is_named_with_what_is_wrong(tmp_path, name, content, message):
+    bad = tmp_path / name
     bad.write_text(content, encoding="utf-8")
+    read = korean.read_klue_ner if name.endswith(".tsv") else korean.read_examples
     with pytest.raises(korean.DataError, match=re.escape(str(bad)) + ".*" + message):
-        korean.read_examples(bad)
-
-
-@pytest.mark.parametrize("content,message", [
-    ("EU B-ORG\nrejects O\n", r"ner.tsv:1: a character line outside a sentence .*word-level CoNLL"),
-    ("## klue-ner-v1.1_dev_00000\t<서울:LC>\n서\tB-LC\n울\tB-CITY\n", r"ner.tsv:3: tag 'B-CITY' is not KLUE-NER's"),
-    ("## klue-ner-v1.1_dev_00000\t서울\n서울\tB-LC\n", r"ner.tsv:2: expected one character, a tab and its tag"),
-    ("## a note, no sentence\n", r"ner.tsv: no sentences"),
-])
-def test_a_malformed_klue_ner_file_is_named_with_line_and_fix(tmp_path, content, message):
-    bad = tmp_path / "ner.tsv"
-    bad.write_text(content, encoding="utf-8")
-    with pytest.raises(korean.DataError, match=message):
-        korean.read_klue_ner(bad)
+        read(bad)
 
 
 def test_another_tasks_file_is_said_to_be_one(tmp_path, monkeypatch):
