@@ -44,7 +44,7 @@ quiet_deepspeed_on_cpu()
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="bertkit")
 def main():
-    """Pretrain and fine-tune BERT encoders on your own corpus.
+    """Pretrain and fine-tune BERT-family encoders (BERT, ModernBERT) on your own corpus.
 
     Stages: prepare-corpus -> train-tokenizer -> make-instances -> pretrain -> export / fill-mask / finetune.
     """

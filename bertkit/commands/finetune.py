@@ -25,8 +25,8 @@ def common_options(default_lr: float, default_epochs: float, default_batch: int,
     def wrap(f):
         options = [
             click.option("--model", "model_path", required=True, type=click.Path(exists=True, file_okay=False),
-                         help="An HF BERT or ModernBERT folder, or a `bertkit export` folder (weights + "
-                              "vocab/tokenizer)."),
+                         help="An HF BERT, ModernBERT or WordPiece RoBERTa (KLUE's) folder, or a `bertkit export` "
+                              "folder (weights + vocab/tokenizer)."),
             click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
                          help="Output folder: metrics.json, best/ (HF model), predictions."),
             click.option("--epochs", default=default_epochs, show_default=True, type=POSITIVE),

@@ -124,7 +124,7 @@ class Duration(click.ParamType):
                    "ranks; OMP_NUM_THREADS also sets it].")
 @click.option("--progress/--no-progress", default=True, show_default=True)
 def pretrain(**flags):
-    """Pretrain BERT (MLM + NSP) on an instances folder with DeepSpeed.
+    """Pretrain BERT (MLM + NSP) or ModernBERT (MLM) on an instances folder with DeepSpeed.
 
     \b
     Several ranks:  deepspeed --num_gpus 8 cli.py pretrain --instances DIR --model base --out RUN
