@@ -7,6 +7,8 @@ The HF layout differs from ours in three ways, all handled here:
 - names (`encoder.layer.3.attention.output.LayerNorm.weight` vs `layers.3.attn_norm.weight`);
 - our fused QKV projection, split into query/key/value on save and joined on load;
 - our vocabulary padded to a multiple of 8, sliced on save and zero-padded on load.
+RoBERTa's layout (KLUE's RoBERTa) is BERT's under other names: renamed to BERT's on load and back on save
+(BertConfig.layout "roberta" keeps its position offset and single token type).
 Tensors are read from model.safetensors (or a sharded index), or from pytorch_model.bin through
 bertkit.safe_load (weights_only=True), which never unpickles arbitrary objects.
 """
