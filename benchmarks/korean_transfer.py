@@ -199,7 +199,7 @@ def runs_under_way(work: Path, runs: dict) -> dict:
             continue
         logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
         under_way[key] = {"recorded": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                          "step": max((r["step"] for r in logged), default=0),
+                          "step": max((r.get("step", 0) for r in logged), default=0),
                           "of_steps": json.loads((run / "config.json").read_text())["pretrain"]["max_steps"],
                           "curve": timed_curve(run)}
     return under_way
