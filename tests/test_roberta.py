@@ -44,22 +44,25 @@ def batch():
     return ids, types, (ids != PAD).long()
 
 
+def head_output(out, head):
+    """What a head gives, from either library's output (bertkit names the MLM head's logits mlm_logits)."""
+    if head is None:
+        return out.last_hidden_state
+    if head == "question_answering":
+        return torch.stack([out.start_logits, out.end_logits], -1)
+    return out.mlm_logits if hasattr(out, "mlm_logits") else out.logits
+
+
 def hf_outputs(hf, head):
     ids, _, mask = batch()
     with torch.no_grad():
-        out = hf(input_ids=ids, attention_mask=mask)  # RoBERTa's tokenizer gives no type ids
-    return {None: lambda: out.last_hidden_state, "pretraining": lambda: out.logits,
-            "sequence_classification": lambda: out.logits, "token_classification": lambda: out.logits,
-            "question_answering": lambda: torch.stack([out.start_logits, out.end_logits], -1)}[head]()
+        return head_output(hf(input_ids=ids, attention_mask=mask), head)  # RoBERTa's tokenizer gives no type ids
 
 
 def our_outputs(model, head):
     ids, types, mask = batch()
     with torch.no_grad():
-        out = model(ids, token_type_ids=types, attention_mask=mask)
-    return {None: lambda: out.last_hidden_state, "pretraining": lambda: out.mlm_logits,
-            "sequence_classification": lambda: out.logits, "token_classification": lambda: out.logits,
-            "question_answering": lambda: torch.stack([out.start_logits, out.end_logits], -1)}[head]()
+        return head_output(model(ids, token_type_ids=types, attention_mask=mask), head)
 
 
 @pytest.mark.parametrize("head,cls_name,extra", HEADS)
