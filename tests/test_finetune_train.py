@@ -380,6 +380,38 @@ def test_the_rate_follows_the_models_width_unless_given(tmp_path):
     assert run("lower", "--lr", "2e-5")["settings"]["learning_rate"] == 2e-5
 
 
+def test_a_length_beyond_the_model_s_positions_stops_before_any_step(tmp_path):
+    """--max-seq-length 65 on a BERT of 64 positions: one line naming the flag and the most it can be, before the
+    first step (was an index error at the first batch that long); 64 itself trains."""
+    import torch
+    from click.testing import CliRunner
+
+    from bertkit.cli import main as cli
+    from bertkit.config import BertConfig
+    from bertkit.models import save_pretrained
+    from bertkit.models.bert import BertForPreTraining
+
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(27)]
+    (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    torch.manual_seed(0)
+    short = BertConfig.preset("tiny", vocab_size=len(vocab), max_position_embeddings=64)
+    save_pretrained(BertForPreTraining(short), tmp_path / "short", tokenizer_dir=tmp_path)
+    rows = ["text\tlabel"] + [" ".join(f"w{(i * j) % 27}" for j in range(70)) + f"\t{i % 2}" for i in range(8)]
+    (tmp_path / "train.tsv").write_text("\n".join(rows) + "\n")
+
+    def run(length):
+        return CliRunner().invoke(cli, ["finetune", "classify", "--model", str(tmp_path / "short"), "--epochs", "1",
+                                        "--batch-size", "8", "--max-seq-length", str(length), "--report-to", "none",
+                                        "--no-save-model", "--train-file", str(tmp_path / "train.tsv"), "--dev-file",
+                                        str(tmp_path / "train.tsv"), "--text-a", "text", "--out", str(tmp_path / "o")])
+
+    longer = run(65)
+    assert longer.exit_code == 1 and not (tmp_path / "o" / "metrics.json").exists(), longer.output
+    assert "--max-seq-length 65 is longer than the 64 positions" in longer.output
+    assert "give --max-seq-length 64 or less" in longer.output and "Traceback" not in longer.output
+    assert run(64).exit_code == 0
+
+
 def test_adam_eps_flag_reaches_the_optimizer(tmp_path, monkeypatch):
     """--adam-eps (default 1e-8, Trainer's; BERT used 1e-6) is the eps AdamW runs with, and it is recorded."""
     import torch

@@ -71,7 +71,8 @@ def test_every_roberta_head_equals_transformers_both_ways(tmp_path, head, cls_na
     hf.save_pretrained(tmp_path / "hf")
     ours = load_pretrained(tmp_path / "hf", head="auto")
     assert ours.loading_info["head"] == head and ours.cfg.layout == "roberta" and ours.cfg.position_offset == 2
-    essential = [n for n in ours.loading_info["missing"] if not n.startswith(("cls.seq_relationship", "bert.pooler"))]
+    spare = ("cls.seq_relationship", "roberta.pooler")  # BERT's NSP head and pooler: RobertaForMaskedLM has neither
+    essential = [n for n in ours.loading_info["missing"] if not n.startswith(spare)]
     assert not essential and not ours.loading_info["unused"]
     valid = batch()[2].bool()
     at_tokens = head not in ("sequence_classification",)
@@ -120,6 +121,32 @@ def test_a_bert_model_keeps_bert_s_positions_and_names():
     with pytest.raises(ValueError, match="layout must be 'bert', or 'roberta' with norm 'post'"):
         BertConfig(layout="roberta", norm="pre")
     assert isinstance(bm.build_model(roberta, "pretraining"), bm.BertForPreTraining)
+
+
+def test_a_roberta_folder_s_faults_are_told_in_roberta_s_names(tmp_path):
+    """A user greps their file for the names a message gives: RoBERTa's, not the BERT names bertkit reads them as."""
+    from safetensors.torch import load_file, save_file
+
+    from bertkit.models.bert_hf import ModelFolderError
+
+    random_roberta("RobertaForSequenceClassification", num_labels=3).save_pretrained(tmp_path / "cls")
+    with pytest.raises(ModelFolderError, match=r"'classifier\.out_proj\.weight' has shape \(3, 16\), expected \(5, "):
+        load_pretrained(tmp_path / "cls", head="sequence_classification", num_labels=5)
+
+    random_roberta("RobertaForMaskedLM").save_pretrained(tmp_path / "mlm")
+    mlm = load_pretrained(tmp_path / "mlm", head="sequence_classification", num_labels=2)
+    assert set(mlm.loading_info["missing"]) == {f"classifier.{p}.{w}" for p in ("dense", "out_proj")
+                                                for w in ("weight", "bias")}
+    assert "lm_head.dense.weight" in mlm.loading_info["unused"]
+    with pytest.raises(ModelFolderError, match=r"lacks classifier\.dense\.weight, classifier\.dense\.bias, "):
+        load_pretrained(tmp_path / "mlm", head="sequence_classification", num_labels=2, require_head=True)
+
+    weights = load_file(tmp_path / "mlm" / "model.safetensors")
+    del weights["roberta.encoder.layer.1.attention.self.query.weight"]
+    save_file(weights, tmp_path / "mlm" / "model.safetensors")
+    with pytest.raises(ModelFolderError, match=r"lacks tensor 'roberta\.encoder\.layer\.1\.attention\.self\.query"
+                                               r"\.weight'.*a Roberta checkpoint"):
+        load_pretrained(tmp_path / "mlm", head="pretraining")
 
 
 def test_a_korean_fine_tune_from_a_roberta_folder_saves_what_transformers_loads(tmp_path):

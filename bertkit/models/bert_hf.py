@@ -135,6 +135,16 @@ def to_roberta_names(hf: dict, sequence_classification: bool) -> dict:
     return renamed(hf, {v: k for k, v in ROBERTA_NAMES.items() if not k.startswith("lm_head.decoder.")})
 
 
+def saved_name(name: str, cfg, head: str | None = None) -> str:
+    """An HF name as the user's file spells it: RoBERTa's for a RoBERTa folder (bertkit reads them as BERT's)."""
+    if cfg.layout != "roberta":
+        return name
+    names = {**ROBERTA_NAMES, **ROBERTA_CLASSIFIER} if head == "sequence_classification" else ROBERTA_NAMES
+    back = {bert: theirs for theirs, bert in names.items()}
+    prefix = max((b for b in back if name.startswith(b)), key=len, default="")
+    return back[prefix] + name[len(prefix):] if prefix else name
+
+
 def hf_names(key: str, norm: str = "post") -> list[str]:
     """HF tensor names for one of our (canonical, `bert.`-prefixed) parameter names; three for a fused QKV.
     norm "pre": MegatronBert's names for the LayerNorms."""
@@ -333,7 +343,7 @@ def load_hf(path, head: str | None = "auto", num_labels: int | None = None, requ
     "question_answering", or "auto" (from config.json's architectures). Heads missing from the checkpoint
     are initialised and logged (with require_head=True refused, except the NSP classifier and the pooler);
     encoder tensors must all be present. Returned in eval mode, fp32 on the CPU, with `model.loading_info` =
-    {"head", "missing", "unused"} (HF tensor names) and `model.hf_config`.
+    {"head", "missing", "unused"} (HF tensor names as the file spells them) and `model.hf_config`.
     """
     path = Path(path)
     cfg, hf_config, tensors = read_checkpoint(path)
@@ -344,17 +354,21 @@ def load_hf(path, head: str | None = "auto", num_labels: int | None = None, requ
         num_labels = _saved_num_labels(path, head, saved_head, hf_config, tensors)
     model = build_model(cfg, head, num_labels)
     _tie_decoder(path, tensors)
-    loaded, missing, used = _match_tensors(path, cfg, _canonical_state(model), tensors)
+    loaded, missing, used = _match_tensors(path, cfg, head, _canonical_state(model), tensors)
 
     # the NSP classifier and the pooler are cheap to retrain; the MLM head, classifiers and QA outputs are the head
-    essential = [n for n in missing if not n.startswith(("cls.seq_relationship.", "bert.pooler."))]
+    # (RoBERTa's sequence classifier holds BERT's pooler)
+    spare = ("cls.seq_relationship.",) if head == "sequence_classification" and cfg.layout == "roberta" else \
+        ("cls.seq_relationship.", "bert.pooler.")
+    essential = [n for n in missing if not n.startswith(spare)]
+    missing, essential = ([saved_name(n, cfg, head) for n in names] for names in (missing, essential))
     if essential and require_head:
         raise ModelFolderError(f"{path} has no {head} head: it lacks {', '.join(essential)} "
                                f"(config.json architectures: {hf_config.get('architectures')})")
     if isinstance(model, BertModel):
         loaded = {k[len("bert."):]: v for k, v in loaded.items()}
     model.load_state_dict(loaded, strict=True)
-    unused = sorted(set(tensors) - used)
+    unused = sorted(saved_name(n, cfg, saved_head) for n in set(tensors) - used)
     if essential:
         log.warning("%s: no weights for %s; initialised them randomly (train before use)", path, ", ".join(essential))
     elif missing:  # the NSP classifier or the pooler: fill-mask and mean pooling never read them
@@ -389,7 +403,7 @@ def _tie_decoder(path: Path, tensors: dict) -> None:
         tensors.pop(buffer, None)
 
 
-def _match_tensors(path: Path, cfg, state: dict, tensors: dict):
+def _match_tensors(path: Path, cfg, head, state: dict, tensors: dict):
     """(loaded state, missing HF names, used HF names): each of the model's tensors from its HF name(s), shapes
     checked; an encoder tensor the file lacks is refused, a head's is kept as initialised and reported missing."""
     loaded, missing, used = {}, [], set()
@@ -398,8 +412,8 @@ def _match_tensors(path: Path, cfg, state: dict, tensors: dict):
         absent = [n for n in names if n not in tensors]
         if absent:
             if key.startswith("bert.") and not (key.startswith("bert.pooler.")):
-                raise ModelFolderError(f"{path}: checkpoint lacks tensor {absent[0]!r} (needed for {key!r}); "
-                                       "is it a BERT checkpoint with this config.json?")
+                raise ModelFolderError(f"{path}: checkpoint lacks tensor {saved_name(absent[0], cfg, head)!r} (needed "
+                                       f"for {key!r}); is it a {cfg.layout.title()} checkpoint with this config.json?")
             missing.extend(absent)
             loaded[key] = current
             continue
@@ -410,7 +424,7 @@ def _match_tensors(path: Path, cfg, state: dict, tensors: dict):
         expected[0] //= len(names)
         for n, t in zip(names, pieces):
             if list(t.shape) != expected:
-                raise ModelFolderError(f"{path}: tensor {n!r} has shape {tuple(t.shape)}, "
+                raise ModelFolderError(f"{path}: tensor {saved_name(n, cfg, head)!r} has shape {tuple(t.shape)}, "
                                        f"expected {tuple(expected)} for this config.json / head")
         tensor = torch.cat(pieces, 0) if len(pieces) > 1 else pieces[0]
         if key in VOCAB_PADDED:
