@@ -19,6 +19,11 @@ class RunError(FormatError):
     pass
 
 
+class DataError(ValueError):
+    """A fine-tuning file or setting a task cannot use (a bad row, a missing file, a length the model lacks); the
+    message names the file and line, or the flag, and the fix."""
+
+
 class DamagedFileError(FormatError):
     """A file of a bertkit folder is missing, cut short, replaced or unreadable."""
 

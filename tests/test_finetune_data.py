@@ -5,8 +5,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bertkit.errors import DataError
 from bertkit.finetune import classify, glue, ner
-from bertkit.finetune.classify import DataError
 
 
 @pytest.mark.parametrize("task,train,dev", [("cola", 8551, 1043), ("mrpc", 3668, 408), ("rte", 2490, 277),
@@ -59,6 +59,9 @@ def test_table_formats_and_bad_input(tmp_path):
         classify.read_table(bad_json, "s", label="y")
     with pytest.raises(DataError, match=r"a\.jsonl:1: no key 'label'"):
         classify.read_table(jsonl, "s", label="label")
+    for line, kind in (("0", "int"), ('["x", 1]', "list"), ('"x"', "str")):  # JSON, but not one example's object
+        with pytest.raises(DataError, match=rf"c\.jsonl:2: a JSON {kind}, not an object"):
+            classify.read_table(_write(tmp_path, "c.jsonl", '{"s": "x", "y": 1}\n' + line + "\n"), "s", label="y")
     dev = _write(tmp_path, "dev.tsv", "text\tlabel\nfine\tpos\nhmm\tneutral\n")
     labels = classify.label_list(examples)
     with pytest.raises(DataError, match=r"dev\.tsv:3: label 'neutral' never appears in the training file"):

@@ -142,7 +142,8 @@ def test_korean_legacy_encodings_and_hangul_file_names(tmp_path):
 
     table = tmp_path / "훈련.tsv"
     table.write_bytes("문장\t라벨\n영화가 재미있었다\t1\n지루했다\t0\n".encode("euc-kr"))
-    from bertkit.finetune.classify import DataError, read_table
+    from bertkit.errors import DataError
+    from bertkit.finetune.classify import read_table
 
     with pytest.raises(DataError, match="훈련.tsv:1: is CP949/EUC-KR .* iconv -f CP949 -t UTF-8 훈련.tsv > "
                                         "훈련.utf8.tsv"):

@@ -119,9 +119,8 @@ def friendly_errors(f):
     torch.compile failing (the fix: leave --compile out)."""
     @functools.wraps(f)
     def run(*args, **kwargs):
-        from bertkit.errors import compile_failure
+        from bertkit.errors import DataError, compile_failure
         from bertkit.fileio import FolderError
-        from bertkit.finetune.classify import DataError
         from bertkit.finetune.squad import SquadFormatError
         from bertkit.formats import FormatError
         from bertkit.kernels import BackendError

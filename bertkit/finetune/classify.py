@@ -11,14 +11,11 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from bertkit.errors import DataError
 from bertkit.fileio import not_utf8_message
 from bertkit.finetune import metrics as M
 
 log = logging.getLogger(__name__)
-
-
-class DataError(ValueError):
-    pass
 
 
 @dataclass
@@ -97,6 +94,9 @@ def _read_jsonl(path: Path, text: str, text_a, text_b, label) -> list:
             obj = json.loads(raw)
         except json.JSONDecodeError as e:
             raise DataError(f"{path}:{i}: not valid JSON ({e.msg})") from None
+        if not isinstance(obj, dict):
+            raise DataError(f"{path}:{i}: a JSON {type(obj).__name__}, not an object; each line of a JSON-lines "
+                            f"file is one example's {{\"{text_a}\": ..., ...}}")
         for key in (text_a, text_b, label):
             if key is not None and key not in obj:
                 raise DataError(f"{path}:{i}: no key {key!r}; this line has {sorted(obj)}")

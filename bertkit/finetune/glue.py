@@ -2,8 +2,9 @@
 from dataclasses import dataclass
 from pathlib import Path
 
+from bertkit.errors import DataError
 from bertkit.finetune import metrics as M
-from bertkit.finetune.classify import DataError, read_table, run_classification
+from bertkit.finetune.classify import read_table, run_classification
 
 
 @dataclass(frozen=True)

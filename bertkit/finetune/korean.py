@@ -23,8 +23,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from bertkit.errors import DataError
 from bertkit.finetune import metrics as M
-from bertkit.finetune.classify import DataError, TextExample, read_table, run_classification
+from bertkit.finetune.classify import TextExample, read_table, run_classification
 
 NLI_LABELS = ("contradiction", "entailment", "neutral")  # sorted, as label_list gives them
 

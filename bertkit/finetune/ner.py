@@ -5,9 +5,9 @@ pieces are ignored by the loss (IGNORE_INDEX) and at prediction time. Scores are
 from dataclasses import dataclass
 from pathlib import Path
 
+from bertkit.errors import DataError
 from bertkit.fileio import not_utf8_message
 from bertkit.finetune import metrics as M
-from bertkit.finetune.classify import DataError
 from bertkit.formats import IGNORE_INDEX
 
 

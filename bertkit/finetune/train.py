@@ -22,6 +22,7 @@ import torch
 from bertkit import kernels
 from bertkit.data import to_device
 from bertkit.distributed import destroy_at_exit
+from bertkit.errors import DataError
 from bertkit.fileio import (
     atomic_write_bytes,
     atomic_write_json,
@@ -221,8 +222,6 @@ def train(model, train_rows: list, evaluate, best_metric: str, cfg: TrainConfig,
     Returns the summary written to OUT/metrics.json."""
     longest = (settings or {}).get("max_seq_length")
     if longest and longest > model.cfg.max_length:  # before any step, not a traceback at the first long batch
-        from bertkit.finetune.classify import DataError
-
         raise DataError(f"--max-seq-length {longest} is longer than the {model.cfg.max_length} positions of the "
                         f"model in {settings.get('model')}; give --max-seq-length {model.cfg.max_length} or less")
     if cfg.learning_rate is None:

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from bertkit.finetune.classify import DataError, read_table
+from bertkit.errors import DataError
+from bertkit.finetune.classify import read_table
 from bertkit.finetune.ner import read_conll
 from bertkit.finetune.squad import SquadFormatError, read_squad
 from bertkit.formats import FormatError, read_corpus_manifest, read_instances_manifest, read_tokenizer_manifest

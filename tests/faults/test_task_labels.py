@@ -4,8 +4,8 @@ import pytest
 from click.testing import CliRunner
 
 from bertkit.cli import main
+from bertkit.errors import DataError
 from bertkit.finetune import glue
-from bertkit.finetune.classify import DataError
 
 
 def write_task(root, folder, header, rows):
