@@ -39,19 +39,26 @@ def _column(header: list | None, col, path: Path):
     return header.index(col)
 
 
+def read_utf8(path) -> str:
+    """A task file's text, a byte-order mark dropped (GLUE's MRPC files start with one); a file that is missing or
+    not UTF-8 is a DataError naming it, the line, and the legacy encoding it reads as."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: no such file")
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise DataError(f"{path}:{line}: {not_utf8_message(data, path.name)}") from None
+
+
 def read_table(path, text_a, text_b=None, label=None, header: bool = True, fmt: str | None = None) -> list:
     """Read TextExamples from .tsv (tab-separated, no quoting, as GLUE), .csv (RFC 4180 quoting) or .jsonl.
     Columns are header names or 0-based indices; label=None reads unlabeled rows."""
     path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path}: no such file")
     fmt = fmt or {".tsv": "tsv", ".csv": "csv", ".jsonl": "jsonl", ".json": "jsonl"}.get(path.suffix.lower(), "tsv")
-    data = path.read_bytes()
-    try:
-        text = data.decode("utf-8-sig")  # utf-8-sig: GLUE's MRPC files start with a byte-order mark
-    except UnicodeDecodeError as e:
-        line = data[: e.start].count(b"\n") + 1
-        raise DataError(f"{path}:{line}: {not_utf8_message(data, path.name)}") from None
+    text = read_utf8(path)
     if not text.strip():
         raise DataError(f"{path}: the file is empty")
     if fmt == "jsonl":

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from bertkit.errors import DataError
 from bertkit.finetune import metrics as M
-from bertkit.finetune.classify import TextExample, read_table, run_classification
+from bertkit.finetune.classify import TextExample, read_table, read_utf8, run_classification
 
 NLI_LABELS = ("contradiction", "entailment", "neutral")  # sorted, as label_list gives them
 
@@ -59,7 +59,7 @@ def read_examples(path) -> list:
     path = Path(path)
     if path.suffix == ".json":
         return _read_klue_json(path)
-    head = path.read_text(encoding="utf-8").split("\n", 1)[0].rstrip("\r").split("\t") if path.is_file() else []
+    head = read_utf8(path).split("\n", 1)[0].rstrip("\r").split("\t") if path.is_file() else []
     for columns in (("premise", "hypothesis", "gold_label"), ("sentence1", "sentence2", "gold_label"),
                     ("sentence1", "sentence2", "score"), ("document", None, "label")):
         if all(c in head for c in columns if c):
@@ -70,8 +70,8 @@ def read_examples(path) -> list:
 
 def _read_klue_json(path: Path) -> list:
     try:
-        rows = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        rows = json.loads(read_utf8(path))
+    except json.JSONDecodeError as e:
         raise DataError(f"{path}: not a readable KLUE JSON file ({e})") from None
     if not isinstance(rows, list):
         raise DataError(f"{path}: expected a list of examples (the KLUE layout)")
@@ -85,6 +85,8 @@ def _read_klue_json(path: Path) -> list:
                 raise DataError(f"{where}: needs premise, hypothesis and gold_label as text")
             examples.append(TextExample(i + 1, r["premise"], r["hypothesis"], r["gold_label"]))
         elif "sentence1" in r:  # KLUE-STS: labels.label (0-5) and labels.binary-label
+            if not all(isinstance(r.get(k), str) for k in ("sentence1", "sentence2")):
+                raise DataError(f"{where}: needs sentence1 and sentence2 as text")
             labels = r.get("labels") if isinstance(r.get("labels"), dict) else {}
             if not isinstance(labels.get("label"), (int, float)) or labels.get("binary-label") not in (0, 1):
                 raise DataError(f"{where}: needs labels.label (a score) and labels.binary-label (0 or 1)")
@@ -236,7 +238,7 @@ def read_klue_ner(path) -> list:
     character (a space is a character, tagged O); a blank line ends it; other `##` lines are the file's notes."""
     path = Path(path)
     sentences, current = [], None
-    for n, raw in enumerate(path.read_text(encoding="utf-8").split("\n"), 1):
+    for n, raw in enumerate(read_utf8(path).split("\n"), 1):
         line = raw.rstrip("\r")
         if line.startswith("##"):
             head = line[2:].strip().split("\t", 1)

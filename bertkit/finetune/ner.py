@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bertkit.errors import DataError
-from bertkit.fileio import not_utf8_message
 from bertkit.finetune import metrics as M
+from bertkit.finetune.classify import read_utf8
 from bertkit.formats import IGNORE_INDEX
 
 
@@ -20,14 +20,7 @@ class TaggedSentence:
 
 def read_conll(path) -> list:
     path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path}: no such file")
-    data = path.read_bytes()
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        line = data[: e.start].count(b"\n") + 1
-        raise DataError(f"{path}:{line}: {not_utf8_message(data, path.name)}") from None
+    text = read_utf8(path)
     sentences, words, tags, first = [], [], [], 0
     for n, raw in enumerate(text.split("\n"), 1):  # "\n" only: CoNLL words may hold other line breaks
         fields = raw.split()

@@ -2,8 +2,8 @@
 (and the line or field where it can); never another exception (hypothesis, property-based). The corpus readers
 never raise at all: a bad file is recorded as that file's error, and a bug would show as an "internal error".
 
-Inputs per reader in `make test`: 1,000 (FUZZ_EXAMPLES; the model folder a third of that, each loads torch), about 20
-seconds in all; more with BERTKIT_FUZZ_EXAMPLES=20000. Random bytes, and random documents of the right shape with
+Inputs per reader in `make test`: 1,000 (FUZZ_EXAMPLES; the model folder a third of that, each loads torch), under a
+minute in all; more with BERTKIT_FUZZ_EXAMPLES=20000. Random bytes, and random documents of the right shape with
 fields deleted, retyped or cut (the structured strategies below), compressed or cut short for the corpus readers."""
 import json
 import os
@@ -17,6 +17,15 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from bertkit.errors import DataError
 from bertkit.finetune.classify import read_table
+from bertkit.finetune.korean import (
+    KLUE_NER_TAGS,
+    NLI_LABELS,
+    TASKS,
+    check_labels,
+    check_pairs,
+    read_examples,
+    read_klue_ner,
+)
 from bertkit.finetune.ner import read_conll
 from bertkit.finetune.squad import SquadFormatError, read_squad
 from bertkit.formats import FormatError, read_corpus_manifest, read_instances_manifest, read_tokenizer_manifest
@@ -180,11 +189,59 @@ def test_corpus_files(corpus_options, data, suffix, compression, well_formed, cu
         assert stats["error"].startswith(path.name), stats["error"]
 
 
+korean_tsv = st.tuples(st.sampled_from(["id\tdocument\tlabel", "sentence1\tsentence2\tscore",
+                                        "premise\thypothesis\tgold_label", "genre\tfilename\tyear", ""]),
+                       tsv_text).map(lambda t: t[0].encode() + b"\n" + t[1])
+def retyped(strategy):
+    return st.one_of(strategy, strategy, json_value)  # the right type two times in three
+
+
+nli_example = st.fixed_dictionaries({"premise": retyped(text), "hypothesis": retyped(text),
+                                     "gold_label": retyped(st.sampled_from(list(NLI_LABELS)))}, optional={"guid": text})
+sts_example = st.fixed_dictionaries({"sentence1": retyped(text), "sentence2": retyped(text), "labels": retyped(
+    st.fixed_dictionaries({"label": retyped(st.floats(0, 5)), "binary-label": retyped(st.sampled_from([0, 1]))}))})
+klue_example = st.one_of(nli_example, sts_example, st.dictionaries(text, json_value, max_size=3))
+klue_json = st.lists(st.one_of(klue_example, klue_example, json_value), max_size=3).map(
+    lambda rows: json.dumps(rows).encode())
+
+
+@FUZZ
+@given(st.one_of(st.binary(max_size=300), korean_tsv, klue_json), st.sampled_from([".tsv", ".txt", ".json"]))
+def test_korean_task_file(data, suffix):
+    """NSMC, KorNLI, KorSTS (TSV) and KLUE-NLI / KLUE-STS (JSON) files, as `finetune korean` reads and checks them."""
+    path = write(data, "task" + suffix)
+    try:
+        examples = read_examples(path)
+        assert all(isinstance(t, str) for ex in examples for t in (ex.text_a, ex.text_b or "")), examples
+        for task in ("nsmc", "klue-nli", "klue-sts"):
+            check_pairs(examples, task, path)
+            check_labels(examples, TASKS[task].labels, path)
+    except DataError as e:
+        assert names_the_file(e, path), e
+
+
+char_and_tag = st.tuples(st.sampled_from(list("한국 a\t")), st.sampled_from(list(KLUE_NER_TAGS) + ["B-X", ""]))
+klue_ner_line = st.one_of(st.just("## klue-ner-v1.1_dev_00001\t<한국:LC>"), st.just("## note"), st.just(""),
+                          char_and_tag.map("\t".join), text)
+klue_ner_text = st.lists(klue_ner_line, max_size=10).map(lambda ls: "\n".join(ls).encode())
+
+
+@FUZZ
+@given(st.one_of(st.binary(max_size=300), klue_ner_text))
+def test_klue_ner(data):
+    path = write(data, "klue-ner.tsv")
+    try:
+        read_klue_ner(path)
+    except DataError as e:
+        assert names_the_file(e, path), e
+
+
 def test_the_fuzzers_cover_every_reader():
     """A reminder with teeth: a reader added to the project gets a fuzzer here (README, Faults)."""
     fuzzers = {name for name in globals() if name.startswith("test_") and name != "test_the_fuzzers_cover_every_reader"}
     assert fuzzers == {"test_squad_json", "test_classification_table", "test_conll", "test_manifests",
-                       "test_tokenizer_folder", "test_corpus_files", "test_model_folder"}
+                       "test_tokenizer_folder", "test_corpus_files", "test_model_folder", "test_korean_task_file",
+                       "test_klue_ner"}
 
 
 model_config_like = st.one_of(st.binary(max_size=150), json_value.map(lambda v: json.dumps(v).encode()),
