@@ -148,6 +148,19 @@ def test_korean_legacy_encodings_and_hangul_file_names(tmp_path):
     with pytest.raises(DataError, match="훈련.tsv:1: is CP949/EUC-KR .* iconv -f CP949 -t UTF-8 훈련.tsv > "
                                         "훈련.utf8.tsv"):
         read_table(table, "문장", label="라벨")
+    from bertkit.finetune.korean import read_examples, read_klue_ner
+    from bertkit.finetune.squad import SquadFormatError, read_squad
+
+    for name, text, read, error in (  # every Korean task's reader says so too, with the line
+            ("nsmc.txt", "id\tdocument\tlabel\n1\t재미있다\t1\n", read_examples, DataError),
+            ("klue-nli.json", '[{"premise": "비가 온다"}]', read_examples, DataError),
+            ("klue-ner.tsv", "## klue-ner-v1.1_dev_00000\t<서울:LC>\n서\tB-LC\n", read_klue_ner, DataError),
+            ("korquad.json", '{"data": [],\n "title": "한국어"}', lambda p: read_squad(p, training=False),
+             SquadFormatError)):
+        (tmp_path / name).write_bytes(text.encode("cp949"))
+        line = text[: next(i for i, c in enumerate(text) if ord(c) > 127)].count("\n") + 1
+        with pytest.raises(error, match=rf"{name}:{line}: is CP949/EUC-KR .* iconv -f CP949 -t UTF-8 {name} > "):
+            read(tmp_path / name)
 
 
 def quickstart_block() -> str:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bertkit.fileio import not_utf8_message
 from bertkit.tokenization import CLS, SEP
 
 
@@ -81,7 +82,10 @@ def read_squad(path, training: bool, version_2: bool = False, articles: slice | 
     try:
         raw = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
-        raise SquadFormatError(f"{path}: byte {e.start} is not UTF-8; SQuAD files are UTF-8 JSON") from None
+        data = path.read_bytes()
+        line = data[: e.start].count(b"\n") + 1
+        raise SquadFormatError(f"{path}:{line}: {not_utf8_message(data, path.name)} (SQuAD and KorQuAD files are "
+                               "UTF-8 JSON)") from None
     if not raw.strip():
         raise SquadFormatError(f"{path}: the file is empty; expected the official SQuAD JSON ({{'data': [...]}})")
     try:
