@@ -166,13 +166,18 @@ def split_rows(spec: KoreanTask, split: str, examples: list) -> list:
     return examples[getattr(spec, f"{split}_rows") or slice(None)]
 
 
+def read_both(read, task: str, data_dir=None, train_file=None, dev_file=None) -> tuple:
+    """((train, path), (dev, path)) as `read` gives them; one file for both (NSMC's, KLUE-NER's) is read once."""
+    train_path, dev_path = task_files(task, data_dir, train_file, dev_file)
+    train = read(train_path)
+    return (train, train_path), (train if dev_path == train_path else read(dev_path), dev_path)
+
+
 def task_examples(task: str, data_dir=None, train_file=None, dev_file=None) -> tuple:
     """((train examples, path), (dev examples, path)): the published files cut to the task's split, or the user's
     file(s); with a file of one's own the published one is read whole (it was cut only to make two splits of one)."""
     spec = TASKS[task]
-    train_path, dev_path = task_files(task, data_dir, train_file, dev_file)
-    train = read_examples(train_path)
-    dev = train if dev_path == train_path else read_examples(dev_path)  # NSMC: one file, read once
+    (train, train_path), (dev, dev_path) = read_both(read_examples, task, data_dir, train_file, dev_file)
     if train_file or dev_file:
         return (train, train_path), (dev, dev_path)
     return (split_rows(spec, "train", train), train_path), (split_rows(spec, "dev", dev), dev_path)
@@ -309,11 +314,8 @@ def decode_char_tags(logits: list, spans: list, sentences: list) -> list:
 def klue_ner_sentences(data_dir=None, train_file=None, dev_file=None) -> tuple:
     """(train, dev) sentences: the published dev file's first 4,000 and the rest, or the user's file(s); with a file
     of one's own the published one is read whole (it was cut only to make two splits of one)."""
-    own = bool(train_file or dev_file)
-    train_path, dev_path = task_files("klue-ner", data_dir, train_file, dev_file)
-    train = read_klue_ner(train_path)
-    dev = train if dev_path == train_path else read_klue_ner(dev_path)  # the published file: read once
-    return (train, dev) if own else (train[:4000], dev[4000:])
+    (train, _), (dev, _) = read_both(read_klue_ner, "klue-ner", data_dir, train_file, dev_file)
+    return (train, dev) if train_file or dev_file else (train[:4000], dev[4000:])
 
 
 def finetune_klue_ner(data_dir, model_path, cfg, max_seq_length: int = 128, train_file=None, dev_file=None,
