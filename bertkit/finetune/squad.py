@@ -17,7 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from bertkit.fileio import not_utf8_message
+from bertkit.errors import DataError
+from bertkit.finetune.classify import read_utf8
 from bertkit.tokenization import CLS, SEP
 
 
@@ -80,12 +81,9 @@ def read_squad(path, training: bool, version_2: bool = False, articles: slice | 
     path = Path(path)
     counter = iter(range(10 ** 9))
     try:
-        raw = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        data = path.read_bytes()
-        line = data[: e.start].count(b"\n") + 1
-        raise SquadFormatError(f"{path}:{line}: {not_utf8_message(data, path.name)} (SQuAD and KorQuAD files are "
-                               "UTF-8 JSON)") from None
+        raw = read_utf8(path)
+    except DataError as e:
+        raise SquadFormatError(f"{e} (SQuAD and KorQuAD files are UTF-8 JSON)") from None
     if not raw.strip():
         raise SquadFormatError(f"{path}: the file is empty; expected the official SQuAD JSON ({{'data': [...]}})")
     try:
