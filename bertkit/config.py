@@ -1,4 +1,5 @@
 """BertConfig: the shape of a BERT encoder, its presets, and the mapping to/from HF's config.json."""
+import math
 from dataclasses import asdict, dataclass, fields
 
 # (num_layers, hidden_size, num_heads) as in the BERT paper and Turc et al. 2019 ("Well-read students").
@@ -10,6 +11,37 @@ PRESETS = {
     "base": (12, 768, 12),
     "large": (24, 1024, 16),
 }
+
+
+# Upper bounds on a config's sizes: far beyond any published encoder, far below what a typo or a crafted
+# config.json needs to exhaust memory before the weights could say it is wrong.
+SIZE_LIMITS = {"vocab_size": 1 << 21, "hidden_size": 1 << 14, "num_layers": 256, "num_heads": 256,
+               "intermediate_size": 1 << 16, "max_position_embeddings": 1 << 17, "type_vocab_size": 1 << 10,
+               "embedding_size": 1 << 14, "vocab_pad_multiple": 1 << 12, "local_window": 1 << 17, "global_every": 256}
+# floats: (low, high, low included)
+FLOAT_RANGES = {"dropout": (0.0, 1.0, True), "eps": (0.0, 1.0, False), "initializer_range": (0.0, 10.0, True),
+                "theta": (1.0, 1e12, False)}
+
+
+def check_fields(cfg) -> None:
+    """Every size of a config dataclass a positive integer within SIZE_LIMITS, every token id inside the
+    vocabulary, every dropout, epsilon and RoPE base a number in its range: ValueError naming the field, before
+    any tensor is made (a string is not a size, a negative eps gives NaN, a zero base divides by zero)."""
+    for f in fields(cfg):
+        value = getattr(cfg, f.name)
+        if f.name in SIZE_LIMITS and value is not None:
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= SIZE_LIMITS[f.name]:
+                raise ValueError(f"{f.name} must be an integer from 1 to {SIZE_LIMITS[f.name]:,}, got {value!r}")
+        elif f.name.endswith("token_id"):
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < cfg.vocab_size:
+                raise ValueError(f"{f.name} must be a token id below vocab_size {cfg.vocab_size}, got {value!r}")
+        kind = next((k for k in FLOAT_RANGES if f.name.endswith(k)), None)
+        if kind and value is not None:
+            low, high, closed = FLOAT_RANGES[kind]
+            number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            if not number or not (low <= value < high if closed else low < value < high):
+                raise ValueError(f"{f.name} must be a number in {'[' if closed else '('}{low:g}, {high:g}), got "
+                                 f"{value!r}")
 
 
 @dataclass
@@ -39,15 +71,9 @@ class BertConfig:
                                              # RoBERTa is this encoder with a WordPiece vocabulary)
 
     def __post_init__(self):
-        for name in ("hidden_size", "num_heads", "intermediate_size"):
-            if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 1):
-                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        check_fields(self)
         if self.hidden_size % self.num_heads:
             raise ValueError(f"hidden_size {self.hidden_size} is not a multiple of num_heads {self.num_heads}")
-        if self.vocab_size < 1:
-            raise ValueError(f"vocab_size must be positive, got {self.vocab_size}")
-        if self.vocab_pad_multiple < 1:
-            raise ValueError(f"vocab_pad_multiple must be positive, got {self.vocab_pad_multiple}")
         if self.norm not in ("post", "pre"):
             raise ValueError(f"norm must be 'post' or 'pre', got {self.norm!r}")
         if self.layout not in ("bert", "roberta") or (self.layout == "roberta" and self.norm != "post"):
@@ -187,7 +213,9 @@ class BertConfig:
         from pathlib import Path
 
         if spec and Path(spec).exists():
-            p = Path(spec) / "config.json" if Path(spec).is_dir() else Path(spec)
+            from bertkit.errors import regular_file
+
+            p = regular_file(Path(spec) / "config.json" if Path(spec).is_dir() else Path(spec))
             d = json.loads(p.read_text())
             return cls.from_hf_dict(d, str(p)) if "model_type" in d else cls.from_dict(d)
         return cls.preset(spec or "base", vocab_size=vocab_size)

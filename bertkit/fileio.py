@@ -21,7 +21,7 @@ from pathlib import Path
 
 import xxhash
 
-from bertkit.errors import DamagedFileError
+from bertkit.errors import DamagedFileError, regular_file
 
 CHECKSUM = "xxh3_128"
 DISK_ERRORS = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "the disk quota is exceeded",
@@ -62,9 +62,11 @@ def atomic_write_bytes(path, data: bytes, fsync: bool = True) -> None:
         raise
 
 
-def atomic_copy(src, dst) -> None:
+def atomic_copy(src, dst, within=None) -> None:
     """Copy src into a new file beside dst, renamed into place: a link found at dst is replaced, never followed
-    (a folder from someone else may hold one pointing anywhere)."""
+    (a folder from someone else may hold one pointing anywhere), and src must be a regular file no link leads to
+    (below `within`, the folder it comes from): a link to /proc/self/environ is refused, never copied."""
+    regular_file(src, within)
     dst = Path(dst)
     fd, tmp = _temp_beside(dst)
     try:
@@ -264,9 +266,10 @@ def folder_kind(folder) -> str | None:
     return ""
 
 
-def check_folder_owned(folder, what: str) -> None:
+def check_folder_owned(folder, what: str, overwrite: bool = False) -> None:
     """Refuse to write `what`'s output into a folder that holds anything but `what`'s own (new, empty, or the same
-    command's output to resume or overwrite), naming what is there. Nothing is created."""
+    command's output to resume or overwrite), naming what is there. Nothing is created. With `overwrite`, a folder
+    of the user's own files is written into (bertkit.outputs then replaces only bertkit's files there)."""
     folder = Path(folder)
     if folder.is_symlink() and not folder.exists():
         raise FolderNotOwnedError(f"{folder}: a link to {os.readlink(folder)}, which does not exist; remove the "
@@ -278,7 +281,7 @@ def check_folder_owned(folder, what: str) -> None:
         raise FolderNotOwnedError(f"{folder}: cannot be made, as {above} is a file, not a folder; give {what} "
                                   "another folder")
     kind = folder_kind(folder)
-    if kind is None or kind == what:
+    if kind is None or kind == what or (kind == "" and overwrite):
         return
     if kind:
         there = f"{OUTPUT_KINDS[kind]} folder ({kind}'s output)"
@@ -290,32 +293,15 @@ def check_folder_owned(folder, what: str) -> None:
                               "output. Choose another folder")
 
 
-def replace_earlier_output(folder, what: str, mine: dict, theirs: dict | None, overwrite: bool) -> None:
-    """Before `what` writes into a folder holding its own earlier output: one made from other inputs (`theirs`, e.g.
-    another run or task, against `mine`) is refused without --overwrite, naming both; otherwise the earlier files
-    are removed first, so nothing stale survives (an ELECTRA export's generator/ under a BERT export)."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        return
-    differ = {k: (theirs[k], v) for k, v in mine.items() if theirs and k in theirs and theirs[k] != v}
-    if differ and not overwrite:
-        said = "; ".join(f"{k} {a} (this command: {b})" for k, (a, b) in differ.items())
-        raise FolderNotOwnedError(f"{folder} holds an earlier {what} of another {' and '.join(differ)}: {said}. "
-                                  "Pass --overwrite to replace it, or choose another folder")
-    for p in folder.iterdir():
-        if not p.name.startswith("."):  # the lock and a scheduler's notes stay
-            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
-
-
 @contextlib.contextmanager
-def folder_lock(folder, what: str, say=None):
+def folder_lock(folder, what: str, say=None, overwrite: bool = False):
     """Hold FOLDER/.bertkit.lock (host, pid, what, since) while writing the folder. The folder must be new, empty or
     `what`'s own output (check_folder_owned). A second writer stops at once with FolderLockedError saying who
     holds it; a lock left by a dead process on this host is taken over (`say` is told). Liveness comes from the
     process table, never from clocks, so clock skew cannot expire a live lock. A folder made here and left empty by
     a failed command is removed again."""
     folder = Path(folder)
-    check_folder_owned(folder, what)
+    check_folder_owned(folder, what, overwrite)
     created = not folder.exists()
     try:
         folder.mkdir(parents=True, exist_ok=True)

@@ -55,7 +55,7 @@ def _line_plot(records, title, keys, ylabel=None, logy=False, level=None):
     fig, ax = plt.subplots(figsize=(7, 3.6))
     for key, steps, values in drawn:
         ax.plot(steps, values, marker="o" if len(steps) < 30 else None, markersize=3,
-                label=key.replace("eval_", "held-out ").replace("_", " "))
+                label=key.replace("eval_", "held-out ").replace("_", " ").replace("$", r"\$"))  # text, not math
     if level is not None:
         ax.axhline(level[0], linestyle="--", color="grey", linewidth=1, label=level[1])
     ax.set(title=title, xlabel="step", ylabel=ylabel or "")
@@ -196,11 +196,12 @@ def report(run_dir, out=None) -> Path:
     else:
         raise ReportError(f"{run_dir}: neither a pretraining run (config.json + metrics.jsonl) nor a fine-tuning run "
                           "(metrics.json); pass the folder given as --out to pretrain or finetune")
-    from bertkit.fileio import atomic_write_bytes
+    from bertkit.fileio import atomic_write_bytes, disk_errors
 
     out = Path(out) if out else run_dir / "report.html"
     if out.exists() and (not out.is_file() or GENERATOR.encode() not in out.read_bytes()[:2048]):
         raise ReportError(f"{out}: exists and is not a page bertkit report wrote; choose another --out (a report "
                           "replaces only an earlier report)")
-    atomic_write_bytes(out, page.encode("utf-8"))
+    with disk_errors(out.parent, "free space, then run the same report again"):
+        atomic_write_bytes(out, page.encode("utf-8"))
     return out

@@ -9,6 +9,7 @@ weights_only=True on every torch.load made inside it, in case a file changes bet
 import contextlib
 import functools
 import importlib
+import os
 import pickle
 import re
 from pathlib import Path
@@ -16,6 +17,7 @@ from pathlib import Path
 import torch
 from torch.serialization import get_unsafe_globals_in_checkpoint
 
+from bertkit.errors import regular_file
 from bertkit.formats import FormatError
 
 # Beyond what torch.load(weights_only=True) allows anyway (tensors, containers, numbers): what DeepSpeed's ZeRO
@@ -73,9 +75,68 @@ def first_unsafe_file(folder) -> tuple | None:
     return None
 
 
+class OversizedCheckpointError(UnsafeCheckpointError):
+    def __init__(self, path, what: str):
+        self.path = Path(path)
+        FormatError.__init__(self, f"{self.path}: {what}, more than a file of {self.path.stat().st_size:,} bytes "
+                                   "holds; this folder may not come from bertkit, so nothing in it was loaded. Use a "
+                                   "folder you made or trust")
+
+
+def budget(path) -> int:
+    """The bytes a checkpoint file may make in memory: what it holds, with room for its zip's own records."""
+    return 2 * Path(path).stat().st_size + (1 << 20)
+
+
+# pickled calls whose arguments size an allocation: bytearray(n), numpy's _reconstruct(ndarray, shape, dtype)
+SIZED_CALLS = {"bytearray", "_reconstruct"}
+
+
+def check_budget(path) -> None:
+    """Before unpickling: the zip records inflate to at most budget(path) bytes, and no integer that sizes an
+    allocation (bytearray's length, an array's shape, a storage's element count) exceeds it. A pickle that passes
+    the opcode scan can still ask for gigabytes from a kilobyte; this refuses it unread."""
+    import pickletools
+    import zipfile
+
+    limit = budget(path)
+    try:
+        with zipfile.ZipFile(path) as archive:
+            records = archive.infolist()
+            inflated = sum(r.file_size for r in records)
+            if inflated > limit:
+                raise OversizedCheckpointError(path, f"its records inflate to {inflated:,} bytes")
+            pickled = next((r for r in records if r.filename.endswith("data.pkl")), None)
+            data = archive.read(pickled) if pickled else b""
+    except (zipfile.BadZipFile, OSError):
+        return  # not torch's zip format: torch.load says so in its own words
+    try:
+        ops = list(pickletools.genops(data))
+    except (ValueError, EOFError):
+        return  # a damaged pickle: torch.load says where
+    strings, sizing, last_int = [], False, 0
+    for op, arg, _ in ops:
+        if op.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE"):
+            strings = [*strings[-1:], arg]
+        elif op.name in ("GLOBAL", "STACK_GLOBAL"):
+            name = arg.split(" ")[-1] if op.name == "GLOBAL" else (strings or [""])[-1]
+            sizing = sizing or name in SIZED_CALLS
+        elif op.name == "REDUCE":
+            sizing = False
+        elif op.name == "BINPERSID" and last_int > limit:  # ('storage', type, key, location, numel)
+            raise OversizedCheckpointError(path, f"asks for a tensor storage of {last_int:,} elements")
+        if isinstance(arg, int) and op.name.startswith(("BININT", "INT", "LONG")):
+            last_int = arg
+            if sizing and arg > limit:
+                raise OversizedCheckpointError(path, f"asks for an object of {arg:,} bytes")
+
+
 def safe_load(path, map_location="cpu", **kwargs):
     """torch.load with weights_only=True and ALLOWED; a file that needs anything else is UnsafeCheckpointError."""
     kwargs.pop("weights_only", None)
+    if isinstance(path, (str, os.PathLike)):
+        regular_file(path)  # a FIFO would hang the read, a link could lead anywhere
+        check_budget(path)
     try:
         with torch.serialization.safe_globals(_allowed_objects()):
             return _TORCH_LOAD(path, map_location=map_location, weights_only=True, **kwargs)

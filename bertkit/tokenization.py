@@ -17,6 +17,7 @@ from pathlib import Path
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers, processors
 from tokenizers.models import WordPiece
 
+from bertkit.errors import regular_file
 from bertkit.fileio import sha256_file
 from bertkit.formats import TOKENIZER_FILES
 
@@ -96,7 +97,7 @@ def finish_tokenizer(tok: Tokenizer) -> Tokenizer:
 
 def read_vocab(path) -> list[str]:
     """vocab.txt -> tokens in id order (id = line number). Clear errors for what would silently shift ids."""
-    path = Path(path)
+    path = regular_file(path)
     try:
         text = path.read_bytes().decode("utf-8")
     except FileNotFoundError:
@@ -171,6 +172,7 @@ def _hf_config(folder: Path) -> dict:
     cfg = folder / "tokenizer_config.json"
     if not cfg.is_file():
         return {}
+    regular_file(cfg)
     try:
         return json.loads(cfg.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
@@ -233,18 +235,32 @@ def check_ids_fit(tokenizer: Tokenizer, vocab_size: int, tokenizer_where, model_
                   what: str = "word embeddings", fix: str = "use the tokenizer the model was trained with") -> None:
     """Every id the tokenizer can give is below vocab_size (a row of the model's embedding, a token of vocab.txt),
     checked before anything is written or trained."""
-    n = tokenizer.get_vocab_size(with_added_tokens=True)
+    n = max(tokenizer.get_vocab(with_added_tokens=True).values(), default=-1) + 1  # the highest id, not the count
     if n > vocab_size:
         raise TokenizerError(f"{tokenizer_where}: gives token ids up to {n - 1:,}, but {model_where} has only "
                              f"{vocab_size:,} {what}: the two do not belong together; {fix}")
 
 
+def check_dense_ids(vocab: dict, path) -> None:
+    """Ids run from 0 to the vocabulary's size less one: bertkit sizes embeddings and the stored id type by the
+    count, so an id past it would index out of the model or wrap in storage (70,000 kept as 4,464 in uint16)."""
+    if not vocab:
+        return
+    token, top = max(vocab.items(), key=lambda kv: kv[1])
+    if top >= len(vocab) or min(vocab.values()) < 0:
+        raise TokenizerError(f"{path}: the token {token!r} has id {top:,}, but the vocabulary holds {len(vocab):,} "
+                             f"tokens; ids must run from 0 to {len(vocab) - 1:,} without gaps. Use the tokenizer "
+                             "as `bertkit train-tokenizer` or transformers wrote it")
+
+
 def _from_tokenizer_json(path: Path) -> Tokenizer:
+    regular_file(path)
     try:
         tok = Tokenizer.from_file(str(path))
     except Exception as e:  # tokenizers raises plain Exception subclasses with terse messages
         raise TokenizerError(f"{path}: not a loadable tokenizers file ({e})") from None
     vocab = tok.get_vocab()
+    check_dense_ids(tok.get_vocab(with_added_tokens=True), path)
     missing = [t for t in SPECIAL_TOKENS if t not in vocab]
     if missing:
         raise TokenizerError(f"{path}: the vocabulary lacks the special tokens {missing}; bertkit needs a BERT "

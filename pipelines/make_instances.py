@@ -392,7 +392,7 @@ def process_unit(task: dict) -> list[dict]:
     _, vocab = load_stage_tokenizer(task["tokenizer"])
     spec = masking_spec(vocab, config.masking)
     table = read_arrow(task["path"]).slice(task["row_lo"], task["row_hi"] - task["row_lo"])
-    dtype = np.uint16 if len(vocab) <= 65536 else np.int32
+    dtype = np.uint16 if len(vocab) <= 65536 else np.int32  # ids are 0..len(vocab)-1 (checked where it is read)
     tokens, seg_start, doc_seg = tokenize_documents(word_encoder(task["tokenizer"]),
                                                     table.column(CorpusColumns.SENTENCES))
     tokens = tokens.astype(dtype)

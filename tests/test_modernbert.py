@@ -312,5 +312,5 @@ def test_a_second_phase_from_a_modernbert_trains_packed(tmp_path, clean_dist_env
     for source in (run, out):
         cfg = PretrainConfig(instances=str(inst), out=str(tmp_path / "p2"), init_from=str(source))
         assert planned_family(cfg, read_instances_manifest(inst), None).splits_documents
-    _, second = tiny_run(tmp_path, out="phase2", init_from=str(out), objective="mlm", max_steps=2)
+    _, second = tiny_run(tmp_path, out="phase2", init_from=str(out), model=None, objective="mlm", max_steps=2)
     assert read_run_config(second).pretrain["unpadded"] is True

@@ -19,6 +19,7 @@ from bertkit.commands import (
     kernels_option,
     report_to_option,
 )
+from bertkit.threads import MAX_THREADS
 
 
 def common_options(default_lr: float, default_epochs: float, default_batch: int, default_max_len: int):
@@ -69,7 +70,7 @@ def common_options(default_lr: float, default_epochs: float, default_batch: int,
             click.option("--checkpoint-minutes", default=10.0, show_default=True, type=NON_NEGATIVE,
                          help="Save the training state to OUT/resume/ this often and between epochs; the same "
                               "command run again after a kill continues from it (0: never)."),
-            click.option("--threads", type=click.IntRange(min=1),
+            click.option("--threads", type=click.IntRange(1, MAX_THREADS),
                          help="Torch threads  [default: the cores other processes leave free; OMP_NUM_THREADS also "
                               "sets it]."),
         ]

@@ -36,7 +36,7 @@ def fill_mask(model_dir, top_k, device, kernels, texts):
         model = load_pretrained(model_dir, head="pretraining", require_head=True)
     except ValueError as e:  # ModelFolderError, DamagedFileError: the file and what is wrong
         hint = ("; fill-mask needs a model pretrained with masked-LM, not an encoder-only or fine-tuned checkpoint"
-                if "head" in str(e) else "")
+                if " head: it lacks" in str(e) or "has no trained" in str(e) else "")
         raise click.ClickException(f"{e}{hint}") from None
     try:
         tokenizer = load_tokenizer(model_dir)

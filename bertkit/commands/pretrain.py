@@ -4,7 +4,9 @@ import os
 import click
 
 from bertkit.commands import NON_NEGATIVE, POSITIVE, Real, count, kernels_option, report_to_option
+from bertkit.config import SIZE_LIMITS
 from bertkit.recipes import RECIPES, as_flags
+from bertkit.threads import MAX_THREADS
 
 
 class Duration(click.ParamType):
@@ -95,7 +97,8 @@ class Duration(click.ParamType):
 @click.option("--rope-theta", type=POSITIVE,
               help="ModernBERT: the global layers' RoPE base; a second phase at a longer length (--init-from the "
                    "first) raises it  [default: the model's, 160,000].")
-@click.option("--pad-vocab-to", type=click.IntRange(min=1), default=None, show_default="8",
+@click.option("--pad-vocab-to", type=click.IntRange(1, SIZE_LIMITS["vocab_pad_multiple"]), default=None,
+              show_default="8",
               help="Round the embedding and decoder rows up to this multiple (64: MosaicBERT, ModernBERT); the extra "
                    "rows are never predicted and export trims them.")
 @click.option("--unpadded", is_flag=True,
@@ -119,7 +122,7 @@ class Duration(click.ParamType):
 @click.option("--max-rollbacks", type=count(0), default=3, show_default=True, help="Then the run stops.")
 @kernels_option
 @report_to_option
-@click.option("--threads", type=click.IntRange(min=1),
+@click.option("--threads", type=click.IntRange(1, MAX_THREADS),
               help="Torch threads per rank  [default: the cores other processes leave free, divided among the "
                    "ranks; OMP_NUM_THREADS also sets it].")
 @click.option("--progress/--no-progress", default=True, show_default=True)

@@ -8,11 +8,12 @@ import click
 def report(run_dir, out):
     """One self-contained HTML page for a pretraining or fine-tuning run: loss and accuracy curves (training and
     held-out), the learning-rate schedule, throughput, the instances' statistics and the run's settings."""
+    from bertkit.fileio import FolderError
     from bertkit.formats import FormatError
     from bertkit.report import report as run
 
     try:
         path = run(run_dir, out)
-    except FormatError as e:
+    except (FormatError, FolderError) as e:
         raise click.ClickException(str(e)) from None
     click.echo(f"wrote {path}")

@@ -365,7 +365,7 @@ def evaluate(out, tasks: list, fine_tune, settings: dict, rates=(), seeds=(), ov
     metrics.json summary; a folder holding a finished one is kept, not redone (a sweep grows by its new cells).
     `settings` are what the scores depend on: a folder made with others raises SettingsChanged, unless `overwrite`
     (every task redone). Returns the manifest's tasks."""
-    from bertkit.fileio import atomic_write_json, check_folder_owned, read_json_or_none
+    from bertkit.fileio import atomic_write_json, check_folder_owned, disk_errors, folder_lock, read_json_or_none
     from bertkit.finetune.train import finished_fine_tuning
 
     out, sweep = Path(out), bool(rates or seeds)
@@ -389,21 +389,24 @@ def evaluate(out, tasks: list, fine_tune, settings: dict, rates=(), seeds=(), ov
         say(f"{task}: {'kept the finished fine-tuning in' if done else 'fine-tuning into'} {folder}")
         return done or fine_tune(task, folder, rate, seed)
 
-    out.mkdir(parents=True, exist_ok=True)
-    record()
-    for task in tasks:
-        if sweep:
-            cells = dict((summary.get(task) or {}).get("cells") or {})
-            for rate in rates or [None]:
-                for seed in seeds:
-                    name = f"lr{rate:g}-seed{seed}" if rate else f"seed{seed}"
-                    cells[name] = _cell_summary(run(task, out / task / name, rate, seed))
-                    summary[task] = {"cells": cells, **sweep_summary(cells)}
-                    record()
-        else:
-            done = run(task, out / task)
-            summary[task] = {"best_epoch": done.get("best_epoch"), **done.get("best", {})}
-        record(complete=task == tasks[-1])
+    # one evaluation writes OUT at a time (each task's fine-tuning also locks its own folder); a full disk is
+    # one message, and the same command goes on from the finished tasks
+    with folder_lock(out, "finetune-korean", say), \
+            disk_errors(out, "free space, then run the same command again (finished tasks are kept)"):
+        record()
+        for task in tasks:
+            if sweep:
+                cells = dict((summary.get(task) or {}).get("cells") or {})
+                for rate in rates or [None]:
+                    for seed in seeds:
+                        name = f"lr{rate:g}-seed{seed}" if rate else f"seed{seed}"
+                        cells[name] = _cell_summary(run(task, out / task / name, rate, seed))
+                        summary[task] = {"cells": cells, **sweep_summary(cells)}
+                        record()
+            else:
+                done = run(task, out / task)
+                summary[task] = {"best_epoch": done.get("best_epoch"), **done.get("best", {})}
+            record(complete=task == tasks[-1])
     return summary
 
 

@@ -21,7 +21,7 @@ class TaggedSentence:
 def read_conll(path) -> list:
     path = Path(path)
     text = read_utf8(path)
-    sentences, words, tags, first = [], [], [], 0
+    sentences, words, tags, first, width = [], [], [], 0, None
     for n, raw in enumerate(text.split("\n"), 1):  # "\n" only: CoNLL words may hold other line breaks
         fields = raw.split()
         if not fields or fields[0] == "-DOCSTART-":
@@ -32,6 +32,10 @@ def read_conll(path) -> list:
         if len(fields) < 2:
             raise DataError(f"{path}:{n}: expected `word ... tag` (at least 2 whitespace-separated fields), "
                             f"got {raw.strip()!r}")
+        width = width or (len(fields), n)
+        if len(fields) != width[0]:  # the tag is the last column: a line with one more or fewer has another there
+            raise DataError(f"{path}:{n}: {len(fields)} whitespace-separated fields, but line {width[1]} has "
+                            f"{width[0]}; every word line needs the same columns (the tag last): {raw.strip()!r}")
         if not words:
             first = n
         words.append(fields[0])

@@ -94,7 +94,7 @@ def read_squad(path, training: bool, version_2: bool = False, articles: slice | 
     dataset = _field(top, "data", list, lambda: f"{path}: the top level", "a list of articles")
     indices = list(range(len(dataset)))[articles] if articles is not None else range(len(dataset))
     dataset = [dataset[a] for a in indices]
-    examples = []
+    examples, seen = [], {}
     for a, article in zip(indices, dataset):
         def at(what, a=a):
             return lambda: f"{path}: data[{a}]{what}"
@@ -116,6 +116,10 @@ def read_squad(path, training: bool, version_2: bool = False, articles: slice | 
                     return f"{path}:{_line_of(raw, qid)}: article {a} ({title!r}), question id {qid}"
                 if "question" not in qa or "id" not in qa:
                     raise SquadFormatError(f"{where()}: a question needs 'id' and 'question'")
+                if qid in seen:  # predictions and scores are keyed by id: the second would overwrite the first
+                    raise SquadFormatError(f"{where()}: the id {qid} is given to an earlier question too (article "
+                                           f"{seen[qid]}); every question needs its own id")
+                seen[qid] = a
                 question = _field(qa, "question", str, where, "text")
                 impossible = bool(qa.get("is_impossible", False))
                 if impossible and not version_2:

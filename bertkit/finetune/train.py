@@ -5,6 +5,7 @@ Runs on the CPU, on one GPU, or data-parallel under a launcher that sets WORLD_S
 (`deepspeed cli.py finetune ...` or torchrun): then each process trains on its shard of the batches through
 torch.distributed (DDP), and rank 0 evaluates and saves.
 """
+import contextlib
 import functools
 import io
 import json
@@ -26,14 +27,15 @@ from bertkit.errors import DataError
 from bertkit.fileio import (
     atomic_write_bytes,
     atomic_write_json,
-    check_folder_owned,
+    disk_errors,
+    folder_lock,
     read_json_or_none,
-    replace_earlier_output,
 )
 from bertkit.formats import IGNORE_INDEX
 from bertkit.kernel_guard import kernel_uses, resolve_guarded
 from bertkit.models import save_pretrained
 from bertkit.optim import adamw, build_scheduler, param_groups
+from bertkit.outputs import Output, refuse_other_inputs
 from bertkit.precision import autocast, resolve as resolve_precision, slow_bf16_note
 from bertkit.progress import tqdm
 from bertkit.rng import rng_state, set_rng_state
@@ -229,8 +231,32 @@ def train(model, train_rows: list, evaluate, best_metric: str, cfg: TrainConfig,
         if _distributed()[1] == 0:
             tqdm.write(f"learning rate {cfg.learning_rate:g} for a model {model.cfg.hidden_size} wide (--lr sets "
                        "another)")
-    ft = start_fine_tuning(model, train_rows, best_metric, cfg, task, settings)
-    save = functools.partial(save_pretrained, tokenizer_dir=tokenizer_dir, extra_config=extra_config)
+    with fine_tuning_folder(Path(cfg.out_dir), cfg.overwrite) as output:
+        return _train(model, train_rows, evaluate, best_metric, cfg, task, settings, output,
+                      functools.partial(save_pretrained, tokenizer_dir=tokenizer_dir, extra_config=extra_config))
+
+
+@contextlib.contextmanager
+def fine_tuning_folder(out_dir: Path, overwrite: bool):
+    """Rank 0 holds OUT's lock for the whole fine-tuning (a second one into OUT stops at once, naming the first; a
+    dead one's lock is taken over) and records at the end, however it ends, which files it wrote there."""
+    if _distributed()[1] != 0:
+        yield None
+        return
+    retry = "free space, then run the same command again (it goes on from its last saved state)"
+    with folder_lock(out_dir, "finetune", tqdm.write, overwrite=overwrite), disk_errors(out_dir, retry):
+        output = Output(out_dir, "fine-tuning")
+        try:
+            yield output
+        finally:
+            if out_dir.is_dir() and any(not p.name.startswith(".") for p in out_dir.iterdir()):
+                output.record()
+                if note := output.kept_note():
+                    tqdm.write(note)
+
+
+def _train(model, train_rows, evaluate, best_metric, cfg, task, settings, output, save) -> dict:
+    ft = start_fine_tuning(model, train_rows, best_metric, cfg, task, settings, output)
     if ft.total_steps == 0:
         end_of_epoch(ft, evaluate, save, 0, None, 0.0)
         ft.log.close()
@@ -332,16 +358,20 @@ class Checkpoints:
         shutil.rmtree(self.ft.out_dir / RESUME, ignore_errors=True)
 
 
-def saved_state(out_dir: Path, task: str, settings: dict) -> dict | None:
+def saved_state(out_dir: Path, task: str, settings: dict, model=None) -> dict | None:
     """The state of an unfinished fine-tuning of `task` in out_dir with these settings, else None (saying why a
-    state there is not used). Loaded as plain data: a folder from elsewhere cannot run code (bertkit.safe_load)."""
+    state there is not used). Loaded as plain data: a folder from elsewhere cannot run code (bertkit.safe_load);
+    one that is not what bertkit wrote (other keys, or weights of another shape than `model`'s) is not used."""
     path = out_dir / RESUME / STATE
     if not path.is_file():
         return None
     try:
         state = safe_load(path)
-    except (RuntimeError, EOFError) as e:  # damaged (its write is atomic, so not by a kill): nothing to continue
+    except (RuntimeError, EOFError) as e:  # damaged (its write is atomic, so not by a kill)
         tqdm.write(f"{path}: unreadable ({str(e).splitlines()[0]}); starting afresh")
+        return None
+    if (why := _not_a_saved_state(state, model)) is not None:
+        tqdm.write(f"{path}: not a fine-tuning state bertkit wrote ({why}); starting afresh")
         return None
     earlier = json.loads(state["summary"])
     mine, theirs = json.loads(json.dumps(settings)), earlier["settings"]
@@ -355,6 +385,32 @@ def saved_state(out_dir: Path, task: str, settings: dict) -> dict | None:
     tqdm.write(f"resuming the fine-tuning in {out_dir} at step {state['step']} of {settings['total_steps']} "
                f"({path})")
     return state
+
+
+STATE_KEYS = {"step": int, "epochs_done": int, "epoch_rng": dict, "losses": list, "elapsed_s": (int, float),
+              "rng": dict, "model": dict, "optimizer": dict, "scheduler": dict, "summary": str}
+
+
+def _not_a_saved_state(state, model) -> str | None:
+    """Why `state` is not what Checkpoints.save writes (for this model), or None."""
+    if not isinstance(state, dict):
+        return f"a {type(state).__name__}, not a dictionary"
+    for key, kind in STATE_KEYS.items():
+        if not isinstance(state.get(key), kind):
+            return f"its {key!r} is missing or of another type"
+    try:
+        summary = json.loads(state["summary"])
+    except ValueError:
+        return "its summary is not JSON"
+    if not (isinstance(summary, dict) and isinstance(summary.get("settings"), dict) and "task" in summary):
+        return "its summary lacks the task and settings"
+    if model is not None:
+        mine = model.state_dict()
+        theirs = state["model"]
+        if set(mine) != set(theirs) or any(not torch.is_tensor(theirs[k]) or theirs[k].shape != v.shape
+                                           for k, v in mine.items()):
+            return "its weights are not this model's"
+    return None
 
 
 def continue_from(ft: FineTuning, optimizer, scheduler, rng) -> tuple:
@@ -380,7 +436,7 @@ def finished_fine_tuning(out_dir, task: str | None = None) -> dict | None:
 
 
 def start_fine_tuning(model, train_rows: list, best_metric: str, cfg: TrainConfig, task: str,
-                      settings: dict | None) -> FineTuning:
+                      settings: dict | None, output: Output | None = None) -> FineTuning:
     """Threads, device and kernels, the process group, dropout, the seed, the steps and the output folder."""
     world, rank, local_rank = _distributed()
     threads = choose_threads(cfg.threads)
@@ -421,13 +477,14 @@ def start_fine_tuning(model, train_rows: list, best_metric: str, cfg: TrainConfi
                "best_metric": best_metric, "epochs": []}
     out_dir, resumed = Path(cfg.out_dir), None
     if rank == 0:
-        check_folder_owned(out_dir, "finetune")  # a new or empty folder, or an earlier fine-tuning's
+        output = output or Output(out_dir, "fine-tuning")  # (held under its lock by train)
         if world == 1 and not cfg.overwrite:
-            resumed = saved_state(out_dir, task, summary["settings"])
+            resumed = saved_state(out_dir, task, summary["settings"], model)
         if resumed is None:
             earlier = read_json_or_none(out_dir / "metrics.json")
-            replace_earlier_output(out_dir, "fine-tuning", {"task": task},
-                                   earlier if isinstance(earlier, dict) else None, cfg.overwrite)
+            refuse_other_inputs(out_dir, "fine-tuning", {"task": task}, earlier if isinstance(earlier, dict) else None,
+                                cfg.overwrite)
+            output.remove_earlier()  # bertkit's own files only: nothing stale survives, nothing of the user's goes
             out_dir.mkdir(parents=True, exist_ok=True)
             atomic_write_json(out_dir / "metrics.json", summary)  # from the start: a folder killed in its first
             # epoch is known as ours

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from bertkit.errors import CorpusError, DamagedFileError, FormatError, InstancesError, RunError  # noqa: F401
+from bertkit.errors import CorpusError, DamagedFileError, FormatError, InstancesError, RunError, regular_file  # noqa: F401
 
 MANIFEST = "manifest.json"
 # A tokenizer folder; make-instances, a pretraining run and an export carry copies of these files.
@@ -71,6 +71,7 @@ def _read_manifest(folder: Path, stage: str, error: type, fix: str) -> dict:
         raise error(f"{folder}: no such folder. {fix}")
     if not path.is_file():
         raise error(f"{folder}: no {MANIFEST}, so not a finished {stage} output. {fix}")
+    regular_file(path)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -354,6 +355,8 @@ def read_instances_manifest(instances_dir) -> InstancesManifest:
 
 RUN_CONFIG = "config.json"            # RunConfig below
 DEEPSPEED_CONFIG = "deepspeed_config.json"
+# the --deepspeed-config a run began with, as given: what a --resume reads (never the path the run recorded)
+USER_DEEPSPEED_CONFIG = "deepspeed_user_config.json"
 RUN_TOKENIZER = "tokenizer"           # copies of the instances' TOKENIZER_FILES
 CHECKPOINTS = "checkpoints"           # global_stepN/ (+ .partial while written) and `latest`
 METRICS = "metrics.jsonl"
@@ -390,6 +393,7 @@ def read_run_config(run_dir) -> RunConfig:
     path = run_dir / RUN_CONFIG
     if not path.is_file():
         raise RunError(f"{run_dir}: no {RUN_CONFIG}, so not a bertkit pretrain run folder")
+    regular_file(path)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:

@@ -44,6 +44,9 @@ def load_pretrained(path, head: str | None = "auto", num_labels: int | None = No
     be there. Returned in eval mode, fp32 on the CPU, with `model.loading_info` = {"head", "missing", "unused"}."""
     path = Path(path)
     config = bert_hf.read_config_or_none(path)
+    if config is not None and config.get("stage") == "pretrain" and "model_type" not in config:
+        raise ModelFolderError(f"{path}: a pretraining run folder, not a model folder; export it first: bertkit "
+                               f"export {path} --out MODEL_DIR, then give MODEL_DIR")
     if config is not None and config.get("model_type") == FAMILIES["modernbert"].model_type:
         try:
             return modernbert.load_hf(path, config, bert_hf.read_weights(path), head, num_labels, require_head)

@@ -21,6 +21,7 @@ import torch
 from safetensors.torch import load_file, save
 
 from bertkit.config import BertConfig
+from bertkit.errors import regular_file
 from bertkit.fileio import atomic_copy, atomic_write_bytes, atomic_write_json
 from bertkit.formats import TOKENIZER_FILES, DamagedFileError, FormatError, listed_file
 from bertkit.models.bert import (
@@ -219,6 +220,7 @@ def _count_lines(path: Path) -> int:
 
 
 def _load_safetensors(file: Path) -> dict:
+    regular_file(file)
     try:
         return load_file(str(file))
     except Exception as e:  # safetensors' own errors: a cut-short or damaged file
@@ -229,7 +231,7 @@ def _load_safetensors(file: Path) -> dict:
 def read_weights(path) -> dict:
     """All tensors of an HF checkpoint directory, as float32 on the CPU."""
     path = Path(path)
-    if (path / "model.safetensors").is_file():
+    if (path / "model.safetensors").exists():  # a pipe or device there is refused by name, not passed over
         tensors = _load_safetensors(path / "model.safetensors")
     elif (path / "model.safetensors.index.json").is_file():
         index_file = path / "model.safetensors.index.json"
@@ -246,7 +248,7 @@ def read_weights(path) -> dict:
             if not (path / shard).is_file():
                 raise ModelFolderError(f"{index_file}: names the shard {shard}, which is not in {path}")
             tensors.update(_load_safetensors(path / shard))
-    elif (path / "pytorch_model.bin").is_file():
+    elif (path / "pytorch_model.bin").exists():
         try:
             tensors = safe_load(path / "pytorch_model.bin")
         except UnsafeCheckpointError as e:  # pickled code, not plain tensors: refused, never executed
@@ -265,6 +267,7 @@ def read_weights(path) -> dict:
 
 
 def _read_json(path: Path):
+    regular_file(path)
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError as e:
@@ -352,8 +355,12 @@ def load_hf(path, head: str | None = "auto", num_labels: int | None = None, requ
         head = saved_head
     if head in ("sequence_classification", "token_classification") and num_labels is None:
         num_labels = _saved_num_labels(path, head, saved_head, hf_config, tensors)
-    model = build_model(cfg, head, num_labels)
     _tie_decoder(path, tensors)
+    with torch.device("meta"):  # every shape checked against the weights before any memory is taken
+        skeleton = build_model(cfg, head, num_labels)
+    _match_tensors(path, cfg, head, _canonical_state(skeleton), tensors, check_only=True)
+    _refuse_unplaced_layers(path, cfg, tensors)
+    model = build_model(cfg, head, num_labels)
     loaded, missing, used = _match_tensors(path, cfg, head, _canonical_state(model), tensors)
 
     # the NSP classifier and the pooler are cheap to retrain; the MLM head, classifiers and QA outputs are the head
@@ -403,9 +410,21 @@ def _tie_decoder(path: Path, tensors: dict) -> None:
         tensors.pop(buffer, None)
 
 
-def _match_tensors(path: Path, cfg, head, state: dict, tensors: dict):
+def _refuse_unplaced_layers(path: Path, cfg, tensors: dict) -> None:
+    """Weights of more layers than config.json's num_hidden_layers: a model built from fewer would drop them
+    without a word."""
+    import re
+
+    layers = {int(m.group(1)) for k in tensors if (m := re.match(r"bert\.encoder\.layer\.(\d+)\.", k))}
+    if layers and max(layers) + 1 != cfg.num_layers:
+        raise ModelFolderError(f"{path / 'config.json'}: num_hidden_layers is {cfg.num_layers}, but the weights "
+                               f"hold {max(layers) + 1} layers; the two do not belong together")
+
+
+def _match_tensors(path: Path, cfg, head, state: dict, tensors: dict, check_only: bool = False):
     """(loaded state, missing HF names, used HF names): each of the model's tensors from its HF name(s), shapes
-    checked; an encoder tensor the file lacks is refused, a head's is kept as initialised and reported missing."""
+    checked; an encoder tensor the file lacks is refused, a head's is kept as initialised and reported missing.
+    check_only: the shapes only (state may be a meta-device skeleton's)."""
     loaded, missing, used = {}, [], set()
     for key, current in state.items():
         names = hf_names(key, cfg.norm)
@@ -426,6 +445,8 @@ def _match_tensors(path: Path, cfg, head, state: dict, tensors: dict):
             if list(t.shape) != expected:
                 raise ModelFolderError(f"{path}: tensor {saved_name(n, cfg, head)!r} has shape {tuple(t.shape)}, "
                                        f"expected {tuple(expected)} for this config.json / head")
+        if check_only:
+            continue
         tensor = torch.cat(pieces, 0) if len(pieces) > 1 else pieces[0]
         if key in VOCAB_PADDED:
             tensor = torch.cat([tensor, current[cfg.vocab_size:].zero_()], 0)

@@ -20,7 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from bertkit import kernels
-from bertkit.config import BertConfig
+from bertkit.config import BertConfig, check_fields
+from bertkit.errors import regular_file
 from bertkit.formats import IGNORE_INDEX
 from bertkit.models.bert import (
     ClassifierOutput,
@@ -59,6 +60,12 @@ class ModernBertConfig:
     cls_token_id: int = 2
     sep_token_id: int = 3
 
+    def __post_init__(self):
+        check_fields(self)
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"hidden_size {self.hidden_size} is not a multiple of num_heads {self.num_heads}")
+        self.set_pooling(self.classifier_pooling)
+
     @property
     def max_length(self) -> int:
         """The longest sequence (RoPE has no table: the length it was configured for)."""
@@ -84,7 +91,7 @@ class ModernBertConfig:
         if spec and spec.startswith("modernbert-"):
             return cls.preset(spec[len("modernbert-"):], vocab_size=vocab_size)
         if spec and Path(spec).exists():
-            p = Path(spec) / "config.json" if Path(spec).is_dir() else Path(spec)
+            p = regular_file(Path(spec) / "config.json" if Path(spec).is_dir() else Path(spec))
             d = json.loads(p.read_text())
             if d.get("model_type") == "modernbert":
                 return cls.from_hf_dict(d, str(p))
@@ -426,20 +433,48 @@ def hf_state_dict(model: nn.Module) -> dict:
     return out
 
 
-def load_hf_state_dict(model: nn.Module, tensors: dict, source) -> tuple[list, list]:
-    """Load transformers' tensors (any ModernBert class: `model.`-prefixed or a bare encoder's) into `model`,
-    padding the vocabulary. Every encoder tensor must be there; returns (head tensors missing, tensors unused)."""
+def check_shapes(model: nn.Module, tensors: dict, source) -> None:
+    """transformers' tensors against a model's shapes (a meta-device skeleton's: nothing allocated yet): a tensor of
+    another shape, or layers config.json has no place for, are refused naming config.json."""
+    import re
+
+    expected = model.state_dict()
+    for name, t in _hf_state(model, tensors, pad=False).items():
+        want = expected.get(name)
+        if want is None:
+            continue
+        vocab = name.endswith(("tok_embeddings.weight", "decoder.bias"))  # rows: the vocabulary, padded either way
+        fits = tuple(t.shape[1:]) == tuple(want.shape[1:]) and t.shape[0] >= model.cfg.vocab_size if vocab else \
+            tuple(t.shape) == tuple(want.shape)
+        if not fits:
+            raise ValueError(f"{source}: tensor {name} has shape {tuple(t.shape)}, but config.json gives "
+                             f"{tuple(want.shape)}; the two do not belong together")
+    layers = {int(m.group(1)) for k in tensors if (m := re.search(r"layers\.(\d+)\.", k))}
+    if layers and max(layers) + 1 != model.cfg.num_layers:
+        raise ValueError(f"{source}: config.json's num_hidden_layers is {model.cfg.num_layers}, but the weights hold "
+                         f"{max(layers) + 1} layers; the two do not belong together")
+
+
+def _hf_state(model: nn.Module, tensors: dict, pad: bool = True) -> dict:
+    """transformers' tensors under `model`'s names, the vocabulary rows padded to the model's (pad)."""
     cfg, state = model.cfg, {}
     if not any(k.startswith("model.") for k in tensors):
         tensors = {f"model.{k}": v for k, v in tensors.items()}
     for name, t in tensors.items():
-        if name in VOCAB_ROWS:  # whatever padding the source had, this model's own
+        if name in VOCAB_ROWS and pad:  # whatever padding the source had, this model's own
             t = t[:cfg.vocab_size]
             t = torch.cat([t, t.new_zeros((cfg.padded_vocab_size - t.shape[0], *t.shape[1:]))])
         state[name] = t
     state.pop("decoder.weight", None)  # tied to the embedding
     if isinstance(model, ModernBertModel):
         state = {k[len("model."):]: v for k, v in state.items() if k.startswith("model.")}
+    return state
+
+
+def load_hf_state_dict(model: nn.Module, tensors: dict, source) -> tuple[list, list]:
+    """Load transformers' tensors (any ModernBert class: `model.`-prefixed or a bare encoder's) into `model`,
+    padding the vocabulary. Every encoder tensor must be there; returns (head tensors missing, tensors unused)."""
+    state = _hf_state(model, tensors)
     missing, unused = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if k != "decoder.weight"]
     encoder = [k for k in missing if k.startswith("model.") or isinstance(model, ModernBertModel)]
@@ -514,6 +549,9 @@ def load_hf(path: Path, hf_config: dict, tensors: dict, head="auto", num_labels=
         else:
             raise ValueError(f"{path} has no classifier; pass num_labels to build a {head} head")
     cls = HEADS[head]
+    with torch.device("meta"):  # the shapes checked against the weights before any memory is taken
+        skeleton = cls(cfg) if cls in (ModernBertModel, ModernBertForMaskedLM) else cls(cfg, num_labels or 2)
+    check_shapes(skeleton, tensors, path / "config.json")
     model = cls(cfg) if cls in (ModernBertModel, ModernBertForMaskedLM) else cls(cfg, num_labels or 2)
     missing, unused = load_hf_state_dict(model, tensors, path)
     if missing and require_head:

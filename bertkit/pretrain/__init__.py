@@ -13,6 +13,7 @@
 The run folder (names in bertkit.formats):
   config.json              the resolved settings, the model shape and the vocabulary's sha256 (checked on --resume)
   deepspeed_config.json    the DeepSpeed config actually used (generated from flags, merged with --deepspeed-config)
+  deepspeed_user_config.json  --deepspeed-config as given, what --resume reads (outputs it names kept inside the run)
   tokenizer/               the instances folder's vocabulary and tokenizer files (export copies them)
   checkpoints/global_stepN DeepSpeed checkpoints + per-rank RNG state; written as global_stepN.partial, then renamed;
   checkpoints/latest       the last complete one (written atomically after the rename)

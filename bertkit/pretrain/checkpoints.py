@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
+from bertkit.errors import DamagedFileError, regular_file
 from bertkit.fileio import (
     LOCK_FILE,
     FolderLockedError,
@@ -38,20 +39,22 @@ from bertkit.fileio import (
     file_matches,
     folder_lock,
     read_json_or_none,
-    replace_earlier_output,
 )
 from bertkit.formats import (
     CHECKPOINT_MARKER,
     CHECKPOINTS,
     DEEPSPEED_CONFIG,
     MANIFEST,
+    RUN_CONFIG,
     RUN_TOKENIZER,
     TOKENIZER_FILES,
+    USER_DEEPSPEED_CONFIG,
     CheckpointMarker,
     ExportManifest,
     FormatError,
     InstancesManifest,
     RunConfig,
+    RunError,
     listed_file,
     read_run_config,
     write_manifest,
@@ -59,6 +62,7 @@ from bertkit.formats import (
 )
 from bertkit.models import build_pretraining, save_pretrained
 from bertkit.models.sentence_embeddings import write_sentence_transformers_files
+from bertkit.outputs import Output, refuse_other_inputs, staging_folder, swap_in
 from bertkit.pretrain.config import ConfigError, DeepSpeedSettings, PretrainConfig, TrainingError
 from bertkit.rng import rng_state, set_rng_state
 from bertkit.safe_load import UnsafeCheckpointError, first_unsafe_file, refusing_code, safe_load
@@ -239,8 +243,11 @@ def write_run_folder(cfg: PretrainConfig, settings: DeepSpeedSettings, ds_config
     tok_dir.mkdir(parents=True, exist_ok=True)
     for name in TOKENIZER_FILES:
         if (Path(cfg.instances) / name).is_file():
-            atomic_copy(Path(cfg.instances) / name, tok_dir / name)
+            atomic_copy(Path(cfg.instances) / name, tok_dir / name, within=cfg.instances)
     atomic_write_json(run_dir / DEEPSPEED_CONFIG, ds_config)
+    own = run_dir / USER_DEEPSPEED_CONFIG  # what a --resume reads: the path given here may not exist there
+    if cfg.deepspeed_config and Path(cfg.deepspeed_config).resolve() != own.resolve():
+        atomic_copy(cfg.deepspeed_config, own)
     write_run_config(run_dir, RunConfig(
         stage="pretrain", pretrain=asdict(cfg), resolved=asdict(settings), model=model,
         init_from=init_source, instances=str(Path(cfg.instances).resolve()), vocab_size=manifest.vocab_size,
@@ -368,15 +375,50 @@ def load_run_state_dict(run_dir, tag: str | None = None, say=None) -> tuple[dict
                               "leave it out to take the newest one that verifies")
         if unsafe := first_unsafe_file(ckpt / tag):
             raise UnsafeCheckpointError(*unsafe)
+    try:
+        state = _model_states(ckpt, tag, run.zero_stage)
+    except FormatError:
+        raise
+    except Exception as e:  # a file that passed the scan but is not what DeepSpeed or bertkit wrote
+        raise DamagedFileError(ckpt / tag, f"its model states cannot be read ({type(e).__name__}: "
+                                           f"{str(e).splitlines()[0][:200] if str(e) else 'no detail'})",
+                               "choose another --checkpoint, or leave it out to take the newest one that verifies"
+                               ) from None
+    if not isinstance(state, dict) or not all(torch.is_tensor(v) for v in state.values()):
+        raise DamagedFileError(ckpt / tag, "its model states are not a dictionary of tensors",
+                               "choose another --checkpoint, or leave it out to take the newest one that verifies")
+    return {k: v.float() for k, v in state.items()}, run, tag
+
+
+def _model_states(ckpt: Path, tag: str, zero_stage: int):
     with refusing_code():
-        if run.zero_stage >= 1:
+        if zero_stage >= 1:
             # zero_to_fp32's prints and bars are DeepSpeed's chatter, not the user's business
             with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-                state = get_fp32_state_dict_from_zero_checkpoint(str(ckpt), tag=tag)
-        else:
-            files = sorted((ckpt / tag).glob("mp_rank_*_model_states.pt"))
-            state = safe_load(files[0])["module"]
-    return {k: v.float() for k, v in state.items()}, run, tag
+                return get_fp32_state_dict_from_zero_checkpoint(str(ckpt), tag=tag)
+        files = sorted((ckpt / tag).glob("mp_rank_*_model_states.pt"))
+        if not files:
+            raise FileNotFoundError("no mp_rank_*_model_states.pt")
+        return safe_load(files[0])["module"]
+
+
+def check_run_model(run_dir, run, state: dict | None) -> None:
+    """The model a run folder's config.json describes, built on the meta device (no memory taken): its settings in
+    range and, given the checkpoint's tensors, every shape theirs; RunError naming config.json otherwise."""
+    where = Path(run_dir) / RUN_CONFIG
+    try:
+        with torch.device("meta"):
+            skeleton = build_pretraining(run.model, run.objective)
+    except (ValueError, TypeError, KeyError) as e:
+        raise RunError(f"{where}: its model settings cannot be built ({e}); the run folder is damaged or not "
+                       "bertkit's") from None
+    if state is None:
+        return
+    for name, want in skeleton.state_dict().items():
+        have = state.get(name)
+        if have is not None and tuple(have.shape) != tuple(want.shape):
+            raise RunError(f"{where}: its model gives {name} the shape {tuple(want.shape)}, but the checkpoint holds "
+                           f"{tuple(have.shape)}; the two do not belong together")
 
 
 def weights_kind(random_seed: int | None) -> str:
@@ -393,9 +435,11 @@ def export(run_dir, out_dir, tag: str | None = None, say=None, overwrite: bool =
     against; no checkpoint is read."""
     if random_seed is None:
         state, run, tag = load_run_state_dict(run_dir, tag, say)
+        check_run_model(run_dir, run, state)
         model = build_pretraining(run.model, run.objective)
     else:
         state, run, tag = None, read_run_config(run_dir), f"random-seed{random_seed}"
+        check_run_model(run_dir, run, None)
         with torch.random.fork_rng(devices=[]):  # the caller's generator is left as it was
             torch.manual_seed(random_seed)
             model = build_pretraining(run.model, run.objective)
@@ -422,23 +466,32 @@ def export(run_dir, out_dir, tag: str | None = None, say=None, overwrite: bool =
         raise TrainingError(f"{run_dir} ({tag}): checkpoint does not fit the model "
                             f"(missing {missing[:5]}, unexpected {unexpected[:5]})")
     tok = Path(run_dir) / RUN_TOKENIZER
+    for name in TOKENIZER_FILES:  # a folder from someone else: no link in it is followed, none copied out
+        if (tok / name).exists() or (tok / name).is_symlink():
+            regular_file(tok / name, within=run_dir)
     extra = {"bertkit": {"run": str(Path(run_dir).resolve()), "checkpoint": tag, "vocab_sha256": run.vocab_sha256,
                          "objective": run.objective}}
     out_dir = Path(out_dir)
-    # a new or empty folder, or an earlier export; never another's folder
+    # a new or empty folder, or an earlier export; never another's folder. The new export is written whole beside
+    # the old one and swapped in: a kill at any moment leaves one of the two, and only bertkit's files are replaced.
     with folder_lock(out_dir, "export"), disk_errors(out_dir, "free space, then run the same export again"):
         earlier = read_json_or_none(out_dir / MANIFEST)
         earlier = {**earlier, "kind": weights_kind(earlier.get("random_seed"))} if isinstance(earlier, dict) else None
-        replace_earlier_output(out_dir, "export", {"run": str(Path(run_dir).resolve()),
-                                                   "kind": weights_kind(random_seed)}, earlier, overwrite)
+        refuse_other_inputs(out_dir, "export", {"run": str(Path(run_dir).resolve()), "kind": weights_kind(random_seed)},
+                            earlier, overwrite)
+        output, staging = Output(out_dir, "export", manifest_files=True), staging_folder(out_dir)
         tokenizer = tok if (tok / "vocab.txt").is_file() else None
         # an ELECTRA pair: the discriminator here, the generator in generator/
-        save_pretrained(model, out_dir, tokenizer_dir=tokenizer, extra_config=extra,
+        save_pretrained(model, staging, tokenizer_dir=tokenizer, extra_config=extra,
                         masked_lm_only=run.objective == "none")
         if run.objective == "none" and tokenizer is not None:  # read through the mean: a sentence encoder too
-            write_sentence_transformers_files(out_dir, model.cfg.hidden_size, model.cfg.max_length)
-        files = {p.relative_to(out_dir).as_posix(): file_entry(p) for p in sorted(out_dir.rglob("*"))
-                 if p.is_file() and p.name not in (MANIFEST, LOCK_FILE)}
-        write_manifest(out_dir, ExportManifest(stage="export", complete=True, run=str(Path(run_dir).resolve()),
+            write_sentence_transformers_files(staging, model.cfg.hidden_size, model.cfg.max_length)
+        files = {p.relative_to(staging).as_posix(): file_entry(p) for p in sorted(staging.rglob("*"))
+                 if p.is_file() and p.name != MANIFEST}
+        write_manifest(staging, ExportManifest(stage="export", complete=True, run=str(Path(run_dir).resolve()),
                                                checkpoint=tag, random_seed=random_seed, files=files))
+        swap_in(output, staging, last=MANIFEST)
+        output.record()
+        if say and (note := output.kept_note()):
+            say(note)
     return out_dir

@@ -92,7 +92,7 @@ class PretrainConfig:
         if self.recipe:
             model = self.model or (None if resuming else RECIPES[self.recipe]["pretrain"].get("model"))
             settings = recipe_settings(self.recipe, family_for(model) if family_for else None)
-            if resuming:
+            if resuming or self.init_from:  # the model is the run's own, or --init-from's
                 settings.pop("model", None)
         for name, value in settings.items():
             in_file = name in DEEPSPEED_PATHS and _get(deepspeed_user or {}, DEEPSPEED_PATHS[name]) is not None
@@ -102,7 +102,28 @@ class PretrainConfig:
             values["warmup"] = DEFAULT_WARMUP
         return replace(self, **values)
 
+    def check_model_spec(self) -> None:
+        """--model names a preset, a modernbert-PRESET, or an existing config.json / model folder."""
+        from pathlib import Path
+
+        from bertkit.config import PRESETS
+        from bertkit.models.modernbert import PRESETS as MODERNBERT
+
+        names = [*PRESETS, *(f"modernbert-{p}" for p in MODERNBERT)]
+        if self.model and self.model not in names and not Path(self.model).exists():
+            raise ConfigError(f"--model {self.model}: no such preset, file or folder; choose one of {', '.join(names)}"
+                              ", or give a config.json or model folder")
+
     def check(self) -> None:
+        from bertkit.config import SIZE_LIMITS
+        from bertkit.threads import MAX_THREADS
+
+        top = SIZE_LIMITS["vocab_pad_multiple"]
+        if self.pad_vocab_to is not None and not (isinstance(self.pad_vocab_to, int) and 1 <= self.pad_vocab_to <= top):
+            raise ConfigError(f"--pad-vocab-to {self.pad_vocab_to}: choose 1 to {top} (64 is ModernBERT's)")
+        if self.threads is not None and not 1 <= self.threads <= MAX_THREADS:
+            raise ConfigError(f"--threads {self.threads}: choose 1 to {MAX_THREADS}")
+        self.check_model_spec()
         if self.on_nonfinite not in ("stop", "rollback"):
             raise ConfigError(f"--on-nonfinite {self.on_nonfinite!r}: choose stop or rollback")
         if self.on_spike not in ("none", "stop", "rollback"):

@@ -8,8 +8,9 @@ the run recorded:
   config.json's `changes` with the step it took effect).
 """
 from dataclasses import dataclass, fields, replace
+from pathlib import Path
 
-from bertkit.formats import RunConfig
+from bertkit.formats import USER_DEEPSPEED_CONFIG, RunConfig
 from bertkit.pretrain.config import ConfigError, DeepSpeedSettings, PretrainConfig
 
 # flags (PretrainConfig) and resolved settings (DeepSpeedSettings) a resume cannot change
@@ -36,6 +37,16 @@ class Change:
         return f"{self.setting} {self.before} -> {self.after}"
 
 
+def own_deepspeed_config(run_dir, recorded: str) -> Path:
+    """The copy of --deepspeed-config that the run keeps; a run from before that copy names only a path, which a
+    folder from someone else could point anywhere: it is not followed."""
+    own = Path(run_dir) / USER_DEEPSPEED_CONFIG
+    if not own.is_file():
+        raise ConfigError(f"{run_dir} began with --deepspeed-config {recorded}, and keeps no copy of it (a run from an "
+                          "older bertkit); give it again: --resume --deepspeed-config FILE")
+    return own
+
+
 def inherit(cfg: PretrainConfig, run: RunConfig, given: set | None = None) -> PretrainConfig:
     """cfg with the run's recorded value wherever the command gave none: a field left None, or (from the CLI, which
     knows) a flag not on the command line."""
@@ -51,6 +62,8 @@ def inherit(cfg: PretrainConfig, run: RunConfig, given: set | None = None) -> Pr
         values["precision"] = run.resolved["precision"]
     if "instances" in values:
         values["instances"] = run.instances  # recorded resolved: the run can be resumed from any folder
+    if values.get("deepspeed_config"):  # the run's own copy, never the path its config.json names
+        values["deepspeed_config"] = str(own_deepspeed_config(cfg.out, values["deepspeed_config"]))
     if isinstance(values.get("betas"), list):
         values["betas"] = tuple(values["betas"])
     return replace(cfg, **values)

@@ -15,7 +15,8 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from bertkit import kernels
 from bertkit.data import EpochBatches, InstanceDataset, TokenBudgetBatches, batch_loader, close_loader
-from bertkit.formats import InstancesError, InstancesManifest
+from bertkit.errors import regular_file
+from bertkit.formats import USER_DEEPSPEED_CONFIG, InstancesError, InstancesManifest
 from bertkit.kernel_guard import kernel_uses, resolve_guarded
 from bertkit.models import describe, family_of
 from bertkit.optim import build_optimizer, build_scheduler, param_groups
@@ -184,6 +185,9 @@ def start_run(cfg: PretrainConfig, manifest: InstancesManifest, rank: int, world
             restore_rng(last_ckpt, rank)  # after the loader: making it draws from torch's generator
         run.divergence, run.eval_clock, run.stop = Divergence(cfg), EvalClock(budget, cfg.eval_every), StopFlag()
         run.plateau = Plateau.measure(run.holdout) if len(run.holdout) and cfg.eval_every and rank == 0 else None
+        if not len(run.holdout) and cfg.eval_every and rank == 0:
+            say(f"note: {cfg.instances} has no held-out split, so nothing is evaluated (--eval-every "
+                f"{cfg.eval_every} has nothing to read); `bertkit make-instances --holdout 0.01` makes one")
         run.old_handlers = {s: signal.signal(s, run.stop) for s in (signal.SIGTERM, signal.SIGINT)}
     except BaseException:
         run.close()
@@ -243,12 +247,47 @@ def resolve_settings(cfg: PretrainConfig, world: int, rank: int, on_cuda: bool):
 
 
 def read_user_deepspeed_config(cfg: PretrainConfig) -> dict | None:
+    """--deepspeed-config's JSON. The run's own copy (a --resume: the run folder may come from someone else) has
+    every file or folder DeepSpeed would write moved inside the run (bertkit.pretrain.run.confine_outputs)."""
     if not cfg.deepspeed_config:
         return None
+    path = Path(cfg.deepspeed_config)
     try:
-        return json.loads(Path(cfg.deepspeed_config).read_text())
+        config = json.loads(regular_file(path).read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise ConfigError(f"--deepspeed-config {cfg.deepspeed_config}: cannot read it ({e})") from e
+    if not isinstance(config, dict):
+        raise ConfigError(f"--deepspeed-config {cfg.deepspeed_config}: not a JSON object of DeepSpeed settings")
+    if path.name == USER_DEEPSPEED_CONFIG and path.parent.resolve() == Path(cfg.out).resolve():
+        config = confine_outputs(config, Path(cfg.out), say)
+    return config
+
+
+# DeepSpeed settings that name a file or folder it writes (profiler, monitors, autotuning, checkpoint engines)
+OUTPUT_KEYS = ("output_file", "output_path", "results_dir", "exps_dir", "persistent_storage_path", "job_name_dir",
+               "save_dir", "log_dir", "logdir", "path")
+
+
+def confine_outputs(config, run_dir: Path, say=None, where: str = ""):
+    """The DeepSpeed config with every output file or folder it names that lies outside run_dir moved to
+    run_dir/deepspeed/ (its last name kept), each move said: a config that came with a folder writes nowhere else."""
+    if isinstance(config, list):
+        return [confine_outputs(v, run_dir, say, f"{where}[{i}]") for i, v in enumerate(config)]
+    if not isinstance(config, dict):
+        return config
+    out = {}
+    for key, value in config.items():
+        here = f"{where}.{key}" if where else key
+        if isinstance(value, str) and value and (key in OUTPUT_KEYS or key.endswith(("_file", "_path", "_dir"))):
+            target = Path(value) if Path(value).is_absolute() else run_dir / value
+            inside = run_dir.resolve() in (target.resolve(), *target.resolve().parents)
+            if not inside:
+                value = str(run_dir / "deepspeed" / (Path(value).name or "output"))
+                if say:
+                    say(f"{run_dir / USER_DEEPSPEED_CONFIG}: {here} named {config[key]}, outside the run; it writes "
+                        f"to {value} instead (a config that comes with a run folder writes only inside it)")
+        out[key] = confine_outputs(value, run_dir, say, here)
+    return out
 
 
 def threads_backend_schedule(cfg: PretrainConfig, rank: int, device):

@@ -36,6 +36,8 @@ def build_model(cfg: PretrainConfig, manifest: InstancesManifest, previous_run: 
     """(model, BertConfig, init source description): the run's own shape on --resume (weights come from the
     checkpoint), --init-from's weights, an HF config, or a preset sized to the instances' vocabulary. ELECTRA
     (objective "electra") builds the generator and discriminator pair, the BertConfig being the discriminator's."""
+    if previous_run is None and cfg.init_from and cfg.model:
+        check_model_flag(cfg, manifest)
     if previous_run is not None and family_of(previous_run.model).name == "modernbert":
         return build_modernbert(cfg, manifest, ModernBertConfig.from_dict(previous_run.model), objective,
                                 previous_run.init_from)
@@ -63,6 +65,19 @@ def build_model(cfg: PretrainConfig, manifest: InstancesManifest, previous_run: 
             raise ConfigError(f"--init-from {cfg.init_from}: weights do not fit the pretraining model "
                               f"(missing {missing[:5]}, unexpected {unexpected[:5]})")
     return model, bert_cfg, source
+
+
+def check_model_flag(cfg: PretrainConfig, manifest: InstancesManifest) -> None:
+    """--model beside --init-from: the run continues --init-from's model (its family and shape), so a --model of
+    another family is refused rather than silently ignored; one of the same family is said to be unused."""
+    named = "modernbert" if ModernBertConfig.from_spec(cfg.model, manifest.vocab_size) else "bert"
+    held = spec_family(None, cfg.init_from)
+    if named != held:
+        names = {"bert": "BERT", "modernbert": "ModernBERT"}
+        raise ConfigError(f"--model {cfg.model} is a {names[named]}, but --init-from {cfg.init_from} holds a "
+                          f"{names[held]}: a run continues --init-from's model (its family and shape). Drop "
+                          "--model, or leave out --init-from to start a new model from random weights")
+    say(f"note: --model {cfg.model} is not used: the run continues --init-from {cfg.init_from}'s model and shape")
 
 
 def bert_start(cfg: PretrainConfig, manifest: InstancesManifest, previous_run: RunConfig | None, objective: str):

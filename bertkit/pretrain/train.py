@@ -6,6 +6,7 @@ folder, under DeepSpeed (ZeRO stage 0-3).
 micro-steps -> roll back? -> log -> evaluate -> save -> stop?.
 """
 import os
+import signal
 import socket
 import time
 from pathlib import Path
@@ -46,9 +47,26 @@ def pretrain(cfg: PretrainConfig, given: set | None = None) -> dict:
     except ReportError as e:
         raise ConfigError(str(e)) from None
     rank, world, _, device = init_distributed()  # rank: the global rank, on every node; it decides who writes
-    with run_folder_lock(Path(cfg.out), rank), \
-            disk_errors(cfg.out, "free space (or fix the disk), then resume with --resume"):
-        return _pretrain(cfg, manifest, rank, world, device)
+    before = exit_on_sigterm()
+    try:
+        with run_folder_lock(Path(cfg.out), rank), \
+                disk_errors(cfg.out, "free space (or fix the disk), then resume with --resume"):
+            return _pretrain(cfg, manifest, rank, world, device)
+    finally:
+        if before is not None:
+            signal.signal(signal.SIGTERM, before)
+
+
+def exit_on_sigterm():
+    """Until the loop installs its own handler (a checkpoint, then stop), SIGTERM raises SystemExit: a launcher
+    stopping this rank because another failed (a bad --init-from) still releases the folder lock and removes a run
+    folder this run made, rather than leaving one that holds only its lock."""
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)
+    try:
+        return signal.signal(signal.SIGTERM, stop)  # the caller's handler, put back at the end
+    except ValueError:  # not the main thread (an embedding program's worker): its own handling stands
+        return None
 
 
 def _pretrain(cfg: PretrainConfig, manifest, rank: int, world: int, device) -> dict:

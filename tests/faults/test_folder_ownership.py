@@ -117,7 +117,10 @@ def test_an_export_of_another_run_needs_overwrite_and_leaves_nothing_stale(stage
     shutil.copytree(stages["run"], other)
     assert CliRunner().invoke(main, ["export", str(stages["run"]), "--out", str(out)]).exit_code == 0
     (out / "generator").mkdir()
-    (out / "generator" / "config.json").write_text("{}")  # as an ELECTRA export leaves
+    (out / "generator" / "config.json").write_text("{}")  # as an ELECTRA export leaves, and records
+    record = json.loads((out / ".bertkit-written.json").read_text())
+    (out / ".bertkit-written.json").write_text(json.dumps({**record, "files": record["files"] +
+                                                           ["generator/config.json"]}))
     before = snapshot(out)
     r = CliRunner().invoke(main, ["export", str(other), "--out", str(out)])
     assert r.exit_code == 1 and "holds an earlier export of another run" in r.output, r.output
@@ -127,9 +130,11 @@ def test_an_export_of_another_run_needs_overwrite_and_leaves_nothing_stale(stage
     assert r.exit_code == 0, r.output
     assert not (out / "generator").exists()
     assert json.loads((out / "manifest.json").read_text())["run"] == str(other.resolve())
-    (out / "generator").mkdir()
-    assert CliRunner().invoke(main, ["export", str(other), "--out", str(out)]).exit_code == 0  # its own: no flag
-    assert not (out / "generator").exists()
+    (out / "generator").mkdir()  # made by hand: not bertkit's, so kept
+    (out / "generator" / "notes.txt").write_text("mine")
+    r = CliRunner().invoke(main, ["export", str(other), "--out", str(out)])  # its own: no flag
+    assert r.exit_code == 0 and "kept generator/notes.txt (bertkit did not write them)" in r.output, r.output
+    assert (out / "generator" / "notes.txt").read_text() == "mine"
     assert CliRunner().invoke(main, ["verify", str(out)]).exit_code == 0
 
 
@@ -140,6 +145,7 @@ def test_a_fine_tuning_of_another_task_needs_overwrite(stages, tmp_path):
     out.mkdir()
     (out / "metrics.json").write_text(json.dumps({"task": "rte", "settings": {}, "best": {"accuracy": 0.6}}))
     (out / "predictions.json").write_text("{}")
+    (out / ".bertkit-written.json").write_text(json.dumps({"files": ["metrics.json", "predictions.json"]}))
     from bertkit.fileio import FolderNotOwnedError
 
     with pytest.raises(FolderNotOwnedError, match=r"holds an earlier fine-tuning of another task: task rte "

@@ -1,0 +1,220 @@
+"""Issue 72, classes 1 and 2: bertkit deletes only what it wrote, replaces an output without ever emptying it, lets
+one writer at a time into a folder, and meets a full disk with one line (bertkit.outputs, bertkit.fileio)."""
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from click.testing import CliRunner
+
+from bertkit.cli import main
+from tests.helpers import env_without_dist, quick_finetune, tiny_run
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    from bertkit.pretrain import export
+
+    root = tmp_path_factory.mktemp("users")
+    _, run_dir = tiny_run(root)
+    export(run_dir, root / "model")
+    return run_dir
+
+
+def visible_files(folder):
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*") if p.is_file()
+            and not p.relative_to(folder).parts[0].startswith(".")}
+
+
+def export_cli(run_dir, out, *flags):
+    return CliRunner().invoke(main, ["export", str(run_dir), "--out", str(out), *flags])
+
+
+def glue_dir(root, model):
+    vocab = (model / "vocab.txt").read_text().split()
+    rows = ["sentence\tlabel"] + [f"{vocab[10 + i % 40]} {vocab[30 + i % 7]}\t{i % 2}" for i in range(24)]
+    (root / "SST-2").mkdir(parents=True, exist_ok=True)
+    for name in ("train.tsv", "dev.tsv"):
+        (root / "SST-2" / name).write_text("\n".join(rows) + "\n")
+    return root
+
+
+def finetune_glue(data, model, out, *flags):
+    return CliRunner().invoke(main, ["finetune", "glue", "--task", "sst2", "--data-dir", str(data), "--model",
+                                     str(model), "--out", str(out), "--epochs", "1", "--batch-size", "8",
+                                     "--max-seq-length", "16", "--report-to", "none", *flags])
+
+
+# ---------------------------------------------------------------- 1. only bertkit's own files go
+
+def test_a_re_export_keeps_the_users_files_beside_it(run, tmp_path):
+    out = tmp_path / "export"
+    assert export_cli(run, out).exit_code == 0
+    (out / "README.md").write_text("my model card\n")
+    (out / "notes").mkdir()
+    (out / "notes" / "eval.txt").write_text("dev 0.81\n")
+    r = export_cli(run, out)
+    assert r.exit_code == 0, r.output
+    assert (out / "README.md").read_text() == "my model card\n"
+    assert (out / "notes" / "eval.txt").read_text() == "dev 0.81\n"
+    assert "kept README.md, notes/eval.txt (bertkit did not write them)" in r.output
+    assert CliRunner().invoke(main, ["verify", str(out)]).exit_code == 0
+
+
+def test_a_re_export_over_another_run_replaces_only_bertkits_files(run, tmp_path):
+    import shutil
+
+    out, other = tmp_path / "export", tmp_path / "other"
+    shutil.copytree(run, other)
+    assert export_cli(run, out).exit_code == 0
+    (out / "thesis.tex").write_text("\\chapter{}\n")
+    r = export_cli(other, out, "--overwrite")
+    assert r.exit_code == 0, r.output
+    assert (out / "thesis.tex").read_text() == "\\chapter{}\n"
+    assert json.loads((out / "manifest.json").read_text())["run"] == str(other.resolve())
+
+
+def test_the_same_fine_tuning_again_keeps_the_users_analysis(run, tmp_path):
+    model = run.parent / "model"
+    out = tmp_path / "ft"
+    quick_finetune(model, tmp_path / "data", run=out)
+    (out / "analysis.md").write_text("why epoch 1 won\n")
+    quick_finetune(model, tmp_path / "data", run=out)  # finished: the same command again redoes it
+    assert (out / "analysis.md").read_text() == "why epoch 1 won\n"
+    record = json.loads((out / ".bertkit-written.json").read_text())["files"]
+    assert "metrics.json" in record and "analysis.md" not in record
+
+
+def test_overwrite_over_a_stray_metrics_file_deletes_nothing_of_the_users(run, tmp_path):
+    out = tmp_path / "thesis"
+    out.mkdir()
+    (out / "metrics.json").write_text(json.dumps({"task": "classify", "settings": {}}))  # looks like a fine-tuning
+    (out / "thesis.tex").write_text("\\chapter{}\n")
+    quick_finetune(run.parent / "model", tmp_path / "data", run=out, overwrite=True)
+    assert (out / "thesis.tex").read_text() == "\\chapter{}\n"
+
+
+def test_a_folder_of_the_users_needs_overwrite_and_keeps_its_files(run, tmp_path):
+    data, out = glue_dir(tmp_path / "glue", run.parent / "model"), tmp_path / "mine"
+    out.mkdir()
+    (out / "paper.pdf").write_bytes(b"%PDF-1.4\n")
+    r = finetune_glue(data, run.parent / "model", out)
+    assert r.exit_code == 1 and "files no bertkit command wrote there (paper.pdf)" in r.output, r.output
+    r = finetune_glue(data, run.parent / "model", out, "--overwrite")
+    assert r.exit_code == 0, r.output
+    assert (out / "paper.pdf").read_bytes() == b"%PDF-1.4\n" and (out / "metrics.json").is_file()
+
+
+# ---------------------------------------------------------------- 2. replace, never empty; one writer at a time
+
+def test_a_re_export_killed_after_its_lock_leaves_the_previous_export_whole(run, tmp_path):
+    out = tmp_path / "export"
+    assert export_cli(run, out).exit_code == 0
+    before = visible_files(out)
+    script = textwrap.dedent(f"""
+        import os, signal
+        import bertkit.pretrain.checkpoints as c
+        real = c.save_pretrained
+        def dying(model, out_dir, **kw):
+            real(model, out_dir, **kw)      # half of the new export written...
+            os.kill(os.getpid(), signal.SIGKILL)
+        c.save_pretrained = dying
+        c.export({str(run)!r}, {str(out)!r})
+    """)
+    p = subprocess.run([sys.executable, "-c", script], env=env_without_dist(), capture_output=True, timeout=300)
+    assert p.returncode == -signal.SIGKILL, p.stderr.decode()[-2000:]
+    assert visible_files(out) == before  # the old export, whole; the new one's files only in the hidden staging folder
+    assert CliRunner().invoke(main, ["verify", str(out)]).exit_code == 0
+    r = export_cli(run, out)  # the same command again: the dead process's lock taken over, the staging replaced
+    assert r.exit_code == 0, r.output
+    assert not (out / ".bertkit-staging").exists()
+
+
+def test_two_fine_tunings_into_one_folder_one_refuses_naming_the_other(run, tmp_path):
+    from bertkit.fileio import FolderLockedError, _process_start
+
+    out = tmp_path / "ft"
+    out.mkdir()
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        (out / ".bertkit.lock").write_text(json.dumps({
+            "host": os.uname().nodename, "pid": other.pid, "process_start": _process_start(other.pid),
+            "what": "finetune", "since": "now", "command": "bertkit finetune glue --out ft"}))
+        with pytest.raises(FolderLockedError, match=rf"{out} is being written by process {other.pid} on this host "
+                                                    r"\(finetune, since now: bertkit finetune glue --out ft\)"):
+            quick_finetune(run.parent / "model", tmp_path / "data", run=out)
+        assert sorted(p.name for p in out.iterdir()) == [".bertkit.lock"]
+    finally:
+        other.kill()
+        other.wait()
+    summary = quick_finetune(run.parent / "model", tmp_path / "data", run=out)  # a dead writer's lock is taken over
+    assert summary["task"] == "classify" and not (out / ".bertkit.lock").exists()
+
+
+def test_a_pretraining_stopped_by_its_launcher_before_training_leaves_no_folder(run, tmp_path):
+    """A launcher stops a rank with SIGTERM when another fails (a bad --init-from): the folder it made goes."""
+    out = tmp_path / "run2"
+    script = textwrap.dedent(f"""
+        import os, signal
+        import bertkit.pretrain.run as r
+        def stopped(*a, **k):
+            os.kill(os.getpid(), signal.SIGTERM)
+        r.build_model = stopped
+        from bertkit.pretrain import PretrainConfig, pretrain
+        pretrain(PretrainConfig(instances={str(run.parent / 'inst')!r}, out={str(out)!r},
+                                init_from={str(run.parent / 'model')!r}, max_steps=2, micro_batch=8,
+                                optimizer="adamw", num_workers=0, progress=False, report_to="none"))
+    """)
+    p = subprocess.run([sys.executable, "-c", script], env=env_without_dist(), capture_output=True, timeout=300)
+    assert p.returncode == 128 + signal.SIGTERM, p.stderr.decode()[-2000:]
+    assert not out.exists()
+
+
+def test_a_full_disk_in_finetune_glue_is_one_line(run, tmp_path, monkeypatch):
+    import bertkit.finetune.train as train
+
+    data = glue_dir(tmp_path / "glue", run.parent / "model")
+    real = train.atomic_write_json
+
+    def full(path, *a, **k):
+        if path.name == "metrics.json":
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real(path, *a, **k)
+    monkeypatch.setattr(train, "atomic_write_json", full)
+    r = finetune_glue(data, run.parent / "model", tmp_path / "ft")
+    assert r.exit_code == 1 and "Traceback" not in r.output, r.output
+    assert f"{tmp_path / 'ft'}: no space left on the device while writing ({tmp_path / 'ft' / 'metrics.json'})" \
+        in r.output and "run the same command again" in r.output
+
+
+def test_a_full_disk_in_a_korean_evaluation_is_one_line(tmp_path, monkeypatch):
+    import bertkit.fileio as fileio
+    from bertkit.fileio import DiskError
+    from bertkit.finetune.korean import evaluate
+
+    def fine_tune(task, folder, rate, seed):
+        raise OSError(errno.ENOSPC, "No space left on device", str(folder / "metrics.json"))
+    with pytest.raises(DiskError, match=rf"{tmp_path / 'eval'}: no space left on the device while writing .*"
+                                        r"finished tasks are kept"):
+        evaluate(tmp_path / "eval", ["nsmc"], fine_tune, {"model": "m"}, say=lambda m: None)
+    real = fileio.atomic_write_bytes
+    monkeypatch.setattr(fileio, "atomic_write_bytes", lambda *a, **k: (_ for _ in ()).throw(
+        OSError(errno.ENOSPC, "No space left on device")))
+    with pytest.raises(DiskError):
+        evaluate(tmp_path / "eval2", ["nsmc"], fine_tune, {"model": "m"}, say=lambda m: None)
+    monkeypatch.setattr(fileio, "atomic_write_bytes", real)
+
+
+def test_a_full_disk_in_report_is_one_line(run, tmp_path, monkeypatch):
+    import bertkit.fileio as fileio
+
+    monkeypatch.setattr(fileio, "atomic_write_bytes", lambda path, *a, **k: (_ for _ in ()).throw(
+        OSError(errno.ENOSPC, "No space left on device", str(path))))
+    r = CliRunner().invoke(main, ["report", str(run), "--out", str(tmp_path / "page.html")])
+    assert r.exit_code == 1 and "Traceback" not in r.output, r.output
+    assert f"{tmp_path}: no space left on the device while writing" in r.output
+    assert not (tmp_path / "page.html").exists()
