@@ -202,7 +202,11 @@ def scan_shard(path: str, options: dict, alphabet_tokens: list[str] | None, samp
     table = read_arrow(path)
     if alphabet_tokens is not None:
         return {"counts": _char_counts([path], config, alphabet_tokens), "rows": table.num_rows}
-    found = _run_trainer([path], config, len(SPECIAL_TOKENS), list(SPECIAL_TOKENS), "")
+    # the alphabet without the analyser: a morpheme cut only splits a word, so every character keeps its place (first
+    # in a word or not) and the cuts add only "#" and "###" (the "##" spelling), which _train adds; the analyser,
+    # most of a Korean vocabulary's time, then reads only the text the merges are learnt on (a --sample-bytes sample)
+    plain = replace(config, pretokenize="none")
+    found = _run_trainer([path], plain, len(SPECIAL_TOKENS), list(SPECIAL_TOKENS), "")
     result = {"tokens": found[len(SPECIAL_TOKENS):], "rows": table.num_rows, "buckets": None}
     if sample:
         sentences = table.column(C.SENTENCES).combine_chunks()
@@ -263,6 +267,8 @@ def _train(corpus_dir, config: TokenizerConfig) -> list[str]:
             per_bucket[buckets] += nbytes
     if not found:
         raise TokenizerError(f"{corpus_dir}: the training shards hold no text; nothing to train on")
+    if config.pretokenize != "none" and any_morpheme_cut(shards, config):
+        found |= {"#", CONTINUATION + "#"}  # the "##piece" words the analyser's cuts give the trainer
     chars = sorted(t for t in found if not t.startswith(CONTINUATION) or len(t) == 1)
     continued = {t for t in found if t not in chars}
     sample = _sample_threshold(per_bucket, config.sample_bytes, corpus_dir) if sampling else None
@@ -288,6 +294,15 @@ def _train(corpus_dir, config: TokenizerConfig) -> list[str]:
     if tokens[:head] != list(SPECIAL_TOKENS) + pieces or tokens[head: head + len(chars)] != chars:
         raise AssertionError("tokenizers laid out the vocabulary in an unexpected order")
     return list(SPECIAL_TOKENS) + chars + pieces + tokens[head + len(chars):]
+
+
+def any_morpheme_cut(shards, config: TokenizerConfig) -> bool:
+    """Whether the analyser cuts any word of the corpus (it does within the first Korean sentences of a real one)."""
+    tok = build_tokenizer(None, lowercase=config.lowercase, strip_accents=config.strip_accents)
+    for batch in _sentence_batches(shards, False, ""):
+        if any("##" in training_words(s, tok.normalizer, tok.pre_tokenizer, config.pretokenize) for s in batch):
+            return True
+    return False
 
 
 def tokenizer_stats(tok, sentence_batches) -> dict:

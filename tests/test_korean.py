@@ -100,6 +100,33 @@ def test_morpheme_aware_vocabulary_follows_morphemes_and_reads_raw_text(ko_corpu
             assert hf(s)["input_ids"] == ours.encode(s).ids
 
 
+def test_the_alphabet_needs_no_analyser(ko_corpus):
+    """What lets train-tokenizer run the analyser on the sampled text only: the analyser's alphabet is the plain
+    one plus "#" and "###" (its "##piece" spelling), as a cut only splits a word."""
+    from bertkit.formats import corpus_shards
+    from bertkit.pipelines.train_tokenizer import TokenizerConfig, _run_trainer
+    from bertkit.tokenization import SPECIAL_TOKENS
+
+    def alphabet(mode):
+        config = TokenizerConfig(pretokenize=mode, strip_accents="none", lowercase=False, progress=False)
+        shards = corpus_shards(ko_corpus, "train")
+        return set(_run_trainer(shards, config, len(SPECIAL_TOKENS), list(SPECIAL_TOKENS), "")[len(SPECIAL_TOKENS):])
+    assert alphabet("kiwi") == alphabet("none") | {"#", "###"}
+
+
+def test_the_analyser_reads_only_the_sample(ko_corpus, tmp_path, monkeypatch):
+    import bertkit.pipelines.train_tokenizer as tt
+    from bertkit.formats import read_corpus_manifest
+
+    seen, real = [], tt.training_words
+    monkeypatch.setattr(tt, "training_words", lambda s, *a: seen.append(s) or real(s, *a))
+    total = read_corpus_manifest(ko_corpus).totals
+    sentences = total["sentences"]  # train and held-out
+    tt.train_tokenizer(ko_corpus, tmp_path / "tok", tt.TokenizerConfig(
+        vocab_size=6000, pretokenize="kiwi", sample_bytes=200_000, progress=False, stats_sentences=0))
+    assert 0 < len(seen) < sentences / 2
+
+
 def test_a_missing_analyser_says_how_to_install_it(ko_corpus, tmp_path, monkeypatch):
     from bertkit.pipelines import korean
 
