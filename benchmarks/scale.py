@@ -1,0 +1,183 @@
+"""The data stages at scale: prepare-corpus, train-tokenizer and make-instances on a made corpus of N GB, Korean
+(the Korean default vocabulary: kiwi morpheme pre-splitting) and English (plain WordPiece).
+
+  python benchmarks/scale.py [--sizes 0.1 1 4] [--langs ko en] [--work DIR] [--report]
+
+The corpus is MADE, not collected: real paragraphs of ../shared/data (Korean: the two Korean Wikipedia extracts
+and boddari; English: the English Wikipedia sample and Gutenberg) resampled, with a seeded generator, into new
+documents of 4 to 12 paragraphs, written as JSON Lines until the size is reached. Every document is a new
+combination, so prepare-corpus's exact deduplication keeps them (the kept count is recorded); the vocabulary and
+the text statistics are those of the source, repeated, so a larger size adds volume, not variety.
+
+Each stage runs as its own process (`bertkit STAGE`, default flags; make-instances --mode dynamic, one pass) with
+its process tree sampled every half second: wall and CPU seconds, the peak RSS of the largest process and of all
+of them together, bytes written, and MB of text per second per core. A (language, size, stage) that finished is
+never run again: results are appended to benchmarks/results/scale.json as each finishes, so a killed run resumes.
+Run the large sizes alone on the machine: every row records the load average.
+"""
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+from record import read_result, run_info, write_result  # benchmarks/record.py: the script's folder is on sys.path
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO.parent / "shared" / "data"
+BIN = Path(sys.executable).parent
+GB = 1e9
+SOURCES = {"ko": ["wikipedia_ko_wikiextractor", "wikipedia_ko_wikiextractor_more", "boddari"],
+           "en": ["wikipedia_en_wikiextractor", "gutenberg"]}
+STAGES = ("prepare-corpus", "train-tokenizer", "make-instances")
+
+
+# ---------------------------------------------------------------- the made corpus
+
+def paragraphs(lang: str) -> list[str]:
+    """Every paragraph of at least 80 characters in the language's source folders (WikiExtractor markup and titles
+    dropped), in a fixed order."""
+    found = []
+    for folder in SOURCES[lang]:
+        for path in sorted(p for p in (DATA / folder).rglob("*") if p.is_file() and p.suffix in ("", ".txt")):
+            if path.name in ("README.md", "SOURCE.md", "LICENSE"):
+                continue
+            text = path.read_text(encoding="utf-8", errors="ignore")
+            blocks = text.split("\n") if "<doc " in text else text.split("\n\n")
+            found += [b.strip().replace("\n", " ") for b in blocks
+                      if len(b.strip()) >= 80 and not b.lstrip().startswith(("<doc", "</doc"))]
+    return found
+
+
+def make_corpus(lang: str, gb: float, folder: Path, seed: int = 0) -> dict:
+    """JSON Lines files of new documents (4-12 random paragraphs each) until gb of text; kept when already made."""
+    done = folder / "made.json"
+    if done.is_file():
+        return json.loads(done.read_text())
+    folder.mkdir(parents=True, exist_ok=True)
+    pool, rng = paragraphs(lang), random.Random(seed)
+    target, written, docs, part = gb * GB, 0, 0, 0
+    while written < target:
+        with open(folder / f"part-{part:05d}.jsonl", "w", encoding="utf-8") as f:
+            start = written
+            while written < target and written - start < 64e6:
+                text = "\n".join(rng.choice(pool) for _ in range(rng.randint(4, 12)))
+                f.write(json.dumps({"text": text}, ensure_ascii=False) + "\n")
+                written, docs = written + len(text.encode()), docs + 1
+        part += 1
+    made = {"language": lang, "gb": gb, "text_bytes": written, "documents": docs, "files": part,
+            "source_paragraphs": len(pool), "seed": seed}
+    done.write_text(json.dumps(made))
+    return made
+
+
+# ---------------------------------------------------------------- one stage, measured
+
+class TreeSampler(threading.Thread):
+    """Peak RSS of the largest process and of the whole tree under `pid`, every half second."""
+
+    def __init__(self, pid: int):
+        super().__init__(daemon=True)
+        self.root, self.stop, self.largest, self.total = psutil.Process(pid), threading.Event(), 0, 0
+
+    def run(self):
+        while not self.stop.is_set():
+            try:
+                procs = [self.root, *self.root.children(recursive=True)]
+                rss = [p.memory_info().rss for p in procs if p.is_running()]
+            except psutil.Error:
+                rss = []
+            if rss:
+                self.largest, self.total = max(self.largest, max(rss)), max(self.total, sum(rss))
+            self.stop.wait(0.5)
+
+
+def du(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) if folder.exists() else 0
+
+
+def stage_command(stage: str, work: Path) -> list[str]:
+    bertkit = [str(BIN / "bertkit")]
+    if stage == "prepare-corpus":
+        return bertkit + ["prepare-corpus", str(work / "input"), "--out", str(work / "corpus"), "--no-progress"]
+    if stage == "train-tokenizer":
+        return bertkit + ["train-tokenizer", str(work / "corpus"), "--out", str(work / "tokenizer"), "--no-progress"]
+    return bertkit + ["make-instances", str(work / "corpus"), "--tokenizer", str(work / "tokenizer"), "--out",
+                      str(work / "instances"), "--mode", "dynamic", "--no-progress"]
+
+
+def measure(stage: str, work: Path, text_bytes: int) -> dict:
+    out = work / {"prepare-corpus": "corpus", "train-tokenizer": "tokenizer", "make-instances": "instances"}[stage]
+    resumed = out.exists()  # a killed run's partial output: this time is only the rest of the work
+    log = open(work / f"{stage}.log", "a")
+    before = os.times()
+    t = time.perf_counter()
+    proc = subprocess.Popen(stage_command(stage, work), stdout=log, stderr=subprocess.STDOUT)
+    sampler = TreeSampler(proc.pid)
+    sampler.start()
+    code = proc.wait()
+    seconds = time.perf_counter() - t
+    sampler.stop.set()
+    sampler.join()
+    after = os.times()
+    if code != 0:
+        raise SystemExit(f"{stage} failed (exit {code}); see {work / f'{stage}.log'}")
+    cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
+    mb = text_bytes / 1e6
+    return {"stage": stage, "seconds": round(seconds, 1), "cpu_seconds": round(cpu, 1),
+            "peak_rss_largest_mb": round(sampler.largest / 2**20), "peak_rss_all_mb": round(sampler.total / 2**20),
+            "bytes_written": du(out), "mb_per_s_per_core": round(mb / cpu, 2) if cpu else None,
+            "load_average_1min": round(os.getloadavg()[0], 2), "resumed": resumed}
+
+
+# ---------------------------------------------------------------- the table
+
+def table(rows: list) -> None:
+    base = {(r["language"], r["stage"]): r for r in rows if r["gb"] == 1}
+    print(f"{'lang':>4} {'GB':>5} {'stage':>16} {'wall s':>8} {'CPU s':>8} {'MB/s/core':>9} {'CPU s/GB':>9} "
+          f"{'vs 1GB':>6} {'RSS max MB':>10} {'RSS all MB':>10} {'written MB':>10} {'load':>5}")
+    for r in sorted(rows, key=lambda r: (r["language"], r["gb"], STAGES.index(r["stage"]))):
+        per_gb = r["cpu_seconds"] / (r["text_bytes"] / GB)
+        one = base.get((r["language"], r["stage"]))
+        ratio = f"{per_gb / (one['cpu_seconds'] / (one['text_bytes'] / GB)):.2f}" if one else "-"
+        print(f"{r['language']:>4} {r['gb']:>5} {r['stage']:>16} {r['seconds']:>8} {r['cpu_seconds']:>8} "
+              f"{str(r['mb_per_s_per_core']):>9} {per_gb:>9.0f} {ratio:>6} {r['peak_rss_largest_mb']:>10} "
+              f"{r['peak_rss_all_mb']:>10} {r['bytes_written'] / 1e6:>10.0f} {r['load_average_1min']:>5}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", type=float, nargs="+", default=[0.1, 1, 4])
+    ap.add_argument("--langs", nargs="+", default=["en", "ko"], choices=list(SOURCES))
+    ap.add_argument("--work", type=Path, default=REPO / "bench_scale", help="where the corpora and outputs go")
+    ap.add_argument("--report", action="store_true", help="print the table of what has finished; run nothing")
+    ap.add_argument("--result", default="scale", help="results/NAME.json (another name for a trial run)")
+    args = ap.parse_args()
+    result = read_result(args.result) or {**run_info("scale"), "rows": []}
+    if not args.report:
+        for gb in args.sizes:
+            for lang in args.langs:
+                work = args.work / f"{lang}-{gb:g}gb"
+                made = make_corpus(lang, gb, work / "input")
+                for stage in STAGES:
+                    if any(r["language"] == lang and r["gb"] == gb and r["stage"] == stage for r in result["rows"]):
+                        continue  # finished in an earlier run
+                    print(f"{lang} {gb:g} GB: {stage} ...", flush=True)
+                    row = {"language": lang, "gb": gb, "text_bytes": made["text_bytes"],
+                           "documents_made": made["documents"], **measure(stage, work, made["text_bytes"]),
+                           "commit": run_info("scale")["commit"], "date": time.strftime("%Y-%m-%d %H:%M")}
+                    if stage == "prepare-corpus":
+                        totals = json.loads((work / "corpus" / "manifest.json").read_text())["totals"]
+                        row["documents_kept"] = totals["documents"]
+                    result["rows"].append(row)
+                    write_result(args.result, result)
+    table(result["rows"])
+
+
+if __name__ == "__main__":
+    main()
