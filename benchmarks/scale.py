@@ -135,6 +135,59 @@ def measure(stage: str, work: Path, text_bytes: int) -> dict:
             "load_average_1min": round(os.getloadavg()[0], 2), "resumed": resumed}
 
 
+# ---------------------------------------------------------------- the pretraining loader
+
+# recorded GPU steps the loader must keep fed (sequences per second on one H200 at 128 tokens)
+H200_SEQ_PER_S = {"bert-base": 4786}
+
+
+def loader_child(instances: str, unpadded: bool, micro_batch: int, token_budget: int | None, seconds: float):
+    """In its own process, on one thread: batches of pretrain's data path (dynamic masking, collate or pack) for
+    `seconds`; prints sequences, tokens and CPU seconds as JSON."""
+    import torch
+
+    torch.set_num_threads(1)
+    sys.path.insert(0, str(REPO))
+    from bertkit.data import EpochBatches, InstanceDataset, TokenBudgetBatches, batch_loader
+
+    train = InstanceDataset(instances, "train", 0)
+    sampler = TokenBudgetBatches(train.lengths(), token_budget, 0, 0, 1) if token_budget else \
+        EpochBatches(len(train), micro_batch, 0, 0, 1)
+    batches = iter(batch_loader(train, sampler, 0, unpadded=unpadded))
+    next(batches)  # warm: the first batch maps the files
+    sequences = tokens = 0
+    start, cpu0 = time.perf_counter(), time.process_time()
+    while time.perf_counter() - start < seconds:
+        batch = next(batches)
+        sequences += int(batch["cu_seqlens"].numel() - 1) if "cu_seqlens" in batch else batch["input_ids"].shape[0]
+        tokens += int(batch["input_ids"].numel()) if "cu_seqlens" in batch else int(batch["attention_mask"].sum())
+    print(json.dumps({"sequences": sequences, "tokens": tokens, "cpu_seconds": time.process_time() - cpu0}))
+
+
+def measure_loader(work: Path, seq: int, rows: list) -> None:
+    """Instances of `seq` tokens (MLM only, dynamic) from the corpus in `work`, then the loader's rate per core:
+    padded and packed micro batches of sequences, and packed --token-budget batches."""
+    inst = work / f"instances-{seq}"
+    if not (inst / "manifest.json").is_file():
+        subprocess.run([str(BIN / "bertkit"), "make-instances", str(work / "corpus"), "--tokenizer",
+                        str(work / "tokenizer"), "--out", str(inst), "--max-seq-length", str(seq), "--objective",
+                        "none", "--mode", "dynamic", "--no-progress"], check=True, capture_output=True)
+    micro = max(1, 32768 // seq)
+    for name, unpadded, budget in (("padded", False, None), ("packed", True, None), ("token-budget", True, 8 * seq)):
+        out = subprocess.run([sys.executable, __file__, "--loader-child", str(inst), str(int(unpadded)), str(micro),
+                              str(budget or 0), "20"], check=True, capture_output=True, text=True)
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        row = {"seq": seq, "batches": name, "micro_batch": None if budget else micro, "token_budget": budget,
+               "sequences_per_s_per_core": round(r["sequences"] / r["cpu_seconds"], 1),
+               "tokens_per_s_per_core": round(r["tokens"] / r["cpu_seconds"]),
+               "load_average_1min": round(os.getloadavg()[0], 2)}
+        if seq == 128:
+            row["cores_to_feed_h200_bert_base"] = round(H200_SEQ_PER_S["bert-base"] / row["sequences_per_s_per_core"],
+                                                        2)
+        print(row, flush=True)
+        rows.append(row)
+
+
 # ---------------------------------------------------------------- the table
 
 def table(rows: list) -> None:
@@ -157,8 +210,20 @@ def main():
     ap.add_argument("--work", type=Path, default=REPO / "bench_scale", help="where the corpora and outputs go")
     ap.add_argument("--report", action="store_true", help="print the table of what has finished; run nothing")
     ap.add_argument("--result", default="scale", help="results/NAME.json (another name for a trial run)")
+    ap.add_argument("--loader", type=Path, help="measure pretrain's loader on this finished size's folder (e.g. "
+                                                "bench_scale/en-0.1gb) instead of the data stages")
+    if len(sys.argv) > 1 and sys.argv[1] == "--loader-child":
+        a = sys.argv[2:]
+        return loader_child(a[0], a[1] == "1", int(a[2]), int(a[3]) or None, float(a[4]))
     args = ap.parse_args()
     result = read_result(args.result) or {**run_info("scale"), "rows": []}
+    if args.loader:
+        result["loader"] = []
+        for seq in (128, 1024, 8192):
+            measure_loader(args.loader, seq, result["loader"])
+        result["loader_corpus"] = str(args.loader.name)
+        write_result(args.result, result)
+        return
     if not args.report:
         for gb in args.sizes:
             for lang in args.langs:
