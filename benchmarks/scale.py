@@ -79,21 +79,27 @@ def make_corpus(lang: str, gb: float, folder: Path, seed: int = 0) -> dict:
 # ---------------------------------------------------------------- one stage, measured
 
 class TreeSampler(threading.Thread):
-    """Peak RSS of the largest process and of the whole tree under `pid`, every half second."""
+    """Peak RSS of the largest process and of the whole tree under `pid`, every half second; and the same for the
+    private part (RSS less file-backed pages: memory-mapped Arrow files count in RSS, but the kernel drops those
+    pages under pressure, and every process mapping a shard counts it again)."""
 
     def __init__(self, pid: int):
         super().__init__(daemon=True)
-        self.root, self.stop, self.largest, self.total = psutil.Process(pid), threading.Event(), 0, 0
+        self.root, self.stop = psutil.Process(pid), threading.Event()
+        self.largest = self.total = self.private_largest = self.private_total = 0
 
     def run(self):
         while not self.stop.is_set():
             try:
                 procs = [self.root, *self.root.children(recursive=True)]
-                rss = [p.memory_info().rss for p in procs if p.is_running()]
+                mem = [p.memory_info() for p in procs if p.is_running()]
             except psutil.Error:
-                rss = []
-            if rss:
+                mem = []
+            if mem:
+                rss, private = [m.rss for m in mem], [m.rss - m.shared for m in mem]
                 self.largest, self.total = max(self.largest, max(rss)), max(self.total, sum(rss))
+                self.private_largest = max(self.private_largest, max(private))
+                self.private_total = max(self.private_total, sum(private))
             self.stop.wait(0.5)
 
 
@@ -131,6 +137,8 @@ def measure(stage: str, work: Path, text_bytes: int) -> dict:
     mb = text_bytes / 1e6
     return {"stage": stage, "seconds": round(seconds, 1), "cpu_seconds": round(cpu, 1),
             "peak_rss_largest_mb": round(sampler.largest / 2**20), "peak_rss_all_mb": round(sampler.total / 2**20),
+            "peak_private_largest_mb": round(sampler.private_largest / 2**20),
+            "peak_private_all_mb": round(sampler.private_total / 2**20),
             "bytes_written": du(out), "mb_per_s_per_core": round(mb / cpu, 2) if cpu else None,
             "load_average_1min": round(os.getloadavg()[0], 2), "resumed": resumed}
 
@@ -193,14 +201,15 @@ def measure_loader(work: Path, seq: int, rows: list) -> None:
 def table(rows: list) -> None:
     base = {(r["language"], r["stage"]): r for r in rows if r["gb"] == 1}
     print(f"{'lang':>4} {'GB':>5} {'stage':>16} {'wall s':>8} {'CPU s':>8} {'MB/s/core':>9} {'CPU s/GB':>9} "
-          f"{'vs 1GB':>6} {'RSS max MB':>10} {'RSS all MB':>10} {'written MB':>10} {'load':>5}")
+          f"{'vs 1GB':>6} {'RSS max MB':>10} {'RSS all MB':>10} {'private max':>11} {'written MB':>10} {'load':>5}")
     for r in sorted(rows, key=lambda r: (r["language"], r["gb"], STAGES.index(r["stage"]))):
         per_gb = r["cpu_seconds"] / (r["text_bytes"] / GB)
         one = base.get((r["language"], r["stage"]))
         ratio = f"{per_gb / (one['cpu_seconds'] / (one['text_bytes'] / GB)):.2f}" if one else "-"
         print(f"{r['language']:>4} {r['gb']:>5} {r['stage']:>16} {r['seconds']:>8} {r['cpu_seconds']:>8} "
               f"{str(r['mb_per_s_per_core']):>9} {per_gb:>9.0f} {ratio:>6} {r['peak_rss_largest_mb']:>10} "
-              f"{r['peak_rss_all_mb']:>10} {r['bytes_written'] / 1e6:>10.0f} {r['load_average_1min']:>5}")
+              f"{r['peak_rss_all_mb']:>10} {str(r.get('peak_private_largest_mb', '-')):>11} "
+              f"{r['bytes_written'] / 1e6:>10.0f} {r['load_average_1min']:>5}")
 
 
 def main():
