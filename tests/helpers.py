@@ -201,6 +201,15 @@ def tiny_run(root: Path, out: str = "run", n: int = 64, **config) -> tuple[Path,
     return inst, root / out
 
 
+def tiny_run_exported(root: Path) -> Path:
+    """tiny_run's run folder (returned), with its export beside it in root/model."""
+    from bertkit.pretrain import export
+
+    _, run_dir = tiny_run(root)
+    export(run_dir, root / "model")
+    return run_dir
+
+
 def tiny_model_folder(root: Path, name: str = "tiny") -> Path:
     """A randomly initialised tiny BERT (seed 0) saved in HF format over a 32-token vocabulary (w0 .. w26)."""
     import torch

@@ -8,17 +8,12 @@ import torch
 from click.testing import CliRunner
 
 from bertkit.cli import main
-from tests.helpers import TINY, make_instances_dir, quick_finetune, tiny_run
+from tests.helpers import TINY, make_instances_dir, quick_finetune, tiny_run_exported
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    from bertkit.pretrain import export
-
-    root = tmp_path_factory.mktemp("messages")
-    _, run_dir = tiny_run(root)
-    export(run_dir, root / "model")
-    return run_dir
+    return tiny_run_exported(tmp_path_factory.mktemp("messages"))
 
 
 def pretrain_args(inst, out, *more):

@@ -12,17 +12,12 @@ import pytest
 from click.testing import CliRunner
 
 from bertkit.cli import main
-from tests.helpers import env_without_dist, quick_finetune, tiny_run
+from tests.helpers import env_without_dist, quick_finetune, tiny_run_exported
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    from bertkit.pretrain import export
-
-    root = tmp_path_factory.mktemp("users")
-    _, run_dir = tiny_run(root)
-    export(run_dir, root / "model")
-    return run_dir
+    return tiny_run_exported(tmp_path_factory.mktemp("users"))
 
 
 def visible_files(folder):
