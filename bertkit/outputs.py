@@ -1,27 +1,35 @@
 """What bertkit wrote into an output folder, so that a rerun or --overwrite replaces bertkit's own files and never
 touches another: a user's notes, a thesis, a README beside an export stay, and are named as kept.
 
-Every writer that replaces earlier output keeps FOLDER/.bertkit-written.json, the list of files it wrote there
-(found as the files that are new or replaced since the command began: every bertkit write is a new file renamed
-into place, so a file it wrote has a new inode; a user's untouched file keeps its own). An export's manifest
-already lists every file of an earlier export, so exports from before the record are read from it. A folder with
-no record loses nothing: its files are kept and only overwritten by name.
+Every writer that replaces earlier output keeps FOLDER/.bertkit-written.json: each file it wrote there with its
+inode and modification time (found as the files new or replaced since the command began: every bertkit write is a
+new file renamed into place, so a file it wrote has a new inode; a user's untouched file keeps its own). A file is
+bertkit's, and may be removed, only while it is still exactly that file: one the user edited or replaced since,
+or one a record from someone else names, stays. An export's manifest (each file's size and checksum) stands in for
+the record in exports made before it. A folder with no record loses nothing: its files are only overwritten by name.
+Files are removed one by one, never a folder with what it holds.
 
-A replacement is written beside the old output (FOLDER/.bertkit-staging/) and swapped in by renames once whole, so
-a kill at any moment leaves the old output or the new one, never an empty folder.
+A replacement is written beside the old output (FOLDER/.bertkit-staging-*/) and swapped in by renames once whole,
+so a kill at any moment leaves the old output or the new one, never an empty folder.
 """
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
-from bertkit.fileio import FolderNotOwnedError, atomic_write_json, read_json_or_none
+from bertkit.fileio import FolderNotOwnedError, atomic_write_json, file_matches, read_json_or_none
 
 WRITTEN = ".bertkit-written.json"
-STAGING = ".bertkit-staging"
+STAGING = ".bertkit-staging-"
+
+
+def _stamp(path: Path) -> list:
+    st = path.lstat()
+    return [st.st_ino, st.st_mtime_ns]
 
 
 def _files(folder: Path) -> dict:
-    """{relative path: (inode, mtime_ns)} of every file and link under folder's visible entries, no link followed
+    """{relative path: [inode, mtime_ns]} of every file and link under folder's visible entries, no link followed
     (hidden top-level entries are the lock, this record and a scheduler's notes: never bertkit's output)."""
     found = {}
     if not folder.is_dir():
@@ -30,35 +38,48 @@ def _files(folder: Path) -> dict:
         if top.name.startswith("."):
             continue
         if top.is_symlink() or not top.is_dir():
-            st = top.lstat()
-            found[top.name] = (st.st_ino, st.st_mtime_ns)
+            found[top.name] = _stamp(top)
             continue
         for root, dirs, names in os.walk(top):  # followlinks=False: a linked folder is listed, not entered
             for name in names + [d for d in dirs if Path(root, d).is_symlink()]:
-                p = Path(root, name)
-                st = p.lstat()
-                found[p.relative_to(folder).as_posix()] = (st.st_ino, st.st_mtime_ns)
+                found[Path(root, name).relative_to(folder).as_posix()] = _stamp(Path(root, name))
     return found
 
 
 def written_earlier(folder, manifest_files: bool = False) -> set | None:
-    """The files an earlier bertkit command recorded writing into folder; None when there is no record (with
-    manifest_files, an export's manifest.json 'files' stand in for one)."""
+    """The files an earlier bertkit command wrote into folder that are still exactly what it wrote; None when there
+    is no record (with manifest_files, an export's manifest.json 'files' stand in for one)."""
     folder = Path(folder)
     record = read_json_or_none(folder / WRITTEN) if (folder / WRITTEN).is_file() else None
-    if isinstance(record, dict) and isinstance(record.get("files"), list):
-        return {f for f in record["files"] if isinstance(f, str) and _inside(f)}
-    if manifest_files:
-        manifest = read_json_or_none(folder / "manifest.json") if (folder / "manifest.json").is_file() else None
-        listed = manifest.get("files") if isinstance(manifest, dict) else None
-        if isinstance(listed, dict):
-            return {f for f in listed if isinstance(f, str) and _inside(f)} | {"manifest.json"}
+    if isinstance(record, dict) and isinstance(record.get("files"), dict):
+        return {f for f, stamp in record["files"].items() if _unchanged(folder, f, lambda p: _stamp(p) == stamp)}
+    manifest = read_json_or_none(folder / "manifest.json") if manifest_files else None
+    listed = manifest.get("files") if isinstance(manifest, dict) else None
+    if isinstance(listed, dict):
+        def same(p, entry):
+            return isinstance(entry, dict) and entry.get("bytes") == p.stat().st_size and \
+                isinstance(entry.get("checksum"), str) and file_matches(p, entry["checksum"])
+        return {f for f, e in listed.items() if _unchanged(folder, f, lambda p, e=e: same(p, e))} | \
+            ({"manifest.json"} if (folder / "manifest.json").is_file() else set())
     return None
 
 
-def _inside(name: str) -> bool:
+def _unchanged(folder: Path, name, same) -> bool:
+    """Whether folder/name is a file inside folder (no `..`, no link on the way) for which same(path) holds."""
+    if not isinstance(name, str):
+        return False
     parts = Path(name).parts
-    return bool(parts) and not Path(name).is_absolute() and ".." not in parts and not parts[0].startswith(".")
+    if not parts or Path(name).is_absolute() or ".." in parts or parts[0].startswith("."):
+        return False
+    path = folder / name
+    if any((folder / Path(*parts[:i])).is_symlink() for i in range(1, len(parts))):
+        return False
+    if path.is_symlink() or not path.is_file():
+        return False
+    try:
+        return bool(same(path))
+    except (OSError, ValueError):
+        return False
 
 
 class Output:
@@ -71,25 +92,22 @@ class Output:
         self.earlier = written_earlier(self.folder, manifest_files)
 
     def theirs(self) -> list:
-        """The files present that bertkit did not write (all of them when there is no record)."""
-        earlier = self.earlier or set()
-        return sorted(f for f in self.before if f not in earlier and not _below_any(f, earlier))
+        """The files present that are not bertkit's (all of them when there is no record)."""
+        return sorted(f for f in self.before if f not in (self.earlier or ()))
 
-    def remove_earlier(self, keep=()) -> list:
-        """Remove what bertkit wrote here before (never a file it did not write), but names in `keep`; returns the
-        files kept because bertkit did not write them."""
+    def remove_earlier(self) -> None:
+        """Remove what bertkit wrote here before (never a file it did not write, or one changed since)."""
         for name in sorted(self.earlier or (), reverse=True):
-            if name not in keep:
-                _remove(self.folder, name)
-        return self.theirs()
+            _remove(self.folder, name)
 
     def record(self) -> None:
         """FOLDER/.bertkit-written.json: the earlier record's files still present, and every file new or replaced
-        since this command began."""
+        since this command began, each with its inode and modification time."""
         now = _files(self.folder)
-        mine = {f for f, stamp in now.items() if self.before.get(f) != stamp}
-        mine |= {f for f in (self.earlier or ()) if f in now}
-        atomic_write_json(self.folder / WRITTEN, {"what": self.what, "files": sorted(mine)}, fsync=False)
+        mine = {f for f, stamp in now.items() if self.before.get(f) != stamp} | \
+            {f for f in (self.earlier or ()) if f in now}
+        atomic_write_json(self.folder / WRITTEN, {"what": self.what, "files": {f: now[f] for f in sorted(mine)}},
+                          fsync=False)
 
     def kept_note(self) -> str | None:
         """What was kept because bertkit did not write it (files since replaced by name are not counted)."""
@@ -98,22 +116,15 @@ class Output:
         if not kept:
             return None
         shown = ", ".join(kept[:5]) + (f" and {len(kept) - 5} more" if len(kept) > 5 else "")
-        why = "bertkit did not write them" if self.earlier is not None else \
+        why = "bertkit did not write them, or they changed since" if self.earlier is not None else \
             "this folder has no record of what bertkit wrote (made before that record existed)"
         return f"{self.folder}: kept {shown} ({why})"
 
 
-def _below_any(name: str, folders: set) -> bool:
-    return any(name.startswith(f + "/") for f in folders)
-
-
 def _remove(folder: Path, name: str) -> None:
-    """Remove folder/name (a file, a link, or a folder bertkit wrote whole), then the folders it leaves empty."""
+    """Remove the file folder/name (checked as bertkit's by written_earlier), then the folders it leaves empty."""
     path = folder / name
-    if path.is_symlink() or path.is_file():
-        path.unlink()
-    elif path.is_dir():
-        shutil.rmtree(path)
+    path.unlink(missing_ok=True)
     parent = path.parent
     while parent != folder and parent.is_dir() and not any(parent.iterdir()):
         parent.rmdir()
@@ -131,40 +142,47 @@ def refuse_other_inputs(folder, what: str, mine: dict, theirs: dict | None, over
 
 
 def staging_folder(folder) -> Path:
-    """FOLDER/.bertkit-staging, new and empty: a replacement is written here whole, then swapped in."""
-    staging = Path(folder) / STAGING
-    if staging.is_symlink() or staging.is_file():
-        staging.unlink()
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    return staging
+    """A new hidden folder FOLDER/.bertkit-staging-XXXX: a replacement is written here whole, then swapped in. Those
+    a killed command left (real folders of that name, made by mkdtemp) are removed first."""
+    folder = Path(folder)
+    for old in folder.glob(STAGING + "*"):
+        if old.is_dir() and not old.is_symlink():
+            shutil.rmtree(old)
+    return Path(tempfile.mkdtemp(prefix=STAGING, dir=folder))
+
+
+def _blocks(folder: Path, p: Path, ours: set, is_file: bool) -> bool:
+    """Whether folder/p, not bertkit's, stands where a new file (is_file) or a folder of new files goes. A link
+    where a file goes is replaced (its target untouched); a link or file where a folder goes would redirect the
+    writes."""
+    here = folder / p
+    if p.as_posix() in ours:
+        return False
+    return (here.exists() and not here.is_symlink()) if is_file else (here.is_symlink() or here.is_file())
 
 
 def swap_in(output: Output, staging: Path, last: str | None = None) -> None:
     """Move every file of `staging` into the output folder by renames (the old manifest goes first, `last` comes
     last, so a folder killed in between is never marked finished), then remove what bertkit wrote earlier that
-    the new output lacks. A new file whose name a file bertkit did not write holds is refused before anything
-    moves, naming it."""
-    folder, earlier = output.folder, output.earlier or set()
+    the new output lacks. A new file that would replace anything not bertkit's (a user's file, a folder, a file
+    where a folder must go) is refused before anything moves, naming it."""
+    folder, ours = output.folder, output.earlier or set()
     new = sorted(p.relative_to(staging).as_posix() for p in staging.rglob("*") if p.is_file())
-    clash = [f for f in new if f in output.before and f not in earlier and not _below_any(f, earlier)]
-    if clash:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise FolderNotOwnedError(f"{folder / clash[0]}: bertkit did not write this file, and {output.what} would "
-                                  "replace it; move it, or choose another folder (nothing was changed)")
-    if last:
-        (folder / last).unlink(missing_ok=True)
+    in_the_way = [folder / p for f in new for p in Path(f).parents[:-1] if _blocks(folder, p, ours, False)] + \
+        [folder / f for f in new if _blocks(folder, Path(f), ours, True)]
+    if in_the_way:
+        shutil.rmtree(staging)
+        raise FolderNotOwnedError(f"{in_the_way[0]}: bertkit did not write this, and {output.what} would replace "
+                                  "it; move it, or choose another folder (nothing was changed)")
+    if last in ours:
+        _remove(folder, last)
     for name in [f for f in new if f != last] + ([last] if last in new else []):
-        target = folder / name
         for parent in reversed(Path(name).parents[:-1]):  # a file bertkit wrote where a folder now goes
-            if (folder / parent).is_symlink() or (folder / parent).is_file():
-                (folder / parent).unlink()
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if target.is_dir() and not target.is_symlink():
-            shutil.rmtree(target)
-        os.replace(staging / name, target)
-    for name in sorted(earlier - set(new), reverse=True):
-        if not any(f.startswith(name + "/") for f in new):
+            if parent.as_posix() in ours and not (folder / parent).is_dir():
+                _remove(folder, parent.as_posix())
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        os.replace(staging / name, folder / name)
+    for name in sorted(ours - set(new), reverse=True):
+        if (folder / name).is_file() or (folder / name).is_symlink():
             _remove(folder, name)
-    shutil.rmtree(staging, ignore_errors=True)
-
+    shutil.rmtree(staging)

@@ -11,6 +11,12 @@ from bertkit.fileio import folder_kind
 from tests.helpers import TINY, make_instances_dir, write_corpus
 
 
+def stamp(path):
+    """How bertkit.outputs records a file it wrote: its inode and modification time."""
+    st = path.lstat()
+    return [st.st_ino, st.st_mtime_ns]
+
+
 def snapshot(folder):
     return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
@@ -119,8 +125,8 @@ def test_an_export_of_another_run_needs_overwrite_and_leaves_nothing_stale(stage
     (out / "generator").mkdir()
     (out / "generator" / "config.json").write_text("{}")  # as an ELECTRA export leaves, and records
     record = json.loads((out / ".bertkit-written.json").read_text())
-    (out / ".bertkit-written.json").write_text(json.dumps({**record, "files": record["files"] +
-                                                           ["generator/config.json"]}))
+    record["files"]["generator/config.json"] = stamp(out / "generator" / "config.json")
+    (out / ".bertkit-written.json").write_text(json.dumps(record))
     before = snapshot(out)
     r = CliRunner().invoke(main, ["export", str(other), "--out", str(out)])
     assert r.exit_code == 1 and "holds an earlier export of another run" in r.output, r.output
@@ -133,7 +139,7 @@ def test_an_export_of_another_run_needs_overwrite_and_leaves_nothing_stale(stage
     (out / "generator").mkdir()  # made by hand: not bertkit's, so kept
     (out / "generator" / "notes.txt").write_text("mine")
     r = CliRunner().invoke(main, ["export", str(other), "--out", str(out)])  # its own: no flag
-    assert r.exit_code == 0 and "kept generator/notes.txt (bertkit did not write them)" in r.output, r.output
+    assert r.exit_code == 0 and "kept generator/notes.txt (bertkit did not write them" in r.output, r.output
     assert (out / "generator" / "notes.txt").read_text() == "mine"
     assert CliRunner().invoke(main, ["verify", str(out)]).exit_code == 0
 
@@ -145,7 +151,8 @@ def test_a_fine_tuning_of_another_task_needs_overwrite(stages, tmp_path):
     out.mkdir()
     (out / "metrics.json").write_text(json.dumps({"task": "rte", "settings": {}, "best": {"accuracy": 0.6}}))
     (out / "predictions.json").write_text("{}")
-    (out / ".bertkit-written.json").write_text(json.dumps({"files": ["metrics.json", "predictions.json"]}))
+    (out / ".bertkit-written.json").write_text(json.dumps(
+        {"files": {name: stamp(out / name) for name in ("metrics.json", "predictions.json")}}))
     from bertkit.fileio import FolderNotOwnedError
 
     with pytest.raises(FolderNotOwnedError, match=r"holds an earlier fine-tuning of another task: task rte "

@@ -56,7 +56,7 @@ def test_a_re_export_keeps_the_users_files_beside_it(run, tmp_path):
     assert r.exit_code == 0, r.output
     assert (out / "README.md").read_text() == "my model card\n"
     assert (out / "notes" / "eval.txt").read_text() == "dev 0.81\n"
-    assert "kept README.md, notes/eval.txt (bertkit did not write them)" in r.output
+    assert "kept README.md, notes/eval.txt (bertkit did not write them" in r.output
     assert CliRunner().invoke(main, ["verify", str(out)]).exit_code == 0
 
 
@@ -82,6 +82,40 @@ def test_the_same_fine_tuning_again_keeps_the_users_analysis(run, tmp_path):
     assert (out / "analysis.md").read_text() == "why epoch 1 won\n"
     record = json.loads((out / ".bertkit-written.json").read_text())["files"]
     assert "metrics.json" in record and "analysis.md" not in record
+
+
+def test_a_record_proves_nothing_it_cannot_show(run, tmp_path):
+    """A file bertkit wrote that the user edited since, a record from someone else naming the user's files, a name
+    reached through a link, a folder: none of them is removed; only files still exactly as bertkit wrote them go."""
+    out, elsewhere = tmp_path / "ft", tmp_path / "elsewhere"
+    quick_finetune(run.parent / "model", tmp_path / "data", run=out)
+    (out / "metrics.jsonl").write_text("my edit\n")  # bertkit wrote it; the user changed it since
+    (out / "thesis.tex").write_text("\\chapter{}\n")
+    (out / "mine").mkdir()
+    (out / "mine" / "data.csv").write_text("1\n")
+    elsewhere.mkdir()
+    (elsewhere / "precious.txt").write_text("keep\n")
+    (out / "linked").symlink_to(elsewhere)
+    record = json.loads((out / ".bertkit-written.json").read_text())
+    st = (out / "thesis.tex").lstat()
+    record["files"].update({"thesis.tex": [st.st_ino + 1, st.st_mtime_ns], "mine": [0, 0],
+                            "linked/precious.txt": list(record["files"]["metrics.json"]), "../elsewhere": [0, 0]})
+    (out / ".bertkit-written.json").write_text(json.dumps(record))
+    quick_finetune(run.parent / "model", tmp_path / "data", run=out)
+    assert (out / "thesis.tex").read_text() == "\\chapter{}\n" and (out / "mine" / "data.csv").read_text() == "1\n"
+    assert (elsewhere / "precious.txt").read_text() == "keep\n"
+    assert json.loads((out / "metrics.json").read_text())["task"] == "classify"
+    assert (out / "metrics.jsonl").read_text().startswith("my edit\n")  # kept, and appended to by name
+
+
+def test_staging_removes_only_its_own_leftovers(run, tmp_path):
+    out = tmp_path / "export"
+    assert export_cli(run, out).exit_code == 0
+    (out / ".bertkit-staging-notes.txt").write_text("not a folder: stays\n")
+    (out / ".bertkit-staging-old").mkdir()  # as a killed export leaves
+    assert export_cli(run, out).exit_code == 0
+    assert (out / ".bertkit-staging-notes.txt").read_text() == "not a folder: stays\n"
+    assert [p.name for p in out.glob(".bertkit-staging*")] == [".bertkit-staging-notes.txt"]
 
 
 def test_overwrite_over_a_stray_metrics_file_deletes_nothing_of_the_users(run, tmp_path):
@@ -126,7 +160,7 @@ def test_a_re_export_killed_after_its_lock_leaves_the_previous_export_whole(run,
     assert CliRunner().invoke(main, ["verify", str(out)]).exit_code == 0
     r = export_cli(run, out)  # the same command again: the dead process's lock taken over, the staging replaced
     assert r.exit_code == 0, r.output
-    assert not (out / ".bertkit-staging").exists()
+    assert not list(out.glob(".bertkit-staging*"))
 
 
 def test_two_fine_tunings_into_one_folder_one_refuses_naming_the_other(run, tmp_path):
