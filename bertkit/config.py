@@ -215,7 +215,8 @@ class BertConfig:
         if spec and Path(spec).exists():
             from bertkit.errors import regular_file
 
-            p = regular_file(Path(spec) / "config.json" if Path(spec).is_dir() else Path(spec))
+            # a config.json given itself is the user's; one inside a model folder is read as untrusted
+            p = regular_file(Path(spec) / "config.json") if Path(spec).is_dir() else Path(spec)
             d = json.loads(p.read_text())
             return cls.from_hf_dict(d, str(p)) if "model_type" in d else cls.from_dict(d)
         return cls.preset(spec or "base", vocab_size=vocab_size)

@@ -100,18 +100,15 @@ class Output:
         for name in sorted(self.earlier or (), reverse=True):
             _remove(self.folder, name)
 
-    def record(self) -> None:
-        """FOLDER/.bertkit-written.json: the earlier record's files still present, and every file new or replaced
-        since this command began, each with its inode and modification time."""
+    def finish(self) -> str | None:
+        """Write FOLDER/.bertkit-written.json (the earlier record's files still present, and every file new or
+        replaced since this command began, each with its inode and modification time); return what was kept because
+        it is not bertkit's, as a line to say, or None (files since replaced by name are not counted)."""
         now = _files(self.folder)
         mine = {f for f, stamp in now.items() if self.before.get(f) != stamp} | \
             {f for f in (self.earlier or ()) if f in now}
         atomic_write_json(self.folder / WRITTEN, {"what": self.what, "files": {f: now[f] for f in sorted(mine)}},
                           fsync=False)
-
-    def kept_note(self) -> str | None:
-        """What was kept because bertkit did not write it (files since replaced by name are not counted)."""
-        now = _files(self.folder)
         kept = [f for f in self.theirs() if now.get(f) == self.before[f]]
         if not kept:
             return None

@@ -97,7 +97,7 @@ def finish_tokenizer(tok: Tokenizer) -> Tokenizer:
 
 def read_vocab(path) -> list[str]:
     """vocab.txt -> tokens in id order (id = line number). Clear errors for what would silently shift ids."""
-    path = regular_file(path)
+    path = Path(path)
     try:
         text = path.read_bytes().decode("utf-8")
     except FileNotFoundError:
@@ -172,7 +172,6 @@ def _hf_config(folder: Path) -> dict:
     cfg = folder / "tokenizer_config.json"
     if not cfg.is_file():
         return {}
-    regular_file(cfg)
     try:
         return json.loads(cfg.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
@@ -193,6 +192,7 @@ def load_tokenizer(path, *, lowercase: bool | None = None, strip_accents: str | 
     """
     path = Path(path)
     if path.is_dir():
+        check_tokenizer_files(path)
         check_recorded_sizes(path)
         if (path / "tokenizer.json").is_file():
             return _from_tokenizer_json(path / "tokenizer.json")
@@ -212,6 +212,14 @@ def load_tokenizer(path, *, lowercase: bool | None = None, strip_accents: str | 
     if path.name.endswith(".json"):
         return _from_tokenizer_json(path)
     return tokenizer_from_vocab(path, lowercase, strip_accents or "auto")
+
+
+def check_tokenizer_files(folder: Path) -> None:
+    """A tokenizer folder may come from someone else: none of its files a link out of it or a pipe (a vocab.txt
+    given by its own path is the user's, and read as it is)."""
+    for name in TOKENIZER_FILES:
+        if (folder / name).exists() or (folder / name).is_symlink():
+            regular_file(folder / name)
 
 
 def check_recorded_sizes(folder: Path) -> None:
@@ -254,7 +262,6 @@ def check_dense_ids(vocab: dict, path) -> None:
 
 
 def _from_tokenizer_json(path: Path) -> Tokenizer:
-    regular_file(path)
     try:
         tok = Tokenizer.from_file(str(path))
     except Exception as e:  # tokenizers raises plain Exception subclasses with terse messages
@@ -276,6 +283,8 @@ def _from_tokenizer_json(path: Path) -> Tokenizer:
 def vocab_tokens(path) -> list[str]:
     """The vocabulary, in id order, of anything load_tokenizer accepts."""
     path = Path(path)
+    if path.is_dir():
+        check_tokenizer_files(path)
     if path.is_dir() and (path / "vocab.txt").is_file():
         return read_vocab(path / "vocab.txt")
     if path.is_file() and not path.name.endswith(".json"):
@@ -291,6 +300,8 @@ def vocab_sha256(path) -> str:
     gives the same checksum whichever files carry it.
     """
     path = Path(path)
+    if path.is_dir():
+        check_tokenizer_files(path)
     if path.is_dir() and (path / "vocab.txt").is_file():
         return sha256_file(path / "vocab.txt")
     if path.is_file() and not path.name.endswith(".json"):

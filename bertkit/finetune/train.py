@@ -249,10 +249,9 @@ def fine_tuning_folder(out_dir: Path, overwrite: bool):
         try:
             yield output
         finally:
-            if out_dir.is_dir() and any(not p.name.startswith(".") for p in out_dir.iterdir()):
-                output.record()
-                if note := output.kept_note():
-                    tqdm.write(note)
+            if out_dir.is_dir() and any(not p.name.startswith(".") for p in out_dir.iterdir()) and \
+                    (note := output.finish()):
+                tqdm.write(note)
 
 
 def _train(model, train_rows, evaluate, best_metric, cfg, task, settings, output, save) -> dict:
@@ -436,7 +435,7 @@ def finished_fine_tuning(out_dir, task: str | None = None) -> dict | None:
 
 
 def start_fine_tuning(model, train_rows: list, best_metric: str, cfg: TrainConfig, task: str,
-                      settings: dict | None, output: Output | None = None) -> FineTuning:
+                      settings: dict | None, output: Output | None) -> FineTuning:
     """Threads, device and kernels, the process group, dropout, the seed, the steps and the output folder."""
     world, rank, local_rank = _distributed()
     threads = choose_threads(cfg.threads)
@@ -477,7 +476,6 @@ def start_fine_tuning(model, train_rows: list, best_metric: str, cfg: TrainConfi
                "best_metric": best_metric, "epochs": []}
     out_dir, resumed = Path(cfg.out_dir), None
     if rank == 0:
-        output = output or Output(out_dir, "fine-tuning")  # (held under its lock by train)
         if world == 1 and not cfg.overwrite:
             resumed = saved_state(out_dir, task, summary["settings"], model)
         if resumed is None:

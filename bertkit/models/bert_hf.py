@@ -359,7 +359,7 @@ def load_hf(path, head: str | None = "auto", num_labels: int | None = None, requ
     with torch.device("meta"):  # every shape checked against the weights before any memory is taken
         skeleton = build_model(cfg, head, num_labels)
     _match_tensors(path, cfg, head, _canonical_state(skeleton), tensors, check_only=True)
-    _refuse_unplaced_layers(path, cfg, tensors)
+    refuse_unplaced_layers(path / "config.json", cfg.num_layers, tensors, r"^bert\.encoder\.layer\.(\d+)\.")
     model = build_model(cfg, head, num_labels)
     loaded, missing, used = _match_tensors(path, cfg, head, _canonical_state(model), tensors)
 
@@ -410,15 +410,15 @@ def _tie_decoder(path: Path, tensors: dict) -> None:
         tensors.pop(buffer, None)
 
 
-def _refuse_unplaced_layers(path: Path, cfg, tensors: dict) -> None:
-    """Weights of more layers than config.json's num_hidden_layers: a model built from fewer would drop them
-    without a word."""
+def refuse_unplaced_layers(config_json, num_layers: int, names, layer_pattern: str) -> None:
+    """Weights of another number of layers than config.json's num_hidden_layers (layer i's tensors matching
+    layer_pattern's group 1): a model built from fewer would drop the rest without a word. Every family's loader."""
     import re
 
-    layers = {int(m.group(1)) for k in tensors if (m := re.match(r"bert\.encoder\.layer\.(\d+)\.", k))}
-    if layers and max(layers) + 1 != cfg.num_layers:
-        raise ModelFolderError(f"{path / 'config.json'}: num_hidden_layers is {cfg.num_layers}, but the weights "
-                               f"hold {max(layers) + 1} layers; the two do not belong together")
+    layers = {int(m.group(1)) for k in names if (m := re.search(layer_pattern, k))}
+    if layers and max(layers) + 1 != num_layers:
+        raise ModelFolderError(f"{config_json}: num_hidden_layers is {num_layers}, but the weights hold "
+                               f"{max(layers) + 1} layers; the two do not belong together")
 
 
 def _match_tensors(path: Path, cfg, head, state: dict, tensors: dict, check_only: bool = False):

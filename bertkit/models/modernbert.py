@@ -91,7 +91,8 @@ class ModernBertConfig:
         if spec and spec.startswith("modernbert-"):
             return cls.preset(spec[len("modernbert-"):], vocab_size=vocab_size)
         if spec and Path(spec).exists():
-            p = regular_file(Path(spec) / "config.json" if Path(spec).is_dir() else Path(spec))
+            # a config.json given itself is the user's; one inside a model folder is read as untrusted
+            p = regular_file(Path(spec) / "config.json") if Path(spec).is_dir() else Path(spec)
             d = json.loads(p.read_text())
             if d.get("model_type") == "modernbert":
                 return cls.from_hf_dict(d, str(p))
@@ -436,7 +437,7 @@ def hf_state_dict(model: nn.Module) -> dict:
 def check_shapes(model: nn.Module, tensors: dict, source) -> None:
     """transformers' tensors against a model's shapes (a meta-device skeleton's: nothing allocated yet): a tensor of
     another shape, or layers config.json has no place for, are refused naming config.json."""
-    import re
+    from bertkit.models.bert_hf import refuse_unplaced_layers
 
     expected = model.state_dict()
     for name, t in _hf_state(model, tensors, pad=False).items():
@@ -449,10 +450,7 @@ def check_shapes(model: nn.Module, tensors: dict, source) -> None:
         if not fits:
             raise ValueError(f"{source}: tensor {name} has shape {tuple(t.shape)}, but config.json gives "
                              f"{tuple(want.shape)}; the two do not belong together")
-    layers = {int(m.group(1)) for k in tensors if (m := re.search(r"layers\.(\d+)\.", k))}
-    if layers and max(layers) + 1 != model.cfg.num_layers:
-        raise ValueError(f"{source}: config.json's num_hidden_layers is {model.cfg.num_layers}, but the weights hold "
-                         f"{max(layers) + 1} layers; the two do not belong together")
+    refuse_unplaced_layers(source, model.cfg.num_layers, tensors, r"layers\.(\d+)\.")
 
 
 def _hf_state(model: nn.Module, tensors: dict, pad: bool = True) -> dict:

@@ -247,7 +247,7 @@ def write_run_folder(cfg: PretrainConfig, settings: DeepSpeedSettings, ds_config
     atomic_write_json(run_dir / DEEPSPEED_CONFIG, ds_config)
     own = run_dir / USER_DEEPSPEED_CONFIG  # what a --resume reads: the path given here may not exist there
     if cfg.deepspeed_config and Path(cfg.deepspeed_config).resolve() != own.resolve():
-        atomic_copy(cfg.deepspeed_config, own)
+        atomic_write_bytes(own, Path(cfg.deepspeed_config).read_bytes())  # the user's own file, a link or not
     write_run_config(run_dir, RunConfig(
         stage="pretrain", pretrain=asdict(cfg), resolved=asdict(settings), model=model,
         init_from=init_source, instances=str(Path(cfg.instances).resolve()), vocab_size=manifest.vocab_size,
@@ -375,6 +375,7 @@ def load_run_state_dict(run_dir, tag: str | None = None, say=None) -> tuple[dict
                               "leave it out to take the newest one that verifies")
         if unsafe := first_unsafe_file(ckpt / tag):
             raise UnsafeCheckpointError(*unsafe)
+    other = "choose another --checkpoint, or leave it out to take the newest one that verifies"
     try:
         state = _model_states(ckpt, tag, run.zero_stage)
     except FormatError:
@@ -382,11 +383,9 @@ def load_run_state_dict(run_dir, tag: str | None = None, say=None) -> tuple[dict
     except Exception as e:  # a file that passed the scan but is not what DeepSpeed or bertkit wrote
         raise DamagedFileError(ckpt / tag, f"its model states cannot be read ({type(e).__name__}: "
                                            f"{str(e).splitlines()[0][:200] if str(e) else 'no detail'})",
-                               "choose another --checkpoint, or leave it out to take the newest one that verifies"
-                               ) from None
+                               other) from None
     if not isinstance(state, dict) or not all(torch.is_tensor(v) for v in state.values()):
-        raise DamagedFileError(ckpt / tag, "its model states are not a dictionary of tensors",
-                               "choose another --checkpoint, or leave it out to take the newest one that verifies")
+        raise DamagedFileError(ckpt / tag, "its model states are not a dictionary of tensors", other)
     return {k: v.float() for k, v in state.items()}, run, tag
 
 
@@ -491,7 +490,6 @@ def export(run_dir, out_dir, tag: str | None = None, say=None, overwrite: bool =
         write_manifest(staging, ExportManifest(stage="export", complete=True, run=str(Path(run_dir).resolve()),
                                                checkpoint=tag, random_seed=random_seed, files=files))
         swap_in(output, staging, last=MANIFEST)
-        output.record()
-        if say and (note := output.kept_note()):
+        if (note := output.finish()) and say:
             say(note)
     return out_dir

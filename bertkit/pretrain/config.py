@@ -116,13 +116,10 @@ class PretrainConfig:
 
     def check(self) -> None:
         from bertkit.config import SIZE_LIMITS
-        from bertkit.threads import MAX_THREADS
 
         top = SIZE_LIMITS["vocab_pad_multiple"]
         if self.pad_vocab_to is not None and not (isinstance(self.pad_vocab_to, int) and 1 <= self.pad_vocab_to <= top):
             raise ConfigError(f"--pad-vocab-to {self.pad_vocab_to}: choose 1 to {top} (64 is ModernBERT's)")
-        if self.threads is not None and not 1 <= self.threads <= MAX_THREADS:
-            raise ConfigError(f"--threads {self.threads}: choose 1 to {MAX_THREADS}")
         self.check_model_spec()
         if self.on_nonfinite not in ("stop", "rollback"):
             raise ConfigError(f"--on-nonfinite {self.on_nonfinite!r}: choose stop or rollback")

@@ -252,13 +252,14 @@ def read_user_deepspeed_config(cfg: PretrainConfig) -> dict | None:
     if not cfg.deepspeed_config:
         return None
     path = Path(cfg.deepspeed_config)
+    own = path.name == USER_DEEPSPEED_CONFIG and path.parent.resolve() == Path(cfg.out).resolve()
     try:
-        config = json.loads(regular_file(path).read_text())
+        config = json.loads((regular_file(path) if own else path).read_text())  # a file given is the user's
     except (OSError, json.JSONDecodeError) as e:
         raise ConfigError(f"--deepspeed-config {cfg.deepspeed_config}: cannot read it ({e})") from e
     if not isinstance(config, dict):
         raise ConfigError(f"--deepspeed-config {cfg.deepspeed_config}: not a JSON object of DeepSpeed settings")
-    if path.name == USER_DEEPSPEED_CONFIG and path.parent.resolve() == Path(cfg.out).resolve():
+    if own:
         config = confine_outputs(config, Path(cfg.out), say)
     return config
 

@@ -259,14 +259,10 @@ def edited_model(tmp_path, **changes):
     ({"pad_token_id": 99}, "pad_token_id must be a token id below vocab_size 32, got 99"),
 ])
 def test_a_config_is_checked_before_any_tensor(tmp_path, changes, said):
-    import resource
-
     model = edited_model(tmp_path, **changes)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     r = CliRunner().invoke(main, ["fill-mask", "--model", str(model), "w1 [MASK]"])
     assert r.exit_code == 1 and said in r.output and str(model) in r.output, r.output
     assert "fill-mask needs a model pretrained" not in r.output
-    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 200 * 1024  # KiB: nothing large was made
 
 
 def test_a_modernbert_config_is_checked_against_its_weights(tmp_path):
@@ -307,11 +303,36 @@ def test_size_flags_have_an_upper_bound(flag, value):
 
 def test_the_python_api_bounds_them_too():
     from bertkit.pretrain import ConfigError, PretrainConfig
+    from bertkit.threads import choose_threads
 
     with pytest.raises(ConfigError, match="--pad-vocab-to 3000000: choose 1 to 4096"):
         PretrainConfig(instances="x", out="o", pad_vocab_to=3_000_000).check()
-    with pytest.raises(ConfigError, match="--threads 1000000: choose 1 to 1024"):
-        PretrainConfig(instances="x", out="o", threads=1_000_000).check()
+    with pytest.raises(ValueError, match="--threads 1000000: choose 1 to 1024"):  # pretrain and finetune both
+        choose_threads(1_000_000)
+    assert torch.get_num_threads() < 1024
+
+
+def test_a_users_own_files_given_by_path_may_be_links(run, tmp_path):
+    """The rule is for folders from someone else: a vocab.txt, a config.json or a --deepspeed-config the user names
+    by its own path is read through a link (dotfiles, shared checkouts)."""
+    from bertkit.config import BertConfig
+    from bertkit.pretrain import PretrainConfig
+    from bertkit.pretrain.run import read_user_deepspeed_config
+    from bertkit.tokenization import load_tokenizer
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "ds.json").write_text('{"steps_per_print": 7}')
+    (tmp_path / "ds.json").symlink_to(mine / "ds.json")
+    cfg = PretrainConfig(instances="x", out=str(tmp_path / "run"), deepspeed_config=str(tmp_path / "ds.json"))
+    assert read_user_deepspeed_config(cfg) == {"steps_per_print": 7}
+    shutil.copy(run / "tokenizer" / "vocab.txt", mine / "vocab.txt")
+    (tmp_path / "vocab.txt").symlink_to(mine / "vocab.txt")
+    assert load_tokenizer(tmp_path / "vocab.txt").get_vocab_size() > 5
+    (mine / "model.json").write_text(json.dumps({"vocab_size": 40, "hidden_size": 32, "num_layers": 1,
+                                                 "num_heads": 2, "intermediate_size": 64}))
+    (tmp_path / "model.json").symlink_to(mine / "model.json")
+    assert BertConfig.from_spec(str(tmp_path / "model.json"), 40).num_layers == 1
 
 
 # ---------------------------------------------------------------- 4. token ids past the vocabulary
