@@ -42,6 +42,7 @@ from bertkit.formats import (
     read_tokenizer_manifest,
     write_manifest,
 )
+from bertkit.pipelines.alphabet import Alphabet
 from bertkit.pipelines.engine import Engine, check_available, check_engine, check_shared_path
 from bertkit.pipelines.instance_io import single_threaded_tokenizers
 from bertkit.pipelines.korean import (
@@ -75,6 +76,10 @@ STAGE = "train-tokenizer"
 MODEL_MAX_LENGTH = 512
 SAMPLE_BUCKETS = 1 << 20   # --sample-bytes: documents fall in buckets by a hash of their id; the sample is the
                            # first buckets, as many as fit (so it does not depend on shard or task order)
+# --sample-bytes auto: the merges of a corpus larger than this are learnt on a sample of this size; with a morpheme
+# analyser (~3 CPU-s per MB of text) a smaller one. On real text a 27 MB Korean and a 10 MB English sample are
+# within 1 % of all of 108 / 20 MB in held-out pieces per word (benchmarks/results/scale.md, the sampling default)
+AUTO_SAMPLE_BYTES = {"plain": 1 << 30, "analyser": 256 << 20}
 
 
 @dataclass
@@ -89,8 +94,9 @@ class TokenizerConfig:
     pretokenize: str = "auto"          # none | mecab | kiwi: cut Korean words at morpheme boundaries while training
                                        # (pipelines/korean.py); the tokenizer written still reads raw text. auto:
                                        # kiwi for a mostly Korean corpus, else none (resolved, then recorded)
-    sample_bytes: int | None = None    # learn the merges on at most this much text (documents chosen by a hash of
-                                       # their id); the alphabet still comes from all of it. None: all the text
+    sample_bytes: int | str | None = "auto"  # learn the merges on at most this much text (documents chosen by a
+                                       # hash of their id); the alphabet still comes from all of it. None: all the
+                                       # text; auto: AUTO_SAMPLE_BYTES when the training shards are larger (resolved)
     stats_sentences: int = 100_000     # held-out sentences measured for the manifest's statistics
     workers: int = 1                   # processes for the per-shard passes (--engine local); never changes the output
     engine: str = "local"              # local | ray: where the per-shard passes run; never changes the output
@@ -115,8 +121,10 @@ class TokenizerConfig:
             raise TokenizerError(f"pretokenize must be auto or one of {PRETOKENIZERS}, not {self.pretokenize!r}")
         if self.pretokenize not in ("none", "auto") and self.vocab_file is not None:
             raise TokenizerError("--pretokenize shapes a trained vocabulary; it does nothing with --vocab")
-        if self.sample_bytes is not None and self.sample_bytes < 1:
-            raise TokenizerError("sample_bytes must be a positive number of bytes, or None for all the text")
+        if self.sample_bytes not in (None, "auto") and not (isinstance(self.sample_bytes, int) and
+                                                             self.sample_bytes >= 1):
+            raise TokenizerError(f"sample_bytes {self.sample_bytes!r}: give a positive number of bytes, None for all "
+                                 "the text, or auto")
         if self.workers < 1:
             raise TokenizerError(f"workers must be at least 1, not {self.workers}")
         check_engine(self.engine, TokenizerError)
@@ -195,8 +203,8 @@ def sample_buckets(ids) -> np.ndarray:
 
 
 def scan_shard(path: str, options: dict, alphabet_tokens: list[str] | None, sample: bool) -> dict:
-    """Task, one per shard. Without alphabet_tokens: the shard's alphabet (a trainer pass without merges, as
-    _train's first pass) and, with `sample`, its text bytes per sample bucket. With alphabet_tokens: how often each
+    """Task, one per shard. Without alphabet_tokens: the shard's alphabet (what a trainer pass without merges
+    finds: pipelines/alphabet.py) and, with `sample`, its text bytes per sample bucket. With alphabet_tokens: how often each
     character occurs (for --limit-alphabet)."""
     config = TokenizerConfig(**{**options, "progress": False})
     table = read_arrow(path)
@@ -205,9 +213,10 @@ def scan_shard(path: str, options: dict, alphabet_tokens: list[str] | None, samp
     # the alphabet without the analyser: a morpheme cut only splits a word, so every character keeps its place (first
     # in a word or not) and the cuts add only "#" and "###" (the "##" spelling), which _train adds; the analyser,
     # most of a Korean vocabulary's time, then reads only the text the merges are learnt on (a --sample-bytes sample)
-    plain = replace(config, pretokenize="none")
-    found = _run_trainer([path], plain, len(SPECIAL_TOKENS), list(SPECIAL_TOKENS), "")
-    result = {"tokens": found[len(SPECIAL_TOKENS):], "rows": table.num_rows, "buckets": None}
+    tok = build_tokenizer(None, lowercase=config.lowercase, strip_accents=config.strip_accents)
+    alphabet = Alphabet(tok.normalizer, tok.pre_tokenizer)
+    alphabet.add(table.column(C.SENTENCES).combine_chunks().flatten())
+    result = {"tokens": sorted(alphabet.tokens()), "rows": table.num_rows, "buckets": None}
     if sample:
         sentences = table.column(C.SENTENCES).combine_chunks()
         sizes = pc.binary_length(sentences.flatten()).to_numpy(zero_copy_only=False).astype(np.int64)
@@ -248,8 +257,8 @@ def _train(corpus_dir, config: TokenizerConfig) -> list[str]:
     """Train the vocabulary; deterministic for a given corpus and config.
 
     tokenizers' trainer gives each `##c` piece an id in hash-map order and breaks ties between equally frequent
-    merges by those ids, so two runs can differ. A first pass (no merges; a task per shard, whose alphabets are
-    united) finds the alphabet and its `##` forms; the second pass gets them, sorted, as the first entries of the
+    merges by those ids, so two runs can differ. A first pass (a task per shard, whose alphabets are united; the
+    trainer's own alphabet, found without it) finds the alphabet and its `##` forms; the second pass gets them, sorted, as the first entries of the
     vocabulary, which fixes every id and so every tie-break. The --limit-alphabet cut is made here too, by
     (count, character), for the same reason. With --sample-bytes the second pass reads only the sample, given the
     whole corpus' alphabet, so a character outside the sample is still in the vocabulary.
@@ -350,6 +359,22 @@ def _hf_files(config: TokenizerConfig) -> tuple[dict, dict]:
     return cfg, specials
 
 
+def auto_sample_bytes(corpus_dir, config: TokenizerConfig) -> tuple[int | None, int | None]:
+    """--sample-bytes auto: (AUTO_SAMPLE_BYTES for the resolved --pretokenize, the training shards' bytes) when the
+    training shards (their Arrow files, a few % over their text) are larger, else (None, None): all of it, so a
+    corpus below the size trains exactly as with --sample-bytes all."""
+    shards = read_corpus_manifest(corpus_dir).shards
+    total = sum(s.bytes for s in shards if s.split == "train")
+    cap = AUTO_SAMPLE_BYTES["plain" if config.pretokenize == "none" else "analyser"]
+    return (cap, total) if total > cap else (None, None)
+
+
+def _say(line: str) -> None:
+    from bertkit.progress import tqdm
+
+    tqdm.write(line, file=sys.stderr)
+
+
 def _korean_default(corpus_dir, per_shard: int = 1000, most_shards: int = 20) -> tuple[str, float]:
     """`--pretokenize auto`: (kiwi when most words are Korean in the first sentences of up to 20 training shards
     spread over the corpus, else none; that share). The same corpus always decides the same."""
@@ -436,6 +461,10 @@ def _train_tokenizer(corpus_dir, out: Path, config: TokenizerConfig) -> Tokenize
     if config.pretokenize == "auto":
         config.pretokenize, korean_share = _korean_default(corpus_dir) if config.vocab_file is None else ("none", None)
     corpus = _corpus_identity(corpus_dir)
+    auto_sampled = None   # the training shards' bytes, when auto chose a sample
+    if config.sample_bytes == "auto":
+        config.sample_bytes, auto_sampled = auto_sample_bytes(corpus_dir, config) if config.vocab_file is None \
+            else (None, None)
     settings = _settings(config)
 
     manifest_path = out / MANIFEST
@@ -456,6 +485,10 @@ def _train_tokenizer(corpus_dir, out: Path, config: TokenizerConfig) -> Tokenize
     if config.vocab_file is None:
         if korean_share is not None and config.pretokenize != "none":
             _say_korean_default(config.pretokenize, korean_share)
+        if auto_sampled:
+            _say(f"train-tokenizer: the training shards hold {auto_sampled / 1e9:.1f} GB, so the merges are learnt on "
+                 f"a {config.sample_bytes / 1e9:.2f} GB sample (--sample-bytes auto; the alphabet comes from all of "
+                 "it); --sample-bytes all learns them on every byte")
         tokens = _train(corpus_dir, config)
         source = "trained"
     else:

@@ -6,6 +6,7 @@ run end to end under srun/scontrol shims.
 The cluster is stopped by killing the sessions of the processes this file started (never `ray stop`, which stops
 every Ray process of the machine by name, another test run's cluster included)."""
 import hashlib
+import json
 import os
 import random
 import shutil
@@ -376,6 +377,43 @@ def test_sample_bytes_is_a_hash_sample_that_keeps_every_character(tmp_path):
     assert {"ʬ", "##ʬ"} <= set(vocabs["sample"])          # from the alphabet pass over every shard
     with pytest.raises(Exception, match="smaller than"):
         train_tokenizer(tmp_path / "c3", tmp_path / "tiny", TokenizerConfig(sample_bytes=10, **config))
+
+
+def test_sample_bytes_auto_samples_only_a_corpus_larger_than_its_cap(tmp_path, monkeypatch):
+    """The default: a corpus whose training shards exceed the cap learns its merges on a sample of the cap's size
+    (the same vocabulary as asking for it, said on the terminal and recorded); a smaller corpus trains on all of it,
+    byte for byte as --sample-bytes all, and an older folder made so (settings without sample_bytes) is finished."""
+    import bertkit.pipelines.train_tokenizer as tt
+
+    rng = random.Random(3)
+    docs = [[" ".join(rng.choice(WORDS) + rng.choice(["", "s", "ing", "ed"]) for _ in range(10)) + "."
+             for _ in range(4)] for _ in range(240)]
+    corpus = write_corpus(tmp_path / "corpus", [docs[:120], docs[120:]])
+    shard_bytes = sum((corpus / f).stat().st_size for f in ("shard-00000.arrow", "shard-00001.arrow"))
+    flags = ["--vocab-size", "400", "--min-frequency", "1", "--no-progress"]
+
+    def run(out, *extra):
+        r = CliRunner().invoke(cli, ["train-tokenizer", str(corpus), "--out", str(tmp_path / out), *flags, *extra])
+        assert r.exit_code == 0, r.output
+        return r.output, (tmp_path / out / "vocab.txt").read_bytes()
+
+    _, every_byte = run("all", "--sample-bytes", "all")
+    said, below = run("below")                       # the default cap (1 GB) is far above this corpus
+    assert below == every_byte and "--sample-bytes auto" not in said
+    assert "sample_bytes" not in json.loads((tmp_path / "below" / "manifest.json").read_text())["settings"]
+    cap = shard_bytes // 3
+    monkeypatch.setattr(tt, "AUTO_SAMPLE_BYTES", {"plain": cap, "analyser": cap // 2})
+    said, auto = run("auto")
+    _, asked = run("asked", "--sample-bytes", str(cap))
+    assert auto == asked != every_byte
+    assert f"{cap / 1e9:.2f} GB sample (--sample-bytes auto" in said
+    assert json.loads((tmp_path / "auto" / "manifest.json").read_text())["settings"]["sample_bytes"] == cap
+    run("auto")                                      # finished: the same resolution, nothing to do
+    monkeypatch.setattr(tt, "AUTO_SAMPLE_BYTES", {"plain": shard_bytes, "analyser": 1})
+    said, again = run("below")                       # not above the cap: all of it, the folder already finished
+    assert again == every_byte
+    kiwi = TokenizerConfig(pretokenize="kiwi")
+    assert tt.auto_sample_bytes(corpus, kiwi) == (1, shard_bytes)   # an analyser's cap is its own
 
 
 # ---------------------------------------------------------------- engines, paths, Ray missing

@@ -42,11 +42,14 @@ def count(minimum: int = 1) -> click.IntRange:
 
 
 class Size(click.ParamType):
-    """A number of bytes as 64MB, 512KB, 1GB or 100000."""
+    """A number of bytes as 64MB, 512KB, 1GB or 100000, or one of `words` (kept as given)."""
     name = "size"
 
+    def __init__(self, words: tuple = ()):
+        self.words = words
+
     def convert(self, value, param, ctx):
-        if isinstance(value, int):
+        if isinstance(value, int) or value in self.words:
             return value
         from bertkit.pipelines.prepare_corpus import parse_size
 

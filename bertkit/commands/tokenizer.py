@@ -34,9 +34,10 @@ from bertkit.pipelines.engine import ENGINE_HELP, ENGINES, RAY_ADDRESS_HELP
               help="Korean: cut words at morpheme boundaries (MeCab-ko or Kiwi) while training the vocabulary, as "
                    "KLUE-BERT did; the tokenizer still reads raw text. auto: kiwi when most of the corpus' words are "
                    "Korean (measured best on Korean tasks), else none. Needs pip install 'bertkit[korean]'.")
-@click.option("--sample-bytes", default=None, metavar="SIZE", type=Size(),
+@click.option("--sample-bytes", default="auto", show_default=True, metavar="SIZE|all|auto", type=Size(("all", "auto")),
               help="Learn the merges on at most this much text (e.g. 10GB), documents chosen by a hash of their id; "
-                   "the alphabet still comes from all of the text. Default: all of it.")
+                   "the alphabet still comes from all of the text. all: every byte. auto: a 1GB sample of larger "
+                   "corpora (256MB with a Korean morpheme analyser, --pretokenize), else all of it.")
 @click.option("--stats-sentences", default=100_000, show_default=True, type=count(0),
               help="Held-out sentences measured for the [UNK] rate and pieces per word.")
 @click.option("--workers", "-j", default=default_workers(), show_default="CPUs, at most 8", type=click.IntRange(min=1),
@@ -72,6 +73,8 @@ def train_tokenizer(corpus_dir, out, **flags):
                                    "or --vocab FILE to use an existing vocabulary")
     if flags["ray_address"] and flags["engine"] != "ray":
         raise click.UsageError("--ray-address is for --engine ray")
+    if flags["sample_bytes"] == "all":
+        flags["sample_bytes"] = None
     config = TokenizerConfig(**flags)   # the flags are named as its fields
     try:
         m = run(corpus_dir, out, config)
