@@ -2,7 +2,7 @@
 # CPU benchmarks (`make bench`). GPU ones (attention, layer_norm, host_overhead, pretrain_step on CUDA) exit cleanly
 # without CUDA; on a GPU machine, benchmarks/gpu_session.sh runs them in steps that fit a 10-minute call.
 # Not here (an hour or more on 2 cores, run by hand): pretrain_transfer.py, recipes.py, korean_vocab.py, budget.py,
-# stress_exit.py, scale.py (hours at 4 GB: results/scale.md), reference_training.py (it needs pretrain_transfer.py's instances), cpu_bf16_quality.py (any instances).
+# stress_exit.py, scale.py (hours at 4 GB: results/scale.md), tokenizer_sample.py (half an hour: results/scale.md), reference_training.py (it needs pretrain_transfer.py's instances), cpu_bf16_quality.py (any instances).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for b in prepare_corpus sentence_splitters korean_splitters make_instances scale_out pretrain_step cpu_backends optimizer_step \

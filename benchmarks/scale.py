@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import threading
@@ -35,6 +36,7 @@ GB = 1e9
 SOURCES = {"ko": ["wikipedia_ko_wikiextractor", "wikipedia_ko_wikiextractor_more", "boddari"],
            "en": ["wikipedia_en_wikiextractor", "gutenberg"]}
 STAGES = ("prepare-corpus", "train-tokenizer", "make-instances")
+OUTPUT = {"prepare-corpus": "corpus", "train-tokenizer": "tokenizer", "make-instances": "instances"}
 
 
 # ---------------------------------------------------------------- the made corpus
@@ -118,8 +120,9 @@ def stage_command(stage: str, work: Path) -> list[str]:
 
 
 def measure(stage: str, work: Path, text_bytes: int) -> dict:
-    out = work / {"prepare-corpus": "corpus", "train-tokenizer": "tokenizer", "make-instances": "instances"}[stage]
+    out = work / OUTPUT[stage]
     resumed = out.exists()  # a killed run's partial output: this time is only the rest of the work
+    parts_before = len(list((out / ".parts").glob("*.json"))) if resumed else 0
     log = open(work / f"{stage}.log", "a")
     before = os.times()
     t = time.perf_counter()
@@ -140,7 +143,9 @@ def measure(stage: str, work: Path, text_bytes: int) -> dict:
             "peak_private_largest_mb": round(sampler.private_largest / 2**20),
             "peak_private_all_mb": round(sampler.private_total / 2**20),
             "bytes_written": du(out), "mb_per_s_per_core": round(mb / cpu, 2) if cpu else None,
-            "load_average_1min": round(os.getloadavg()[0], 2), "resumed": resumed}
+            "load_average_1min": round(os.getloadavg()[0], 2), "resumed": resumed,
+            **({"parts_done_before": parts_before, "parts": len(list((out / ".parts").glob("*.json")))}
+               if resumed and stage == "make-instances" else {})}
 
 
 # ---------------------------------------------------------------- the pretraining loader
@@ -198,6 +203,10 @@ def measure_loader(work: Path, seq: int, rows: list) -> None:
 
 # ---------------------------------------------------------------- the table
 
+def rows_of(result: dict, lang: str, gb: float, stage: str) -> list:
+    return [r for r in result["rows"] if r["language"] == lang and r["gb"] == gb and r["stage"] == stage]
+
+
 def table(rows: list) -> None:
     base = {(r["language"], r["stage"]): r for r in rows if r["gb"] == 1}
     print(f"{'lang':>4} {'GB':>5} {'stage':>16} {'wall s':>8} {'CPU s':>8} {'MB/s/core':>9} {'CPU s/GB':>9} "
@@ -206,7 +215,8 @@ def table(rows: list) -> None:
         per_gb = r["cpu_seconds"] / (r["text_bytes"] / GB)
         one = base.get((r["language"], r["stage"]))
         ratio = f"{per_gb / (one['cpu_seconds'] / (one['text_bytes'] / GB)):.2f}" if one else "-"
-        print(f"{r['language']:>4} {r['gb']:>5} {r['stage']:>16} {r['seconds']:>8} {r['cpu_seconds']:>8} "
+        stage = r["stage"] + (" (resumed)" if r.get("resumed") else "")
+        print(f"{r['language']:>4} {r['gb']:>5} {stage:>16} {r['seconds']:>8} {r['cpu_seconds']:>8} "
               f"{str(r['mb_per_s_per_core']):>9} {per_gb:>9.0f} {ratio:>6} {r['peak_rss_largest_mb']:>10} "
               f"{r['peak_rss_all_mb']:>10} {str(r.get('peak_private_largest_mb', '-')):>11} "
               f"{r['bytes_written'] / 1e6:>10.0f} {r['load_average_1min']:>5}")
@@ -218,6 +228,8 @@ def main():
     ap.add_argument("--langs", nargs="+", default=["en", "ko"], choices=list(SOURCES))
     ap.add_argument("--work", type=Path, default=REPO / "bench_scale", help="where the corpora and outputs go")
     ap.add_argument("--report", action="store_true", help="print the table of what has finished; run nothing")
+    ap.add_argument("--redo", choices=STAGES, help="measure this stage again at --sizes/--langs from scratch (its "
+                                                   "output removed; the earlier rows kept under earlier_rows)")
     ap.add_argument("--result", default="scale", help="results/NAME.json (another name for a trial run)")
     ap.add_argument("--loader", type=Path, help="measure pretrain's loader on this finished size's folder (e.g. "
                                                 "bench_scale/en-0.1gb) instead of the data stages")
@@ -239,12 +251,17 @@ def main():
                 work = args.work / f"{lang}-{gb:g}gb"
                 made = make_corpus(lang, gb, work / "input")
                 for stage in STAGES:
+                    if stage == args.redo and not any(r.get("redone") for r in rows_of(result, lang, gb, stage)):
+                        result.setdefault("earlier_rows", []).extend(rows_of(result, lang, gb, stage))
+                        result["rows"] = [r for r in result["rows"] if r not in rows_of(result, lang, gb, stage)]
+                        shutil.rmtree(work / OUTPUT[stage], ignore_errors=True)
                     if any(r["language"] == lang and r["gb"] == gb and r["stage"] == stage for r in result["rows"]):
                         continue  # finished in an earlier run
                     print(f"{lang} {gb:g} GB: {stage} ...", flush=True)
                     row = {"language": lang, "gb": gb, "text_bytes": made["text_bytes"],
                            "documents_made": made["documents"], **measure(stage, work, made["text_bytes"]),
                            "commit": run_info("scale")["commit"], "date": time.strftime("%Y-%m-%d %H:%M")}
+                    row["redone"] = stage == args.redo
                     if stage == "prepare-corpus":
                         totals = json.loads((work / "corpus" / "manifest.json").read_text())["totals"]
                         row["documents_kept"] = totals["documents"]
