@@ -204,8 +204,8 @@ def sample_buckets(ids) -> np.ndarray:
 
 def scan_shard(path: str, options: dict, alphabet_tokens: list[str] | None, sample: bool) -> dict:
     """Task, one per shard. Without alphabet_tokens: the shard's alphabet (what a trainer pass without merges
-    finds: pipelines/alphabet.py) and, with `sample`, its text bytes per sample bucket. With alphabet_tokens: how often each
-    character occurs (for --limit-alphabet)."""
+    finds: pipelines/alphabet.py) and, with `sample`, its text bytes per sample bucket. With alphabet_tokens: how
+    often each character occurs (for --limit-alphabet)."""
     config = TokenizerConfig(**{**options, "progress": False})
     table = read_arrow(path)
     if alphabet_tokens is not None:
@@ -258,10 +258,11 @@ def _train(corpus_dir, config: TokenizerConfig) -> list[str]:
 
     tokenizers' trainer gives each `##c` piece an id in hash-map order and breaks ties between equally frequent
     merges by those ids, so two runs can differ. A first pass (a task per shard, whose alphabets are united; the
-    trainer's own alphabet, found without it) finds the alphabet and its `##` forms; the second pass gets them, sorted, as the first entries of the
-    vocabulary, which fixes every id and so every tie-break. The --limit-alphabet cut is made here too, by
-    (count, character), for the same reason. With --sample-bytes the second pass reads only the sample, given the
-    whole corpus' alphabet, so a character outside the sample is still in the vocabulary.
+    trainer's own alphabet, found without it) finds the alphabet and its `##` forms; the second pass gets them,
+    sorted, as the first entries of the vocabulary, which fixes every id and so every tie-break. The
+    --limit-alphabet cut is made here too, by (count, character), for the same reason. With --sample-bytes the second pass
+    reads only the sample, given the whole corpus' alphabet, so a character outside the sample is still in the
+    vocabulary.
     """
     shards = corpus_shards(corpus_dir, "train")
     if not shards:
