@@ -260,9 +260,9 @@ def _train(corpus_dir, config: TokenizerConfig) -> list[str]:
     merges by those ids, so two runs can differ. A first pass (a task per shard, whose alphabets are united; the
     trainer's own alphabet, found without it) finds the alphabet and its `##` forms; the second pass gets them,
     sorted, as the first entries of the vocabulary, which fixes every id and so every tie-break. The
-    --limit-alphabet cut is made here too, by (count, character), for the same reason. With --sample-bytes the second pass
-    reads only the sample, given the whole corpus' alphabet, so a character outside the sample is still in the
-    vocabulary.
+    --limit-alphabet cut is made here too, by (count, character), for the same reason. With --sample-bytes the
+    second pass reads only the sample, given the whole corpus' alphabet, so a character outside the sample is still
+    in the vocabulary.
     """
     shards = corpus_shards(corpus_dir, "train")
     if not shards:
