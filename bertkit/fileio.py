@@ -240,7 +240,7 @@ OUTPUT_KINDS = {"prepare-corpus": "a corpus", "train-tokenizer": "a tokenizer", 
 
 
 # the work folders a killed stage leaves before its manifest exists
-WORK_FOLDERS = {".work": "prepare-corpus", ".parts": "make-instances"}
+WORK_FOLDERS = {".work": "prepare-corpus", ".scans": "train-tokenizer", ".parts": "make-instances"}
 
 
 def folder_kind(folder) -> str | None:

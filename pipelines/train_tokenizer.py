@@ -12,6 +12,8 @@ pipelines/engine.py (here, in --workers processes, or on a Ray cluster); the tra
 """
 import contextlib
 import hashlib
+import json
+import shutil
 import sys
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -73,6 +75,7 @@ from bertkit.tokenization import (
 )
 
 STAGE = "train-tokenizer"
+SCANS = ".scans"           # OUT/.scans/: the alphabet pass's result per shard, kept until the tokenizer is written
 MODEL_MAX_LENGTH = 512
 SAMPLE_BUCKETS = 1 << 20   # --sample-bytes: documents fall in buckets by a hash of their id; the sample is the
                            # first buckets, as many as fit (so it does not depend on shard or task order)
@@ -228,19 +231,55 @@ def scan_shard(path: str, options: dict, alphabet_tokens: list[str] | None, samp
     return result
 
 
-def _per_shard(shards, config: TokenizerConfig, desc: str, alphabet_tokens=None, sample=False):
-    """Yield scan_shard's result for every shard, in shard order, from the configured engine (the caller folds
-    them as they come, so the main process never holds one result per shard)."""
+def _per_shard(shards, config: TokenizerConfig, desc: str, alphabet_tokens=None, sample=False, kept=None):
+    """Yield scan_shard's result for every shard from the configured engine (the caller folds them as they come, in
+    any order, so the main process never holds one result per shard). With `kept` (a folder): each result is kept
+    there as it comes, and those a killed run kept are read back instead of scanning their shards again."""
     from bertkit.progress import tqdm
 
     options = asdict(config)
     pool = config.engine == "local" and config.workers > 1   # one process, one core
     docs = sum(read_arrow(p).num_rows for p in shards)
+    earlier = {p: r for p in shards if kept is not None and (r := _read_scan(kept, p)) is not None}
+    todo = [p for p in shards if p not in earlier]
     with tqdm(total=docs, unit="doc", desc=desc, disable=not config.progress) as bar, \
             single_threaded_tokenizers() if pool else contextlib.nullcontext(), \
             Engine(config.engine, config.workers, config.ray_address) as engine:
-        tasks = [(str(p), options, alphabet_tokens, sample) for p in shards]
-        yield from engine.map(scan_shard, tasks, on_done=lambda i, r: bar.update(r["rows"]))
+        for result in earlier.values():
+            bar.update(result["rows"])
+            yield result
+        tasks = [(str(p), options, alphabet_tokens, sample) for p in todo]
+        for path, result in zip(todo, engine.map(scan_shard, tasks, on_done=lambda i, r: bar.update(r["rows"]))):
+            if kept is not None:
+                _keep_scan(kept, path, result)
+            yield result
+
+
+def _keep_scan(folder: Path, shard: Path, result: dict) -> None:
+    buckets = None if result["buckets"] is None else [a.tolist() for a in result["buckets"]]
+    folder.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(folder / f"{Path(shard).name}.json", json.dumps({**result, "buckets": buckets}).encode(),
+                       fsync=False)
+
+
+def _read_scan(folder: Path, shard: Path) -> dict | None:
+    """A shard's alphabet scan that an earlier run of the same corpus and options kept, or None."""
+    result = read_json_or_none(folder / f"{Path(shard).name}.json")
+    if result is not None and result["buckets"] is not None:
+        result["buckets"] = tuple(np.asarray(a, dtype=np.int64) for a in result["buckets"])
+    return result
+
+
+def scans_folder(out: Path, corpus: dict, config: TokenizerConfig) -> Path:
+    """OUT/.scans/KEY: where the alphabet pass keeps each shard's result until the tokenizer is written, KEY naming
+    the corpus and the options the scan depends on (a folder of other ones is removed)."""
+    what = json.dumps([corpus["manifest_sha256"], config.lowercase, config.strip_accents,
+                       config.sample_bytes is not None])
+    folder = out / SCANS / hashlib.sha256(what.encode()).hexdigest()[:16]
+    for other in (out / SCANS).iterdir() if (out / SCANS).is_dir() else ():
+        if other != folder:
+            shutil.rmtree(other)
+    return folder
 
 
 def _sample_threshold(per_bucket: np.ndarray, sample_bytes: int, corpus_dir) -> int:
@@ -253,7 +292,7 @@ def _sample_threshold(per_bucket: np.ndarray, sample_bytes: int, corpus_dir) -> 
     return threshold
 
 
-def _train(corpus_dir, config: TokenizerConfig) -> list[str]:
+def _train(corpus_dir, config: TokenizerConfig, kept: Path | None = None) -> list[str]:
     """Train the vocabulary; deterministic for a given corpus and config.
 
     tokenizers' trainer gives each `##c` piece an id in hash-map order and breaks ties between equally frequent
@@ -262,7 +301,7 @@ def _train(corpus_dir, config: TokenizerConfig) -> list[str]:
     sorted, as the first entries of the vocabulary, which fixes every id and so every tie-break. The
     --limit-alphabet cut is made here too, by (count, character), for the same reason. With --sample-bytes the
     second pass reads only the sample, given the whole corpus' alphabet, so a character outside the sample is still
-    in the vocabulary.
+    in the vocabulary. Each shard's first-pass result is kept in `kept` (if given) for a rerun after a kill.
     """
     shards = corpus_shards(corpus_dir, "train")
     if not shards:
@@ -270,7 +309,7 @@ def _train(corpus_dir, config: TokenizerConfig) -> list[str]:
     n_special = len(SPECIAL_TOKENS)
     sampling = config.sample_bytes is not None
     found, per_bucket = set(), np.zeros(SAMPLE_BUCKETS if sampling else 0, dtype=np.int64)
-    for scan in _per_shard(shards, config, "train-tokenizer: alphabet", sample=sampling):
+    for scan in _per_shard(shards, config, "train-tokenizer: alphabet", sample=sampling, kept=kept):
         found.update(scan["tokens"])
         if sampling:
             buckets, nbytes = scan["buckets"]
@@ -490,7 +529,7 @@ def _train_tokenizer(corpus_dir, out: Path, config: TokenizerConfig) -> Tokenize
             _say(f"train-tokenizer: the training shards hold {auto_sampled / 1e9:.1f} GB, so the merges are learnt on "
                  f"a {config.sample_bytes / 1e9:.2f} GB sample (--sample-bytes auto; the alphabet comes from all of "
                  "it); --sample-bytes all learns them on every byte")
-        tokens = _train(corpus_dir, config)
+        tokens = _train(corpus_dir, config, kept=scans_folder(out, corpus, config))
         source = "trained"
     else:
         source = "vocab_file"
@@ -517,4 +556,5 @@ def _train_tokenizer(corpus_dir, out: Path, config: TokenizerConfig) -> Tokenize
         alphabet_size=len(alphabet), vocab_sha256=hashlib.sha256(vocab_bytes).hexdigest(),
         files={name: file_entry(out / name) for name in TOKENIZER_FILES}, stats=stats, warnings=warnings)
     write_manifest(out, manifest)
+    shutil.rmtree(out / SCANS, ignore_errors=True)   # the kept scans: a finished tokenizer needs none
     return manifest

@@ -416,6 +416,40 @@ def test_sample_bytes_auto_samples_only_a_corpus_larger_than_its_cap(tmp_path, m
     assert tt.auto_sample_bytes(corpus, kiwi) == (1, shard_bytes)   # an analyser's cap is its own
 
 
+def test_a_killed_tokenizer_rescans_only_the_shards_it_had_not_finished(tmp_path, monkeypatch):
+    """The alphabet pass keeps each shard's result (OUT/.scans) until the tokenizer is written: a run killed after
+    two of four shards scans only the other two when run again, and writes what an unkilled run writes."""
+    import bertkit.pipelines.train_tokenizer as tt
+
+    rng = random.Random(4)
+    docs = [[" ".join(rng.choice(WORDS) + rng.choice(["", "s", "ing", "ed"]) for _ in range(10)) + "."
+             for _ in range(4)] for _ in range(200)]
+    docs[150][0] = "Only here: ʬʬ and qʬ."
+    corpus = write_corpus(tmp_path / "corpus", [docs[i::4] for i in range(4)])
+    config = TokenizerConfig(vocab_size=300, min_frequency=1, progress=False, workers=1, sample_bytes=30_000)
+    real, scanned = tt.scan_shard, []
+
+    def killed_after_two(path, *args):
+        if len(scanned) == 2:
+            raise KeyboardInterrupt   # as a kill would, between two shards
+        scanned.append(Path(path).name)
+        return real(path, *args)
+
+    monkeypatch.setattr(tt, "scan_shard", killed_after_two)
+    with pytest.raises(KeyboardInterrupt):
+        train_tokenizer(corpus, tmp_path / "tok", config)
+    assert not (tmp_path / "tok" / "manifest.json").exists()
+    monkeypatch.setattr(tt, "scan_shard", lambda path, *args: scanned.append(Path(path).name) or real(path, *args))
+    train_tokenizer(corpus, tmp_path / "tok", config)
+    assert sorted(scanned) == [f"shard-0000{i}.arrow" for i in range(4)]   # each shard scanned once in all
+    assert not (tmp_path / "tok" / ".scans").exists()
+    monkeypatch.undo()
+    train_tokenizer(corpus, tmp_path / "clean", config)
+    for name in ("vocab.txt", "tokenizer.json"):
+        assert (tmp_path / "tok" / name).read_bytes() == (tmp_path / "clean" / name).read_bytes()
+    assert "##ʬ" in (tmp_path / "tok" / "vocab.txt").read_text().split("\n")
+
+
 # ---------------------------------------------------------------- engines, paths, Ray missing
 
 def test_engine_yields_results_in_task_order_here_and_in_a_pool():
