@@ -409,6 +409,14 @@ def auto_sample_bytes(corpus_dir, config: TokenizerConfig) -> tuple[int | None, 
     return (cap, total) if total > cap else (None, None)
 
 
+def _size(n: int) -> str:
+    """Bytes as --sample-bytes reads them (powers of 1024)."""
+    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n} B"
+
+
 def _say(line: str) -> None:
     from bertkit.progress import tqdm
 
@@ -526,9 +534,9 @@ def _train_tokenizer(corpus_dir, out: Path, config: TokenizerConfig) -> Tokenize
         if korean_share is not None and config.pretokenize != "none":
             _say_korean_default(config.pretokenize, korean_share)
         if auto_sampled:
-            _say(f"train-tokenizer: the training shards hold {auto_sampled / 1e9:.1f} GB, so the merges are learnt on "
-                 f"a {config.sample_bytes / 1e9:.2f} GB sample (--sample-bytes auto; the alphabet comes from all of "
-                 "it); --sample-bytes all learns them on every byte")
+            _say(f"train-tokenizer: the training shards hold {_size(auto_sampled)}, so the merges are learnt on a "
+                 f"{_size(config.sample_bytes)} sample (--sample-bytes auto; the alphabet comes from all of it); "
+                 "--sample-bytes all learns them on every byte")
         tokens = _train(corpus_dir, config, kept=scans_folder(out, corpus, config))
         source = "trained"
     else:
