@@ -201,6 +201,33 @@ def measure_loader(work: Path, seq: int, rows: list) -> None:
         rows.append(row)
 
 
+# ---------------------------------------------------------------- train-tokenizer's two parts
+
+def measure_alphabet(work: Path, shards: int = 6) -> dict:
+    """train-tokenizer's per-GB part alone: the alphabet pass over `shards` training shards of the corpus in `work`
+    (one process, --sample-bytes bucket counts included), in CPU seconds per GB of text; the rest of the stage
+    (the trainer on its sample) is a fixed cost once the corpus is larger than the sample."""
+    import pyarrow.compute as pc
+
+    from bertkit.fileio import read_arrow
+    from bertkit.formats import corpus_shards
+    from bertkit.pipelines.train_tokenizer import TokenizerConfig, scan_shard
+
+    corpus = work if (work / "manifest.json").is_file() else work / "corpus"   # a corpus, or a size's folder
+    paths = corpus_shards(corpus, "train")[:shards]
+    options = {**TokenizerConfig().__dict__, "sample_bytes": 1, "strip_accents": "latin"}  # as resolved
+    text = sum(pc.sum(pc.binary_length(read_arrow(p).column("sentences").combine_chunks().flatten())).as_py()
+               for p in paths)
+    before = time.process_time()
+    for p in paths:
+        scan_shard(str(p), options, None, True)
+    cpu = time.process_time() - before
+    return {"corpus": work.name, "shards": len(paths), "text_bytes": text, "cpu_seconds": round(cpu, 1),
+            "cpu_s_per_gb": round(cpu / (text / GB), 1), "mb_per_s_per_core": round(text / 1e6 / cpu, 1),
+            "load_average_1min": round(os.getloadavg()[0], 2), "date": time.strftime("%Y-%m-%d %H:%M"),
+            "commit": run_info("scale")["commit"]}
+
+
 # ---------------------------------------------------------------- the table
 
 def rows_of(result: dict, lang: str, gb: float, stage: str) -> list:
@@ -231,6 +258,8 @@ def main():
     ap.add_argument("--redo", choices=STAGES, help="measure this stage again at --sizes/--langs from scratch (its "
                                                    "output removed; the earlier rows kept under earlier_rows)")
     ap.add_argument("--result", default="scale", help="results/NAME.json (another name for a trial run)")
+    ap.add_argument("--alphabet", type=Path, nargs="+", help="measure train-tokenizer's alphabet pass alone on "
+                                                               "these sizes' folders (bench_scale/ko-4gb) or corpora")
     ap.add_argument("--loader", type=Path, help="measure pretrain's loader on this finished size's folder (e.g. "
                                                 "bench_scale/en-0.1gb) instead of the data stages")
     if len(sys.argv) > 1 and sys.argv[1] == "--loader-child":
@@ -238,6 +267,11 @@ def main():
         return loader_child(a[0], a[1] == "1", int(a[2]), int(a[3]) or None, float(a[4]))
     args = ap.parse_args()
     result = read_result(args.result) or {**run_info("scale"), "rows": []}
+    if args.alphabet:
+        result["alphabet_pass"] = [measure_alphabet(work) for work in args.alphabet]
+        print(result["alphabet_pass"])
+        write_result(args.result, result)
+        return
     if args.loader:
         result["loader"] = []
         for seq in (128, 1024, 8192):
