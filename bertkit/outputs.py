@@ -21,6 +21,7 @@ from bertkit.fileio import FolderNotOwnedError, atomic_write_json, file_matches,
 
 WRITTEN = ".bertkit-written.json"
 STAGING = ".bertkit-staging-"
+STAGING_MARK = ".bertkit-staging"   # inside a staging folder: bertkit made it, so a leftover may be removed
 
 
 def _stamp(path: Path) -> list:
@@ -140,12 +141,21 @@ def refuse_other_inputs(folder, what: str, mine: dict, theirs: dict | None, over
 
 def staging_folder(folder) -> Path:
     """A new hidden folder FOLDER/.bertkit-staging-XXXX: a replacement is written here whole, then swapped in. Those
-    a killed command left (real folders of that name, made by mkdtemp) are removed first."""
+    a killed command left (real folders of that name holding STAGING_MARK, which only this function writes) are
+    removed first; a folder of that name without the mark is someone else's and stays."""
     folder = Path(folder)
     for old in folder.glob(STAGING + "*"):
-        if old.is_dir() and not old.is_symlink():
+        if old.is_dir() and not old.is_symlink() and (old / STAGING_MARK).is_file():
             shutil.rmtree(old)
-    return Path(tempfile.mkdtemp(prefix=STAGING, dir=folder))
+    staging = Path(tempfile.mkdtemp(prefix=STAGING, dir=folder))
+    (staging / STAGING_MARK).touch()
+    return staging
+
+
+def staged_files(staging: Path) -> list[str]:
+    """The files written into a staging folder (relative, sorted), its mark aside."""
+    return sorted(n for p in staging.rglob("*")
+                  if p.is_file() and (n := p.relative_to(staging).as_posix()) != STAGING_MARK)
 
 
 def _blocks(folder: Path, p: Path, ours: set, is_file: bool) -> bool:
@@ -164,7 +174,7 @@ def swap_in(output: Output, staging: Path, last: str | None = None) -> None:
     the new output lacks. A new file that would replace anything not bertkit's (a user's file, a folder, a file
     where a folder must go) is refused before anything moves, naming it."""
     folder, ours = output.folder, output.earlier or set()
-    new = sorted(p.relative_to(staging).as_posix() for p in staging.rglob("*") if p.is_file())
+    new = staged_files(staging)
     in_the_way = [folder / p for f in new for p in Path(f).parents[:-1] if _blocks(folder, p, ours, False)] + \
         [folder / f for f in new if _blocks(folder, Path(f), ours, True)]
     if in_the_way:

@@ -13,7 +13,6 @@ pipelines/engine.py (here, in --workers processes, or on a Ray cluster); the tra
 import contextlib
 import hashlib
 import json
-import shutil
 import sys
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -276,10 +275,20 @@ def scans_folder(out: Path, corpus: dict, config: TokenizerConfig) -> Path:
     what = json.dumps([corpus["manifest_sha256"], config.lowercase, config.strip_accents,
                        config.sample_bytes is not None])
     folder = out / SCANS / hashlib.sha256(what.encode()).hexdigest()[:16]
-    for other in (out / SCANS).iterdir() if (out / SCANS).is_dir() else ():
-        if other != folder:
-            shutil.rmtree(other)
+    for other in (out / SCANS).glob("*/*.arrow.json") if (out / SCANS).is_dir() else ():
+        if other.parent != folder and not other.is_symlink():
+            other.unlink()   # a scan of another corpus or options: only the files this pass writes
     return folder
+
+
+def drop_scans(out: Path) -> None:
+    """The kept scans, once the tokenizer is written: only the files the alphabet pass writes, then their folders."""
+    for scan in (out / SCANS).glob("*/*.arrow.json") if (out / SCANS).is_dir() else ():
+        if not scan.is_symlink():
+            scan.unlink()
+    for folder in [*(out / SCANS).glob("*"), out / SCANS] if (out / SCANS).is_dir() else ():
+        if folder.is_dir() and not folder.is_symlink() and not any(folder.iterdir()):
+            folder.rmdir()
 
 
 def _sample_threshold(per_bucket: np.ndarray, sample_bytes: int, corpus_dir) -> int:
@@ -436,16 +445,14 @@ def _korean_default(corpus_dir, per_shard: int = 1000, most_shards: int = 20) ->
 
 def _say_korean_default(choice: str, share: float) -> None:
     """Before training with what auto chose: say so, and stop at once, naming the fix, if its analyser is missing."""
-    from bertkit.progress import tqdm
-
     try:
         analyser(choice)
     except KoreanError as e:
         raise KoreanError(f"{e} (--pretokenize auto chose {choice} for this Korean corpus; --pretokenize none "
                           "trains plain WordPiece without it)") from None
-    tqdm.write(f"train-tokenizer: {share:.0%} of the corpus' words are Korean, so the vocabulary follows {choice}'s "
-               "morpheme cuts (--pretokenize auto; measured best on Korean tasks, benchmarks/README.md); "
-               "--pretokenize none trains plain WordPiece", file=sys.stderr)
+    _say(f"train-tokenizer: {share:.0%} of the corpus' words are Korean, so the vocabulary follows {choice}'s "
+         "morpheme cuts (--pretokenize auto; measured best on Korean tasks, benchmarks/README.md); "
+         "--pretokenize none trains plain WordPiece")
 
 
 def _settings(config: TokenizerConfig) -> dict:
@@ -564,5 +571,5 @@ def _train_tokenizer(corpus_dir, out: Path, config: TokenizerConfig) -> Tokenize
         alphabet_size=len(alphabet), vocab_sha256=hashlib.sha256(vocab_bytes).hexdigest(),
         files={name: file_entry(out / name) for name in TOKENIZER_FILES}, stats=stats, warnings=warnings)
     write_manifest(out, manifest)
-    shutil.rmtree(out / SCANS, ignore_errors=True)   # the kept scans: a finished tokenizer needs none
+    drop_scans(out)   # the kept scans: a finished tokenizer needs none
     return manifest

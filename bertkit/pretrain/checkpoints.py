@@ -62,7 +62,7 @@ from bertkit.formats import (
 )
 from bertkit.models import build_pretraining, save_pretrained
 from bertkit.models.sentence_embeddings import write_sentence_transformers_files
-from bertkit.outputs import Output, refuse_other_inputs, staging_folder, swap_in
+from bertkit.outputs import Output, refuse_other_inputs, staged_files, staging_folder, swap_in
 from bertkit.pretrain.config import ConfigError, DeepSpeedSettings, PretrainConfig, TrainingError
 from bertkit.rng import rng_state, set_rng_state
 from bertkit.safe_load import UnsafeCheckpointError, first_unsafe_file, refusing_code, safe_load
@@ -485,8 +485,7 @@ def export(run_dir, out_dir, tag: str | None = None, say=None, overwrite: bool =
                         masked_lm_only=run.objective == "none")
         if run.objective == "none" and tokenizer is not None:  # read through the mean: a sentence encoder too
             write_sentence_transformers_files(staging, model.cfg.hidden_size, model.cfg.max_length)
-        files = {p.relative_to(staging).as_posix(): file_entry(p) for p in sorted(staging.rglob("*"))
-                 if p.is_file() and p.name != MANIFEST}
+        files = {name: file_entry(staging / name) for name in staged_files(staging) if name != MANIFEST}
         write_manifest(staging, ExportManifest(stage="export", complete=True, run=str(Path(run_dir).resolve()),
                                                checkpoint=tag, random_seed=random_seed, files=files))
         swap_in(output, staging, last=MANIFEST)

@@ -112,10 +112,15 @@ def test_staging_removes_only_its_own_leftovers(run, tmp_path):
     out = tmp_path / "export"
     assert export_cli(run, out).exit_code == 0
     (out / ".bertkit-staging-notes.txt").write_text("not a folder: stays\n")
-    (out / ".bertkit-staging-old").mkdir()  # as a killed export leaves
+    (out / ".bertkit-staging-old").mkdir()  # as a killed export leaves: marked
+    (out / ".bertkit-staging-old" / ".bertkit-staging").touch()
+    (out / ".bertkit-staging-mine").mkdir()  # a user's folder of that name: no mark, stays with its file
+    (out / ".bertkit-staging-mine" / "keep.txt").write_text("mine\n")
     assert export_cli(run, out).exit_code == 0
     assert (out / ".bertkit-staging-notes.txt").read_text() == "not a folder: stays\n"
-    assert [p.name for p in out.glob(".bertkit-staging*")] == [".bertkit-staging-notes.txt"]
+    assert sorted(p.name for p in out.glob(".bertkit-staging*")) == [".bertkit-staging-mine",
+                                                                    ".bertkit-staging-notes.txt"]
+    assert (out / ".bertkit-staging-mine" / "keep.txt").read_text() == "mine\n"
 
 
 def test_overwrite_over_a_stray_metrics_file_deletes_nothing_of_the_users(run, tmp_path):
