@@ -109,24 +109,28 @@ def du(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) if folder.exists() else 0
 
 
-def stage_command(stage: str, work: Path) -> list[str]:
+def stage_command(stage: str, work: Path, engine: list[str] = ()) -> list[str]:
     bertkit = [str(BIN / "bertkit")]
     if stage == "prepare-corpus":
-        return bertkit + ["prepare-corpus", str(work / "input"), "--out", str(work / "corpus"), "--no-progress"]
+        return bertkit + ["prepare-corpus", str(work / "input"), "--out", str(work / "corpus"), "--no-progress",
+                          *engine]
     if stage == "train-tokenizer":
-        return bertkit + ["train-tokenizer", str(work / "corpus"), "--out", str(work / "tokenizer"), "--no-progress"]
+        return bertkit + ["train-tokenizer", str(work / "corpus"), "--out", str(work / "tokenizer"), "--no-progress",
+                          *engine]
     return bertkit + ["make-instances", str(work / "corpus"), "--tokenizer", str(work / "tokenizer"), "--out",
-                      str(work / "instances"), "--mode", "dynamic", "--no-progress"]
+                      str(work / "instances"), "--mode", "dynamic", "--no-progress", *engine]
 
 
-def measure(stage: str, work: Path, text_bytes: int) -> dict:
+def measure(stage: str, work: Path, text_bytes: int, engine: list[str] = (), cluster=None) -> dict:
+    """One stage as its own process; `cluster` (bertkit.testing.SessionCPU) adds the CPU of a Ray cluster's
+    processes."""
     out = work / OUTPUT[stage]
     resumed = out.exists()  # a killed run's partial output: this time is only the rest of the work
     parts_before = len(list((out / ".parts").glob("*.json"))) if resumed else 0
     log = open(work / f"{stage}.log", "a")
-    before = os.times()
+    before, cluster_before = os.times(), cluster.total() if cluster else 0.0
     t = time.perf_counter()
-    proc = subprocess.Popen(stage_command(stage, work), stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(stage_command(stage, work, engine), stdout=log, stderr=subprocess.STDOUT)
     sampler = TreeSampler(proc.pid)
     sampler.start()
     code = proc.wait()
@@ -137,6 +141,8 @@ def measure(stage: str, work: Path, text_bytes: int) -> dict:
     if code != 0:
         raise SystemExit(f"{stage} failed (exit {code}); see {work / f'{stage}.log'}")
     cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
+    if cluster:
+        cpu += cluster.total() - cluster_before
     mb = text_bytes / 1e6
     return {"stage": stage, "seconds": round(seconds, 1), "cpu_seconds": round(cpu, 1),
             "peak_rss_largest_mb": round(sampler.largest / 2**20), "peak_rss_all_mb": round(sampler.total / 2**20),
@@ -228,6 +234,49 @@ def measure_alphabet(work: Path, shards: int = 6) -> dict:
             "commit": run_info("scale")["commit"]}
 
 
+# ---------------------------------------------------------------- the same size on a Ray cluster
+
+def same_files(a: Path, b: Path) -> list[str]:
+    """Names of the output files (manifest and hidden files aside) that differ between two stage folders."""
+    import filecmp
+
+    names = sorted({p.name for f in (a, b) for p in f.iterdir()
+                    if p.is_file() and p.name != "manifest.json" and not p.name.startswith(".")})
+    return [n for n in names if not ((a / n).is_file() and (b / n).is_file() and filecmp.cmp(a / n, b / n, False))]
+
+
+def measure_ray(work: Path, nodes: int, made: dict) -> list:
+    """The three stages of `work`'s size again with --engine local (into work/local) and --engine ray on a cluster
+    of `nodes` one-CPU `ray start` nodes on 127.0.0.1 (into work/ray-N), in turn; each Ray output compared with
+    the local one byte for byte."""
+    import tempfile
+
+    from bertkit.testing import SessionCPU, start_ray_cluster, stop_ray_cluster
+
+    rows = []
+    for name in ("local", f"ray-{nodes}"):
+        root = work / name
+        shutil.rmtree(root, ignore_errors=True)
+        root.mkdir()
+        (root / "input").symlink_to(work / "input")
+        temp = tempfile.mkdtemp(prefix="bkscale", dir="/tmp")  # Ray's socket paths must stay short
+        address, procs = start_ray_cluster(nodes, temp, object_store_mb=200) if name != "local" else ("", [])
+        try:
+            cluster = SessionCPU({p.pid for p in procs}) if procs else None
+            for stage in STAGES:
+                print(f"{work.name} {name}: {stage} ...", flush=True)
+                engine = ["--engine", "ray", "--ray-address", address] if procs else []
+                row = {"config": name, **measure(stage, root, made["text_bytes"], engine, cluster),
+                       "commit": run_info("scale")["commit"], "date": time.strftime("%Y-%m-%d %H:%M")}
+                if procs:
+                    row["differing_files"] = same_files(root / OUTPUT[stage], work / "local" / OUTPUT[stage])
+                print(row, flush=True)
+                rows.append(row)
+        finally:
+            stop_ray_cluster(procs, temp)
+    return rows
+
+
 # ---------------------------------------------------------------- the table
 
 def rows_of(result: dict, lang: str, gb: float, stage: str) -> list:
@@ -262,6 +311,8 @@ def main():
                                                                "these sizes' folders (bench_scale/ko-4gb) or corpora")
     ap.add_argument("--loader", type=Path, help="measure pretrain's loader on this finished size's folder (e.g. "
                                                 "bench_scale/en-0.1gb) instead of the data stages")
+    ap.add_argument("--ray", type=int, metavar="NODES", help="run one --sizes/--langs again locally and on a Ray "
+                                                            "cluster of NODES one-CPU nodes here; compare the bytes")
     if len(sys.argv) > 1 and sys.argv[1] == "--loader-child":
         a = sys.argv[2:]
         return loader_child(a[0], a[1] == "1", int(a[2]), int(a[3]) or None, float(a[4]))
@@ -270,6 +321,12 @@ def main():
     if args.alphabet:
         result["alphabet_pass"] = [measure_alphabet(work) for work in args.alphabet]
         print(result["alphabet_pass"])
+        write_result(args.result, result)
+        return
+    if args.ray:
+        (gb,), (lang,) = args.sizes, args.langs
+        work = args.work / f"{lang}-{gb:g}gb"
+        result[f"ray_{lang}_{gb:g}gb"] = measure_ray(work, args.ray, make_corpus(lang, gb, work / "input"))
         write_result(args.result, result)
         return
     if args.loader:
@@ -285,7 +342,9 @@ def main():
                 work = args.work / f"{lang}-{gb:g}gb"
                 made = make_corpus(lang, gb, work / "input")
                 for stage in STAGES:
-                    if stage == args.redo and not any(r.get("redone") for r in rows_of(result, lang, gb, stage)):
+                    commit = run_info("scale")["commit"]  # a redo is done once per commit (a killed one resumes)
+                    if stage == args.redo and not any(r.get("redone") == commit
+                                                       for r in rows_of(result, lang, gb, stage)):
                         result.setdefault("earlier_rows", []).extend(rows_of(result, lang, gb, stage))
                         result["rows"] = [r for r in result["rows"] if r not in rows_of(result, lang, gb, stage)]
                         shutil.rmtree(work / OUTPUT[stage], ignore_errors=True)
@@ -295,7 +354,7 @@ def main():
                     row = {"language": lang, "gb": gb, "text_bytes": made["text_bytes"],
                            "documents_made": made["documents"], **measure(stage, work, made["text_bytes"]),
                            "commit": run_info("scale")["commit"], "date": time.strftime("%Y-%m-%d %H:%M")}
-                    row["redone"] = stage == args.redo
+                    row["redone"] = commit if stage == args.redo else False
                     if stage == "prepare-corpus":
                         totals = json.loads((work / "corpus" / "manifest.json").read_text())["totals"]
                         row["documents_kept"] = totals["documents"]

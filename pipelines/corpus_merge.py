@@ -1,13 +1,14 @@
 """prepare-corpus's merge (step 3 of the stage, in the main process): the parts in input order, less the rows the
 dedup tasks recorded, each document to train or holdout by a hash of its text, cut into shards of --shard-size.
 Every decision depends only on the ordered document stream, never on timing, worker count or engine."""
+import os
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from bertkit.fileio import atomic_write_arrow, checksum_file
+from bertkit.fileio import checksum_file
 from bertkit.formats import CORPUS_SCHEMA, CorpusColumns as C, ShardEntry, corpus_file_name
 
 
@@ -17,12 +18,16 @@ def is_holdout(doc_id: str, fraction: float) -> bool:
 
 
 class ShardWriter:
-    """Cuts one split's ordered document stream into shards of about shard_size text bytes."""
+    """Cuts one split's ordered document stream into shards of about shard_size text bytes, each streamed to a temp
+    file in the work folder batch by batch and renamed into place when full: memory is one batch, whatever the
+    shard size or the split's share of the corpus (a buffered shard grew with the holdout split up to shard_size)."""
 
-    def __init__(self, out: Path, split: str, shard_size: int):
-        self.out, self.split, self.shard_size = out, split, shard_size
-        self.tables, self.buffered, self.entries = [], 0, []
+    def __init__(self, out: Path, split: str, shard_size: int, work: Path):
+        self.out, self.split, self.shard_size, self.work = out, split, shard_size, work
+        self.file = self.writer = None
+        self.buffered, self.entries = 0, []
         self.rows = self.sentences = self.text_bytes = 0
+        self.shard_rows = 0
 
     def add(self, table: pa.Table):
         nbytes = table.column("nbytes").to_numpy()
@@ -30,43 +35,54 @@ class ShardWriter:
             cum = np.cumsum(nbytes)
             cut = int(np.searchsorted(cum, self.shard_size - self.buffered))  # first row reaching the size
             if cut >= len(table):
-                self.tables.append(table)
+                self._write(table)
                 self.buffered += int(cum[-1])
                 return
-            self.tables.append(table.slice(0, cut + 1))
+            self._write(table.slice(0, cut + 1))
             self.flush()
             table, nbytes = table.slice(cut + 1), nbytes[cut + 1:]
 
+    def _write(self, table: pa.Table):
+        if self.writer is None:
+            self.file = pa.OSFile(str(self.work / f"{corpus_file_name(self.split, len(self.entries))}.tmp"), "wb")
+            self.writer = pa.ipc.new_file(self.file, CORPUS_SCHEMA)
+        self.shard_rows += len(table)
+        self.sentences += int(pc.sum(pc.list_value_length(table.column(C.SENTENCES))).as_py() or 0)
+        self.text_bytes += int(pc.sum(table.column("nbytes")).as_py() or 0)
+        self.writer.write_table(table.drop_columns(["nbytes"]).cast(CORPUS_SCHEMA))
+
     def flush(self):
-        table = pa.concat_tables(self.tables).combine_chunks()
-        self.tables, self.buffered = [], 0
-        if not len(table):
+        self.buffered = 0
+        if self.writer is None:
             return
-        self.rows += len(table)
-        self.sentences += int(pc.sum(pc.list_value_length(table.column(C.SENTENCES))).as_py())
-        self.text_bytes += int(pc.sum(table.column("nbytes")).as_py())
-        table = table.drop_columns(["nbytes"]).cast(CORPUS_SCHEMA)
+        self.writer.close()
+        self.file.close()
         name = corpus_file_name(self.split, len(self.entries))
-        atomic_write_arrow(self.out / name, table)
-        self.entries.append(ShardEntry(name, self.split, len(table), (self.out / name).stat().st_size,
+        tmp = self.work / f"{name}.tmp"
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, self.out / name)
+        self.entries.append(ShardEntry(name, self.split, self.shard_rows, (self.out / name).stat().st_size,
                                        checksum_file(self.out / name)))
+        self.rows += self.shard_rows
+        self.file = self.writer = None
+        self.shard_rows = 0
 
     def close(self):
-        if self.tables:
-            self.flush()
+        self.flush()
 
 
 class Merger:
     """Splits the ordered stream of parts into the train and holdout shard writers, skipping the rows that the dedup
-    tasks found to repeat an earlier document. Memory: one batch, one shard being filled, and the duplicate lists
-    memory-mapped (only the slice of the current batch is read)."""
+    tasks found to repeat an earlier document. Memory: one batch, and the duplicate lists memory-mapped (only the
+    slice of the current batch is read); the shards being filled are on disk."""
 
-    def __init__(self, out: Path, holdout: float, shard_size: int, duplicates: list[Path]):
+    def __init__(self, out: Path, holdout: float, shard_size: int, duplicates: list[Path], work: Path):
         self.holdout_fraction = holdout
         self.duplicates = [np.load(p, mmap_mode="r") for p in duplicates]  # sorted row positions, one per partition
         self.position = 0  # rows of the parts merged so far
-        self.train = ShardWriter(out, "train", shard_size)
-        self.holdout = ShardWriter(out, "holdout", shard_size)
+        self.train = ShardWriter(out, "train", shard_size, work)
+        self.holdout = ShardWriter(out, "holdout", shard_size, work)
 
     def _skipped(self, rows: int) -> np.ndarray:
         lo, hi = self.position, self.position + rows

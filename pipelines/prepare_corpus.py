@@ -275,7 +275,7 @@ def _prepare_corpus(inputs, out: Path, config: CorpusConfig) -> CorpusManifest:
     work = out / ".work"
     parts = [work / f"part-{i:05d}.arrow" for i in range(len(files))]
     results, duplicates = process_files(files, parts, config, work)
-    merger = Merger(out, config.holdout, config.shard_size, duplicates)
+    merger = Merger(out, config.holdout, config.shard_size, duplicates, work)
     for part in parts:
         merger.add_part(part)
     entries = merger.close()

@@ -204,6 +204,31 @@ def test_shards_bounded_ordered_and_loadable_with_datasets(tmp_path):
     assert ds.num_rows == 300 and ds[0]["sentences"] == docs[0] and ds.column_names == CORPUS_SCHEMA.names
 
 
+def test_the_merge_holds_a_batch_not_a_shard(tmp_path, monkeypatch):
+    """Shards are streamed to disk as the parts are merged: Arrow's memory after each part stays a batch's, where
+    a shard buffered whole (as the merge once did, the holdout split growing with the corpus up to --shard-size)
+    would hold all the text merged so far."""
+    from bertkit.pipelines import corpus_merge
+
+    docs = synthetic_docs(1600)
+    for k in range(8):
+        write(tmp_path / f"in{k}.txt", as_paragraphs(docs[k * 200:(k + 1) * 200]))
+    held, real_add = [], corpus_merge.Merger.add_part
+
+    def add_part(self, part):
+        real_add(self, part)
+        held.append(pa.total_allocated_bytes())
+
+    monkeypatch.setattr(corpus_merge.Merger, "add_part", add_part)
+    m = prepare_corpus(sorted(tmp_path.glob("in*.txt")), tmp_path / "out", cfg(holdout=0.5, min_chars=0))
+    assert len(m.shards) == 2 and len(held) == 8  # one shard per split: --shard-size is far above the text
+    assert max(held) < m.totals["text_bytes"] / 8, (held, m.totals["text_bytes"])
+    order = {str(d): i for i, d in enumerate(docs)}
+    for split in ("train", "holdout"):  # every document, each split in input order
+        at = [order[str(r["sentences"])] for r in rows(tmp_path / "out", split)]
+        assert at == sorted(at) and len(at) > 600
+
+
 def test_holdout_is_a_stable_hash_split(tmp_path):
     docs = synthetic_docs(2000)
     write(tmp_path / "all.txt", as_paragraphs(docs))
