@@ -1,6 +1,7 @@
 """prepare-corpus's merge (step 3 of the stage, in the main process): the parts in input order, less the rows the
 dedup tasks recorded, each document to train or holdout by a hash of its text, cut into shards of --shard-size.
 Every decision depends only on the ordered document stream, never on timing, worker count or engine."""
+import contextlib
 import os
 from pathlib import Path
 
@@ -30,21 +31,35 @@ class ShardWriter:
         self.shard_rows = 0
 
     def add(self, table: pa.Table):
-        nbytes = table.column("nbytes").to_numpy()
-        while len(table):
-            cum = np.cumsum(nbytes)
-            cut = int(np.searchsorted(cum, self.shard_size - self.buffered))  # first row reaching the size
-            if cut >= len(table):
-                self._write(table)
-                self.buffered += int(cum[-1])
-                return
-            self._write(table.slice(0, cut + 1))
-            self.flush()
-            table, nbytes = table.slice(cut + 1), nbytes[cut + 1:]
+        with self._named():
+            nbytes = table.column("nbytes").to_numpy()
+            while len(table):
+                cum = np.cumsum(nbytes)
+                cut = int(np.searchsorted(cum, self.shard_size - self.buffered))  # first row reaching the size
+                if cut >= len(table):
+                    self._write(table)
+                    self.buffered += int(cum[-1])
+                    return
+                self._write(table.slice(0, cut + 1))
+                self.flush()
+                table, nbytes = table.slice(cut + 1), nbytes[cut + 1:]
+
+    @contextlib.contextmanager
+    def _named(self):
+        """Arrow's write errors carry the errno (a full disk: ENOSPC) but no file: the shard being written is named."""
+        try:
+            yield
+        except OSError as e:
+            if e.filename or e.errno is None:
+                raise
+            raise OSError(e.errno, e.strerror or str(e), str(self._temp())) from e
+
+    def _temp(self) -> Path:
+        return self.work / f"{corpus_file_name(self.split, len(self.entries))}.tmp"
 
     def _write(self, table: pa.Table):
         if self.writer is None:
-            self.file = pa.OSFile(str(self.work / f"{corpus_file_name(self.split, len(self.entries))}.tmp"), "wb")
+            self.file = pa.OSFile(str(self._temp()), "wb")
             self.writer = pa.ipc.new_file(self.file, CORPUS_SCHEMA)
         self.shard_rows += len(table)
         self.sentences += int(pc.sum(pc.list_value_length(table.column(C.SENTENCES))).as_py() or 0)
@@ -57,8 +72,7 @@ class ShardWriter:
             return
         self.writer.close()
         self.file.close()
-        name = corpus_file_name(self.split, len(self.entries))
-        tmp = self.work / f"{name}.tmp"
+        name, tmp = corpus_file_name(self.split, len(self.entries)), self._temp()
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, self.out / name)
@@ -69,7 +83,8 @@ class ShardWriter:
         self.shard_rows = 0
 
     def close(self):
-        self.flush()
+        with self._named():
+            self.flush()
 
 
 class Merger:
