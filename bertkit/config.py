@@ -169,7 +169,7 @@ class BertConfig:
                 a.startswith(prefix) for a in archs):
             raise ValueError(
                 f"{source}: model_type is {model_type!r} (architectures {archs}), not 'bert', 'megatron-bert', "
-                "'electra', 'roberta' or 'modernbert'; bertkit loads these families' checkpoints only"
+                "'electra' or 'roberta' (BERT's family)"
             )
         unsupported = {
             "hidden_act": (d.get("hidden_act", "gelu"), ("gelu",)),

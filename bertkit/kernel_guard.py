@@ -88,16 +88,9 @@ def run_checks(use: KernelUse, device) -> list:
 def kernel_uses(model, precision: str, unpadded: bool, seq: int = 128, batch: int = 32) -> list[KernelUse]:
     """What a model asks of the kernels: its encoder's shape (and for ELECTRA its generator's too), at the run's
     sequence length and micro batch."""
-    if not family_of(model).uses_kernels:
-        return []
-    if family_of(model).name == "modernbert":  # its global and its local layers: attention only
-        c = model.cfg
-        return [KernelUse(c.head_dim, c.hidden_size, precision, unpadded, c.attention_dropout, True,
-                          rope_theta=theta, window=window, layer_norm=False, seq=seq, batch=batch)
-                for theta, window in ((c.global_rope_theta, None), (c.local_rope_theta, c.local_window // 2))]
-    cfgs = [model.cfg] + ([model.gen_cfg] if hasattr(model, "gen_cfg") else [])
-    return [KernelUse(c.head_dim, c.hidden_size, precision, unpadded, c.hidden_dropout or c.attention_dropout,
-                      c.norm == "pre", seq=seq, batch=batch) for c in cfgs]
+    model = getattr(model, "module", model)
+    return [KernelUse(dtype=precision, varlen=unpadded, seq=seq, batch=batch, **shape)
+            for shape in family_of(model).kernel_shapes(model)]
 
 
 COMPILED_BERT_ON_CUDA = (

@@ -230,7 +230,7 @@ def test_bad_checkpoints_name_the_tensor_and_both_shapes(tmp_path):
             (d / "vocab.txt").write_text("\n".join(vocab_tokens(vocab)) + "\n")
         return d
 
-    with pytest.raises(ValueError, match="model_type is 'deberta-v2'.*not 'bert'"):
+    with pytest.raises(ValueError, match="model_type is 'deberta-v2'.*not one of 'bert'"):
         load_pretrained(variant("deberta", {"model_type": "deberta-v2", "architectures": ["DebertaV2ForMaskedLM"]}))
     with pytest.raises(ValueError, match="hidden_act='gelu_new' is not supported"):
         load_pretrained(variant("act", {"hidden_act": "gelu_new"}))

@@ -5,7 +5,7 @@ import click
 
 from bertkit.commands import NON_NEGATIVE, POSITIVE, Real, count, kernels_option, report_to_option
 from bertkit.config import SIZE_LIMITS
-from bertkit.recipes import RECIPES, as_flags
+from bertkit.recipes import DEFAULTS, RECIPES, as_flags
 from bertkit.threads import MAX_THREADS
 
 
@@ -52,7 +52,7 @@ class Duration(click.ParamType):
                    "A resumed run keeps the precision it began with.")
 @click.option("--optimizer", type=click.Choice(["lamb", "adamw", "stableadamw"]),
               help="stableadamw: AdamW with update clipping (ModernBERT's)  [default: lamb]")
-@click.option("--lr", type=POSITIVE, help="Peak learning rate  [default: 1e-3].")
+@click.option("--lr", type=POSITIVE, help=f"Peak learning rate  [default: {DEFAULTS['lr']:g}].")
 @click.option("--weight-decay", type=NON_NEGATIVE, help="[default: 0.01; never on biases and LayerNorm]")
 @click.option("--grad-clip", type=NON_NEGATIVE, help="Global gradient-norm clipping; 0: none  [default: 1.0].")
 @click.option("--schedule", type=click.Choice(["linear", "poly", "wsd"]), default="linear", show_default=True,
@@ -63,11 +63,12 @@ class Duration(click.ParamType):
               help="wsd: the fraction of the run the decay takes.")
 @click.option("--warmup", type=NON_NEGATIVE, show_default=False,
               help="Warmup: a fraction of --max-steps (or of --time-budget) when < 1, else a number of steps  "
-                   "[default: 0.01, or the recipe's].")
+                   f"[default: {DEFAULTS['warmup']:g}, or the recipe's].")
 @click.option("--recipe", type=click.Choice(sorted(RECIPES)),
               help="A measured set of settings; the flags you give win over it. budget: the most useful model from "
-                   "a short budget on a small machine (" + as_flags(RECIPES["budget"]["pretrain"]) + "; a BERT --model "
-                   "takes --lr 0.001; on instances from make-instances --recipe budget; see benchmarks/README.md).")
+                   "a short budget on a small machine (" + as_flags(RECIPES["budget"]["pretrain"]) + "; a family may "
+                   "take its own measured rate, said at the start; on instances from make-instances --recipe budget; "
+                   "see benchmarks/README.md).")
 @click.option("--deepspeed-config", type=click.Path(dir_okay=False, exists=True),
               help="A DeepSpeed JSON config; it wins where the flags are silent, a contradiction is an error.")
 @click.option("--init-from", type=click.Path(exists=True),

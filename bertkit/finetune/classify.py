@@ -174,7 +174,7 @@ def run_classification(model_path, train_examples, dev_examples, labels, cfg, *,
     import numpy as np
 
     from bertkit.finetune.train import predict, set_seed, train
-    from bertkit.models import load_pretrained
+    from bertkit.models import family_of, load_pretrained
     from bertkit.tokenization import load_tokenizer
 
     tokenizer = load_tokenizer(model_path)
@@ -187,8 +187,8 @@ def run_classification(model_path, train_examples, dev_examples, labels, cfg, *,
     model = load_pretrained(model_path, head="sequence_classification", num_labels=num_labels)
     if cfg.pooling is not None:  # saved with best/ (config.json classifier_pooling)
         model.cfg.set_pooling(cfg.pooling)
-    if model.cfg.classifier_pooling == "mean" and hasattr(model, "bert"):  # BERT's pooler; ModernBERT has none
-        model.bert.pooler.requires_grad_(False)  # unread: data-parallel training would wait for its gradients
+    if model.cfg.classifier_pooling == "mean" and (unread := family_of(model).mean_pooling_unused(model)):
+        unread.requires_grad_(False)  # (BERT's pooler) data-parallel training would wait for its gradients
         if cfg.save_model:
             log.warning("mean pooling: load OUT/best/ with bertkit; transformers' BertForSequenceClassification "
                         "reads [CLS] and ignores config.json's classifier_pooling")

@@ -5,35 +5,26 @@ fine-tuning and fill-mask call without knowing which family a model is:
 - electra: ELECTRA's generator + discriminator pair around BERT encoders (its discriminator loads as BERT)
 - modernbert: ModernBERT (RoPE, GeGLU, local/global attention), in transformers' own module names
 
-A new family is a new module here plus a row in FAMILIES. A model says its family by a `family` attribute (BERT's
-and ELECTRA's classes have none: "bert"); a run folder's config.json records it under model["family"].
+A family is one module that registers its `Family` spec (family.py): its configs and presets, build, flags and
+checks, transformers' format, kernel use. Code outside this package asks the spec, never a family's name or class.
+A model says its family by a `family` attribute (BERT's and ELECTRA's classes have none: "bert"); a run folder's
+config.json records it under model["family"].
 """
-from dataclasses import dataclass
 from pathlib import Path
 
-from bertkit.models import bert_hf, electra, modernbert
+from bertkit.models import bert_family, bert_hf, electra, modernbert  # noqa: F401  each registers its family
 from bertkit.models.bert_hf import ModelFolderError
-
-
-@dataclass(frozen=True)
-class Family:
-    name: str
-    model_type: str            # config.json's model_type in transformers' format (BERT's: bert, megatron-bert)
-    uses_kernels: bool         # calls bertkit.kernels (ModernBERT: its attention only; its norms are PyTorch's)
-    splits_documents: bool     # packed pretraining rows attend within each [SEP]-ended document only
-
-
-FAMILIES = {
-    "bert": Family("bert", "bert", uses_kernels=True, splits_documents=False),
-    "modernbert": Family("modernbert", "modernbert", uses_kernels=True, splits_documents=True),
-}
-
-
-def family_of(model) -> Family:
-    """The family of a model (through DDP / DeepSpeed wrappers) or of a run's recorded model dict."""
-    if isinstance(model, dict):
-        return FAMILIES[model.get("family", "bert")]
-    return FAMILIES[getattr(getattr(model, "module", model), "family", "bert")]
+from bertkit.models.family import (  # noqa: F401  re-exported
+    FAMILIES,
+    Family,
+    RunFlags,
+    family_named,
+    family_of,
+    family_of_model_type,
+    family_of_spec,
+    preset_names,
+    register,
+)
 
 
 def load_pretrained(path, head: str | None = "auto", num_labels: int | None = None, require_head: bool = False):
@@ -47,12 +38,13 @@ def load_pretrained(path, head: str | None = "auto", num_labels: int | None = No
     if config is not None and config.get("stage") == "pretrain" and "model_type" not in config:
         raise ModelFolderError(f"{path}: a pretraining run folder, not a model folder; export it first: bertkit "
                                f"export {path} --out MODEL_DIR, then give MODEL_DIR")
-    if config is not None and config.get("model_type") == FAMILIES["modernbert"].model_type:
-        try:
-            return modernbert.load_hf(path, config, bert_hf.read_weights(path), head, num_labels, require_head)
-        except (ValueError, KeyError, TypeError) as e:
-            raise ModelFolderError(str(e) if str(path) in str(e) else f"{path}: {e}") from None
-    return bert_hf.load_hf(path, head, num_labels, require_head)
+    model_type = (config or {}).get("model_type")
+    known = [t for family in FAMILIES.values() for t in family.model_types]
+    if model_type is not None and model_type not in known:
+        raise ModelFolderError(f"{path / 'config.json'}: model_type is {model_type!r} (architectures "
+                               f"{config.get('architectures')}), not one of {', '.join(map(repr, known))}; bertkit "
+                               "loads these families' checkpoints only")
+    return family_of_model_type(model_type).load_hf(path, config, head, num_labels, require_head)
 
 
 def save_pretrained(model, out_dir, tokenizer_dir=None, extra_config: dict | None = None,
@@ -62,18 +54,13 @@ def save_pretrained(model, out_dir, tokenizer_dir=None, extra_config: dict | Non
     masked_lm_only: a BERT pretrained without NSP is written as BertForMaskedLM. extra_config entries (labels, the
     fine-tuning task, bertkit's provenance) are merged into config.json."""
     model = getattr(model, "module", model)  # DDP / DeepSpeed engine wrappers
-    if family_of(model).name == "modernbert":
-        return modernbert.save_hf(model, out_dir, tokenizer_dir, extra_config)
-    if isinstance(model, electra.ElectraForPreTraining):
-        return electra.write_hf(model, out_dir, tokenizer_dir)
-    return bert_hf.save_hf(model, out_dir, tokenizer_dir, extra_config, safe_serialization, masked_lm_only)
+    return family_of(model).save_hf(model, out_dir, tokenizer_dir, extra_config, safe_serialization, masked_lm_only)
 
 
 def build_pretraining(model_dict: dict, objective: str):
     """The pretraining model a run folder's config.json describes (see describe), with fresh weights."""
-    if family_of(model_dict).name == "modernbert":
-        return modernbert.ModernBertForMaskedLM(modernbert.ModernBertConfig.from_dict(model_dict))
-    return electra.build(model_dict, objective)
+    family = family_of(model_dict)
+    return family.build(family.config_from_dict(model_dict), objective, model_dict.get("electra"))
 
 
 def describe(model) -> dict:

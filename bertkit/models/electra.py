@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from bertkit import kernels
 from bertkit.config import BertConfig
 from bertkit.formats import IGNORE_INDEX
-from bertkit.models.bert import BertForPreTraining, BertModel, Embeddings, init_weights, packed_position_ids
+from bertkit.models.bert import BertModel, Embeddings, init_weights, packed_position_ids
 from bertkit.models.bert_hf import copy_tokenizer_files, to_hf_state_dict
 
 GENERATOR_FOLDER = "generator"  # inside an ELECTRA export: the generator, as ElectraForMaskedLM
@@ -100,14 +100,6 @@ class ElectraForPreTraining(nn.Module):
         disc_loss = F.binary_cross_entropy_with_logits(disc_logits[real], replaced[real].float())
         return ElectraOutput(mlm_loss + self.disc_weight * disc_loss, mlm_loss, disc_loss, mlm_logits, disc_logits,
                              rtd_counts(disc_logits.detach(), replaced, real))
-
-
-def build(model_dict: dict, objective: str):
-    """The BERT-family pretraining model a run folder describes (bertkit.models.describe): ELECTRA's pair or BERT."""
-    cfg = BertConfig.from_dict(model_dict)
-    if objective == "electra":
-        return ElectraForPreTraining(cfg, **model_dict["electra"])
-    return BertForPreTraining(cfg)
 
 
 def flat_positions(mlm_positions, input_ids):

@@ -30,6 +30,7 @@ from bertkit.models.bert import (
     mean_over_tokens,
     span_output,
 )
+from bertkit.models.family import Family, RunFlags, register
 
 # layers, hidden, heads, GLU width: base is ModernBERT-base; the smaller ones keep its proportions
 PRESETS = {"tiny": (4, 128, 2, 192), "mini": (6, 256, 4, 384), "small": (12, 384, 6, 576),
@@ -117,6 +118,11 @@ class ModernBertConfig:
 
     def to_dict(self) -> dict:
         return {"family": "modernbert", **asdict(self)}
+
+    def shape(self) -> dict:
+        """What the weights' shapes depend on (positions: none, RoPE has no table)."""
+        return {k: getattr(self, k) for k in ("vocab_size", "hidden_size", "num_layers", "num_heads",
+                                              "intermediate_size")}
 
     @classmethod
     def from_dict(cls, d: dict) -> "ModernBertConfig":
@@ -560,3 +566,58 @@ def load_hf(path: Path, hf_config: dict, tensors: dict, head="auto", num_labels=
     model.loading_info = {"head": head, "missing": missing, "unused": unused}
     model.hf_config = hf_config
     return model.eval()
+
+
+# ---------------------------------------------------------------- the family spec
+
+def apply_flags(cfg: ModernBertConfig, flags: RunFlags, recorded: dict, fixed_by: str | None, resumed: bool):
+    """--dropout, --pad-vocab-to and --rope-theta onto the config; --norm post and, with --kernels triton, heads
+    whose width is not a power of two refused. An export writes the dropout the run trained with."""
+    if flags.norm == "post":
+        raise ValueError("--norm post: ModernBERT is pre-LN by design; drop --norm")
+    if flags.kernels == "triton" and cfg.head_dim & (cfg.head_dim - 1):
+        raise ValueError(f"--kernels triton: the Triton kernels turn RoPE in halves of a power-of-two head size; this "
+                         f"model's heads are {cfg.head_dim} wide: use --kernels auto or torch")
+    if flags.dropout is not None:
+        cfg.set_dropout(flags.dropout)
+    if flags.pad_vocab_to is not None:
+        cfg.vocab_pad_multiple = flags.pad_vocab_to
+    if flags.rope_theta is not None:  # a second, longer phase raises the global layers' base (ModernBERT: 160,000)
+        cfg.global_rope_theta = flags.rope_theta
+    return None
+
+
+def fit_length(cfg: ModernBertConfig, tokens: int) -> bool:
+    cfg.max_position_embeddings = max(cfg.max_position_embeddings, tokens)  # RoPE has no table to outgrow
+    return True
+
+
+def load_folder(path: Path, hf_config: dict, head, num_labels, require_head) -> nn.Module:
+    from bertkit.models.bert_hf import ModelFolderError, read_weights
+
+    try:
+        return load_hf(path, hf_config, read_weights(path), head, num_labels, require_head)
+    except (ValueError, KeyError, TypeError) as e:
+        raise ModelFolderError(str(e) if str(path) in str(e) else f"{path}: {e}") from None
+
+
+def kernel_shapes(model) -> list[dict]:
+    """Attention only (its bias-free norms are PyTorch's), in its global and its local layers."""
+    c = model.cfg
+    return [{"head_dim": c.head_dim, "hidden": c.hidden_size, "dropout": c.attention_dropout, "prenorm": True,
+             "rope_theta": theta, "window": window, "layer_norm": False}
+            for theta, window in ((c.global_rope_theta, None), (c.local_rope_theta, c.local_window // 2))]
+
+
+def _load_weights(model, state: dict, source) -> None:
+    load_hf_state_dict(model, state, source)
+
+
+MODERNBERT = register(Family(
+    name="modernbert", title="ModernBERT", model_types=("modernbert",),
+    presets=tuple(f"modernbert-{p}" for p in PRESETS), config_from_spec=ModernBertConfig.from_spec,
+    config_from_dict=ModernBertConfig.from_dict, build=lambda cfg, objective, generator: ModernBertForMaskedLM(cfg),
+    objectives=("none",), load_weights=_load_weights, apply_flags=apply_flags, fit_length=fit_length,
+    load_hf=load_folder, save_hf=lambda model, out, tok=None, extra=None, *_: save_hf(model, out, tok, extra),
+    kernel_shapes=kernel_shapes, splits_documents=True,
+))

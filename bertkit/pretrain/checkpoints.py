@@ -60,7 +60,7 @@ from bertkit.formats import (
     write_manifest,
     write_run_config,
 )
-from bertkit.models import build_pretraining, save_pretrained
+from bertkit.models import build_pretraining, family_of, save_pretrained
 from bertkit.models.sentence_embeddings import write_sentence_transformers_files
 from bertkit.outputs import Output, refuse_other_inputs, staged_files, staging_folder, swap_in
 from bertkit.pretrain.config import ConfigError, DeepSpeedSettings, PretrainConfig, TrainingError
@@ -432,38 +432,7 @@ def export(run_dir, out_dir, tag: str | None = None, say=None, overwrite: bool =
     random_seed: the run's architecture and tokenizer with fresh weights drawn as `pretrain --seed` draws them (at
     the run's own seed: the weights a run begun from random started from), the baseline its pretraining is judged
     against; no checkpoint is read."""
-    if random_seed is None:
-        state, run, tag = load_run_state_dict(run_dir, tag, say)
-        check_run_model(run_dir, run, state)
-        model = build_pretraining(run.model, run.objective)
-    else:
-        state, run, tag = None, read_run_config(run_dir), f"random-seed{random_seed}"
-        check_run_model(run_dir, run, None)
-        with torch.random.fork_rng(devices=[]):  # the caller's generator is left as it was
-            torch.manual_seed(random_seed)
-            model = build_pretraining(run.model, run.objective)
-        if say:
-            began = ("the weights this run began from" if run.init_from == "random initialisation" and
-                     random_seed == run.pretrain.get("seed") else
-                     f"not the weights this run began from ({run.init_from}, seed {run.pretrain.get('seed')})")
-            say(f"export: random weights drawn at seed {random_seed}, {began}; no checkpoint read")
-    if dropout := run.model.get("export_dropout"):  # pretrained with --dropout: fine-tuning gets the model's own
-        for shape in (model.cfg, getattr(model, "gen_cfg", None)):  # ELECTRA's generator too
-            if shape is not None:
-                shape.set_dropout(dropout["hidden"], dropout["attention"])
-        if say:
-            say(f"export: dropout {dropout['hidden']:g} (attention {dropout['attention']:g}) in config.json, the "
-                f"model's own for fine-tuning; pretraining ran with {run.pretrain.get('dropout')}")
-    # no sentence task trained [CLS]: classifiers read the mean (measured: benchmarks/README.md); set either way, as
-    # a run started --init-from such an export inherits its config
-    model.cfg.set_pooling("mean" if run.objective == "none" else "cls")
-    if run.objective == "none" and say:
-        say("export: classifier_pooling mean in config.json (pretrained without NSP/SOP, so [CLS] learnt nothing); "
-            "finetune --pooling cls overrides it")
-    missing, unexpected = model.load_state_dict(state, strict=False) if state is not None else ([], [])
-    if missing or unexpected:
-        raise TrainingError(f"{run_dir} ({tag}): checkpoint does not fit the model "
-                            f"(missing {missing[:5]}, unexpected {unexpected[:5]})")
+    model, run, tag = model_to_export(run_dir, tag, say, random_seed)
     tok = Path(run_dir) / RUN_TOKENIZER
     for name in TOKENIZER_FILES:  # a folder from someone else: no link in it is followed, none copied out
         if (tok / name).exists() or (tok / name).is_symlink():
@@ -492,3 +461,40 @@ def export(run_dir, out_dir, tag: str | None = None, say=None, overwrite: bool =
         if (note := output.finish()) and say:
             say(note)
     return out_dir
+
+
+def model_to_export(run_dir, tag: str | None, say, random_seed: int | None):
+    """(model, run config, tag): the checkpoint's weights in the run's model (or fresh ones drawn at random_seed),
+    with the dropout and the classifier pooling an export writes."""
+    if random_seed is None:
+        state, run, tag = load_run_state_dict(run_dir, tag, say)
+        check_run_model(run_dir, run, state)
+        model = build_pretraining(run.model, run.objective)
+    else:
+        state, run, tag = None, read_run_config(run_dir), f"random-seed{random_seed}"
+        check_run_model(run_dir, run, None)
+        with torch.random.fork_rng(devices=[]):  # the caller's generator is left as it was
+            torch.manual_seed(random_seed)
+            model = build_pretraining(run.model, run.objective)
+        if say:
+            began = ("the weights this run began from" if run.init_from == "random initialisation" and
+                     random_seed == run.pretrain.get("seed") else
+                     f"not the weights this run began from ({run.init_from}, seed {run.pretrain.get('seed')})")
+            say(f"export: random weights drawn at seed {random_seed}, {began}; no checkpoint read")
+    if dropout := run.model.get("export_dropout"):  # pretrained with --dropout: fine-tuning gets the model's own
+        for shape in family_of(model).encoder_configs(model):  # ELECTRA's generator too
+            shape.set_dropout(dropout["hidden"], dropout["attention"])
+        if say:
+            say(f"export: dropout {dropout['hidden']:g} (attention {dropout['attention']:g}) in config.json, the "
+                f"model's own for fine-tuning; pretraining ran with {run.pretrain.get('dropout')}")
+    # no sentence task trained [CLS]: classifiers read the mean (measured: benchmarks/README.md); set either way, as
+    # a run started --init-from such an export inherits its config
+    model.cfg.set_pooling("mean" if run.objective == "none" else "cls")
+    if run.objective == "none" and say:
+        say("export: classifier_pooling mean in config.json (pretrained without NSP/SOP, so [CLS] learnt nothing); "
+            "finetune --pooling cls overrides it")
+    missing, unexpected = model.load_state_dict(state, strict=False) if state is not None else ([], [])
+    if missing or unexpected:
+        raise TrainingError(f"{run_dir} ({tag}): checkpoint does not fit the model "
+                            f"(missing {missing[:5]}, unexpected {unexpected[:5]})")
+    return model, run, tag

@@ -3,7 +3,7 @@ uses (DeepSpeedSettings) and the DeepSpeed config it hands to deepspeed.initiali
 import copy
 from dataclasses import dataclass, replace
 
-from bertkit.recipes import RECIPES, flag, recipe_settings
+from bertkit.recipes import DEFAULTS, RECIPES, flag, recipe_settings
 
 
 class ConfigError(ValueError):
@@ -14,7 +14,7 @@ class TrainingError(RuntimeError):
     pass
 
 
-DEFAULT_WARMUP = 0.01
+DEFAULT_WARMUP = DEFAULTS["warmup"]
 
 
 @dataclass
@@ -83,7 +83,7 @@ class PretrainConfig:
     def with_recipe(self, deepspeed_user: dict | None = None, family_for=None,
                     resuming: bool = False) -> "PretrainConfig":
         """This config with its recipe's settings where neither a flag nor the user's DeepSpeed config gave one,
-        and the defaults that wait for a recipe (warmup) filled in. family_for(model spec) -> "bert" | "modernbert"
+        and the defaults that wait for a recipe (warmup) filled in. family_for(model spec) -> bertkit.models.Family
         picks the recipe's settings for the family of the model the run builds. A resumed run keeps its own model
         (one made before the recipe named a model recorded none)."""
         if self.recipe is not None and self.recipe not in RECIPES:
@@ -103,13 +103,12 @@ class PretrainConfig:
         return replace(self, **values)
 
     def check_model_spec(self) -> None:
-        """--model names a preset, a modernbert-PRESET, or an existing config.json / model folder."""
+        """--model names a family's preset, or an existing config.json / model folder."""
         from pathlib import Path
 
-        from bertkit.config import PRESETS
-        from bertkit.models.modernbert import PRESETS as MODERNBERT
+        from bertkit.models import preset_names
 
-        names = [*PRESETS, *(f"modernbert-{p}" for p in MODERNBERT)]
+        names = preset_names()
         if self.model and self.model not in names and not Path(self.model).exists():
             raise ConfigError(f"--model {self.model}: no such preset, file or folder; choose one of {', '.join(names)}"
                               ", or give a config.json or model folder")
@@ -155,7 +154,7 @@ class DeepSpeedSettings:
     zero_stage: int | None = None         # default: 0 with LAMB (per-tensor trust ratios, NVIDIA's setting), 2 AdamW
     grad_clip: float = 1.0
     optimizer: str = "lamb"
-    lr: float = 1e-3
+    lr: float = DEFAULTS["lr"]
     weight_decay: float = 0.01
     precision: str = "auto"
     grad_accum: int = 1

@@ -124,10 +124,12 @@ def check_weights_format(run: RunConfig, ds_config: dict, out) -> None:
 
 
 def same_shape(spec, run: RunConfig) -> bool:
-    from bertkit.config import BertConfig
+    from bertkit.models import family_of
 
+    family = family_of(run.model)
     try:
-        return BertConfig.from_spec(spec, run.vocab_size).shape() == BertConfig.from_dict(run.model).shape()
+        named = family.config_from_spec(spec, run.vocab_size)
+        return named is not None and named.shape() == family.config_from_dict(run.model).shape()
     except (OSError, ValueError, KeyError, TypeError):
         return False
 

@@ -18,7 +18,7 @@ from bertkit.data import EpochBatches, InstanceDataset, TokenBudgetBatches, batc
 from bertkit.errors import regular_file
 from bertkit.formats import USER_DEEPSPEED_CONFIG, InstancesError, InstancesManifest
 from bertkit.kernel_guard import kernel_uses, resolve_guarded
-from bertkit.models import describe, family_of
+from bertkit.models import Family, describe, family_of
 from bertkit.optim import build_optimizer, build_scheduler, param_groups
 from bertkit.precision import bf16_units, slow_bf16_note
 from bertkit.pretrain.budget import BudgetSchedule, plan_schedule
@@ -138,10 +138,11 @@ def start_run(cfg: PretrainConfig, manifest: InstancesManifest, rank: int, world
     threads, budget, max_steps = threads_backend_schedule(cfg, rank, device)
     chosen = choose_checkpoint(Path(cfg.out), rank, say) if cfg.resume else None
     previous_run = prepare_run_dir(cfg, manifest, chosen)
-    if planned_family(cfg, manifest, previous_run).splits_documents and not cfg.unpadded:
+    family = planned_family(cfg, manifest, previous_run)
+    if family.splits_documents and not cfg.unpadded:
         cfg = replace(cfg, unpadded=True)  # its documents are cut apart in packed rows; padding would join them
         if rank == 0:
-            say("ModernBERT trains on packed batches (--unpadded): each document attends only to itself")
+            say(f"{family.title} trains on packed batches (--unpadded): each document attends only to itself")
     on_cuda = device.type == "cuda"
     ds_config, settings = resolve_settings(cfg, world, rank, on_cuda)
     objective = cfg.effective_objective(previous_run.objective if previous_run else manifest.objective)
@@ -150,7 +151,7 @@ def start_run(cfg: PretrainConfig, manifest: InstancesManifest, rank: int, world
     if previous_run is not None:
         check_weights_format(previous_run, ds_config, cfg.out)
     if rank == 0:
-        say_plan(cfg, manifest, objective, planned_family(cfg, manifest, previous_run).name)
+        say_plan(cfg, manifest, objective, family)
 
     torch.manual_seed(cfg.seed)  # same initial weights on every rank
     model, bert_cfg, init_source = build_model(cfg, manifest, previous_run, objective)
@@ -177,12 +178,19 @@ def start_run(cfg: PretrainConfig, manifest: InstancesManifest, rank: int, world
               InstanceDataset(cfg.instances, "holdout", cfg.seed, manifest), sampler,
               train.sep_id if family_of(model).splits_documents else None, log, Meter(device, train.mask_id), flops,
               step, skipped, last_ckpt)
+    begin(run, chosen, changes)
+    return run
+
+
+def begin(run: Run, chosen, changes: list) -> None:
+    """The run's loader, generators, held-out plateau, signal handlers and clock (closed again if any fails)."""
+    cfg, rank, budget = run.cfg, run.rank, run.budget
     try:
         if changes:
-            log.write({"step": step, "resume_changes": {c.setting: [c.before, c.after] for c in changes}})
+            run.log.write({"step": run.step, "resume_changes": {c.setting: [c.before, c.after] for c in changes}})
         run.reopen_loader()
         if cfg.resume:
-            restore_rng(last_ckpt, rank)  # after the loader: making it draws from torch's generator
+            restore_rng(run.last_ckpt, rank)  # after the loader: making it draws from torch's generator
         run.divergence, run.eval_clock, run.stop = Divergence(cfg), EvalClock(budget, cfg.eval_every), StopFlag()
         run.plateau = Plateau.measure(run.holdout) if len(run.holdout) and cfg.eval_every and rank == 0 else None
         if not len(run.holdout) and cfg.eval_every and rank == 0:
@@ -196,7 +204,6 @@ def start_run(cfg: PretrainConfig, manifest: InstancesManifest, rank: int, world
     resumed_s = chosen.marker.elapsed_s if cfg.resume and chosen.marker else 0.0
     run.clock0 = time.perf_counter() - (budget.used_s if budget else resumed_s)
     run.interval_started()
-    return run
 
 
 def build_engine(cfg: PretrainConfig, model, settings, ds_config: dict, budget, max_steps: int, on_cuda: bool):
@@ -305,7 +312,7 @@ def threads_backend_schedule(cfg: PretrainConfig, rank: int, device):
         raise ConfigError(str(e)) from None
 
 
-def say_plan(cfg: PretrainConfig, manifest: InstancesManifest, objective: str, family: str) -> None:
+def say_plan(cfg: PretrainConfig, manifest: InstancesManifest, objective: str, family: Family) -> None:
     """The recipe's settings (for the model's family), the ones the flags changed, instances made otherwise than it
     was measured on; what ELECTRA leaves unused."""
     if objective == "electra" and manifest.objective in ("nsp", "sop"):
