@@ -90,7 +90,7 @@ def main():
     import transformers
 
     from bertkit.finetune.squad import feature_dicts, make_features, read_squad
-    from bertkit.finetune.train import TrainConfig, _optimizer, collate
+    from bertkit.finetune.train import TrainConfig, _optimizer, collate_features as collate
     from bertkit.models import load_pretrained
     from bertkit.optim import build_scheduler
     from bertkit.tokenization import load_tokenizer

@@ -178,7 +178,7 @@ def sst2_speed() -> list[dict]:
     from bertkit.config import BertConfig
     from bertkit.finetune.classify import encode, label_ids, label_list
     from bertkit.finetune.glue import read_glue
-    from bertkit.finetune.train import collate as ft_collate, collate_packed
+    from bertkit.finetune.train import collate_features as ft_collate, pack_features as collate_packed
     from bertkit.models.bert import BertForSequenceClassification
     from bertkit.tokenization import load_tokenizer
 
@@ -219,7 +219,7 @@ def squad_speed(batches: int = 4) -> list[dict]:
     from finetune_parity import model_dir
 
     from bertkit.finetune.squad import feature_dicts, make_features, read_squad
-    from bertkit.finetune.train import collate as ft_collate, collate_packed
+    from bertkit.finetune.train import collate_features as ft_collate, pack_features as collate_packed
     from bertkit.models import load_pretrained
     from bertkit.tokenization import load_tokenizer
 

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from bertkit.finetune.train import TrainConfig, collate
+from bertkit.finetune.train import TrainConfig, collate_features as collate
 from bertkit.optim import lr_factor
-from tests.helpers import free_port
+from bertkit.testing import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -63,7 +63,7 @@ def _book_passages(shared_data, tmp_path, n_train, n_dev):
 def test_one_throughput_meter_counts_padded_and_packed_batches_alike(monkeypatch):
     """The meter both training loops share: the same rows padded or packed count the same sequences and tokens;
     padding shows only in the efficiency."""
-    from bertkit.finetune.train import collate_packed
+    from bertkit.finetune.train import pack_features as collate_packed
     from bertkit.runlog import Throughput
 
     lengths = [5, 9, 3, 7]

@@ -182,7 +182,7 @@ def test_every_fine_tuning_head_packed_equals_padded(family, head):
     """finetune's packed batches (its default): the rows end to end, with a tail past cu_seqlens[-1] that rounds
     the batch's size, give the padded batch's outputs at every real token (or row), its loss and every parameter's
     gradient. SQuAD windows: a position past a window's end is ignored in both; tags: -100 ignored."""
-    from bertkit.finetune.train import collate as ft_collate, collate_packed as ft_collate_packed
+    from bertkit.finetune.train import collate_features as ft_collate, pack_features as ft_collate_packed
 
     torch.manual_seed(0)
     padded_model = fine_tuning_model(family, head)

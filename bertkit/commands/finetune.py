@@ -211,10 +211,6 @@ def glue(**kw):
 
 
 KOREAN_TASKS = ("nsmc", "klue-nli", "kornli", "korsts", "klue-sts", "klue-ner", "korquad")
-# what the summary table shows of each task's best epoch (every score stays in its metrics.json)
-KOREAN_COLUMNS = {"nsmc": ("accuracy",), "klue-nli": ("accuracy",), "kornli": ("accuracy",),
-                  "korsts": ("pearson", "spearman"), "klue-sts": ("pearson", "spearman", "f1"),
-                  "klue-ner": ("entity_macro_f1", "char_macro_f1"), "korquad": ("exact_match", "f1")}
 # settings that do not change a fine-tuning's scores: a kept task may differ in these
 SCORE_NEUTRAL = ("out_dir", "overwrite", "threads", "report_to", "log_every", "no_save_model", "device", "kernels",
                  "compile", "checkpoint_minutes")
@@ -253,6 +249,7 @@ def korean(**kw):
     bertkit/finetune/korean.py). korquad takes SQuAD's defaults (384 tokens, lr 5e-5, 2 epochs) unless given."""
     from bertkit.fileio import folder_kind
     from bertkit.finetune.korean import SettingsChanged, evaluate, task_files
+    from bertkit.finetune.tables import korean_table, sweep_table
 
     tasks = list(dict.fromkeys(t for name in kw.pop("tasks") for t in (KOREAN_TASKS if name == "all" else [name])))
     rates, seeds = kw.pop("lrs"), kw.pop("seeds")
@@ -285,7 +282,7 @@ def korean(**kw):
                            kw["overwrite"], say=click.echo)
     except SettingsChanged as e:
         raise click.UsageError(str(e)) from None
-    click.echo(_sweep_table(summary) if sweep else _korean_table(summary))
+    click.echo(sweep_table(summary) if sweep else korean_table(summary))
 
 
 @finetune.command("compare")
@@ -295,50 +292,20 @@ def compare(first, second):
     """Two Korean sweeps side by side, task by task (folders of `finetune korean --lrs ... --seeds ...`, e.g. random
     weights, then the pretrained model): each at its best rate, its mean and seeds' range, the difference and
     whether the ranges are apart."""
-    from bertkit.fileio import read_json_or_none
+    from bertkit.errors import DataError
     from bertkit.finetune.korean import compare_sweeps
+    from bertkit.finetune.tables import comparison_table, read_sweep
 
-    sweeps = []
-    for folder in (first, second):
-        manifest = read_json_or_none(Path(folder) / "manifest.json")
-        if not (isinstance(manifest, dict) and manifest.get("stage") == "finetune-korean"
-                and (manifest.get("settings") or {}).get("sweep")):
-            raise click.ClickException(f"{folder}: not a sweep's folder (made by `bertkit finetune korean --lrs ... "
-                                       "--seeds ...`, holding its manifest.json)")
-        sweeps.append(manifest["tasks"])
+    try:
+        sweeps = [read_sweep(folder) for folder in (first, second)]
+    except DataError as e:
+        raise click.ClickException(str(e)) from None
     rows = compare_sweeps(*sweeps)
     if not rows:
         raise click.ClickException(f"{first} and {second} share no task")
-    head = "first: mean (min .. max, best rate)"
-    click.echo(f"first: {first}\nsecond: {second}\n{'task':<9} {'metric':<16} {head:>40}  {'second: the same':>40}  "
-               f"{'second - first':>14}  ranges")
-    def shown(s):
-        return f"{s['mean']:.4f} ({s['min']:.4f} .. {s['max']:.4f}, lr {s['rate']})"
-
-    for r in rows:
-        a, b = shown(r["first"]), shown(r["second"])
-        click.echo(f"{r['task']:<9} {r['metric']:<16} {a:>40}  {b:>40}  {r['difference']:+14.4f}  "
-                   f"{'apart' if r['apart'] else 'overlap'}")
+    click.echo(comparison_table(first, second, rows))
     for task in [t for t in (*sweeps[0], *sweeps[1]) if not all(t in s for s in sweeps)]:
         click.echo(f"{task}: in one folder only", err=True)
-
-
-def _sweep_table(summary: dict) -> str:
-    lines = [f"{'task':<9} {'metric':<16} {'rate':>7}  {'mean':>8}  {'min .. max':>17}  seeds"]
-    for task, row in summary.items():
-        for rate, r in row["rates"].items():
-            best = "  <- best" if rate == row["best_rate"] else ""
-            lines.append(f"{task:<9} {row['metric']:<16} {rate:>7}  {r['mean']:8.4f}  {r['min']:8.4f} .. "
-                         f"{r['max']:<8.4f} {','.join(map(str, r['seeds']))}{best}")
-    return "\n".join(lines)
-
-
-def _korean_table(summary: dict) -> str:
-    lines = [f"{'task':<9} {'best epoch':>10}  scores"]
-    for task, row in summary.items():
-        scores = "  ".join(f"{k} {row[k]:.4f}" for k in KOREAN_COLUMNS[task] if k in row)
-        lines.append(f"{task:<9} {str(row.get('best_epoch')):>10}  {scores}")
-    return "\n".join(lines)
 
 
 def _korean_task(task: str, kw: dict) -> dict:

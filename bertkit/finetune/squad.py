@@ -80,18 +80,7 @@ def read_squad(path, training: bool, version_2: bool = False, articles: slice | 
     the dataset keeps only those questions so scores stay official)."""
     path = Path(path)
     counter = iter(range(10 ** 9))
-    try:
-        raw = read_utf8(path)
-    except DataError as e:
-        raise SquadFormatError(f"{e} (SQuAD and KorQuAD files are UTF-8 JSON)") from None
-    if not raw.strip():
-        raise SquadFormatError(f"{path}: the file is empty; expected the official SQuAD JSON ({{'data': [...]}})")
-    try:
-        top = json.loads(raw)
-    except json.JSONDecodeError as e:
-        raise SquadFormatError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
-    top = _typed(top, dict, lambda: f"{path}", "the top level", "an object with 'data'")
-    dataset = _field(top, "data", list, lambda: f"{path}: the top level", "a list of articles")
+    raw, dataset = _squad_json(path)
     indices = list(range(len(dataset)))[articles] if articles is not None else range(len(dataset))
     dataset = [dataset[a] for a in indices]
     examples, seen = [], {}
@@ -114,37 +103,57 @@ def read_squad(path, training: bool, version_2: bool = False, articles: slice | 
 
                 def where(qid=qid, a=a, title=article.get("title", "")):  # the line search is slow: errors only
                     return f"{path}:{_line_of(raw, qid)}: article {a} ({title!r}), question id {qid}"
-                if "question" not in qa or "id" not in qa:
-                    raise SquadFormatError(f"{where()}: a question needs 'id' and 'question'")
-                if qid in seen:  # predictions and scores are keyed by id: the second would overwrite the first
+                if qid in seen and "question" in qa:  # predictions and scores are keyed by id: one would overwrite
                     raise SquadFormatError(f"{where()}: the id {qid} is given to an earlier question too (article "
                                            f"{seen[qid]}); every question needs its own id")
+                examples.append(_question(qa, context, where, training, version_2, article.get("title", "")))
                 seen[qid] = a
-                question = _field(qa, "question", str, where, "text")
-                impossible = bool(qa.get("is_impossible", False))
-                if impossible and not version_2:
-                    raise SquadFormatError(f"{where()}: is_impossible=true in a v1.1 run; pass --version-2")
-                answers = []
-                for k, ans in enumerate(_field(qa, "answers", list, where, "a list", default=[])):
-                    ans = _typed(ans, dict, lambda k=k: f"{where()}, answers[{k}]", "the answer", "an object")
-                    text = _field(ans, "text", str, lambda k=k: f"{where()}, answers[{k}]", "text")
-                    start = _field(ans, "answer_start", int, lambda k=k: f"{where()}, answers[{k}]",
-                                   "a character offset")
-                    if context[start:start + len(text)] != text:
-                        raise SquadFormatError(
-                            f"{where()}: answer_start {start} does not point at the answer text {text!r} "
-                            f"(the context there reads {context[start:start + len(text)]!r}); fix answer_start")
-                    answers.append((text, start))
-                if training and not impossible and not answers:
-                    raise SquadFormatError(f"{where()}: a training question has no answers "
-                                           "(mark it is_impossible=true with --version-2, or drop it)")
-                examples.append(SquadExample(qid, question, context, answers, impossible, article.get("title", "")))
     if not examples:
         other = next((sorted(a) for a in dataset if "paragraphs" not in a), None)  # another layout (KorQuAD 2.0's)
         raise SquadFormatError(f"{path}: no questions found" + (
             f"; its articles hold {other}, not SQuAD's 'paragraphs' (each a 'context' with its 'qas'): bertkit reads "
             "the SQuAD v1.1/v2.0 layout (KorQuAD 1.0's too, not KorQuAD 2.0's whole-page HTML)" if other else ""))
     return examples, dataset
+
+
+def _squad_json(path: Path) -> tuple[str, list]:
+    """(the file's text, its `data` list), or SquadFormatError naming what is wrong where."""
+    try:
+        raw = read_utf8(path)
+    except DataError as e:
+        raise SquadFormatError(f"{e} (SQuAD and KorQuAD files are UTF-8 JSON)") from None
+    if not raw.strip():
+        raise SquadFormatError(f"{path}: the file is empty; expected the official SQuAD JSON ({{'data': [...]}})")
+    try:
+        top = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise SquadFormatError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
+    top = _typed(top, dict, lambda: f"{path}", "the top level", "an object with 'data'")
+    return raw, _field(top, "data", list, lambda: f"{path}: the top level", "a list of articles")
+
+
+def _question(qa: dict, context: str, where, training: bool, version_2: bool, title: str) -> SquadExample:
+    """One question of a paragraph, checked: its id and text, v2's is_impossible, each answer where it says."""
+    if "question" not in qa or "id" not in qa:
+        raise SquadFormatError(f"{where()}: a question needs 'id' and 'question'")
+    question = _field(qa, "question", str, where, "text")
+    impossible = bool(qa.get("is_impossible", False))
+    if impossible and not version_2:
+        raise SquadFormatError(f"{where()}: is_impossible=true in a v1.1 run; pass --version-2")
+    answers = []
+    for k, ans in enumerate(_field(qa, "answers", list, where, "a list", default=[])):
+        ans = _typed(ans, dict, lambda k=k: f"{where()}, answers[{k}]", "the answer", "an object")
+        text = _field(ans, "text", str, lambda k=k: f"{where()}, answers[{k}]", "text")
+        start = _field(ans, "answer_start", int, lambda k=k: f"{where()}, answers[{k}]", "a character offset")
+        if context[start:start + len(text)] != text:
+            raise SquadFormatError(f"{where()}: answer_start {start} does not point at the answer text {text!r} "
+                                   f"(the context there reads {context[start:start + len(text)]!r}); fix "
+                                   "answer_start")
+        answers.append((text, start))
+    if training and not impossible and not answers:
+        raise SquadFormatError(f"{where()}: a training question has no answers "
+                               "(mark it is_impossible=true with --version-2, or drop it)")
+    return SquadExample(str(qa["id"]), question, context, answers, impossible, title)
 
 
 # ---------------------------------------------------------------- features
@@ -281,26 +290,8 @@ def postprocess(examples, features, start_logits, end_logits, n_best_size: int =
         by_example[f.example_index].append(i)
     predictions, nbest_json, null_odds = {}, {}, {}
     for ex_index, ex in enumerate(examples):
-        candidates = []  # (score, start_logit, end_logit, char_start, char_end)
-        null = None      # (score, start_logit, end_logit)
-        for fi in by_example.get(ex_index, []):
-            f, s_logits, e_logits = features[fi], np.asarray(start_logits[fi]), np.asarray(end_logits[fi])
-            n = len(f.input_ids)
-            s_logits, e_logits = s_logits[:n], e_logits[:n]
-            feature_null = float(s_logits[0] + e_logits[0])
-            if null is None or feature_null < null[0]:
-                null = (feature_null, float(s_logits[0]), float(e_logits[0]))
-            top_starts = np.argsort(-s_logits, kind="stable")[:n_best_size]
-            top_ends = np.argsort(-e_logits, kind="stable")[:n_best_size]
-            for s in top_starts:
-                if f.offsets[s] is None or not f.max_context[s]:
-                    continue
-                for e in top_ends:
-                    if f.offsets[e] is None or e < s or e - s + 1 > max_answer_length:
-                        continue
-                    candidates.append((float(s_logits[s] + e_logits[e]), float(s_logits[s]), float(e_logits[e]),
-                                       f.offsets[s][0], f.offsets[e][1]))
-        candidates.sort(key=lambda c: -c[0])
+        candidates, null = _spans(features, by_example.get(ex_index, []), start_logits, end_logits, n_best_size,
+                                  max_answer_length)
         entries, seen = [], set()
         for score, sl, el, cs, ce in candidates:
             text = ex.context[cs:ce]
@@ -332,6 +323,31 @@ def postprocess(examples, features, start_logits, end_logits, n_best_size: int =
         null_odds[ex.qid] = diff
         predictions[ex.qid] = "" if diff > null_score_diff_threshold else best_span["text"]
     return predictions, nbest_json, null_odds
+
+
+def _spans(features, indices: list, start_logits, end_logits, n_best_size: int, max_answer_length: int):
+    """(candidate spans best first as (score, start_logit, end_logit, char_start, char_end), the null answer's
+    (score, start_logit, end_logit): the smallest [CLS] score over the windows, None without one)."""
+    candidates, null = [], None
+    for fi in indices:
+        f, s_logits, e_logits = features[fi], np.asarray(start_logits[fi]), np.asarray(end_logits[fi])
+        n = len(f.input_ids)
+        s_logits, e_logits = s_logits[:n], e_logits[:n]
+        feature_null = float(s_logits[0] + e_logits[0])
+        if null is None or feature_null < null[0]:
+            null = (feature_null, float(s_logits[0]), float(e_logits[0]))
+        top_starts = np.argsort(-s_logits, kind="stable")[:n_best_size]
+        top_ends = np.argsort(-e_logits, kind="stable")[:n_best_size]
+        for s in top_starts:
+            if f.offsets[s] is None or not f.max_context[s]:
+                continue
+            for e in top_ends:
+                if f.offsets[e] is None or e < s or e - s + 1 > max_answer_length:
+                    continue
+                candidates.append((float(s_logits[s] + e_logits[e]), float(s_logits[s]), float(e_logits[e]),
+                                   f.offsets[s][0], f.offsets[e][1]))
+    candidates.sort(key=lambda c: -c[0])
+    return candidates, null
 
 
 def tuned_threshold_scores(dataset: list, nbest: dict, null_odds: dict) -> dict:

@@ -103,8 +103,9 @@ def pick_device(name: str, local_rank: int = 0) -> torch.device:
     return torch.device(name)
 
 
-def collate(rows: list, pad_id: int = 0) -> dict:
-    """Right-pad a list of feature dicts into tensors; list-valued labels (token tags) pad with IGNORE_INDEX."""
+def collate_features(rows: list, pad_id: int = 0) -> dict:
+    """Right-pad a task's feature dicts into tensors; list-valued labels (token tags) pad with IGNORE_INDEX. (Not
+    bertkit.data.collate: pretraining instances carry MLM slots and NSP labels, a task's features any label keys.)"""
     width = max(len(r["input_ids"]) for r in rows)
     batch = {
         "input_ids": torch.full((len(rows), width), pad_id, dtype=torch.long),
@@ -138,11 +139,11 @@ def packed_size(tokens: int) -> int:
     return -(-tokens // step) * step
 
 
-def collate_packed(rows: list, pad_multiple: int = 8) -> dict:
-    """The rows end to end, unpadded (the default; --padded is collate): input_ids / token_type_ids (T,),
-    cu_seqlens (B+1,) int32, max_seqlen (the longest row rounded up: a host-side bucket); per-row labels (B,),
-    per-token labels (T,). T is packed_size(the rows' tokens): the tail past cu_seqlens[-1] belongs to no sequence
-    (the models leave it out of attention, pooling and losses; its tags are IGNORE_INDEX)."""
+def pack_features(rows: list, pad_multiple: int = 8) -> dict:
+    """A task's feature dicts end to end, unpadded (the default; --padded is collate_features): input_ids /
+    token_type_ids (T,), cu_seqlens (B+1,) int32, max_seqlen (the longest row rounded up: a host-side bucket);
+    per-row labels (B,), per-token labels (T,). T is packed_size(the rows' tokens): the tail past cu_seqlens[-1]
+    belongs to no sequence (the models leave it out of attention, pooling and losses; its tags are IGNORE_INDEX)."""
     lengths = [len(r["input_ids"]) for r in rows]
     tail = packed_size(sum(lengths)) - sum(lengths)
     batch = {"input_ids": torch.tensor([t for r in rows for t in r["input_ids"]] + [0] * tail, dtype=torch.long),
@@ -182,7 +183,7 @@ def predict(model, rows: list, batch_size: int, outputs=("logits",), per_token: 
     results = {name: [None] * len(rows) for name in outputs}
     for start in tqdm(range(0, len(rows), batch_size), desc=desc, leave=False, mininterval=2.0):
         idx = order[start:start + batch_size]
-        batch = collate([{k: rows[i][k] for k in ("input_ids", "token_type_ids")} for i in idx])
+        batch = collate_features([{k: rows[i][k] for k in ("input_ids", "token_type_ids")} for i in idx])
         batch = {k: v.to(device) for k, v in batch.items()}
         out = model(**batch)
         for name in outputs:
@@ -256,64 +257,109 @@ def fine_tuning_folder(out_dir: Path, overwrite: bool):
 
 def _train(model, train_rows, evaluate, best_metric, cfg, task, settings, output, save) -> dict:
     ft = start_fine_tuning(model, train_rows, best_metric, cfg, task, settings, output)
-    if ft.total_steps == 0:
+    if ft.total_steps == 0:  # prediction only
         end_of_epoch(ft, evaluate, save, 0, None, 0.0)
         ft.log.close()
         return ft.summary
-    optimizer = _optimizer(model, cfg)
-    scheduler = build_scheduler(optimizer, ft.total_steps, ft.summary["settings"]["warmup_steps"], "linear")
-    rng, throughput, interval_losses = np.random.default_rng(cfg.seed), Throughput(), []
-    per_rank = max(1, cfg.batch_size // ft.world)
-    epoch, t0, losses = 0, time.time(), []
-    if ft.resumed:
-        epoch, t0, losses = continue_from(ft, optimizer, scheduler, rng)
-    checkpoint = Checkpoints(ft, optimizer, scheduler)
-    progress = tqdm(total=ft.total_steps, initial=ft.step, desc=f"finetune {task}", disable=ft.rank != 0,
-                    mininterval=2.0)
+    loop = Loop(ft, train_rows)
     while ft.step < ft.total_steps:
-        epoch += 1
-        ft.net.train()
-        epoch_rng = rng.bit_generator.state  # before this epoch's shuffle: a resume shuffles again from it
-        batches = _batches(len(train_rows), per_rank * ft.world, rng)  # the same order on every rank (seed)
-        for idx in batches[len(losses):]:  # a resumed epoch skips the batches it already trained on
-            if ft.step >= ft.total_steps:
-                break
-            mine = idx[ft.rank::ft.world] if ft.world > 1 else idx
-            mine = mine if len(mine) else idx[:1]  # a last batch smaller than the world: one row each
-            batch = to_device(collate_packed([train_rows[i] for i in mine]) if cfg.unpadded else
-                              collate([train_rows[i] for i in mine]), ft.device)
-            with autocast(ft.device, ft.cfg.precision):
-                loss = ft.net(**batch).loss
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm or float("inf"))
-            lr = scheduler.get_last_lr()[0]
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            losses.append(loss.item())
-            interval_losses.append(losses[-1])
-            ft.step += 1
-            throughput.add_batch(batch)
+        for rows in loop.epoch_batches():
+            train_step(ft, loop, rows)
             if ft.step % cfg.log_every == 0 or ft.step == ft.total_steps:
-                ft.log.write({"step": ft.step, "epoch": epoch, "loss": float(np.mean(interval_losses)),
-                              **throughput.rates(over_ranks=ft.world > 1), "lr": lr,
-                              "grad_norm": float(grad_norm), "kernels": ft.backend})
-                interval_losses.clear()
-            progress.update(1)
-            progress.set_postfix(epoch=epoch, loss=f"{np.mean(losses[-50:]):.4f}")
-            checkpoint.if_due(epoch, epoch_rng, losses, time.time() - t0)
-        reached = round(ft.step / math.ceil(len(train_rows) / (per_rank * ft.world)), 2)  # --epochs 0.1: 0.1
-        end_of_epoch(ft, evaluate, save, min(epoch, reached), float(np.mean(losses)) if losses else None,
-                     time.time() - t0)
-        losses = []
-        if ft.step < ft.total_steps:
-            checkpoint.save(epoch, rng.bit_generator.state, losses, time.time() - t0)
-    progress.close()
+                log_training(ft, loop)
+            loop.checkpoints.if_due(loop.epoch, loop.epoch_rng, loop.losses, loop.elapsed())
+        end_of_epoch(ft, evaluate, save, loop.epochs_reached(), loop.mean_loss(), loop.elapsed())
+        loop.next_epoch()
+    return finish(ft, loop)
+
+
+class Loop:
+    """The training loop's own state: optimizer and schedule, the shuffle's generator, the epoch being trained and
+    its losses so far, the saved-state writer and the progress bar (a resumed fine-tuning starts from its state)."""
+
+    def __init__(self, ft: FineTuning, train_rows: list):
+        self.ft, self.rows = ft, train_rows
+        self.optimizer = _optimizer(ft.model, ft.cfg)
+        self.scheduler = build_scheduler(self.optimizer, ft.total_steps, ft.summary["settings"]["warmup_steps"],
+                                         "linear")
+        self.rng, self.throughput, self.interval_losses = np.random.default_rng(ft.cfg.seed), Throughput(), []
+        self.batch_size = max(1, ft.cfg.batch_size // ft.world) * ft.world
+        self.epoch, self.t0, self.losses = 0, time.time(), []
+        if ft.resumed:
+            self.epoch, self.t0, self.losses = continue_from(ft, self.optimizer, self.scheduler, self.rng)
+        self.checkpoints = Checkpoints(ft, self.optimizer, self.scheduler)
+        self.progress = tqdm(total=ft.total_steps, initial=ft.step, desc=f"finetune {ft.summary['task']}",
+                             disable=ft.rank != 0, mininterval=2.0)
+        self.lr = self.grad_norm = None
+
+    def epoch_batches(self):
+        """This rank's rows of each batch of the next epoch, shuffled alike on every rank (the seed); a resumed
+        epoch skips the batches it already trained on."""
+        ft = self.ft
+        self.epoch += 1
+        ft.net.train()
+        self.epoch_rng = self.rng.bit_generator.state  # before this epoch's shuffle: a resume shuffles again from it
+        for idx in _batches(len(self.rows), self.batch_size, self.rng)[len(self.losses):]:
+            if ft.step >= ft.total_steps:
+                return
+            mine = idx[ft.rank::ft.world] if ft.world > 1 else idx
+            yield [self.rows[i] for i in (mine if len(mine) else idx[:1])]  # a last batch smaller than the world
+
+    def record(self, loss: float, batch: dict, grad_norm: float, lr: float) -> None:
+        self.losses.append(loss)
+        self.interval_losses.append(loss)
+        self.throughput.add_batch(batch)
+        self.grad_norm, self.lr = grad_norm, lr
+        self.progress.update(1)
+        self.progress.set_postfix(epoch=self.epoch, loss=f"{np.mean(self.losses[-50:]):.4f}")
+
+    def elapsed(self) -> float:
+        return time.time() - self.t0
+
+    def mean_loss(self) -> float | None:
+        return float(np.mean(self.losses)) if self.losses else None
+
+    def epochs_reached(self) -> float:
+        """The epoch just ended, or the fraction of one a run shorter than an epoch trained (--epochs 0.1: 0.1)."""
+        return min(self.epoch, round(self.ft.step / math.ceil(len(self.rows) / self.batch_size), 2))
+
+    def next_epoch(self) -> None:
+        """Between epochs: the state saved (a resume starts the next epoch from it)."""
+        self.losses = []
+        if self.ft.step < self.ft.total_steps:
+            self.checkpoints.save(self.epoch, self.rng.bit_generator.state, self.losses, self.elapsed())
+
+
+def train_step(ft: FineTuning, loop: Loop, rows: list) -> None:
+    """One optimizer step on this rank's rows (clipped; the rate the step used is logged)."""
+    batch = to_device(pack_features(rows) if ft.cfg.unpadded else collate_features(rows), ft.device)
+    with autocast(ft.device, ft.cfg.precision):
+        loss = ft.net(**batch).loss
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(ft.model.parameters(), ft.cfg.max_grad_norm or float("inf"))
+    lr = loop.scheduler.get_last_lr()[0]
+    loop.optimizer.step()
+    loop.scheduler.step()
+    loop.optimizer.zero_grad(set_to_none=True)
+    ft.step += 1
+    loop.record(loss.item(), batch, float(grad_norm), lr)
+
+
+def log_training(ft: FineTuning, loop: Loop) -> None:
+    ft.log.write({"step": ft.step, "epoch": loop.epoch, "loss": float(np.mean(loop.interval_losses)),
+                  **loop.throughput.rates(over_ranks=ft.world > 1), "lr": loop.lr, "grad_norm": loop.grad_norm,
+                  "kernels": ft.backend})
+    loop.interval_losses.clear()
+
+
+def finish(ft: FineTuning, loop: Loop) -> dict:
+    """metrics.json with train_seconds, written last (a run killed before has none); the saved state removed."""
+    loop.progress.close()
     ft.log.close()
-    ft.summary["train_seconds"] = time.time() - t0
+    ft.summary["train_seconds"] = loop.elapsed()
     if ft.rank == 0:
         atomic_write_json(ft.out_dir / "metrics.json", ft.summary)
-        checkpoint.remove()
+        loop.checkpoints.remove()
     return ft.summary
 
 
