@@ -20,7 +20,6 @@ import math
 import os
 import resource
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,8 +28,7 @@ from pathlib import Path
 
 from record import run_info, write_result  # benchmarks/record.py: the script's folder is on sys.path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from sessions import kill_session  # noqa: E402  tests/sessions.py: the tests stop their clusters the same way
+from bertkit.testing import SessionCPU, start_ray_cluster, stop_ray_cluster
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -47,7 +45,7 @@ def child(data: str, out: str, engine: str, workers: int, address: str, vocab_si
     from bertkit.pipelines.engine import Engine
 
     phases, phases_cpu = {}, {}
-    sessions = ClusterCPU({int(x) for x in os.environ.get("BENCH_RAY_SESSIONS", "").split()})
+    sessions = SessionCPU({int(x) for x in os.environ.get("BENCH_RAY_SESSIONS", "").split()})
 
     def timed(owner, name, key):  # driver-side phases only (tasks run elsewhere); wall and this process's CPU
         real = getattr(owner, name)
@@ -106,43 +104,7 @@ def child(data: str, out: str, engine: str, workers: int, address: str, vocab_si
                       "instance_bytes": instance_bytes, "instance_files": len(inst.shards)}))
 
 
-class ClusterCPU:
-    """CPU seconds of every process of the Ray cluster's sessions (raylets, GCS, workers), sampled every 0.1 s by
-    a thread: Ray ends a job's workers when its driver disconnects and nobody accounts their time afterwards, so
-    each process counts up to its last sample (a worker's last < 0.1 s is lost)."""
-
-    def __init__(self, sessions: set):
-        import threading
-
-        self.sessions, self.seen, self.tick, self.own = sessions, {}, os.sysconf("SC_CLK_TCK"), 0.0
-        self.lock = threading.Lock()
-        if sessions:
-            threading.Thread(target=self._run, daemon=True).start()
-
-    def _sample(self):
-        for entry in os.listdir("/proc"):
-            try:
-                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-                if int(fields[3]) in self.sessions:  # (pid, start time) tells a reused pid apart
-                    with self.lock:
-                        self.seen[(entry, fields[19])] = (int(fields[11]) + int(fields[12])) / self.tick
-            except (OSError, ValueError, IndexError):
-                pass
-
-    def _run(self):
-        while True:
-            self._sample()
-            self.own = time.thread_time()  # the sampler's own CPU, not the stage's
-            time.sleep(0.1)
-
-    def total(self) -> float:
-        if self.sessions:
-            self._sample()
-        with self.lock:
-            return sum(self.seen.values())
-
-
-def cpu_seconds(cluster: ClusterCPU) -> float:
+def cpu_seconds(cluster: SessionCPU) -> float:
     """CPU time so far of this process, its reaped children (a local pool) and the Ray cluster's processes."""
     own = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
     return sum(u.ru_utime + u.ru_stime for u in own) - cluster.own + cluster.total()
@@ -173,45 +135,10 @@ def dedup_rate(rows: int = 2_000_000, parts: int = 10) -> float:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-# ---------------------------------------------------------------- a Ray cluster of N one-CPU nodes on 127.0.0.1
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_cluster(nodes: int, temp: str):
-    port, procs = free_port(), []
-    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "RAY_USAGE_STATS_ENABLED": "0"}
-    common = ["--num-cpus", "1", "--node-ip-address", "127.0.0.1", "--object-store-memory", str(200 << 20),
-              "--disable-usage-stats", "--block"]
-    for k in range(nodes):
-        head = ["--head", "--port", str(port), "--include-dashboard", "false", "--ray-client-server-port",
-                str(free_port()), "--temp-dir", temp] if k == 0 else ["--address", f"127.0.0.1:{port}"]
-        procs.append(subprocess.Popen([str(BIN / "ray"), "start", *head, *common], env=env, start_new_session=True,
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        wait = (f"import time, ray\nray.init(address='127.0.0.1:{port}', logging_level='WARNING')\n"
-                f"while sum(n['Alive'] for n in ray.nodes()) < {k + 1}: time.sleep(0.3)\n")
-        for _ in range(60):
-            if subprocess.run([sys.executable, "-c", wait], env=env, capture_output=True, timeout=120).returncode == 0:
-                break
-            time.sleep(1)
-    return f"127.0.0.1:{port}", procs
-
-
-def stop_cluster(procs, temp):
-    """SIGKILL every process of the sessions started here (Ray workers leave the process group, not the session)."""
-    for p in procs:
-        kill_session(p.pid)
-        p.wait()
-    shutil.rmtree(temp, ignore_errors=True)
-
-
 def run(data, engine, parallel, args):
     out = tempfile.mkdtemp(prefix="bench_scale_")
     temp = tempfile.mkdtemp(prefix="bkbench", dir="/tmp")
-    address, procs = start_cluster(parallel, temp) if engine == "ray" else ("", [])
+    address, procs = start_ray_cluster(parallel, temp, object_store_mb=200) if engine == "ray" else ("", [])
     try:
         workers = parallel if engine == "local" else 1
         env = {**os.environ, "BENCH_RAY_SESSIONS": " ".join(str(p.pid) for p in procs)}
@@ -220,7 +147,7 @@ def run(data, engine, parallel, args):
         if proc.returncode:
             sys.exit(proc.stderr[-5000:])
     finally:
-        stop_cluster(procs, temp)
+        stop_ray_cluster(procs, temp)
         shutil.rmtree(out, ignore_errors=True)
     r = json.loads(proc.stdout.strip().splitlines()[-1])
     r.update(engine=engine, processes=parallel, load_average_1min=round(os.getloadavg()[0], 1))

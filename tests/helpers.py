@@ -2,7 +2,6 @@
 import hashlib
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +22,7 @@ from bertkit.formats import (
     write_manifest,
 )
 from bertkit.masking import MaskingSpec, mask_instance
+from bertkit.testing import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -140,12 +140,6 @@ def env_without_dist(**extra):
     env = {k: v for k, v in os.environ.items() if k not in DIST_VARS}
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PATH=f"{BIN}:{env.get('PATH', '')}", **extra)
     return env
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def launch(args, ranks=2, **env):

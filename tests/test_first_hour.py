@@ -41,7 +41,7 @@ def test_export_and_check_gpu_say_only_their_own_lines(tmp_path):
 
 def test_the_multi_rank_launch_runs_from_any_folder(tmp_path):
     """Issue 40, item 2: `deepspeed --module bertkit pretrain` needs no clone's cli.py."""
-    from tests.helpers import free_port
+    from bertkit.testing import free_port
 
     inst = make_instances_dir(tmp_path / "inst", n=64, holdout=4, max_len=32)
     (tmp_path / "model.json").write_text(json.dumps(TINY))

@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from tests.helpers import BIN, REPO, TINY, env_without_dist, free_port, make_instances_dir
+from bertkit.testing import free_port
+from tests.helpers import BIN, REPO, TINY, env_without_dist, make_instances_dir
 
 pytestmark = pytest.mark.slow  # launches DeepSpeed ranks
 

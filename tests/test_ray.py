@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 from pathlib import Path
 
@@ -29,8 +28,8 @@ from bertkit.pipelines.engine import Engine
 from bertkit.pipelines.make_instances import InstancesConfig, make_instances
 from bertkit.pipelines.prepare_corpus import CorpusConfig, prepare_corpus
 from bertkit.pipelines.train_tokenizer import TokenizerConfig, sample_buckets, train_tokenizer
-from tests.helpers import BIN, REPO, free_port, write_corpus
-from tests.sessions import kill_session, session_alive
+from bertkit.testing import free_port, kill_session, ray_env, session_alive, start_ray_cluster, stop_ray_cluster
+from tests.helpers import BIN, REPO, write_corpus
 
 # the small settings every run here uses (CI has 2 cores)
 CORPUS = dict(shard_size=256 << 10, holdout=0.02)
@@ -48,11 +47,7 @@ def outputs(folder: Path) -> dict:
             if p.is_file() and p.name != "manifest.json" and not p.name.startswith(".")}
 
 
-def run_env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    env.update({"PATH": f"{BIN}:{env.get('PATH', '')}", "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1",
-                **extra})
-    return env
+run_env = ray_env
 
 
 def bertkit(*args, check=True, **env):
@@ -65,51 +60,16 @@ def bertkit(*args, check=True, **env):
 
 # ---------------------------------------------------------------- a two-node cluster on 127.0.0.1
 
-def remove_temp(path: str) -> None:
-    for _ in range(20):  # a Ray process killed a moment ago may still be closing files
-        shutil.rmtree(path, ignore_errors=True)
-        if not os.path.exists(path):
-            return
-        time.sleep(0.1)
-
-
-def wait_for_nodes(address: str, n: int, timeout: float = 120) -> None:
-    script = textwrap.dedent(f"""
-        import time, ray
-        ray.init(address={address!r}, logging_level="WARNING", log_to_driver=False)
-        deadline = time.time() + {timeout}
-        while sum(n["Alive"] for n in ray.nodes()) < {n}:
-            assert time.time() < deadline, "the Ray nodes did not come up"
-            time.sleep(0.5)
-    """)
-    subprocess.run([sys.executable, "-c", script], env=run_env(), check=True, timeout=timeout + 60)
-
-
 @pytest.fixture(scope="module")
 def ray_cluster():
     """host:port of a head node and a second node, one CPU each, as separate `ray start --block` processes."""
     pytest.importorskip("ray")
     temp = tempfile.mkdtemp(prefix="bkray", dir="/tmp")  # Ray's socket paths must stay short
-    port = free_port()
-    common = ["--num-cpus", "1", "--node-ip-address", "127.0.0.1", "--object-store-memory", str(100 << 20),
-              "--disable-usage-stats", "--block"]
-    nodes = []
+    address, nodes = start_ray_cluster(2, temp)
     try:
-        nodes.append(subprocess.Popen(
-            [str(BIN / "ray"), "start", "--head", "--port", str(port), "--include-dashboard", "false",
-             "--ray-client-server-port", str(free_port()), "--temp-dir", temp, *common],
-            env=run_env(), start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        wait_for_nodes(f"127.0.0.1:{port}", 1)
-        nodes.append(subprocess.Popen([str(BIN / "ray"), "start", "--address", f"127.0.0.1:{port}", *common],
-                                      env=run_env(), start_new_session=True, stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.DEVNULL))
-        wait_for_nodes(f"127.0.0.1:{port}", 2)
-        yield f"127.0.0.1:{port}"
+        yield address
     finally:
-        for node in nodes:
-            kill_session(node.pid)
-            node.wait(timeout=30)
-        remove_temp(temp)
+        stop_ray_cluster(nodes, temp)
 
 
 # ---------------------------------------------------------------- inputs and the local runs to compare with
@@ -493,8 +453,7 @@ node asked for (--nodes N, or -w NODE), with SLURM_NODEID / SLURM_PROCID set, ea
 to $SLURM_SHIM_STATE. `ray stop` ends those sessions, i.e. the Ray nodes this allocation started (the real one would
 stop every Ray process of the machine)."""
 import os, subprocess, sys
-sys.path.insert(0, "{tests}")
-from sessions import kill_session  # tests/sessions.py
+from bertkit.testing import kill_session
 args, count, where = sys.argv[1:], None, None
 while args and args[0].startswith("-"):
     name, _, value = args.pop(0).partition("=")
@@ -533,7 +492,7 @@ def test_slurm_script_runs_the_stages_on_a_two_node_allocation(shared_data, tmp_
     shims = tmp_path / "bin"
     shims.mkdir()
     for name, text in (("srun", SRUN), ("scontrol", SCONTROL)):
-        (shims / name).write_text(text.replace("{python}", sys.executable).replace("{tests}", str(REPO / "tests")))
+        (shims / name).write_text(text.replace("{python}", sys.executable))
         (shims / name).chmod(0o755)
     raw = tmp_path / "raw"
     raw.mkdir()
@@ -557,7 +516,7 @@ def test_slurm_script_runs_the_stages_on_a_two_node_allocation(shared_data, tmp_
     finally:
         for sid in [int(s) for s in state.read_text().split()] if state.exists() else []:
             kill_session(sid)
-        remove_temp(temp)
+        stop_ray_cluster([], temp)  # (the nodes' sessions are ended above): Ray's temp folder
     local = tmp_path / "local"
     prepare_corpus([raw], local / "corpus", CorpusConfig(shard_size=256 << 10, progress=False))
     train_tokenizer(local / "corpus", local / "tokenizer", TokenizerConfig(vocab_size=2000, sample_bytes=300 << 10,
