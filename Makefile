@@ -25,7 +25,7 @@ demo: install
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH bash examples/demo.sh
 
 test: install browser
-	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q tests
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q tests benchmarks/tests
 
 # Debian's chromium for the report page's browser test (tests/test_report.py skips, saying why, where it cannot be had)
 browser:
@@ -34,7 +34,7 @@ browser:
 
 # the inner loop: everything but the tests marked slow (DeepSpeed launches, the Triton interpreter, end-to-end runs)
 test-fast: install
-	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q -m "not slow" tests
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q -m "not slow" tests benchmarks/tests
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -18,9 +18,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from record import RESULTS, run_info  # noqa: E402
+from record import RESULTS, run_info
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 

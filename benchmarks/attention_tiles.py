@@ -12,9 +12,7 @@ import time
 from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from attention import bench, environment, no_gpu, write_gpu_result  # noqa: E402
+from attention import bench, environment, no_gpu, write_gpu_result
 
 HEADS, HEAD_DIM, THETA = 12, 64, 160_000.0
 

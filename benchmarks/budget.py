@@ -34,11 +34,11 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+import pretrain_transfer as transfer
+from pretrain_transfer import BUDGETS, finetune_one, masked_only_accuracy, prepare, say, task_metric
+from record import RESULTS, run_info
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
-import pretrain_transfer as transfer  # noqa: E402
-from pretrain_transfer import BUDGETS, finetune_one, masked_only_accuracy, prepare, say, task_metric  # noqa: E402
-from record import RESULTS, run_info  # noqa: E402
 
 PROBE_TASKS = ("sst2", "stsb")
 PROBE_LR = 5e-4

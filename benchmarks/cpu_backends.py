@@ -9,13 +9,9 @@ CPU uses where the padded grid would be a quarter padding or more).
 Times are the best of 5 runs. Prints a table, writes benchmarks/results/cpu_backends.json.
 """
 import argparse
-import sys
-from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from record import best_ms, run_info, write_result  # noqa: E402
+from record import best_ms, run_info, write_result
 
 
 def fwd_bwd(fn, leaf, *args):

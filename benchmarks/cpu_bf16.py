@@ -11,17 +11,12 @@ the median of --steps steps after a warm-up, for each of --rounds alternations.
 """
 import argparse
 import statistics
-import sys
-from pathlib import Path
 
 import torch
+from modernbert_step import time_steps
+from record import run_info, write_result
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from modernbert_step import time_steps  # noqa: E402
-from record import run_info, write_result  # noqa: E402
-
-from bertkit.precision import autocast, cpu_bf16_units  # noqa: E402
+from bertkit.precision import autocast, cpu_bf16_units
 
 VOCAB = 16_000
 

@@ -9,12 +9,9 @@ Each run resumes if killed (its folder under WORK); the table and results/cpu_bf
 """
 import argparse
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from record import read_result, run_info, write_result  # noqa: E402
+from record import read_result, run_info, write_result
 
 PRECISIONS = ("fp32", "bf16")
 

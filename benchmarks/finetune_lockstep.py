@@ -16,17 +16,14 @@ two systems' training windows: token ids and the start/end labels, window by win
 import argparse
 import collections
 import math
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
+from finetune_parity import SHARED, TASKS, model_dir
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
-sys.path.insert(0, str(REPO))
-from finetune_parity import SHARED, TASKS, model_dir  # noqa: E402
 
 
 def masked_loss(hf, batch):

@@ -20,15 +20,13 @@ this benchmark alone.
 import argparse
 import json
 import resource
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+from record import RESULTS, cell_in_own_process, run_info, write_result
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
-sys.path.insert(0, str(REPO))
-from record import RESULTS, cell_in_own_process, run_info, write_result  # noqa: E402
 
 MODES = ("padded", "packed-exact", "packed")
 

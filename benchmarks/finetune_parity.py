@@ -23,10 +23,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from record import cell_in_own_process, read_result, run_info, write_result
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
-sys.path.insert(0, str(REPO))
-from record import cell_in_own_process, read_result, run_info, write_result  # noqa: E402
 
 SHARED = Path(os.environ.get("BERTKIT_SHARED_DATA", REPO.parent / "shared" / "data"))
 RESULT = "finetune_parity"

@@ -16,9 +16,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from attention import environment, make_inputs, no_gpu, providers, write_gpu_result  # noqa: E402
+from attention import environment, make_inputs, no_gpu, providers, write_gpu_result
 
 
 def host_us(fn, calls):

@@ -14,15 +14,11 @@ benchmarks/results/host_time_cpu.json (with the load average: time it on an othe
 import argparse
 import importlib
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from record import run_info, write_result  # noqa: E402
+from record import run_info, write_result
 
 
 class StandIn:

@@ -13,13 +13,9 @@ kernels, head dims or hidden sizes kernel_resources_partial.json (so the full re
 """
 import argparse
 import itertools
-import sys
 import warnings
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from record import run_info, write_result  # noqa: E402
+from record import run_info, write_result  # benchmarks/record.py: the script's folder is on sys.path
 
 ATTENTION_KERNELS = ("fwd", "dkdv", "dq")
 MAX_SHARED = 232448  # bytes of shared memory one block may use on sm_90 (227 KiB)
@@ -28,7 +24,7 @@ GRID = [(m, n, w, s) for m, n, w, s in itertools.product((32, 64, 128), (32, 64,
 
 
 def _usage(compiled) -> dict:
-    from tests.kernel_utils import ptxas_usage
+    from bertkit.kernels.offline import ptxas_usage
 
     regs, spill = ptxas_usage(compiled)
     shared = compiled.metadata.shared
@@ -36,7 +32,7 @@ def _usage(compiled) -> dict:
 
 
 def attention_row(kind, config, head_dim, dropout, varlen=False):
-    from tests.kernel_utils import compile_attention_kernel
+    from bertkit.kernels.offline import compile_attention_kernel
 
     compiled = compile_attention_kernel(kind, config, head_dim, dropout, varlen)
     block_m, block_n, warps, stages = config
@@ -47,7 +43,7 @@ def attention_row(kind, config, head_dim, dropout, varlen=False):
 def layer_norm_rows(hidden, dropout):
     import importlib
 
-    from tests.kernel_utils import compile_layer_norm_kernels
+    from bertkit.kernels.offline import compile_layer_norm_kernels
 
     block_m, block_n, warps = importlib.import_module("bertkit.kernels.layer_norm").tile_shape(hidden)
     return [dict(kernel=name, block_m=block_m, block_n=block_n, warps=warps, stages=None, head_dim=None,

@@ -39,14 +39,11 @@ import argparse
 import json
 import os
 import shutil
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
-from pretrain_transfer import (  # noqa: E402
+from pretrain_transfer import (
     FINETUNE_DROPOUT,
     SHARED,
     best_rate,
@@ -58,7 +55,9 @@ from pretrain_transfer import (  # noqa: E402
     say,
     timed_curve,
 )
-from record import RESULTS, read_result, run_info, write_result  # noqa: E402
+from record import RESULTS, read_result, run_info, write_result
+
+REPO = Path(__file__).resolve().parents[1]
 
 PRESETS = {"bert": "tiny", "modernbert": "modernbert-tiny"}
 

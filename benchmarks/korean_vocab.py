@@ -12,12 +12,9 @@ Resumable (every stage's output is kept under --work). Prints a table, writes be
 """
 import argparse
 import os
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
-from pretrain_transfer import (  # noqa: E402
+from pretrain_transfer import (
     BUDGETS,
     KO_FILL_MASK,
     SHARED,
@@ -28,7 +25,9 @@ from pretrain_transfer import (  # noqa: E402
     pretrain_run,
     say,
 )
-from record import run_info, write_result  # noqa: E402
+from record import run_info, write_result
+
+REPO = Path(__file__).resolve().parents[1]
 
 MODES = ("none", "mecab", "kiwi")
 

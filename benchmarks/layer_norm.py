@@ -15,9 +15,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from attention import DTYPES, bench, copy_bandwidth, environment, no_gpu, write_gpu_result  # noqa: E402  (shared GPU helpers)
+from attention import DTYPES, bench, copy_bandwidth, environment, no_gpu, write_gpu_result  # shared GPU helpers
 
 
 def providers(x, r, w, b, dropout_p):

@@ -29,7 +29,6 @@ GOOGLE_REFERENCE = {"instances_per_s": 4300, "peak_rss_mb": 1500, "note": "googl
 
 
 def child(corpus: str, tokenizer: str, out: str, workers: int, compat: str):
-    sys.path.insert(0, str(REPO))
     from bertkit.pipelines.make_instances import InstancesConfig, make_instances
 
     t = time.perf_counter()
@@ -79,7 +78,6 @@ def main():
     ap.add_argument("--no-compat", action="store_true", help="skip --compat google (slowest)")
     ap.add_argument("--repeats", type=int, default=1, help="best of N (the machine is shared)")
     args = ap.parse_args()
-    sys.path.insert(0, str(REPO))
     from bertkit.pipelines.prepare_corpus import CorpusConfig, prepare_corpus
 
     data = Path(args.data)

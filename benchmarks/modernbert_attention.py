@@ -20,9 +20,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from attention import bench, environment, no_gpu, write_gpu_result  # noqa: E402
+from attention import bench, environment, no_gpu, write_gpu_result
 
 HEADS, HEAD_DIM = 12, 64
 LAYERS = {"global": (160_000.0, None), "local": (10_000.0, "window")}

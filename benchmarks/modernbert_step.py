@@ -14,18 +14,16 @@ RoPE and the local window inside the attention kernels; torch: SDPA over each la
 """
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
+from record import run_info, write_result
+
+from bertkit.models.modernbert import ModernBertConfig, ModernBertForMaskedLM, hf_state_dict
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
-sys.path.insert(0, str(REPO))
-from record import run_info, write_result  # noqa: E402
 
-from bertkit.models.modernbert import ModernBertConfig, ModernBertForMaskedLM, hf_state_dict  # noqa: E402
 
 VOCAB = 16000
 

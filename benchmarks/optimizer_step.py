@@ -5,14 +5,12 @@
     python benchmarks/optimizer_step.py     # prints the table, writes benchmarks/results/optimizer_step.json
 """
 import argparse
-import sys
 import time
 from pathlib import Path
 
+from record import run_info, write_result
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
-sys.path.insert(0, str(REPO))
-from record import run_info, write_result  # noqa: E402
 
 PRESETS = ("tiny", "modernbert-tiny", "mini", "modernbert-mini")
 

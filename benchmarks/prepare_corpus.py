@@ -25,7 +25,6 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def child(files: list[str], out: str, workers: int):
-    sys.path.insert(0, str(REPO))
     from bertkit.pipelines.prepare_corpus import CorpusConfig, prepare_corpus
 
     t = time.perf_counter()

@@ -29,10 +29,9 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from record import run_info
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
-from record import run_info  # noqa: E402
 
 
 def make_batch(batch: int, seq: int, vocab: int, seed: int = 0):

@@ -39,9 +39,9 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from record import RESULTS, run_info, write_result
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
-from record import RESULTS, run_info, write_result  # noqa: E402
 
 SHARED = Path(os.environ.get("BERTKIT_SHARED_DATA", REPO.parent / "shared" / "data"))
 

@@ -14,13 +14,10 @@ Resumable; prints tables; writes benchmarks/results/recipes.json (and recipes_sp
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
-from pretrain_transfer import (  # noqa: E402
+from pretrain_transfer import (
     BUDGETS,
     SHARED,
     curves,
@@ -32,7 +29,9 @@ from pretrain_transfer import (  # noqa: E402
     say,
     task_metric,
 )
-from record import RESULTS, best_ms, run_info, write_result  # noqa: E402
+from record import RESULTS, best_ms, run_info, write_result
+
+REPO = Path(__file__).resolve().parents[1]
 
 ARMS = {"nsp-15": dict(objective="nsp", masked_lm_prob=0.15), "sop-15": dict(objective="sop", masked_lm_prob=0.15),
         "none-15": dict(objective="none", masked_lm_prob=0.15), "nsp-30": dict(objective="nsp", masked_lm_prob=0.30)}

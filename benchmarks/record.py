@@ -8,9 +8,9 @@ import sys
 import time
 from pathlib import Path
 
+from bertkit.fileio import atomic_write_bytes
+
 RESULTS = Path(__file__).resolve().parent / "results"
-sys.path.insert(0, str(RESULTS.parent.parent))
-from bertkit.fileio import atomic_write_bytes  # noqa: E402
 
 
 def run_info(benchmark: str) -> dict:

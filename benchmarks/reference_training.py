@@ -18,8 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from record import run_info, write_result  # noqa: E402
+from record import run_info, write_result
 
 TINY = dict(vocab_size=16000, hidden_size=128, num_layers=2, num_heads=2, intermediate_size=512)
 

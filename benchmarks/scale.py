@@ -166,7 +166,6 @@ def loader_child(instances: str, unpadded: bool, micro_batch: int, token_budget:
     import torch
 
     torch.set_num_threads(1)
-    sys.path.insert(0, str(REPO))
     from bertkit.data import EpochBatches, InstanceDataset, TokenBudgetBatches, batch_loader
 
     train = InstanceDataset(instances, "train", 0)

@@ -38,7 +38,6 @@ TB = 1e12
 # ---------------------------------------------------------------- one configuration (a child process)
 
 def child(data: str, out: str, engine: str, workers: int, address: str, vocab_size: int, dupe: int):
-    sys.path.insert(0, str(REPO))
     import bertkit.pipelines.make_instances as mi
     import bertkit.pipelines.prepare_corpus as pc
     import bertkit.pipelines.train_tokenizer as tt
@@ -112,7 +111,6 @@ def cpu_seconds(cluster: SessionCPU) -> float:
 
 def dedup_rate(rows: int = 2_000_000, parts: int = 10) -> float:
     """Ids per second of one dedup task (prepare_corpus.find_duplicates, P = 1) over synthetic parts."""
-    sys.path.insert(0, str(REPO))
     import numpy as np
 
     import bertkit.pipelines.prepare_corpus as pc

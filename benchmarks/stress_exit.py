@@ -21,17 +21,13 @@ import argparse
 import json
 import os
 import signal
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
-from record import RESULTS, run_info, write_result  # noqa: E402
+from record import RESULTS, run_info, write_result  # benchmarks/record.py: the script's folder is on sys.path
 
-from tests.helpers import TINY, launch, make_instances_dir  # noqa: E402
+from bertkit.testing import TINY, launch, make_instances_dir
 
 EXPECTED = {"end": 0, "signal": "not 0", "error": 1, "rollback": 0}
 SIGNS_OF_A_CRASH = ("terminate called", "Traceback (most recent call last)", "core dumped", "Aborted")

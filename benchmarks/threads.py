@@ -17,10 +17,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from record import run_info, write_result
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
-sys.path.insert(0, str(REPO))
-from record import run_info, write_result  # noqa: E402
 
 NEIGHBOUR = "import torch\ntorch.set_num_threads(1)\na = torch.randn(384, 384)\nwhile True:\n    a = (a @ a).tanh()\n"
 MODEL = {"vocab_size": 133, "hidden_size": 256, "num_layers": 4, "num_heads": 4, "intermediate_size": 1024,
@@ -33,7 +32,7 @@ def bertkit(*args) -> list[str]:
 
 def workloads(work: Path) -> dict:
     """name -> command; inputs made once in `work`."""
-    from tests.helpers import make_instances_dir
+    from bertkit.testing import make_instances_dir
 
     inst = work / "inst"
     if not (inst / "manifest.json").is_file():

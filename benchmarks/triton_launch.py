@@ -17,15 +17,12 @@ each tiny kernel sooner than the host issues the next, so the wall time is the h
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from attention import no_gpu  # noqa: E402
+from attention import no_gpu
 
 
 def per_call_us(fn, calls: int, rounds: int = 7) -> float:

@@ -1,6 +1,8 @@
 """What the tests and the benchmarks share, so that neither imports the other: processes found and stopped by
-session (Ray's workers leave their process group, not their session), a free port, and a local Ray cluster of
-one-CPU nodes on 127.0.0.1, each node a `ray start --block` process in its own session. Standard library only."""
+session (Ray's workers leave their process group, not their session), a free port, a local Ray cluster of one-CPU
+nodes on 127.0.0.1 (each node a `ray start --block` process in its own session), a tiny model shape and a small
+instances folder in the on-disk format, and two-rank DeepSpeed launches. Standard library at import (the srun
+stand-in of the tests imports it); numpy and pyarrow where a folder is made."""
 import os
 import shutil
 import signal
@@ -13,6 +15,12 @@ import time
 from pathlib import Path
 
 BIN = Path(sys.executable).parent
+REPO = Path(__file__).resolve().parents[1]   # the source tree (cli.py, for `deepspeed cli.py pretrain`)
+DIST_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+# a BERT small enough to pretrain for a few steps in a test (the vocabulary is toy_vocab's)
+TINY = {"vocab_size": 133, "hidden_size": 32, "num_layers": 2, "num_heads": 2, "intermediate_size": 64,
+        "max_position_embeddings": 64}
 
 
 def session_members(sid: int) -> list[int]:
@@ -140,3 +148,96 @@ class SessionCPU:
             self._sample()
         with self.lock:
             return sum(self.seen.values())
+
+
+# ---------------------------------------------------------------- a small instances folder, two-rank launches
+
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+N_WORDS = 120
+
+
+def toy_vocab() -> list[str]:
+    return SPECIALS + [f"w{i}" for i in range(N_WORDS)] + [f"##s{i}" for i in range(8)]
+
+
+def toy_rows(n: int, max_len: int, seed: int):
+    """Rows a tiny model learns from in a few steps: Zipf-distributed words; B is Zipf too when IsNext,
+    uniform when NotNext."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    zipf = 1.0 / np.arange(1, N_WORDS + 1)
+    zipf /= zipf.sum()
+    rows = []
+    for _ in range(n):
+        total = int(rng.integers(12, max_len - 3 + 1))
+        a_len = int(rng.integers(4, total - 3))
+        not_next = int(rng.random() < 0.5)
+        a = rng.choice(N_WORDS, size=a_len, p=zipf)
+        b = rng.integers(0, N_WORDS, size=total - a_len) if not_next else rng.choice(N_WORDS, total - a_len, p=zipf)
+        ids = [2] + [5 + int(t) for t in a] + [3] + [5 + int(t) for t in b] + [3]
+        rows.append((np.array(ids, dtype=np.int64), a_len + 2, not_next))
+    return rows
+
+
+def make_instances_dir(path, n=256, holdout=32, max_len=64, mode="dynamic", seed=0, rows_per_shard=100,
+                       max_predictions=10):
+    """A small make-instances folder in the contract's format (formats.instance_schema + manifest.json)."""
+    import numpy as np
+    import pyarrow as pa
+
+    from bertkit.fileio import atomic_write_arrow, checksum_file, sha256_file
+    from bertkit.formats import (
+        InstancesManifest,
+        MaskingOptions,
+        ShardEntry,
+        instance_schema,
+        instances_file_name,
+        write_manifest,
+    )
+    from bertkit.masking import MaskingSpec, mask_instance
+
+    path.mkdir(parents=True, exist_ok=True)
+    vocab = toy_vocab()
+    (path / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    spec = MaskingSpec.from_vocab(vocab, MaskingOptions(max_predictions=max_predictions))
+    schema = instance_schema(len(vocab), mode == "static")
+    rng = np.random.default_rng(seed + 1)
+    shards = []
+    for split, rows in (("train", toy_rows(n, max_len, seed)), ("holdout", toy_rows(holdout, max_len, seed + 7))):
+        for k, lo in enumerate(range(0, len(rows), rows_per_shard)):
+            chunk = rows[lo:lo + rows_per_shard]
+            cols = {"input_ids": [], "b_start": [], "next_sentence_label": []}
+            if mode == "static":
+                cols.update(masked_positions=[], masked_ids=[])
+            for ids, b_start, nsp in chunk:
+                if mode == "static":
+                    ids, positions, labels = mask_instance(ids, rng, spec)
+                    cols["masked_positions"].append(positions.tolist())
+                    cols["masked_ids"].append(labels.tolist())
+                cols["input_ids"].append(np.asarray(ids).tolist())
+                cols["b_start"].append(b_start)
+                cols["next_sentence_label"].append(nsp)
+            name = instances_file_name(split, k)
+            atomic_write_arrow(path / name, pa.table(cols, schema=schema))
+            shards.append(ShardEntry(name, split, len(chunk), (path / name).stat().st_size, checksum_file(path / name)))
+    write_manifest(path, InstancesManifest(
+        stage="make-instances", complete=True, mode=mode, vocab_size=len(vocab),
+        vocab_sha256=sha256_file(path / "vocab.txt"), max_seq_length=max_len,
+        masking=MaskingOptions(max_predictions=max_predictions), seed=seed, shards=shards, tokenizer=str(path)))
+    return path
+
+
+def env_without_dist(**extra):
+    """This process's environment without its process-group variables, one thread per rank."""
+    env = {k: v for k, v in os.environ.items() if k not in DIST_VARS}
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PATH=f"{BIN}:{env.get('PATH', '')}", **extra)
+    return env
+
+
+def launch(args, ranks=2, **env):
+    """`deepspeed --num_gpus RANKS cli.py pretrain ARGS` in its own process group (so a test can kill it all)."""
+    cmd = [str(BIN / "deepspeed"), "--num_gpus", str(ranks), "--master_port", str(free_port()), "cli.py", "pretrain",
+           *map(str, args)]
+    return subprocess.Popen(cmd, cwd=REPO, env=env_without_dist(**env), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)

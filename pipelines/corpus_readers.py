@@ -79,29 +79,12 @@ def expand_inputs(inputs, exclude: Path | None = None, skipped: list[Path] | Non
     exclude = exclude.resolve() if exclude else None
 
     def add(path: Path, source: str):
-        try:
-            os.fsencode(path).decode("utf-8")
-        except UnicodeDecodeError:  # undecodable bytes (os.walk keeps them as surrogates): Arrow cannot hold it
-            shown = os.fsencode(path).decode("utf-8", "backslashreplace")
-            problems.append(f"{shown}: the file name is not UTF-8, so it cannot be recorded; rename it. Skipped")
-            return
-        try:
-            key = path.resolve(strict=True)
-        except (RuntimeError, OSError) as e:  # a symlink loop (RuntimeError before Python 3.13), a dangling link
-            why = "a symbolic link loop" if isinstance(e, RuntimeError) or e.errno == errno.ELOOP else \
-                "a link to nothing" if isinstance(e, FileNotFoundError) else e.strerror
-            problems.append(f"{path}: cannot be read ({why}); skipped")
-            return
-        if exclude and (key == exclude or exclude in key.parents):
-            return
-        if not stat.S_ISREG(key.stat().st_mode):  # opening a FIFO would wait for a writer for ever
-            problems.append(f"{path}: not a regular file (a FIFO, socket or device); skipped")
-            return
-        if key in seen:
-            problems.append(f"{path}: given more than once; read once")
-            return
-        seen.add(key)
-        files.append(InputFile(path, source))
+        key, problem = _candidate(path, exclude, seen)
+        if problem:
+            problems.append(problem)
+        elif key is not None:
+            seen.add(key)
+            files.append(InputFile(path, source))
 
     for arg in inputs:
         arg = str(arg)
@@ -128,6 +111,29 @@ def expand_inputs(inputs, exclude: Path | None = None, skipped: list[Path] | Non
         else:
             problems.append(f"{arg}: no such file or folder")
     return files, problems
+
+
+def _candidate(path: Path, exclude: Path | None, seen: set) -> tuple[Path | None, str | None]:
+    """(the resolved path of an input file to read, or None; what is wrong with it, or None): a name Arrow cannot
+    hold, a link loop or a link to nothing, a FIFO or device, a second mention. Inside `exclude`: (None, None)."""
+    try:
+        os.fsencode(path).decode("utf-8")
+    except UnicodeDecodeError:  # undecodable bytes (os.walk keeps them as surrogates): Arrow cannot hold it
+        shown = os.fsencode(path).decode("utf-8", "backslashreplace")
+        return None, f"{shown}: the file name is not UTF-8, so it cannot be recorded; rename it. Skipped"
+    try:
+        key = path.resolve(strict=True)
+    except (RuntimeError, OSError) as e:  # a symlink loop (RuntimeError before Python 3.13), a dangling link
+        why = "a symbolic link loop" if isinstance(e, RuntimeError) or e.errno == errno.ELOOP else \
+            "a link to nothing" if isinstance(e, FileNotFoundError) else e.strerror
+        return None, f"{path}: cannot be read ({why}); skipped"
+    if exclude and (key == exclude or exclude in key.parents):
+        return None, None
+    if not stat.S_ISREG(key.stat().st_mode):  # opening a FIFO would wait for a writer for ever
+        return None, f"{path}: not a regular file (a FIFO, socket or device); skipped"
+    if key in seen:
+        return None, f"{path}: given more than once; read once"
+    return key, None
 
 
 def _fixed_prefix(parts) -> list[str]:

@@ -379,13 +379,7 @@ def process_unit(task: dict) -> list[dict]:
     out_dir, parts = Path(task["out"]), Path(task["out"]) / ".parts"
     passes = config.passes if task["split"] == "train" else config.holdout_dupe
     names = [file_name(task["split"], task["unit_index"], p, task["n_units"]) for p in range(passes)]
-    done = {}
-    for n in names:   # finished: a readable record, and the file with its size and checksum (else it is redone)
-        entry = read_json_or_none(parts / f"{n}.json")
-        path = out_dir / n
-        if entry and "checksum" in entry and path.is_file() and entry["bytes"] == path.stat().st_size \
-                and file_matches(path, entry["checksum"]):
-            done[n] = entry
+    done = finished_passes(names, out_dir)
     if len(done) == len(names):
         return [done[n] for n in names]
 
@@ -403,37 +397,7 @@ def process_unit(task: dict) -> list[dict]:
             results.append(done[name])
             continue
         rng = np.random.default_rng([config.seed, SPLIT_CODE[task["split"]], task["unit_index"], p])
-        if config.objective == "none":
-            ids, offsets = full_sentences(tokens, seg_start, doc_seg, rng, config.max_seq_length, spec.cls_id,
-                                          spec.sep_id, dtype)
-            ids, offsets = shuffle_rows(ids, offsets, rng)
-            b_start, skipped = np.diff(offsets), 0                # no B segment
-            pairs = {"not_next": np.zeros(len(b_start), bool)}
-            special = (ids == spec.cls_id) | (ids == spec.sep_id)
-            specials = np.add.reduceat(special, offsets[:-1]) if len(b_start) else np.zeros(0, np.int64)
-        else:
-            if len(doc_seg) > 1:
-                pairs, skipped = build_pairs(seg_start, doc_seg, rng, config)
-            else:
-                pairs, skipped = {k: np.zeros(0, np.int64) for k in ("a_lo", "a_hi", "b_lo", "b_hi")}, 0
-                pairs["not_next"] = np.zeros(0, bool)
-            order = rng.permutation(len(pairs["a_lo"]))          # the file's rows come shuffled
-            pairs = {k: v[order] for k, v in pairs.items()}
-            ids, offsets, b_start = assemble(tokens, pairs, rng, config.max_seq_length, spec.cls_id, spec.sep_id,
-                                             dtype)
-            specials = 3
-        if config.mode == "static":
-            masked, pos, labels, pred_off, kinds = mask_batch(ids, offsets, rng, spec)
-            row_of = np.repeat(np.arange(len(offsets) - 1), np.diff(pred_off))
-            tbl = instances_table(masked, offsets, b_start, pairs["not_next"], len(vocab),
-                                  (pos - offsets[:-1][row_of], labels, pred_off))
-            stats = pass_stats(offsets, b_start, pairs["not_next"], config.max_seq_length, spec, kinds, skipped,
-                               specials)
-        else:
-            tbl = instances_table(ids, offsets, b_start, pairs["not_next"], len(vocab))
-            stats = pass_stats(offsets, b_start, pairs["not_next"], config.max_seq_length, skipped=skipped,
-                               specials=specials)
-        stats["documents"], stats["segments"] = len(doc_seg) - 1, len(seg_start) - 1
+        tbl, stats = one_pass(tokens, seg_start, doc_seg, rng, config, spec, len(vocab), dtype)
         data = arrow_file_bytes(tbl)
         atomic_write_bytes(out_dir / name, data)           # fsynced before it gets its name
         entry = {"file": name, "split": task["split"], "rows": tbl.num_rows, "bytes": len(data),
@@ -443,6 +407,54 @@ def process_unit(task: dict) -> list[dict]:
         atomic_write_json(parts / f"{name}.json", entry, fsync=False)
         results.append(entry)
     return results
+
+
+def finished_passes(names: list[str], out_dir: Path) -> dict:
+    """The pass files already made: a readable record, and the file with its size and checksum (else redone)."""
+    done = {}
+    for n in names:
+        entry = read_json_or_none(out_dir / ".parts" / f"{n}.json")
+        path = out_dir / n
+        if entry and "checksum" in entry and path.is_file() and entry["bytes"] == path.stat().st_size \
+                and file_matches(path, entry["checksum"]):
+            done[n] = entry
+    return done
+
+
+def one_pass(tokens, seg_start, doc_seg, rng, config: InstancesConfig, spec, vocab_size: int, dtype):
+    """(table, stats) of one pass over a unit's documents: full sentences (MLM only) or A/B pairs, shuffled,
+    masked here when static."""
+    if config.objective == "none":
+        ids, offsets = full_sentences(tokens, seg_start, doc_seg, rng, config.max_seq_length, spec.cls_id,
+                                      spec.sep_id, dtype)
+        ids, offsets = shuffle_rows(ids, offsets, rng)
+        b_start, skipped = np.diff(offsets), 0                # no B segment
+        pairs = {"not_next": np.zeros(len(b_start), bool)}
+        special = (ids == spec.cls_id) | (ids == spec.sep_id)
+        specials = np.add.reduceat(special, offsets[:-1]) if len(b_start) else np.zeros(0, np.int64)
+    else:
+        if len(doc_seg) > 1:
+            pairs, skipped = build_pairs(seg_start, doc_seg, rng, config)
+        else:
+            pairs, skipped = {k: np.zeros(0, np.int64) for k in ("a_lo", "a_hi", "b_lo", "b_hi")}, 0
+            pairs["not_next"] = np.zeros(0, bool)
+        order = rng.permutation(len(pairs["a_lo"]))          # the file's rows come shuffled
+        pairs = {k: v[order] for k, v in pairs.items()}
+        ids, offsets, b_start = assemble(tokens, pairs, rng, config.max_seq_length, spec.cls_id, spec.sep_id, dtype)
+        specials = 3
+    if config.mode == "static":
+        masked, pos, labels, pred_off, kinds = mask_batch(ids, offsets, rng, spec)
+        row_of = np.repeat(np.arange(len(offsets) - 1), np.diff(pred_off))
+        tbl = instances_table(masked, offsets, b_start, pairs["not_next"], vocab_size,
+                              (pos - offsets[:-1][row_of], labels, pred_off))
+        stats = pass_stats(offsets, b_start, pairs["not_next"], config.max_seq_length, spec, kinds, skipped,
+                           specials)
+    else:
+        tbl = instances_table(ids, offsets, b_start, pairs["not_next"], vocab_size)
+        stats = pass_stats(offsets, b_start, pairs["not_next"], config.max_seq_length, skipped=skipped,
+                           specials=specials)
+    stats["documents"], stats["segments"] = len(doc_seg) - 1, len(seg_start) - 1
+    return tbl, stats
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -495,23 +495,7 @@ def train_tokenizer(corpus_dir, out, config: TokenizerConfig | None = None) -> T
 
 
 def _train_tokenizer(corpus_dir, out: Path, config: TokenizerConfig) -> TokenizerManifest:
-    warnings = []
-    if config.vocab_file is not None:
-        tokens = read_vocab(config.vocab_file)
-        if config.lowercase is None:
-            config.lowercase = guess_lowercase(tokens)
-        elif config.lowercase != guess_lowercase(tokens):
-            warnings.append(f"{config.vocab_file} looks {'uncased' if guess_lowercase(tokens) else 'cased'} "
-                            f"but {'--uncased' if config.lowercase else '--cased'} was asked for")
-        if config.strip_accents == "auto":
-            config.strip_accents = guess_strip_accents(tokens)
-        elif config.lowercase and config.strip_accents != guess_strip_accents(tokens) == "all":
-            warnings.append(f"{config.vocab_file} was built with original BERT's normalization (Hangul as jamo, kana "
-                            f"without voicing marks); --strip-accents {config.strip_accents} tokenizes such text "
-                            f"differently from how its model saw it")
-    else:
-        config.lowercase = True if config.lowercase is None else config.lowercase
-        config.strip_accents = "latin" if config.strip_accents == "auto" else config.strip_accents
+    tokens, warnings = _settle_normalisation(config)
     korean_share = None  # set when auto decided from the corpus
     if config.pretokenize == "auto":
         config.pretokenize, korean_share = _korean_default(corpus_dir) if config.vocab_file is None else ("none", None)
@@ -521,21 +505,8 @@ def _train_tokenizer(corpus_dir, out: Path, config: TokenizerConfig) -> Tokenize
         config.sample_bytes, auto_sampled = auto_sample_bytes(corpus_dir, config) if config.vocab_file is None \
             else (None, None)
     settings = _settings(config)
-
-    manifest_path = out / MANIFEST
-    if manifest_path.is_file():
-        old = read_json_or_none(manifest_path) or {}
-        same_corpus = (old.get("corpus") or {}).get("manifest_sha256") == (corpus or {}).get("manifest_sha256")
-        if old.get("complete") and old.get("settings") == settings and same_corpus:  # (the folder may have moved)
-            return read_tokenizer_manifest(out)  # already done: re-running a finished stage is a no-op
-        if not config.overwrite:
-            before = old.get("settings") or {}
-            changed = "; ".join(f"{k}: {before.get(k)} -> {v}" for k, v in settings.items() if before.get(k) != v)
-            raise TokenizerError(
-                f"{out}: already holds a tokenizer made from "
-                + (f"other settings ({changed})" if changed else "another corpus")
-                + f" (see {manifest_path}); choose a new --out folder, or pass --overwrite to replace it.")
-        manifest_path.unlink()  # the folder is not a finished tokenizer until the new manifest is written
+    if _already_made(out, settings, corpus, config.overwrite):
+        return read_tokenizer_manifest(out)  # re-running a finished stage is a no-op
 
     if config.vocab_file is None:
         if korean_share is not None and config.pretokenize != "none":
@@ -550,14 +521,7 @@ def _train_tokenizer(corpus_dir, out: Path, config: TokenizerConfig) -> Tokenize
         source = "vocab_file"
     tok = build_tokenizer({t: i for i, t in enumerate(tokens)}, config.lowercase, config.strip_accents)
 
-    stats = None
-    if corpus_dir is not None:
-        holdout = corpus_shards(corpus_dir, "holdout")
-        split = "holdout" if holdout else "train"  # no held-out split: measure on (the start of) the training text
-        stats = tokenizer_stats(tok, _sentence_batches(holdout or corpus_shards(corpus_dir, "train"),
-                                                       config.progress, "train-tokenizer: held-out stats",
-                                                       limit=config.stats_sentences))
-        stats = {"split": split, **stats}
+    stats = _held_out_stats(tok, corpus_dir, config) if corpus_dir is not None else None
     alphabet = [t for t in tokens if len(t) == 1]
     vocab_bytes = vocab_text(tokens)
     hf_config, specials = _hf_files(config)
@@ -573,3 +537,53 @@ def _train_tokenizer(corpus_dir, out: Path, config: TokenizerConfig) -> Tokenize
     write_manifest(out, manifest)
     drop_scans(out)   # the kept scans: a finished tokenizer needs none
     return manifest
+
+
+def _settle_normalisation(config: TokenizerConfig) -> tuple[list[str] | None, list[str]]:
+    """--uncased/--cased and --strip-accents settled (from the --vocab-file's own tokens where not given): (its
+    tokens or None, warnings where the flags contradict them)."""
+    if config.vocab_file is None:
+        config.lowercase = True if config.lowercase is None else config.lowercase
+        config.strip_accents = "latin" if config.strip_accents == "auto" else config.strip_accents
+        return None, []
+    warnings, tokens = [], read_vocab(config.vocab_file)
+    if config.lowercase is None:
+        config.lowercase = guess_lowercase(tokens)
+    elif config.lowercase != guess_lowercase(tokens):
+        warnings.append(f"{config.vocab_file} looks {'uncased' if guess_lowercase(tokens) else 'cased'} "
+                        f"but {'--uncased' if config.lowercase else '--cased'} was asked for")
+    if config.strip_accents == "auto":
+        config.strip_accents = guess_strip_accents(tokens)
+    elif config.lowercase and config.strip_accents != guess_strip_accents(tokens) == "all":
+        warnings.append(f"{config.vocab_file} was built with original BERT's normalization (Hangul as jamo, kana "
+                        f"without voicing marks); --strip-accents {config.strip_accents} tokenizes such text "
+                        f"differently from how its model saw it")
+    return tokens, warnings
+
+
+def _already_made(out: Path, settings: dict, corpus: dict | None, overwrite: bool) -> bool:
+    """True when OUT holds this very tokenizer; another one is refused without --overwrite, else unmarked."""
+    manifest_path = out / MANIFEST
+    if not manifest_path.is_file():
+        return False
+    old = read_json_or_none(manifest_path) or {}
+    same_corpus = (old.get("corpus") or {}).get("manifest_sha256") == (corpus or {}).get("manifest_sha256")
+    if old.get("complete") and old.get("settings") == settings and same_corpus:  # (the folder may have moved)
+        return True
+    if not overwrite:
+        before = old.get("settings") or {}
+        changed = "; ".join(f"{k}: {before.get(k)} -> {v}" for k, v in settings.items() if before.get(k) != v)
+        raise TokenizerError(
+            f"{out}: already holds a tokenizer made from "
+            + (f"other settings ({changed})" if changed else "another corpus")
+            + f" (see {manifest_path}); choose a new --out folder, or pass --overwrite to replace it.")
+    manifest_path.unlink()  # the folder is not a finished tokenizer until the new manifest is written
+    return False
+
+
+def _held_out_stats(tok, corpus_dir, config: TokenizerConfig) -> dict:
+    """Tokens per word and [UNK] on the held-out split (none: on the start of the training text)."""
+    holdout = corpus_shards(corpus_dir, "holdout")
+    stats = tokenizer_stats(tok, _sentence_batches(holdout or corpus_shards(corpus_dir, "train"), config.progress,
+                                                   "train-tokenizer: held-out stats", limit=config.stats_sentences))
+    return {"split": "holdout" if holdout else "train", **stats}

@@ -7,8 +7,7 @@ import pytest
 
 
 @pytest.fixture
-def transfer(monkeypatch):
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+def transfer():
     import pretrain_transfer
 
     return pretrain_transfer
@@ -158,7 +157,7 @@ def test_gpu_only_benchmarks_say_so_on_a_machine_without_one(script, tmp_path):
 
     if torch.cuda.is_available():
         pytest.skip("a CUDA GPU is here: the script would measure")
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     out = tmp_path / f"{script}.json"
     r = subprocess.run([sys.executable, str(root / "benchmarks" / f"{script}.py"), "--out", str(out)], cwd=tmp_path,
                        capture_output=True, text=True, timeout=120)

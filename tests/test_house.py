@@ -1,0 +1,50 @@
+"""The house rules a newcomer relies on (issue 73): tests/ and benchmarks/ do not import each other (what both need is
+bertkit.testing), and no library function is longer than 60 lines (the ones still longer are named here, and the
+list may only shrink)."""
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+LIBRARY = ("bertkit", "pipelines", "kernels")
+# the library functions still over 60 lines (a shorter one fails the test: remove it here): make-instances' pairing
+# loop, google-research/bert's rules 1-3 in one pass over a unit's chunks (a call per chunk costs in the hottest loop
+# of the stage), and attention's key/value backward, one Triton program
+STILL_LONG = {"pipelines/make_instances.py:build_pairs", "kernels/attention.py:_attn_bwd_dkdv"}
+
+
+def imported_names(path: Path) -> set[str]:
+    """The top-level module names a file imports, and the folders it puts on sys.path by name."""
+    tree, names = ast.parse(path.read_text(encoding="utf-8")), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", "") in ("insert", "append",
+                                                                                  "syspath_prepend"):
+            names |= {f"path:{c.value}" for c in ast.walk(node) if isinstance(c, ast.Constant)
+                      and isinstance(c.value, str)}
+    return names
+
+
+def test_tests_and_benchmarks_do_not_import_each_other():
+    scripts = {p.stem for p in (REPO / "benchmarks").glob("*.py")}
+    for path in sorted((REPO / "tests").rglob("*.py")):
+        names = imported_names(path)
+        assert not names & scripts, f"{path} imports a benchmark script: {sorted(names & scripts)}"
+        assert "path:benchmarks" not in names, f"{path} puts benchmarks/ on sys.path"
+    for path in sorted((REPO / "benchmarks").rglob("*.py")):
+        names = imported_names(path)
+        assert "tests" not in names and "path:tests" not in names, f"{path} imports from tests/"
+
+
+def test_no_library_function_is_longer_than_60_lines():
+    long = set()
+    for root in LIBRARY:
+        for path in sorted((REPO / root).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
+                        node.end_lineno - node.lineno + 1 > 60:
+                    long.add(f"{path.relative_to(REPO)}:{node.name}")
+    assert not long - STILL_LONG, f"functions over 60 lines: {sorted(long - STILL_LONG)}; split them"
+    assert not STILL_LONG - long, f"now at most 60 lines: {sorted(STILL_LONG - long)}; remove them from STILL_LONG"
