@@ -202,47 +202,52 @@ def build_pairs(seg_start: np.ndarray, doc_seg: np.ndarray, rng: np.random.Gener
             a_lo, a_hi = starts[chunk], starts[a_end]
             next_chunk = i + 1
             if config.objective == "sop":                # ALBERT: A and B from one chunk, swapped for the negative
-                lo = mid = hi = None
-                if n_chunk > 1:
-                    lo, mid, hi = a_lo, a_hi, starts[i + 1]
-                elif a_hi - a_lo >= 2:                  # one segment: cut it inside
-                    lo, mid, hi = a_lo, a_lo + 1 + int(u[k + 1] * (a_hi - a_lo - 1)), a_hi
-                if lo is None:
-                    skipped += 1
-                elif u[k + 2] < 0.5:
-                    a_lo_(mid), a_hi_(hi), b_lo_(lo), b_hi_(mid), nn_(1)
-                else:
-                    a_lo_(lo), a_hi_(mid), b_lo_(mid), b_hi_(hi), nn_(0)
-            elif single_doc:
-                # nothing to draw a random B from: B is A's true continuation (IsNext)
-                if n_chunk > 1:
-                    a_lo_(a_lo), a_hi_(a_hi), b_lo_(a_hi), b_hi_(starts[i + 1]), nn_(0)
-                elif a_hi - a_lo >= 2:                  # one segment: cut it inside
-                    cut = a_lo + 1 + int(u[k + 1] * (a_hi - a_lo - 1))
-                    a_lo_(a_lo), a_hi_(cut), b_lo_(cut), b_hi_(a_hi), nn_(0)
-                else:
-                    skipped += 1
+                pair = _pair_in_chunk(starts, i, n_chunk, a_lo, a_hi, u, k, swap=u[k + 2] < 0.5)
+            elif single_doc:                             # nothing to draw a random B from: B is A's continuation
+                pair = _pair_in_chunk(starts, i, n_chunk, a_lo, a_hi, u, k, swap=False)
             elif n_chunk == 1 or u[k + 1] < 0.5:       # rule 3: NotNext
-                if reference_tries:                    # the reference: 10 tries to avoid this document
-                    for t in range(10):
-                        r = int(u[k + 2 + t] * n_docs)
-                        if r != d:
-                            break
-                else:                                  # uniform over the other documents
-                    r = int(u[k + 2] * (n_docs - 1))
-                    r += r >= d
-                r0, r1 = dseg[r], dseg[r + 1]
-                rs = r0 + int(u[k + 12] * (r1 - r0))
-                b_end = bisect_left(starts, starts[rs] + target - (a_hi - a_lo), rs + 1, r1)
-                a_lo_(a_lo), a_hi_(a_hi), b_lo_(starts[rs]), b_hi_(starts[b_end]), nn_(1)
+                pair = (a_lo, a_hi, *_random_b(starts, dseg, d, n_docs, target - (a_hi - a_lo), u, k,
+                                               reference_tries), 1)
                 next_chunk = a_end                     # the chunk's segments after A start the next chunk
             else:                                      # IsNext: B is the rest of the chunk
-                a_lo_(a_lo), a_hi_(a_hi), b_lo_(a_hi), b_hi_(starts[i + 1]), nn_(0)
+                pair = (a_lo, a_hi, a_hi, starts[i + 1], 0)
+            if pair is None:
+                skipped += 1
+            else:
+                a_lo_(pair[0]), a_hi_(pair[1]), b_lo_(pair[2]), b_hi_(pair[3]), nn_(pair[4])
             k += 13
             chunk = next_chunk
     arrays = {k: np.frombuffer(v, dtype=np.int64) if len(v) else np.zeros(0, np.int64) for k, v in out.items()}
     arrays["not_next"] = arrays["not_next"].astype(bool)
     return arrays, skipped
+
+
+def _pair_in_chunk(starts, i, n_chunk, a_lo, a_hi, u, k, swap: bool):
+    """A and B both from one chunk (SOP, or a pool of one document): the chunk's first segments and the rest, or a
+    lone segment cut inside; swapped (label 1) for SOP's negative. None for a one-token chunk."""
+    if n_chunk > 1:
+        lo, mid, hi = a_lo, a_hi, starts[i + 1]
+    elif a_hi - a_lo >= 2:
+        lo, mid, hi = a_lo, a_lo + 1 + int(u[k + 1] * (a_hi - a_lo - 1)), a_hi
+    else:
+        return None
+    return (mid, hi, lo, mid, 1) if swap else (lo, mid, mid, hi, 0)
+
+
+def _random_b(starts, dseg, d, n_docs, b_target, u, k, reference_tries) -> tuple[int, int]:
+    """NotNext's B: segments from a random point of another document, up to b_target tokens. The reference makes
+    10 tries to avoid document d; otherwise uniform over the other documents."""
+    if reference_tries:
+        for t in range(10):
+            r = int(u[k + 2 + t] * n_docs)
+            if r != d:
+                break
+    else:
+        r = int(u[k + 2] * (n_docs - 1))
+        r += r >= d
+    r0, r1 = dseg[r], dseg[r + 1]
+    rs = r0 + int(u[k + 12] * (r1 - r0))
+    return starts[rs], starts[bisect_left(starts, starts[rs] + b_target, rs + 1, r1)]
 
 
 # ---------------------------------------------------------------------------------------------------------------
