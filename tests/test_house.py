@@ -37,6 +37,15 @@ def test_tests_and_benchmarks_do_not_import_each_other():
         assert "tests" not in names and "path:tests" not in names, f"{path} imports from tests/"
 
 
+def test_every_benchmark_script_is_in_a_runner():
+    """Each script is run by `make bench` (run_all.sh) or benchmarks/gpu_session.sh, or named in run_all.sh's list of
+    the studies run by hand: none is left where nobody finds it."""
+    runners = "".join((REPO / "benchmarks" / name).read_text() for name in ("run_all.sh", "gpu_session.sh"))
+    loose = [p.name for p in sorted((REPO / "benchmarks").glob("*.py"))
+             if p.stem not in runners.replace(".py", " ").replace("/", " ").split() and p.name not in runners]
+    assert not loose, f"benchmark scripts in no runner: {loose}; add each to benchmarks/run_all.sh (or delete it)"
+
+
 def test_no_library_function_is_longer_than_60_lines():
     long = set()
     for root in LIBRARY:
