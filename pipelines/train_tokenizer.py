@@ -75,6 +75,7 @@ from bertkit.tokenization import (
 
 STAGE = "train-tokenizer"
 SCANS = ".scans"           # OUT/.scans/: the alphabet pass's result per shard, kept until the tokenizer is written
+SCANS_MARK = ".bertkit-scans"  # in each OUT/.scans/KEY/ this pass made: only such folders' scans are removed
 MODEL_MAX_LENGTH = 512
 SAMPLE_BUCKETS = 1 << 20   # --sample-bytes: documents fall in buckets by a hash of their id; the sample is the
                            # first buckets, as many as fit (so it does not depend on shard or task order)
@@ -257,6 +258,7 @@ def _per_shard(shards, config: TokenizerConfig, desc: str, alphabet_tokens=None,
 def _keep_scan(folder: Path, shard: Path, result: dict) -> None:
     buckets = None if result["buckets"] is None else [a.tolist() for a in result["buckets"]]
     folder.mkdir(parents=True, exist_ok=True)
+    (folder / SCANS_MARK).touch()
     atomic_write_bytes(folder / f"{Path(shard).name}.json", json.dumps({**result, "buckets": buckets}).encode(),
                        fsync=False)
 
@@ -275,20 +277,29 @@ def scans_folder(out: Path, corpus: dict, config: TokenizerConfig) -> Path:
     what = json.dumps([corpus["manifest_sha256"], config.lowercase, config.strip_accents,
                        config.sample_bytes is not None])
     folder = out / SCANS / hashlib.sha256(what.encode()).hexdigest()[:16]
-    for other in (out / SCANS).glob("*/*.arrow.json") if (out / SCANS).is_dir() else ():
-        if other.parent != folder and not other.is_symlink():
-            other.unlink()   # a scan of another corpus or options: only the files this pass writes
+    _drop_scans(out, keep=folder)  # scans of another corpus or options
     return folder
 
 
 def drop_scans(out: Path) -> None:
-    """The kept scans, once the tokenizer is written: only the files the alphabet pass writes, then their folders."""
-    for scan in (out / SCANS).glob("*/*.arrow.json") if (out / SCANS).is_dir() else ():
-        if not scan.is_symlink():
-            scan.unlink()
-    for folder in [*(out / SCANS).glob("*"), out / SCANS] if (out / SCANS).is_dir() else ():
-        if folder.is_dir() and not folder.is_symlink() and not any(folder.iterdir()):
+    """The kept scans, once the tokenizer is written."""
+    _drop_scans(out)
+
+
+def _drop_scans(out: Path, keep: Path | None = None) -> None:
+    """Only what the alphabet pass writes: the scans in folders holding its mark (a real folder, not a link), then
+    the mark and the folders left empty; anything else under OUT/.scans stays."""
+    for folder in (out / SCANS).glob("*") if (out / SCANS).is_dir() else ():
+        if folder == keep or folder.is_symlink() or not (folder / SCANS_MARK).is_file():
+            continue
+        for scan in folder.glob("*.arrow.json"):
+            if not scan.is_symlink():
+                scan.unlink()
+        (folder / SCANS_MARK).unlink()
+        if not any(folder.iterdir()):
             folder.rmdir()
+    if (out / SCANS).is_dir() and not (out / SCANS).is_symlink() and not any((out / SCANS).iterdir()):
+        (out / SCANS).rmdir()
 
 
 def _sample_threshold(per_bucket: np.ndarray, sample_bytes: int, corpus_dir) -> int:

@@ -108,6 +108,26 @@ def test_a_record_proves_nothing_it_cannot_show(run, tmp_path):
     assert (out / "metrics.jsonl").read_text().startswith("my edit\n")  # kept, and appended to by name
 
 
+def test_train_tokenizer_removes_only_its_own_scans(tmp_path):
+    """OUT/.scans/KEY/ folders the alphabet pass made (they hold its mark) go when the tokenizer is written; a folder
+    there without the mark is someone else's and stays, with its files."""
+    from bertkit.pipelines.train_tokenizer import TokenizerConfig, train_tokenizer
+    from tests.helpers import write_corpus
+
+    corpus = write_corpus(tmp_path / "corpus", [[["the cat sat on the mat", "a dog ran"]] * 20])
+    out = tmp_path / "tok"
+    mine = out / ".scans" / "mine"
+    mine.mkdir(parents=True)
+    (mine / "notes.arrow.json").write_text("{}")
+    old = out / ".scans" / "0123456789abcdef"   # as a killed run of other options leaves it: marked
+    old.mkdir()
+    (old / ".bertkit-scans").touch()
+    (old / "shard-00000.arrow.json").write_text("{}")
+    train_tokenizer(corpus, out, TokenizerConfig(vocab_size=200, progress=False))
+    assert (mine / "notes.arrow.json").read_text() == "{}"
+    assert not old.exists() and sorted(p.name for p in (out / ".scans").iterdir()) == ["mine"]
+
+
 def test_staging_removes_only_its_own_leftovers(run, tmp_path):
     out = tmp_path / "export"
     assert export_cli(run, out).exit_code == 0
