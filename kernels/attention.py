@@ -355,15 +355,21 @@ def _attn_bwd_dkdv(
                                 offs_m, offs_n, offs_d, d_mask, qk_scale, seed, bh, threshold, dropout_scale, COS,
                                 SIN, WINDOW, HEAD_DIM, BLOCK_N, True, DROPOUT, DOT_PREC, ROPE, False)
 
+    _store_dkdv(dk, dv, DK + b64 * sgkb + h * sgkh + row64 * sgks, DV + b64 * sgvb + h * sgvh + row64 * sgvs, sgks,
+                sgvs, offs_n, n_mask, offs_d, d_mask, rows_out, sm_scale, COS, SIN, HEAD_DIM, ROPE)
+
+
+@triton.jit
+def _store_dkdv(dk, dv, dk_seq, dv_seq, sgks, sgvs, offs_n, n_mask, offs_d, d_mask, rows_out, sm_scale, COS, SIN,
+                HEAD_DIM: tl.constexpr, ROPE: tl.constexpr):
+    """One key block's dK and dV: rows past the sequence zero, rows past the output (varlen) not written."""
     out_mask = (offs_n < rows_out)[:, None] & d_mask[None, :]
     if ROPE:  # dK so far is with respect to the turned keys
         dk = _unrotate(dk, offs_n, n_mask, COS, SIN, HEAD_DIM)
     dk = tl.where(n_mask[:, None], dk * sm_scale, 0.0)
     dv = tl.where(n_mask[:, None], dv, 0.0)
-    tl.store(DK + b64 * sgkb + h * sgkh + row64 * sgks + offs_n[:, None] * sgks + offs_d[None, :],
-             dk.to(DK.dtype.element_ty), mask=out_mask)
-    tl.store(DV + b64 * sgvb + h * sgvh + row64 * sgvs + offs_n[:, None] * sgvs + offs_d[None, :],
-             dv.to(DV.dtype.element_ty), mask=out_mask)
+    tl.store(dk_seq + offs_n[:, None] * sgks + offs_d[None, :], dk.to(dk_seq.dtype.element_ty), mask=out_mask)
+    tl.store(dv_seq + offs_n[:, None] * sgvs + offs_d[None, :], dv.to(dv_seq.dtype.element_ty), mask=out_mask)
 
 
 @triton.jit
