@@ -163,9 +163,9 @@ def run_stage(cmd: list[str], arm: str):
 def random_export(arm: Arm, en: dict, out: Path) -> Path:
     import torch
 
-    from bertkit.config import BertConfig
     from bertkit.models import save_pretrained
     from bertkit.models.bert import BertForPreTraining
+    from bertkit.models.bert_config import BertConfig
     from bertkit.tokenization import read_vocab
 
     if not (out / "model.safetensors").is_file():

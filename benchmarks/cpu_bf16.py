@@ -29,8 +29,8 @@ def build(family: str, preset: str):
         for name in [k for k in vars(cfg) if k.endswith("dropout")]:
             setattr(cfg, name, 0.0)
         return ModernBertForMaskedLM(cfg)
-    from bertkit.config import BertConfig
     from bertkit.models import build_pretraining
+    from bertkit.models.bert_config import BertConfig
 
     cfg = BertConfig.preset(preset, vocab_size=VOCAB)
     cfg.hidden_dropout = cfg.attention_dropout = 0.0

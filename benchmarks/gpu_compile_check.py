@@ -41,9 +41,9 @@ def make_inputs(root: Path, words_per_row: int | None = None) -> tuple[Path, Pat
     so the loss must fall)."""
     import torch
 
-    from bertkit.config import BertConfig
     from bertkit.models import save_pretrained
     from bertkit.models.bert import BertForPreTraining
+    from bertkit.models.bert_config import BertConfig
 
     root.mkdir(parents=True, exist_ok=True)
     words = [f"w{i}" for i in range(1000)]

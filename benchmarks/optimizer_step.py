@@ -48,8 +48,8 @@ def ms_per_step(make, model) -> float:
 def main(argv=None):
     import torch
 
-    from bertkit.config import BertConfig
     from bertkit.models import build_pretraining
+    from bertkit.models.bert_config import BertConfig
     from bertkit.models.modernbert import ModernBertConfig
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

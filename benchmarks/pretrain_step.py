@@ -63,7 +63,7 @@ def measure(impl: str, config: str, seq: int, batch: int, device: str, precision
     profile: a folder for the torch.profiler table of 3 more steps (where the time goes), after the timed ones."""
     import torch
 
-    from bertkit.config import BertConfig
+    from bertkit.models.bert_config import BertConfig
 
     torch.manual_seed(0)
     cfg = BertConfig.preset(config, vocab_size=30522, max_position_embeddings=512)

@@ -146,8 +146,8 @@ def vocab_speed() -> list[dict]:
     import torch
     from pretrain_step import make_batch
 
-    from bertkit.config import BertConfig
     from bertkit.models.bert import BertForPreTraining
+    from bertkit.models.bert_config import BertConfig
 
     rows = []
     # bert-base's 30522 rows become 30528 with the default multiple of 8 and with 64 alike, so it is measured
@@ -174,11 +174,11 @@ def sst2_speed() -> list[dict]:
 
     import torch
 
-    from bertkit.config import BertConfig
     from bertkit.finetune.classify import encode, label_ids, label_list
     from bertkit.finetune.glue import read_glue
     from bertkit.finetune.train import collate_features as ft_collate, pack_features as collate_packed
     from bertkit.models.bert import BertForSequenceClassification
+    from bertkit.models.bert_config import BertConfig
     from bertkit.tokenization import load_tokenizer
 
     tokenizer = load_tokenizer(SHARED / "vocab" / "bert-base-uncased" / "vocab.txt")

@@ -40,8 +40,8 @@ def train(which: str, instances: Path, steps: int, lr: float, every: int) -> lis
             num_attention_heads=TINY["num_heads"], intermediate_size=TINY["intermediate_size"],
             max_position_embeddings=512, layer_norm_eps=1e-12))
     else:
-        from bertkit.config import BertConfig
         from bertkit.models.bert import BertForPreTraining
+        from bertkit.models.bert_config import BertConfig
 
         model = BertForPreTraining(BertConfig.preset("tiny", vocab_size=TINY["vocab_size"]))
     opt = torch.optim.AdamW(param_groups(model, 0.01), lr=lr, betas=(0.9, 0.999), eps=1e-6)

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 
-from bertkit.config import PRESETS
+from bertkit.models.bert_config import PRESETS
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 HIDDENS = tuple(sorted({hidden for _, hidden, _ in PRESETS.values()}))

@@ -133,9 +133,9 @@ def tiny_model_folder(root: Path, name: str = "tiny") -> Path:
     """A randomly initialised tiny BERT (seed 0) saved in HF format over a 32-token vocabulary (w0 .. w26)."""
     import torch
 
-    from bertkit.config import BertConfig
     from bertkit.models import save_pretrained
     from bertkit.models.bert import BertForPreTraining
+    from bertkit.models.bert_config import BertConfig
 
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(27)]
     (root / "vocab.txt").write_text("\n".join(vocab) + "\n")

@@ -119,9 +119,9 @@ def test_data_parallel_under_deepspeed_launcher(tmp_path, pooling):
     """`deepspeed --num_gpus 2 cli.py finetune ...` on the CPU (gloo): both ranks train in step through
     torch.distributed; rank 0 evaluates and writes metrics and the model. With mean pooling the pooler gets no
     gradient, which DDP must not wait for."""
-    from bertkit.config import BertConfig
     from bertkit.models import save_pretrained
     from bertkit.models.bert import BertForSequenceClassification
+    from bertkit.models.bert_config import BertConfig
 
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(27)]
     (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")
@@ -147,10 +147,10 @@ def test_data_parallel_under_deepspeed_launcher(tmp_path, pooling):
 def test_finetune_is_deterministic_given_the_seed(tmp_path):
     """Same seed, same everything, including the new head's initial weights (torch's own generator starts from a
     random seed in every process); another seed gives another run."""
-    from bertkit.config import BertConfig
     from bertkit.finetune.classify import finetune_classify
     from bertkit.models import save_pretrained
     from bertkit.models.bert import BertForPreTraining
+    from bertkit.models.bert_config import BertConfig
 
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(27)]
     (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")
@@ -179,10 +179,10 @@ def test_dropout_flag_is_the_same_as_the_models_own(tmp_path):
     and best/ records it; without the flag the config's 0.1 applies (another run)."""
     import dataclasses
 
-    from bertkit.config import BertConfig
     from bertkit.finetune.classify import finetune_classify
     from bertkit.models import save_pretrained
     from bertkit.models.bert import BertForPreTraining
+    from bertkit.models.bert_config import BertConfig
 
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(27)]
     (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")
@@ -214,9 +214,9 @@ def test_pooling_flag_is_the_same_as_the_models_own(tmp_path):
     from click.testing import CliRunner
 
     from bertkit.cli import main as cli
-    from bertkit.config import BertConfig
     from bertkit.models import save_pretrained
     from bertkit.models.bert import BertForPreTraining
+    from bertkit.models.bert_config import BertConfig
 
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(27)]
     (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")
@@ -251,10 +251,10 @@ def test_finetune_logs_steps_and_evaluations_to_jsonl_and_tensorboard(tmp_path, 
     own reader finds each number at its step."""
     event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator",
                                             reason="the tensorboard extra is not installed")
-    from bertkit.config import BertConfig
     from bertkit.finetune.classify import finetune_classify
     from bertkit.models import save_pretrained
     from bertkit.models.bert import BertForPreTraining
+    from bertkit.models.bert_config import BertConfig
     from bertkit.runlog import read_metrics, scalar_tag
 
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(27)]
@@ -318,10 +318,10 @@ def read_wandb_history(run_file) -> list[dict]:
 def test_report_to_wandb_writes_an_offline_run(tmp_path, monkeypatch):
     """--report-to wandb: an offline run under OUT/wandb/ (no network) holding every scalar of metrics.jsonl."""
     pytest.importorskip("wandb", reason="wandb is not installed")
-    from bertkit.config import BertConfig
     from bertkit.finetune.classify import finetune_classify
     from bertkit.models import save_pretrained
     from bertkit.models.bert import BertForPreTraining
+    from bertkit.models.bert_config import BertConfig
     from bertkit.runlog import read_metrics, scalar_tag
 
     monkeypatch.delenv("WANDB_MODE", raising=False)
@@ -387,9 +387,9 @@ def test_a_length_beyond_the_model_s_positions_stops_before_any_step(tmp_path):
     from click.testing import CliRunner
 
     from bertkit.cli import main as cli
-    from bertkit.config import BertConfig
     from bertkit.models import save_pretrained
     from bertkit.models.bert import BertForPreTraining
+    from bertkit.models.bert_config import BertConfig
 
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(27)]
     (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")

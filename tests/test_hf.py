@@ -8,8 +8,8 @@ from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
 
 from bertkit.cli import main as cli
-from bertkit.config import BertConfig
 from bertkit.models import ModelFolderError, bert as bm, load_pretrained, save_pretrained
+from bertkit.models.bert_config import BertConfig
 
 transformers = pytest.importorskip("transformers")
 

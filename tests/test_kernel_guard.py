@@ -154,7 +154,7 @@ def test_auto_under_compile_on_cuda_takes_torch_for_bert_and_still_checks_modern
 
 
 def test_the_uses_of_an_electra_pair_cover_both_models():
-    from bertkit.config import BertConfig
+    from bertkit.models.bert_config import BertConfig
     from bertkit.models.electra import ElectraForPreTraining
 
     model = ElectraForPreTraining(BertConfig.preset("tiny", vocab_size=64, norm="post"))

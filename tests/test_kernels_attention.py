@@ -373,8 +373,8 @@ def test_tiny_bert_through_triton_matches_reference_path():
     parameter gradients of the same model on the PyTorch references; with dropout, gradient checkpointing replays
     the kernels' masks exactly."""
     from bertkit import kernels
-    from bertkit.config import BertConfig
     from bertkit.models.bert import BertForPreTraining
+    from bertkit.models.bert_config import BertConfig
 
     torch.manual_seed(0)
     cfg = BertConfig.preset("tiny", vocab_size=96)

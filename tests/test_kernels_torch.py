@@ -201,8 +201,8 @@ def test_backend_choice_and_errors(monkeypatch):
 
 def test_model_gives_the_same_outputs_and_gradients_with_every_cpu_backend():
     """A tiny BERT, padded and packed: torch vs reference, fp32."""
-    from bertkit.config import BertConfig
     from bertkit.models.bert import BertForPreTraining
+    from bertkit.models.bert_config import BertConfig
 
     torch.manual_seed(0)
     model = BertForPreTraining(BertConfig.preset("tiny", vocab_size=96)).eval()

@@ -3,8 +3,8 @@ import pytest
 import torch
 
 from bertkit import kernels
-from bertkit.config import PRESETS, BertConfig
 from bertkit.models import bert as bm
+from bertkit.models.bert_config import PRESETS, BertConfig
 from bertkit.models.bert_hf import _canonical_state, to_hf_state_dict
 
 transformers = pytest.importorskip("transformers")

@@ -53,8 +53,8 @@ def test_lamb_matches_the_paper():
 
 
 def test_no_weight_decay_on_biases_and_layer_norm():
-    from bertkit.config import BertConfig
     from bertkit.models.bert import BertForPreTraining
+    from bertkit.models.bert_config import BertConfig
 
     model = BertForPreTraining(BertConfig(**TINY))
     decay, no_decay = param_groups(model, 0.01)

@@ -150,13 +150,13 @@ def test_pad_vocab_to_64(toy_corpus, clean_dist_env):
 
 @pytest.mark.parametrize("task", ["classify", "ner", "squad"])
 def test_packed_finetuning_matches_padded(tmp_path, task):
-    from bertkit.config import BertConfig
     from bertkit.finetune.classify import finetune_classify
     from bertkit.finetune.ner import finetune_ner
     from bertkit.finetune.squad import finetune_squad
     from bertkit.finetune.train import TrainConfig
     from bertkit.models import save_pretrained
     from bertkit.models.bert import BertForPreTraining
+    from bertkit.models.bert_config import BertConfig
 
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(27)]
     (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")

@@ -136,11 +136,11 @@ def test_pretraining_report_renders(tmp_path, clean_dist_env):
 
 @pytest.mark.slow
 def test_finetuning_report_renders(tmp_path):
-    from bertkit.config import BertConfig
     from bertkit.finetune.classify import finetune_classify
     from bertkit.finetune.train import TrainConfig
     from bertkit.models import save_pretrained
     from bertkit.models.bert import BertForPreTraining
+    from bertkit.models.bert_config import BertConfig
 
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(27)]
     (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")

@@ -110,7 +110,7 @@ def test_packed_roberta_equals_padded_and_the_length_is_the_table_less_its_offse
 
 def test_a_bert_model_keeps_bert_s_positions_and_names():
     """The layout is RoBERTa's only where the file says so: a BERT model reads position 0 from row 0."""
-    from bertkit.config import BertConfig
+    from bertkit.models.bert_config import BertConfig
 
     cfg = BertConfig(vocab_size=VOCAB, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
                      pad_token_id=PAD)

@@ -8,9 +8,9 @@ import torch
 from click.testing import CliRunner
 
 from bertkit import kernels
-from bertkit.config import BertConfig
 from bertkit.data import InstanceDataset, collate, collate_packed
 from bertkit.models import bert as bm
+from bertkit.models.bert_config import BertConfig
 from tests.helpers import TINY, make_instances_dir
 
 TOL = 1e-5

@@ -4,7 +4,7 @@ import os
 import click
 
 from bertkit.commands import NON_NEGATIVE, POSITIVE, Real, count, kernels_option, report_to_option
-from bertkit.config import SIZE_LIMITS
+from bertkit.models.bert_config import SIZE_LIMITS
 from bertkit.recipes import DEFAULTS, RECIPES, as_flags
 from bertkit.threads import MAX_THREADS
 

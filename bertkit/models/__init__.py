@@ -9,15 +9,17 @@ A family is one module that registers its `Family` spec (family.py): its configs
 checks, transformers' format, kernel use. Code outside this package asks the spec, never a family's name or class.
 A model says its family by a `family` attribute (BERT's and ELECTRA's classes have none: "bert"); a run folder's
 config.json records it under model["family"].
+
+Importing this package does not import torch (the CLI and `bert_config` rely on that): the family modules load at
+the first lookup (family.families) or call below.
 """
 from pathlib import Path
 
-from bertkit.models import bert_family, bert_hf, electra, modernbert  # noqa: F401  each registers its family
-from bertkit.models.bert_hf import ModelFolderError
 from bertkit.models.family import (  # noqa: F401  re-exported
     FAMILIES,
     Family,
     RunFlags,
+    families,
     family_named,
     family_of,
     family_of_model_type,
@@ -27,19 +29,30 @@ from bertkit.models.family import (  # noqa: F401  re-exported
 )
 
 
+def __getattr__(name):
+    if name == "ModelFolderError":  # bert_hf imports torch: only when asked for
+        from bertkit.models.bert_hf import ModelFolderError
+
+        return ModelFolderError
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def load_pretrained(path, head: str | None = "auto", num_labels: int | None = None, require_head: bool = False):
     """A bertkit model from a folder in transformers' format (any family, a bertkit export included), weights
     loaded. head: None (bare encoder), "pretraining", "sequence_classification", "token_classification",
     "question_answering", or "auto" (config.json's architectures). Heads missing from the checkpoint are initialised
     and logged (require_head=True refuses them, except BERT's NSP classifier and pooler); encoder tensors must all
     be there. Returned in eval mode, fp32 on the CPU, with `model.loading_info` = {"head", "missing", "unused"}."""
+    from bertkit.models import bert_hf
+    from bertkit.models.bert_hf import ModelFolderError
+
     path = Path(path)
     config = bert_hf.read_config_or_none(path)
     if config is not None and config.get("stage") == "pretrain" and "model_type" not in config:
         raise ModelFolderError(f"{path}: a pretraining run folder, not a model folder; export it first: bertkit "
                                f"export {path} --out MODEL_DIR, then give MODEL_DIR")
     model_type = (config or {}).get("model_type")
-    known = [t for family in FAMILIES.values() for t in family.model_types]
+    known = [t for family in families().values() for t in family.model_types]
     if model_type is not None and model_type not in known:
         raise ModelFolderError(f"{path / 'config.json'}: model_type is {model_type!r} (architectures "
                                f"{config.get('architectures')}), not one of {', '.join(map(repr, known))}; bertkit "
@@ -67,6 +80,8 @@ def describe(model) -> dict:
     """A pretraining model's shape as a run folder records it (build_pretraining reads it back): its config (with
     the family), for ELECTRA the generator's settings under "electra", and under "export_dropout" the model's own
     dropout when --dropout changed it for pretraining (the dropout an export writes)."""
+    from bertkit.models import electra
+
     d = model.cfg.to_dict()
     if getattr(model, "export_dropout", None):
         d["export_dropout"] = model.export_dropout

@@ -21,8 +21,8 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from bertkit import kernels
-from bertkit.config import BertConfig
 from bertkit.formats import IGNORE_INDEX
+from bertkit.models.bert_config import BertConfig
 
 
 # Outputs are NamedTuples: DeepSpeed ZeRO-3 sees their tensors (it hooks the backward through them), no wrapper needed.

@@ -1,8 +1,8 @@
 """BERT's family spec: post-LN BERT as in the paper, pre-LN (MegatronBERT's layout) and RoBERTa's layout as its
 options, and ELECTRA's generator + discriminator pair around BERT encoders as an objective it pretrains."""
-from bertkit.config import PRESETS, BertConfig
 from bertkit.models import bert_hf, electra
 from bertkit.models.bert import BertForPreTraining
+from bertkit.models.bert_config import PRESETS, BertConfig
 from bertkit.models.family import Family, RunFlags, register
 
 
@@ -65,4 +65,6 @@ BERT = register(Family(
     save_hf=save_hf, kernel_shapes=kernel_shapes, encoder_configs=encoder_configs,
     mean_pooling_unused=lambda model: getattr(getattr(model, "bert", None), "pooler", None),  # BERT's pooler
     recipe_overrides={"budget": {"lr": 1e-3}},  # BERT tiny's best rate under the budget recipe
+    token_states=lambda encoder, ids, types, cu_seqlens, max_seqlen: encoder(
+        ids, types, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, pool=False).last_hidden_state,
 ))

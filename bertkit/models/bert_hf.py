@@ -20,7 +20,6 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save
 
-from bertkit.config import BertConfig
 from bertkit.errors import regular_file
 from bertkit.fileio import atomic_copy, atomic_write_bytes, atomic_write_json
 from bertkit.formats import TOKENIZER_FILES, DamagedFileError, FormatError, listed_file
@@ -32,6 +31,7 @@ from bertkit.models.bert import (
     BertModel,
     build_model,
 )
+from bertkit.models.bert_config import BertConfig
 from bertkit.safe_load import UnsafeCheckpointError, safe_load
 
 log = logging.getLogger("bertkit.models")  # one logger for every family's loading

@@ -21,9 +21,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from bertkit import kernels
-from bertkit.config import BertConfig
 from bertkit.formats import IGNORE_INDEX
 from bertkit.models.bert import BertModel, Embeddings, init_weights, packed_position_ids
+from bertkit.models.bert_config import BertConfig
 from bertkit.models.bert_hf import copy_tokenizer_files, to_hf_state_dict
 
 GENERATOR_FOLDER = "generator"  # inside an ELECTRA export: the generator, as ElectraForMaskedLM

@@ -1,6 +1,8 @@
 """What makes an encoder family a family: one `Family` spec per family module, registered here. Pretraining, export,
 loading, the kernel guard and fine-tuning ask a model's (or a folder's, or a --model name's) spec, never a family's
-name or class, so a new family is one module that calls `register`. Torch-free: the CLI lists presets without it."""
+name or class, so a new family is one module that calls `register`. Torch-free: the built-in families (whose
+modules import torch) are imported at the first lookup, so the CLI starts without torch."""
+import importlib
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -41,10 +43,22 @@ class Family:
     mean_pooling_unused: Callable = lambda model: None      # the module a mean-pooled classifier never reads
     splits_documents: bool = False     # packed pretraining rows attend within each [SEP]-ended document only
     recipe_overrides: dict = field(default_factory=dict)    # recipe name -> the settings measured for this family
+    # (bare encoder, packed input_ids (T,), token_type_ids (T,), cu_seqlens, max_seqlen) -> last layer's states (T, H),
+    # what a sentence embedding pools; None: the family cannot be trained as a sentence encoder
+    token_states: Callable | None = None
 
 
 FAMILIES: dict[str, Family] = {}
 DEFAULT = "bert"   # the family of a model dict without "family" and of a --model no other family claims
+BUILT_IN = ("bert_family", "modernbert")   # modules in this package that register a family when imported
+
+
+def families() -> dict[str, Family]:
+    """Every registered family, the built-in ones imported first (once; Python caches the modules), BERT first and
+    the others in the order they registered (which module a program imports first must not change messages)."""
+    for module in BUILT_IN:
+        importlib.import_module(f"{__package__}.{module}")
+    return {name: FAMILIES[name] for name in sorted(FAMILIES, key=lambda name: name != DEFAULT)}
 
 
 def register(family: Family) -> Family:
@@ -53,7 +67,7 @@ def register(family: Family) -> Family:
 
 
 def family_named(name: str) -> Family:
-    if name not in FAMILIES:
+    if name not in families():
         raise ValueError(f"model family {name!r} is not registered (bertkit knows {', '.join(FAMILIES)}); a run or "
                          "model of a family from a plugin needs that plugin imported first")
     return FAMILIES[name]
@@ -68,7 +82,7 @@ def family_of(model) -> Family:
 
 def family_of_spec(spec: str | None) -> Family:
     """The family whose preset, config.json or model folder --model names (read, nothing built)."""
-    for family in FAMILIES.values():
+    for family in families().values():
         if family.name != DEFAULT and family.config_from_spec(spec, 64) is not None:
             return family
     return FAMILIES[DEFAULT]
@@ -76,11 +90,11 @@ def family_of_spec(spec: str | None) -> Family:
 
 def family_of_model_type(model_type: str | None) -> Family:
     """The family that loads transformers' config.json of this model_type (none given: BERT's old configs)."""
-    for family in FAMILIES.values():
+    for family in families().values():
         if model_type in family.model_types:
             return family
     return FAMILIES[DEFAULT]
 
 
 def preset_names() -> list[str]:
-    return [p for family in FAMILIES.values() for p in family.presets]
+    return [p for family in families().values() for p in family.presets]

@@ -20,7 +20,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from bertkit import kernels
-from bertkit.config import BertConfig, check_fields
 from bertkit.errors import regular_file
 from bertkit.formats import IGNORE_INDEX
 from bertkit.models.bert import (
@@ -30,6 +29,7 @@ from bertkit.models.bert import (
     mean_over_tokens,
     span_output,
 )
+from bertkit.models.bert_config import BertConfig, check_fields
 from bertkit.models.family import Family, RunFlags, register
 
 # layers, hidden, heads, GLU width: base is ModernBERT-base; the smaller ones keep its proportions
@@ -273,6 +273,7 @@ class ModernBertLayer(nn.Module):
 class ModernBertModel(nn.Module):
     """The encoder: (B, L) ids with an attention mask, or (T,) packed ids with cu_seqlens -> hidden states of the
     same layout."""
+    family = "modernbert"
 
     def __init__(self, cfg: ModernBertConfig):
         super().__init__()
@@ -620,4 +621,5 @@ MODERNBERT = register(Family(
     objectives=("none",), load_weights=_load_weights, apply_flags=apply_flags, fit_length=fit_length,
     load_hf=load_folder, save_hf=lambda model, out, tok=None, extra=None, *_: save_hf(model, out, tok, extra),
     kernel_shapes=kernel_shapes, splits_documents=True,
+    token_states=lambda encoder, ids, types, cu_seqlens, max_seqlen: encoder(ids, None, cu_seqlens, max_seqlen),
 ))

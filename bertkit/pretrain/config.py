@@ -114,7 +114,7 @@ class PretrainConfig:
                               ", or give a config.json or model folder")
 
     def check(self) -> None:
-        from bertkit.config import SIZE_LIMITS
+        from bertkit.models.bert_config import SIZE_LIMITS
 
         top = SIZE_LIMITS["vocab_pad_multiple"]
         if self.pad_vocab_to is not None and not (isinstance(self.pad_vocab_to, int) and 1 <= self.pad_vocab_to <= top):

@@ -2,8 +2,8 @@
 nothing it links to is copied (bertkit.errors.regular_file); a config it carries never makes DeepSpeed write
 outside the run (bertkit.pretrain.run.confine_outputs); a pickle is read under a budget tied to its size
 (bertkit.safe_load.check_budget); a config.json is checked against bounds and the weights before any tensor is made
-(bertkit.config.check_fields, meta-device skeletons); token ids past the vocabulary are refused where a tokenizer is
-read (bertkit.tokenization.check_dense_ids)."""
+(bertkit.models.bert_config.check_fields, meta-device skeletons); token ids past the vocabulary are refused where a
+tokenizer is read (bertkit.tokenization.check_dense_ids)."""
 import io
 import json
 import os
@@ -315,7 +315,7 @@ def test_the_python_api_bounds_them_too():
 def test_a_users_own_files_given_by_path_may_be_links(run, tmp_path):
     """The rule is for folders from someone else: a vocab.txt, a config.json or a --deepspeed-config the user names
     by its own path is read through a link (dotfiles, shared checkouts)."""
-    from bertkit.config import BertConfig
+    from bertkit.models.bert_config import BertConfig
     from bertkit.pretrain import PretrainConfig
     from bertkit.pretrain.run import read_user_deepspeed_config
     from bertkit.tokenization import load_tokenizer
