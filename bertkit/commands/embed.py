@@ -1,0 +1,143 @@
+"""`bertkit finetune embed` (a model folder -> a sentence-transformers model), `bertkit evaluate-embeddings` (STS
+and retrieval scores beside their floors) and `bertkit encode` (a text file's vectors to Arrow)."""
+import json
+from pathlib import Path
+
+import click
+
+from bertkit.commands import NON_NEGATIVE, POSITIVE, PROBABILITY, count
+from bertkit.commands.finetune import friendly_errors
+
+STS_HELP = ("An STS file (sentence1, sentence2, score: KorSTS/STS-B .tsv, KLUE-STS .json) or a published set by name "
+            "under --data-dir: korsts-dev, korsts-test, klue-sts-dev, stsb-dev. Repeat for several.")
+RETRIEVAL_HELP = ("A SQuAD-format file (each question against every paragraph of the file) or korquad-dev / "
+                  "squad-dev under --data-dir. Repeat for several.")
+
+
+def evaluation_options(f):
+    for option in reversed([
+            click.option("--sts", multiple=True, help=STS_HELP),
+            click.option("--retrieval", multiple=True, help=RETRIEVAL_HELP),
+            click.option("--data-dir", type=click.Path(exists=True, file_okay=False),
+                         help="The folder holding the published sets named by --sts / --retrieval."),
+            click.option("--eval-batch-size", default=64, show_default=True, type=count(1))]):
+        f = option(f)
+    return f
+
+
+@click.command("embed")
+@click.option("--model", "model_path", required=True, type=click.Path(exists=True, file_okay=False),
+              help="A bertkit export, or a transformers BERT / RoBERTa / ModernBERT folder.")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="Writes OUT/model/ (transformers + sentence-transformers), metrics.jsonl, summary.json.")
+@click.option("--pairs", type=click.Path(exists=True, dir_okay=False),
+              help="Training rows: .csv, .tsv or .jsonl with an anchor and a positive column (and a hard negative).")
+@click.option("--corpus", type=click.Path(exists=True, file_okay=False),
+              help="Unsupervised SimCSE instead: sentences of a bertkit corpus folder, each its own positive "
+                   "(dropout makes the two views differ).")
+@click.option("--sentences", default=100_000, show_default=True, type=count(2),
+              help="With --corpus: this many distinct sentences, drawn by --seed.")
+@click.option("--anchor", default="anchor", show_default=True, help="The anchor column's name.")
+@click.option("--positive", default="positive", show_default=True, help="The positive column's name.")
+@click.option("--negative", default=None, help="The hard negative column's name (none: in-batch negatives only).")
+@click.option("--pooling", type=click.Choice(["mean", "cls", "last"]), default="mean", show_default=True)
+@click.option("--max-seq-length", default=128, show_default=True, type=click.IntRange(8, 8192))
+@click.option("--normalize", is_flag=True, help="Write a Normalize module: the folder's vectors have unit length.")
+@click.option("--batch-size", default=256, show_default=True, type=count(2),
+              help="Pairs a step; every other pair's positive is each anchor's negative.")
+@click.option("--mini-batch", default=32, show_default=True, type=count(1),
+              help="Rows embedded at once (gradient caching): memory follows this, the gradient is --batch-size's.")
+@click.option("--epochs", default=1, show_default=True, type=count(1))
+@click.option("--max-steps", type=count(1), help="Stop after this many steps.")
+@click.option("--learning-rate", "--lr", "learning_rate", type=POSITIVE,
+              help="Default: 5e-5 for models 768 wide, more for narrower ones (up to 1e-3 at 128).")
+@click.option("--warmup-ratio", default=0.1, show_default=True, type=PROBABILITY)
+@click.option("--weight-decay", default=0.01, show_default=True, type=NON_NEGATIVE)
+@click.option("--temperature", default=0.05, show_default=True, type=POSITIVE,
+              help="Of the cosine similarities (sentence-transformers' scale is its inverse: 20).")
+@click.option("--symmetric", is_flag=True, help="Also each positive against every anchor (both directions).")
+@click.option("--seed", default=0, show_default=True, type=count(0))
+@click.option("--precision", type=click.Choice(["fp32", "bf16", "auto"]), default="fp32", show_default=True)
+@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
+@click.option("--save-every", default=200, show_default=True, type=count(1),
+              help="Steps between checkpoints; run the same command again to resume a killed run.")
+@evaluation_options
+@friendly_errors
+def embed(**kw):
+    """Train a model folder as a sentence encoder (in-batch negatives, gradient caching); writes OUT/model/, a
+    folder SentenceTransformer(OUT/model) loads, then scores it on --sts / --retrieval.
+
+    \b
+      bertkit finetune embed --model export/ --pairs nli.jsonl --negative hard_negative --out emb/ \\
+          --sts korsts-dev --retrieval korquad-dev --data-dir ../shared/data
+      bertkit finetune embed --model export/ --corpus corpus/ --out simcse/ --batch-size 64
+    """
+    from bertkit.embeddings.data import corpus_sentences, read_pairs
+    from bertkit.embeddings.encoder import EncoderConfig
+    from bertkit.embeddings.evaluate import score
+    from bertkit.embeddings.train import EmbedConfig, train_embeddings
+
+    if bool(kw["pairs"]) == bool(kw["corpus"]):
+        raise click.UsageError("give --pairs FILE (supervised) or --corpus DIR (unsupervised SimCSE), one of them")
+    rows = read_pairs(kw["pairs"], kw["anchor"], kw["positive"], kw["negative"]) if kw["pairs"] else \
+        corpus_sentences(kw["corpus"], kw["sentences"], kw["seed"])
+    cfg = EmbedConfig(
+        out_dir=kw["out_dir"], encoder=EncoderConfig(kw["pooling"], kw["max_seq_length"], kw["normalize"]),
+        batch_size=kw["batch_size"], mini_batch=kw["mini_batch"], epochs=kw["epochs"], max_steps=kw["max_steps"],
+        learning_rate=kw["learning_rate"], warmup=kw["warmup_ratio"], weight_decay=kw["weight_decay"],
+        scale=1 / kw["temperature"], symmetric=kw["symmetric"], seed=kw["seed"], precision=kw["precision"],
+        device=kw["device"], save_every=kw["save_every"])
+
+    def evaluate(encoder):
+        return score(encoder, kw["sts"], kw["retrieval"], kw["data_dir"], batch_size=kw["eval_batch_size"])
+
+    summary = train_embeddings(kw["model_path"], rows, cfg, evaluate if kw["sts"] or kw["retrieval"] else None)
+    click.echo(json.dumps({"model": str(Path(kw["out_dir"]) / "model"), "steps": summary["steps"],
+                           "seconds": summary["seconds"], **summary["scores"]}, indent=1))
+
+
+@click.command("evaluate-embeddings")
+@click.argument("model_path", required=False, type=click.Path(exists=True, file_okay=False))
+@evaluation_options
+@click.option("--floors-only", is_flag=True, help="No model: the character-overlap and BM25 floors alone.")
+@click.option("--out", "out_file", type=click.Path(dir_okay=False), help="Also write the scores to this JSON file.")
+@friendly_errors
+def evaluate_embeddings(model_path, sts, retrieval, data_dir, eval_batch_size, floors_only, out_file):
+    """Score a sentence encoder (any model folder; a sentence-transformers folder's pooling is read) on STS
+    (cosine Spearman / Pearson) and retrieval (Recall@1/5/10, MRR@10, nDCG@10, exact search), each beside its
+    floors: character overlap (STS), BM25 over words and over character bigrams (retrieval)."""
+    from bertkit.embeddings.encoder import SentenceEncoder
+    from bertkit.embeddings.evaluate import score
+    from bertkit.fileio import atomic_write_json
+
+    if not sts and not retrieval:
+        raise click.UsageError("name at least one --sts or --retrieval set")
+    if (model_path is None) != floors_only:
+        raise click.UsageError("give MODEL_PATH, or --floors-only without one")
+    encoder = None if floors_only else SentenceEncoder.from_folder(model_path)
+    scores = score(encoder, sts, retrieval, data_dir, batch_size=eval_batch_size)
+    if out_file:
+        atomic_write_json(Path(out_file), scores)
+    click.echo(json.dumps(scores, indent=1))
+
+
+@click.command("encode")
+@click.argument("model_path", type=click.Path(exists=True, file_okay=False))
+@click.argument("text_file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--out", "out_file", required=True, type=click.Path(dir_okay=False),
+              help="An Arrow file: columns text and embedding (float32), one row per line of TEXT_FILE.")
+@click.option("--batch-size", default=64, show_default=True, type=count(1))
+@click.option("--normalize/--no-normalize", default=None, help="Unit-length vectors (default: as the folder says).")
+@friendly_errors
+def encode(model_path, text_file, out_file, batch_size, normalize):
+    """Embed each line of TEXT_FILE (UTF-8; empty lines kept as empty texts) with MODEL_PATH."""
+    from bertkit.embeddings.encoder import SentenceEncoder, write_embeddings
+    from bertkit.finetune.classify import read_utf8
+    from bertkit.progress import tqdm
+
+    texts = read_utf8(text_file).splitlines()
+    encoder = SentenceEncoder.from_folder(model_path)
+    with tqdm(total=len(texts), desc="encode", unit="text") as bar:
+        vectors = encoder.encode(texts, batch_size, normalize, progress=bar.update)
+    write_embeddings(Path(out_file), texts, vectors)
+    click.echo(f"{len(texts):,} vectors of {vectors.shape[1]} -> {out_file}")

@@ -1,0 +1,84 @@
+"""What a sentence encoder trains on: (anchor, positive[, hard negative]) rows from a CSV / TSV / JSON-lines file with
+named columns, or sentences of a bertkit corpus folder for unsupervised SimCSE (each sentence its own positive)."""
+import csv
+import json
+from pathlib import Path
+
+from bertkit.errors import DataError
+from bertkit.finetune.classify import read_utf8
+
+
+def read_pairs(path, anchor: str = "anchor", positive: str = "positive", negative: str | None = None) -> list:
+    """[(anchor, positive[, negative]), ...] from .csv (RFC 4180 quoting), .tsv (tab-separated, no quoting) or
+    .jsonl, whose header (or keys) names the columns; an empty text or a missing column names the file and line."""
+    path = Path(path)
+    names = [anchor, positive] + ([negative] if negative else [])
+    fmt = {".csv": "csv", ".jsonl": "jsonl", ".json": "jsonl"}.get(path.suffix.lower(), "tsv")
+    text = read_utf8(path)
+    records = _jsonl_records(path, text) if fmt == "jsonl" else _table_records(path, text, fmt)
+    rows = []
+    for line, record in records:
+        missing = [n for n in names if n not in record]
+        if missing:
+            raise DataError(f"{path}:{line}: no column {missing[0]!r}; this row has {sorted(record)}. Name the "
+                            "columns with --anchor/--positive/--negative")
+        row = tuple(str(record[n]) for n in names)
+        if not all(t.strip() for t in row):
+            raise DataError(f"{path}:{line}: an empty text in {names}; fix or remove this row")
+        rows.append(row)
+    if len(rows) < 2:
+        raise DataError(f"{path}: {len(rows)} row(s); in-batch negatives need at least 2 pairs")
+    return rows
+
+
+def _table_records(path: Path, text: str, fmt: str):
+    lines = text.splitlines()
+    table = list(csv.reader(lines)) if fmt == "csv" else [line.split("\t") for line in lines]
+    if not table:
+        raise DataError(f"{path}: the file is empty")
+    header = table[0]
+    for i, row in enumerate(table[1:], 2):
+        if any(field.strip() for field in row):
+            yield i, dict(zip(header, row))
+
+
+def _jsonl_records(path: Path, text: str):
+    for i, raw in enumerate(text.splitlines(), 1):
+        if not raw.strip():
+            continue
+        try:
+            record = json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}:{i}: not valid JSON ({e.msg})") from None
+        if not isinstance(record, dict):
+            raise DataError(f"{path}:{i}: a JSON {type(record).__name__}, not an object of named texts")
+        yield i, record
+
+
+def corpus_sentences(corpus_dir, limit: int, seed: int, min_chars: int = 10) -> list:
+    """Up to `limit` distinct sentences (at least `min_chars` long) from a bertkit corpus folder's train split, as
+    SimCSE's (sentence, sentence) pairs: those whose seeded hash is smallest (a bottom-k sample: uniform, fixed by
+    `seed`, one shard in memory at a time and `limit` sentences kept, whatever the corpus' size)."""
+    import hashlib
+    import heapq
+
+    from bertkit.fileio import read_arrow
+    from bertkit.formats import CorpusColumns, corpus_shards
+
+    key, kept, seen = seed.to_bytes(8, "little", signed=True), [], set()   # kept: a max-heap of (-hash, sentence)
+    for shard in corpus_shards(corpus_dir):
+        for document in read_arrow(shard).column(CorpusColumns.SENTENCES).to_pylist():
+            for sentence in document:
+                if len(sentence.strip()) < min_chars:
+                    continue
+                h = int.from_bytes(hashlib.blake2b(sentence.encode(), key=key, digest_size=8).digest(), "little")
+                if h in seen or (len(kept) == limit and h >= -kept[0][0]):
+                    continue
+                seen.add(h)
+                if len(kept) == limit:
+                    seen.discard(-heapq.heappushpop(kept, (-h, sentence))[0])
+                else:
+                    heapq.heappush(kept, (-h, sentence))
+    if len(kept) < 2:
+        raise DataError(f"{corpus_dir}: {len(kept)} sentence(s) of {min_chars}+ characters; SimCSE needs more")
+    return [(sentence, sentence) for _, sentence in sorted(kept, reverse=True)]

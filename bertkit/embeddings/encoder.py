@@ -1,0 +1,152 @@
+"""A sentence encoder: any family's bare encoder, its tokenizer and a pooling, on packed (unpadded) batches; saved
+as a folder that transformers and sentence-transformers load and whose embeddings are these."""
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bertkit.errors import DataError
+from bertkit.fileio import atomic_write_json
+from bertkit.finetune.train import pack_features
+from bertkit.kernels import packed_rows_and_positions
+from bertkit.models import family_of, load_pretrained, save_pretrained
+from bertkit.models.sentence_embeddings import write_sentence_transformers_files
+
+POOLINGS = ("mean", "cls", "last")
+ST_POOLING = {"mean": "pooling_mode_mean_tokens", "cls": "pooling_mode_cls_token", "last": "pooling_mode_lasttoken"}
+
+
+@dataclass
+class EncoderConfig:
+    pooling: str = "mean"        # mean | cls | last: what a sentence's vector is made of
+    max_seq_length: int = 128    # longer texts are cut to this many tokens ([CLS] and [SEP] included)
+    normalize: bool = False      # unit-length vectors out of encode (the folder then ends with a Normalize module)
+
+
+def pool(states: torch.Tensor, cu_seqlens: torch.Tensor, how: str) -> torch.Tensor:
+    """(B, H) from packed states (T, H): each sequence's mean, first ([CLS]) or last ([SEP]) token's vector."""
+    starts, ends = cu_seqlens[:-1].long(), cu_seqlens[1:].long()
+    if how == "cls":
+        return states[starts]
+    if how == "last":
+        return states[ends - 1]
+    owner = packed_rows_and_positions(cu_seqlens, states.shape[0])[0]  # a tail past cu_seqlens[-1]: row B, dropped
+    sums = states.new_zeros(len(starts) + 1, states.shape[-1]).index_add_(0, owner, states)[:-1]
+    return sums / (ends - starts).unsqueeze(-1).to(states.dtype)
+
+
+class SentenceEncoder(nn.Module):
+    def __init__(self, encoder: nn.Module, tokenizer, cfg: EncoderConfig, source: str = ""):
+        super().__init__()
+        if cfg.pooling not in POOLINGS:
+            raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, got {cfg.pooling!r}")
+        self.family = family_of(encoder)
+        if self.family.token_states is None:
+            raise ValueError(f"{source}: {self.family.title} models cannot be trained as sentence encoders yet")
+        self.encoder, self.tokenizer, self.cfg = encoder, tokenizer, cfg
+
+    @classmethod
+    def from_folder(cls, path, cfg: EncoderConfig | None = None) -> "SentenceEncoder":
+        """A model folder (a bertkit export, transformers' BERT / RoBERTa / ModernBERT, or a folder this class saved:
+        then its pooling and length unless `cfg` is given)."""
+        from bertkit.tokenization import load_tokenizer
+
+        path = Path(path)
+        return cls(load_pretrained(path, head=None), load_tokenizer(path), cfg or saved_config(path), str(path))
+
+    def features(self, texts: list[str]) -> list[dict]:
+        self.tokenizer.no_padding()
+        self.tokenizer.enable_truncation(max_length=self.cfg.max_seq_length)
+        try:
+            encodings = self.tokenizer.encode_batch(list(texts), add_special_tokens=True)
+        finally:
+            self.tokenizer.no_truncation()
+        return [{"input_ids": e.ids, "token_type_ids": [0] * len(e.ids)} for e in encodings]
+
+    def forward(self, rows: list[dict]) -> torch.Tensor:
+        """(B, H) sentence vectors of tokenized rows, one packed batch (not normalised: the loss normalises)."""
+        device = next(self.encoder.parameters()).device
+        batch = pack_features(rows)
+        cu_seqlens = batch["cu_seqlens"].to(device)
+        states = self.family.token_states(self.encoder, batch["input_ids"].to(device),
+                                          batch["token_type_ids"].to(device), cu_seqlens, batch["max_seqlen"])
+        return pool(states, cu_seqlens, self.cfg.pooling)
+
+    @torch.no_grad()
+    def encode(self, texts: list[str], batch_size: int = 64, normalize: bool | None = None,
+               progress=None) -> np.ndarray:
+        """(N, H) float32 vectors of `texts`, in their order; batches are made of similar lengths (less padding
+        to round up, fewer wasted tokens), and the model is put in eval mode for the call."""
+        was_training = self.training
+        self.eval()
+        rows = self.features(texts)
+        order = np.argsort([-len(r["input_ids"]) for r in rows], kind="stable")
+        out = np.zeros((len(rows), self.hidden_size), dtype=np.float32)
+        for i in range(0, len(rows), batch_size):
+            take = order[i:i + batch_size]
+            vectors = self([rows[j] for j in take]).float()
+            if self.cfg.normalize if normalize is None else normalize:
+                vectors = F.normalize(vectors, dim=-1)
+            out[take] = vectors.cpu().numpy()
+            if progress is not None:
+                progress(len(take))
+        self.train(was_training)
+        return out
+
+    @property
+    def hidden_size(self) -> int:
+        return self.encoder.cfg.hidden_size
+
+    def save(self, out_dir, tokenizer_dir, extra_config: dict | None = None) -> Path:
+        """A model folder (transformers' format) that is also a sentence-transformers model with this pooling."""
+        out = save_pretrained(self.encoder, out_dir, tokenizer_dir=tokenizer_dir, extra_config=extra_config)
+        write_sentence_transformers_files(out, self.hidden_size, self.cfg.max_seq_length, ST_POOLING[self.cfg.pooling],
+                                          self.cfg.normalize)
+        atomic_write_json(out / "bertkit_embedding.json", {"pooling": self.cfg.pooling,
+                                                           "max_seq_length": self.cfg.max_seq_length,
+                                                           "normalize": self.cfg.normalize})
+        return out
+
+
+def saved_config(path: Path) -> EncoderConfig:
+    """The pooling a folder records (bertkit's file, else sentence-transformers' files), else mean over 128 tokens."""
+    mine = path / "bertkit_embedding.json"
+    if mine.is_file():
+        return EncoderConfig(**json.loads(mine.read_text()))
+    cfg = EncoderConfig()
+    st_pooling, st_model = path / "1_Pooling" / "config.json", path / "sentence_bert_config.json"
+    if st_pooling.is_file():
+        modes = json.loads(st_pooling.read_text())
+        if isinstance(modes.get("pooling_mode"), str):   # sentence-transformers 6 names the mode
+            chosen = [{"mean": "mean", "cls": "cls", "lasttoken": "last"}.get(modes["pooling_mode"])]
+        else:                                            # earlier versions turn one flag on
+            chosen = [how for how, key in ST_POOLING.items() if modes.get(key)]
+        if len(chosen) != 1 or chosen[0] is None:
+            raise DataError(f"{st_pooling}: bertkit pools by mean, cls or lasttoken; this file asks for "
+                            f"{[v for k, v in modes.items() if k.startswith('pooling_mode') and v] or 'none'}")
+        cfg.pooling = chosen[0]
+    if st_model.is_file():
+        cfg.max_seq_length = int(json.loads(st_model.read_text()).get("max_seq_length") or cfg.max_seq_length)
+    cfg.normalize = any(m.get("type", "").endswith("Normalize") for m in _modules(path))
+    return cfg
+
+
+def _modules(path: Path) -> list:
+    modules = path / "modules.json"
+    return json.loads(modules.read_text()) if modules.is_file() else []
+
+
+def write_embeddings(path: Path, texts: list[str], vectors: np.ndarray) -> None:
+    """An Arrow file (atomic): text (string) and embedding (fixed-size list of float32), row i from texts[i]."""
+    import pyarrow as pa
+
+    from bertkit.fileio import atomic_write_arrow
+
+    flat = pa.array(vectors.astype(np.float32).reshape(-1))
+    table = pa.table({"text": pa.array(texts, pa.string()),
+                      "embedding": pa.FixedSizeListArray.from_arrays(flat, vectors.shape[1])})
+    atomic_write_arrow(path, table)
