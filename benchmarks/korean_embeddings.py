@@ -15,7 +15,6 @@ Scores are quality, not time: this may run beside other work. One results file k
     python benchmarks/korean_embeddings.py --starts minilm --arms none nli               # one start
 """
 import argparse
-import collections
 import json
 import os
 import time
@@ -26,16 +25,6 @@ from record import read_result, run_info, write_result
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 EVAL = {"sts": ("korsts-dev", "korsts-test", "klue-sts-dev"), "retrieval": ("korquad-dev",)}
 ARMS = ("none", "nli", "simcse")   # none: the start as it is (mean pooling)
-
-
-def nli_triplets(data: Path) -> list[tuple[str, str, str]]:
-    """(premise, an entailed hypothesis, a contradicting one) for each KLUE-NLI train premise that has both."""
-    rows = json.loads((data / "klue" / "klue-nli-v1.1" / "klue-nli-v1.1_train.json").read_text())
-    by_premise = collections.defaultdict(dict)
-    for r in rows:
-        by_premise[r["premise"]].setdefault(r["gold_label"], r["hypothesis"])
-    return [(p, h["entailment"], h["contradiction"]) for p, h in by_premise.items()
-            if "entailment" in h and "contradiction" in h]
 
 
 def starts(work: Path) -> dict:
@@ -54,13 +43,16 @@ def starts(work: Path) -> dict:
 
 
 def trained(start: Path, arm: str, out: Path, data: Path, work: Path, seed: int) -> Path:
-    from bertkit.embeddings.data import corpus_sentences
+    from bertkit.embeddings.data import NLI_SETS, corpus_sentences, nli_triplets
     from bertkit.embeddings.encoder import EncoderConfig
     from bertkit.embeddings.train import EmbedConfig, train_embeddings
 
     if (out / "model" / "model.safetensors").is_file() and (out / "summary.json").is_file():
         return out / "model"
-    rows = nli_triplets(data) if arm == "nli" else corpus_sentences(work / "ko-corpus", 8_000, seed)
+    if arm == "nli":
+        rows = nli_triplets(data / NLI_SETS["klue-nli"])
+    else:
+        rows = corpus_sentences(work / "ko-corpus", 8_000, seed)
     train_embeddings(start, rows, EmbedConfig(out_dir=str(out), encoder=EncoderConfig("mean", 64), seed=seed,
                                               batch_size=256, mini_batch=64, progress=False))
     return out / "model"

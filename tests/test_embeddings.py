@@ -199,6 +199,18 @@ def test_pairs_files_and_their_errors(tmp_path):
         read_pairs(tmp_path / "p.jsonl")
 
 
+def test_nli_files_give_premise_entailment_contradiction(tmp_path):
+    from bertkit.embeddings.data import nli_triplets
+
+    (tmp_path / "nli.tsv").write_text("sentence1\tsentence2\tgold_label\n" "p1\te1\tentailment\n" "p1\tn1\tneutral\n"
+                                      "p1\tc1\tcontradiction\n" "p2\te2\tentailment\n" "p3\tc3\tcontradiction\n"
+                                      "p3\te3\tentailment\n" "p3\te3b\tentailment\n")
+    assert nli_triplets(tmp_path / "nli.tsv") == [("p1", "e1", "c1"), ("p3", "e3", "c3")]   # p2 has no contradiction
+    (tmp_path / "one.tsv").write_text("sentence1\tsentence2\tgold_label\np1\te1\tentailment\n")
+    with pytest.raises(DataError, match="one.tsv: 0 premise"):
+        nli_triplets(tmp_path / "one.tsv")
+
+
 def test_simcse_sentences_are_a_seeded_sample_of_the_corpus(tmp_path):
     docs = [[f"sentence number {i} of document {d}" for i in range(5)] for d in range(40)]
     one = write_corpus(tmp_path / "one", [docs])
@@ -327,3 +339,21 @@ def test_encode_and_evaluate_embeddings_commands(bert_dir, tmp_path):
     assert row["bm25_words"]["recall@10"] == 1.0   # 6 documents: every one is in the top 10
     result = CliRunner().invoke(main, ["evaluate-embeddings", "--sts", "korsts-dev"])
     assert result.exit_code != 0 and "--floors-only" in result.output
+
+
+def test_embed_takes_one_source_and_an_nli_file(bert_dir, tmp_path):
+    nli = tmp_path / "nli.tsv"
+    nli.write_text("sentence1\tsentence2\tgold_label\n" + "".join(
+        f"{p}\t{e}\tentailment\n{p}\t{c}\tcontradiction\n"
+        for p, e, c in zip(sentences(6, 1), sentences(6, 2), sentences(6, 3))))
+    both = CliRunner().invoke(main, ["finetune", "embed", "--model", str(bert_dir), "--nli", str(nli), "--corpus",
+                                     str(tmp_path), "--out", str(tmp_path / "o")])
+    assert both.exit_code != 0 and "give one of --pairs" in both.output
+    named = CliRunner().invoke(main, ["finetune", "embed", "--model", str(bert_dir), "--nli", "klue-nli", "--out",
+                                      str(tmp_path / "o")])
+    assert named.exit_code != 0 and "klue-nli: a published set's name needs --data-dir" in named.output
+    ok = CliRunner().invoke(main, ["finetune", "embed", "--model", str(bert_dir), "--nli", str(nli), "--out",
+                                   str(tmp_path / "o"), "--batch-size", "3", "--mini-batch", "2"])
+    assert ok.exit_code == 0, ok.output
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert summary["settings"]["rows"] == 6 and summary["steps"] == 2

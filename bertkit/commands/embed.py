@@ -32,6 +32,9 @@ def evaluation_options(f):
               help="Writes OUT/model/ (transformers + sentence-transformers), metrics.jsonl, summary.json.")
 @click.option("--pairs", type=click.Path(exists=True, dir_okay=False),
               help="Training rows: .csv, .tsv or .jsonl with an anchor and a positive column (and a hard negative).")
+@click.option("--nli", help="Or an NLI file (KLUE-NLI .json, KorNLI-style .tsv) or klue-nli under --data-dir: "
+                            "each premise, its entailment the positive, its contradiction the hard negative "
+                            "(KoSimCSE's supervised recipe).")
 @click.option("--corpus", type=click.Path(exists=True, file_okay=False),
               help="Unsupervised SimCSE instead: sentences of a bertkit corpus folder, each its own positive "
                    "(dropout makes the two views differ).")
@@ -68,19 +71,25 @@ def embed(**kw):
     folder SentenceTransformer(OUT/model) loads, then scores it on --sts / --retrieval.
 
     \b
-      bertkit finetune embed --model export/ --pairs nli.jsonl --negative hard_negative --out emb/ \\
+      bertkit finetune embed --model export/ --nli klue-nli --out emb/ \\
           --sts korsts-dev --retrieval korquad-dev --data-dir ../shared/data
+      bertkit finetune embed --model export/ --pairs pairs.jsonl --negative hard_negative --out emb/
       bertkit finetune embed --model export/ --corpus corpus/ --out simcse/ --batch-size 64
     """
-    from bertkit.embeddings.data import corpus_sentences, read_pairs
+    from bertkit.embeddings.data import NLI_SETS, corpus_sentences, nli_triplets, read_pairs
     from bertkit.embeddings.encoder import EncoderConfig
-    from bertkit.embeddings.evaluate import score
+    from bertkit.embeddings.evaluate import resolve_set, score
     from bertkit.embeddings.train import EmbedConfig, train_embeddings
 
-    if bool(kw["pairs"]) == bool(kw["corpus"]):
-        raise click.UsageError("give --pairs FILE (supervised) or --corpus DIR (unsupervised SimCSE), one of them")
-    rows = read_pairs(kw["pairs"], kw["anchor"], kw["positive"], kw["negative"]) if kw["pairs"] else \
-        corpus_sentences(kw["corpus"], kw["sentences"], kw["seed"])
+    if sum(bool(kw[k]) for k in ("pairs", "nli", "corpus")) != 1:
+        raise click.UsageError("give one of --pairs FILE, --nli FILE|klue-nli (supervised) or --corpus DIR "
+                               "(unsupervised SimCSE)")
+    if kw["pairs"]:
+        rows = read_pairs(kw["pairs"], kw["anchor"], kw["positive"], kw["negative"])
+    elif kw["nli"]:
+        rows = nli_triplets(resolve_set(kw["nli"], NLI_SETS, kw["data_dir"]))
+    else:
+        rows = corpus_sentences(kw["corpus"], kw["sentences"], kw["seed"])
     cfg = EmbedConfig(
         out_dir=kw["out_dir"], encoder=EncoderConfig(kw["pooling"], kw["max_seq_length"], kw["normalize"]),
         batch_size=kw["batch_size"], mini_batch=kw["mini_batch"], epochs=kw["epochs"], max_steps=kw["max_steps"],

@@ -1,5 +1,7 @@
 """What a sentence encoder trains on: (anchor, positive[, hard negative]) rows from a CSV / TSV / JSON-lines file with
-named columns, or sentences of a bertkit corpus folder for unsupervised SimCSE (each sentence its own positive)."""
+named columns, from an NLI file (KoSimCSE's and SimCSE's supervised recipe: a premise, its entailment the positive,
+its contradiction the hard negative), or sentences of a bertkit corpus folder for unsupervised SimCSE (each sentence
+its own positive)."""
 import csv
 import json
 from pathlib import Path
@@ -53,6 +55,25 @@ def _jsonl_records(path: Path, text: str):
         if not isinstance(record, dict):
             raise DataError(f"{path}:{i}: a JSON {type(record).__name__}, not an object of named texts")
         yield i, record
+
+
+NLI_SETS = {"klue-nli": "klue/klue-nli-v1.1/klue-nli-v1.1_train.json"}   # by name, under --data-dir
+
+
+def nli_triplets(path) -> list[tuple[str, str, str]]:
+    """(premise, an entailed hypothesis, a contradicting one) for each premise of an NLI file that has both: KLUE-NLI
+    .json, or KorNLI / MultiNLI-style .tsv (sentence1, sentence2, gold_label); each premise once, its first of each."""
+    from bertkit.finetune.korean import read_examples
+
+    by_premise: dict[str, dict] = {}
+    for e in read_examples(path):
+        by_premise.setdefault(e.text_a, {}).setdefault(e.label, e.text_b)
+    rows = [(p, h["entailment"], h["contradiction"]) for p, h in by_premise.items()
+            if "entailment" in h and "contradiction" in h]
+    if len(rows) < 2:
+        raise DataError(f"{path}: {len(rows)} premise(s) with both an entailment and a contradiction; an NLI file's "
+                        "labels are entailment, neutral and contradiction")
+    return rows
 
 
 def corpus_sentences(corpus_dir, limit: int, seed: int, min_chars: int = 10) -> list:
