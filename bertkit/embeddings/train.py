@@ -116,7 +116,7 @@ def _train(model_path, rows: list, cfg: EmbedConfig, out: Path, evaluate) -> dic
     settings = {**asdict(cfg), "model": str(model_path), "rows": len(rows), "steps": len(batches), "lr": lr}
     done = _resume(out, settings, encoder, optimizer, scheduler)
     t0 = time.time()
-    _steps(encoder, [encoder.features(column) for column in zip(*rows)], batches, done, cfg, settings,
+    _steps(encoder, rows, batches, done, cfg, settings,
            (optimizer, scheduler), out, autocast(device, resolve(device, cfg.precision)))
     encoder.save(out / "model", model_path, extra_config={"bertkit_embedding": settings})
     summary = {"steps": len(batches), "lr": lr, "seconds": round(time.time() - t0, 1), "settings": settings,
@@ -126,16 +126,17 @@ def _train(model_path, rows: list, cfg: EmbedConfig, out: Path, evaluate) -> dic
     return summary
 
 
-def _steps(encoder, tokenized: list, batches: list, done: int, cfg: EmbedConfig, settings: dict, optim, out: Path,
+def _steps(encoder, rows: list, batches: list, done: int, cfg: EmbedConfig, settings: dict, optim, out: Path,
            amp) -> None:
-    """The loop: step -> log -> checkpoint, from step `done` + 1."""
+    """The loop: step -> log -> checkpoint, from step `done` + 1. Each batch is tokenized when it is trained (a
+    step's texts cost microseconds; the whole file's token lists would cost memory growing with it)."""
     optimizer, scheduler = optim
     encoder.train()
     t0, losses = time.time(), []
     bar = tqdm(total=len(batches), initial=done, desc="embed", unit="step", disable=not cfg.progress)
     with open(out / "metrics.jsonl", "a") as metrics:
         for step, batch in enumerate(batches[done:], done + 1):
-            columns = [[column[i] for i in batch] for column in tokenized]
+            columns = [encoder.features([rows[i][c] for i in batch]) for c in range(len(rows[0]))]
             losses.append(cached_step(encoder, columns, cfg.mini_batch, cfg.scale, cfg.symmetric, amp))
             torch.nn.utils.clip_grad_norm_(encoder.parameters(), cfg.max_grad_norm)
             optimizer.step()
