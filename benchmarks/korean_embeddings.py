@@ -36,9 +36,9 @@ def starts(work: Path) -> dict:
     export = work / "ko-modernbert-run-2h-export"
     if (export / "model.safetensors").is_file():
         found["modernbert-2h"] = export
-    from embedding_parity import model_dir
+    from bertkit.testing import minilm_dir
 
-    found["minilm"] = model_dir()
+    found["minilm"] = minilm_dir()
     return found
 
 

@@ -314,9 +314,9 @@ def input_lengths(work: Path, max_seq_length: int = 128, data_dir: Path = SHARED
     tokens, the share longer than the fine-tunes' max_seq_length (cut), the share of [UNK] tokens. The reference's
     English vocabulary spells Hangul as jamo, so its inputs are longer and partly unknown."""
     import numpy as np
-    from finetune_parity import model_dir
 
     from bertkit.finetune.korean import official_examples
+    from bertkit.testing import minilm_dir as model_dir
     from bertkit.tokenization import load_tokenizer
 
     tokenizers = {name: folder for name, folder in {REFERENCE: model_dir(), "plain": work / "ko-tokenizer"}.items()
@@ -530,7 +530,7 @@ def main(argv=None):
         sweep(args.work, f"{prefix}random", random, results, save, rates=args.rates or RATES, tasks=args.tasks,
               vocab=arm.vocab, unpadded=arm.unpadded, seeds=args.seeds)
     if args.only == "reference":
-        from finetune_parity import model_dir
+        from bertkit.testing import minilm_dir as model_dir
 
         sweep(args.work, REFERENCE, model_dir(), results, save, rates=args.rates or REFERENCE_RATES,
               tasks=args.tasks, unpadded=True, seeds=args.seeds)

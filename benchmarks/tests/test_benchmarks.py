@@ -80,10 +80,11 @@ def test_korsts_overlap_floor_correlates_character_overlap_without_spaces(transf
 
 
 def test_input_lengths_counts_tokens_cut_and_unknown(transfer, korsts_folder, tmp_path, monkeypatch):
-    import finetune_parity
     import korean_transfer
 
-    monkeypatch.setattr(finetune_parity, "model_dir", lambda: tmp_path / "no-reference")  # the plain vocabulary only
+    import bertkit.testing
+
+    monkeypatch.setattr(bertkit.testing, "minilm_dir", lambda: tmp_path / "no-reference")  # the plain vocabulary only
     tokenizer = tmp_path / "work" / "ko-tokenizer"
     tokenizer.mkdir(parents=True)
     (tokenizer / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "가나", "다"]) + "\n")
