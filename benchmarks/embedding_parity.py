@@ -5,7 +5,9 @@ a batch), optimizer and schedule (AdamW, weight decay 0.01 but biases and norms,
 clipping at 1.0), one epoch, fp32, 3 seeds each. Each cell trains in its own process (its peak memory its own); its
 model is then scored here by one code path for both (bertkit.embeddings.evaluate, equal to sentence-transformers'
 evaluators, tested): STS-B dev cosine Spearman, and SQuAD v1.1 dev retrieval on its first 1,000 questions against
-every paragraph. Run alone on the machine: the times are the point.
+every paragraph. Run alone on the machine: the times are the point. `--task klue-nli --model KOREAN_EXPORT` runs
+the Korean side: KLUE-NLI's (premise, entailment, contradiction) triplets (hard negatives), scored on KorSTS dev and
+KorQuAD 1.0 dev retrieval (results/embedding_parity_klue-nli.json).
 
     python benchmarks/embedding_parity.py                   # 2 systems x 3 seeds, then the table
     python benchmarks/embedding_parity.py --seeds 0 --max-pairs 256 --questions 50 --work /tmp/p   # a smoke test
@@ -35,11 +37,23 @@ def mrpc_pairs(data: Path) -> list[tuple[str, str]]:
     return [(r.text_a, r.text_b) for r in rows if r.label == "1"]
 
 
+def training_rows(flags: dict) -> list[tuple]:
+    from bertkit.embeddings.data import NLI_SETS, nli_triplets
+
+    data = Path(flags["data"])
+    rows = mrpc_pairs(data) if flags.get("task", "mrpc") == "mrpc" else nli_triplets(data / NLI_SETS["klue-nli"])
+    return rows[:flags["max_pairs"]]
+
+
+def start_model(flags: dict) -> Path:
+    return Path(flags["model"]) if flags.get("model") else minilm_dir()
+
+
 def train_bertkit(pairs, out: Path, seed: int, flags: dict) -> None:
     from bertkit.embeddings.encoder import EncoderConfig
     from bertkit.embeddings.train import EmbedConfig, train_embeddings
 
-    train_embeddings(minilm_dir(), pairs, EmbedConfig(
+    train_embeddings(start_model(flags), pairs, EmbedConfig(
         out_dir=str(out), encoder=EncoderConfig("mean", flags["max_seq_length"], normalize=True),
         batch_size=flags["batch_size"], mini_batch=flags["mini_batch"], learning_rate=flags["lr"], seed=seed,
         progress=False, save_every=10 ** 9))
@@ -55,14 +69,14 @@ def train_peer(pairs, out: Path, seed: int, flags: dict) -> None:
     from sentence_transformers.base.sampler import BatchSamplers
     from sentence_transformers.sentence_transformer.losses import CachedMultipleNegativesRankingLoss
 
-    model = SentenceTransformer(str(minilm_dir()), device="cpu")
+    model = SentenceTransformer(str(start_model(flags)), device="cpu")
     model.max_seq_length = flags["max_seq_length"]
     args = SentenceTransformerTrainingArguments(
         output_dir=str(out / "trainer"), num_train_epochs=1, per_device_train_batch_size=flags["batch_size"],
         learning_rate=flags["lr"], warmup_ratio=0.1, weight_decay=0.01, seed=seed, use_cpu=True,
         batch_sampler=BatchSamplers.NO_DUPLICATES, save_strategy="no", report_to="none", logging_steps=10,
         disable_tqdm=True)
-    dataset = Dataset.from_dict({"anchor": [a for a, _ in pairs], "positive": [p for _, p in pairs]})
+    dataset = Dataset.from_dict(dict(zip(("anchor", "positive", "negative"), map(list, zip(*pairs)))))
     loss = CachedMultipleNegativesRankingLoss(model, scale=20.0, mini_batch_size=flags["mini_batch"])
     SentenceTransformerTrainer(model=model, args=args, train_dataset=dataset, loss=loss).train()
     model.save(str(out / "model"))
@@ -72,8 +86,8 @@ def cell(system: str, seed: int, work: Path, flags: dict) -> dict:
     import torch
 
     torch.set_num_threads(flags["threads"])
-    pairs = mrpc_pairs(Path(flags["data"]))[:flags["max_pairs"]]
-    out = work / f"{system}-{seed}"
+    pairs = training_rows(flags)
+    out = work / f"{flags.get('task', 'mrpc')}-{system}-{seed}"
     t0 = time.perf_counter()
     (train_bertkit if system == "bertkit" else train_peer)(pairs, out, seed, flags)
     return {"system": system, "seed": seed, "seconds": round(time.perf_counter() - t0, 1), "pairs": len(pairs),
@@ -81,15 +95,17 @@ def cell(system: str, seed: int, work: Path, flags: dict) -> dict:
             "model": str(out / "model")}
 
 
-def scores(model: Path, data: Path, questions: int) -> dict:
+def scores(model: Path, data: Path, questions: int, task: str) -> dict:
     from bertkit.embeddings.encoder import SentenceEncoder
     from bertkit.embeddings.evaluate import Retrieval, evaluate_retrieval, evaluate_sts, read_retrieval, read_sts
 
+    sts, retrieval = (("stsb", "glue/STS-B/dev.tsv"), ("squad", "squad_v1.1/dev-v1.1.json")) if task == "mrpc" else \
+        (("korsts", "kornlu/KorSTS/sts-dev.tsv"), ("korquad", "korquad_v1.0/KorQuAD_v1.0_dev.json"))
     encoder = SentenceEncoder.from_folder(model)
-    squad = read_retrieval(data / "squad_v1.1" / "dev-v1.1.json")
-    squad = Retrieval(squad.queries[:questions], squad.corpus, squad.relevant[:questions])
-    return {"stsb_spearman": evaluate_sts(encoder, read_sts(data / "glue" / "STS-B" / "dev.tsv"))["spearman"],
-            **{f"squad_{k}": v for k, v in evaluate_retrieval(encoder, squad).items()}}
+    found = read_retrieval(data / retrieval[1])
+    found = Retrieval(found.queries[:questions], found.corpus, found.relevant[:questions])
+    return {f"{sts[0]}_spearman": evaluate_sts(encoder, read_sts(data / sts[1]))["spearman"],
+            **{f"{retrieval[0]}_{k}": v for k, v in evaluate_retrieval(encoder, found).items()}}
 
 
 def table(cells: list) -> list:
@@ -99,7 +115,8 @@ def table(cells: list) -> list:
         if not mine:
             continue
         row = {"system": system, "seeds": [c["seed"] for c in mine]}
-        for key in ("seconds", "peak_rss_mb", "stsb_spearman", "squad_recall@1", "squad_recall@10", "squad_mrr@10"):
+        keys = [k for k in mine[0] if k.endswith(("_spearman", "recall@1", "recall@10", "mrr@10"))]
+        for key in ["seconds", "peak_rss_mb", *keys]:
             values = [c[key] for c in mine]
             row[key] = {"mean": statistics.mean(values), "min": min(values), "max": max(values)}
         rows.append(row)
@@ -118,6 +135,8 @@ def main(argv=None):
     ap.add_argument("--lr", type=float, default=2e-5)
     ap.add_argument("--max-seq-length", type=int, default=128)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--task", choices=["mrpc", "klue-nli"], default="mrpc")
+    ap.add_argument("--model", type=Path, help="the start (default: all-MiniLM-L6-v2; klue-nli: a Korean export)")
     ap.add_argument("--max-pairs", type=int, help="train on the first N pairs only (a smoke test)")
     ap.add_argument("--questions", type=int, default=1000, help="SQuAD dev questions scored (all paragraphs)")
     ap.add_argument("--data", type=Path, default=SHARED)
@@ -127,10 +146,14 @@ def main(argv=None):
     args = ap.parse_args(argv)
     flags = {"batch_size": args.batch_size, "mini_batch": args.mini_batch, "lr": args.lr, "threads": args.threads,
              "max_seq_length": args.max_seq_length, "data": str(args.data), "max_pairs": args.max_pairs}
+    if args.task != "mrpc":   # (the English cells were recorded before these keys)
+        if args.model is None:
+            ap.error("--task klue-nli needs --model: a Korean model folder")
+        flags.update(task=args.task, model=str(args.model.resolve()))
     if args.cell:
         print("CELL " + json.dumps(cell(args.cell[0], int(args.cell[1]), args.work, json.loads(args.flags))))
         return
-    name = "embedding_parity"
+    name = "embedding_parity" if args.task == "mrpc" else f"embedding_parity_{args.task}"
     results = read_result(name)
     cells = [c for c in results.get("cells", []) if c.get("flags") == flags]   # a finished cell is kept
     for seed in args.seeds:
@@ -140,7 +163,8 @@ def main(argv=None):
             print(f"{system} seed {seed}", flush=True)
             load = [round(x, 2) for x in os.getloadavg()]
             got = cell_in_own_process(__file__, [system, seed, "--work", args.work, "--flags", json.dumps(flags)])
-            got.update(scores(Path(got.pop("model")), args.data, args.questions), flags=flags, load_before=load)
+            got.update(scores(Path(got.pop("model")), args.data, args.questions, args.task), flags=flags,
+                       load_before=load)
             cells.append(got)
             write_result(name, {**run_info(name), "cells": cells, "table": table(cells)})
     write_result(name, {**run_info(name), "cells": cells, "table": table(cells)})
