@@ -252,6 +252,19 @@ def test_finetune_embed_end_to_end_and_resumes_to_the_same_weights(bert_dir, tmp
     assert summary["steps"] == 18 and set(summary["scores"]["sts"][str(sts)]) == {"pairs", "model",
                                                                                     "character_overlap"}
     assert not (out / "checkpoint").exists()
+    from bertkit.verify import verify_folder
+
+    verdict = verify_folder(out)
+    assert verdict.checked >= 5 and not verdict.damaged and not verdict.notes
+    with open(out / "model" / "model.safetensors", "r+b") as f:   # one byte changed: verify names the file
+        f.seek(200)
+        byte = f.read(1)
+        f.seek(200)
+        f.write(bytes([byte[0] ^ 1]))
+    assert any("model.safetensors" in d for d in verify_folder(out).damaged)
+    with open(out / "model" / "model.safetensors", "r+b") as f:
+        f.seek(200)
+        f.write(byte)
     saved = st.SentenceTransformer(str(out / "model"), device="cpu").encode(["w1 w2 w3"])
     np.testing.assert_allclose(SentenceEncoder.from_folder(out / "model").encode(["w1 w2 w3"]), saved, atol=1e-5)
 

@@ -14,7 +14,7 @@ import torch
 from bertkit.embeddings.encoder import EncoderConfig, SentenceEncoder
 from bertkit.embeddings.loss import cached_step
 from bertkit.errors import DataError
-from bertkit.fileio import atomic_write_json, folder_lock
+from bertkit.fileio import atomic_write_json, file_entry, folder_lock
 from bertkit.finetune.train import pick_device, rate_for_width, set_seed
 from bertkit.precision import autocast, resolve
 from bertkit.progress import tqdm
@@ -96,8 +96,13 @@ def train_embeddings(model_path, rows: list, cfg: EmbedConfig, evaluate=None) ->
     cfg.check()
     out = Path(cfg.out_dir)
     with folder_lock(out, STAGE):   # a new or empty folder, or this command's own: never a user's files
-        atomic_write_json(out / "manifest.json", {"stage": STAGE, "model": str(model_path)})
-        return _train(model_path, rows, cfg, out, evaluate)
+        atomic_write_json(out / "manifest.json", {"stage": STAGE, "model": str(model_path), "complete": False})
+        summary = _train(model_path, rows, cfg, out, evaluate)
+        # last: what `bertkit verify` checks (every file of the model, its size and checksum)
+        files = {str(f.relative_to(out)): file_entry(f) for f in sorted((out / "model").rglob("*")) if f.is_file()}
+        atomic_write_json(out / "manifest.json", {"stage": STAGE, "model": str(model_path), "complete": True,
+                                                  "files": files})
+        return summary
 
 
 def _train(model_path, rows: list, cfg: EmbedConfig, out: Path, evaluate) -> dict:
