@@ -20,6 +20,8 @@ from bertkit.embeddings.evaluate import (
     exact_top,
     ranking_metrics,
     reciprocal_rank_fusion,
+    tuned_hybrid,
+    weighted_fusion,
 )
 from bertkit.embeddings.loss import cached_step, info_nce
 from bertkit.embeddings.train import EmbedConfig, batches_without_duplicates, train_embeddings
@@ -159,6 +161,21 @@ def test_reciprocal_rank_fusion_by_hand():
     dense, bm25 = np.array([[4, 1, 2]]), np.array([[2, 3, 4]])
     # 4: 1/61 + 1/63, 2: 1/63 + 1/61 (a tie: the lower index first), 1: 1/62, 3: 1/62
     assert reciprocal_rank_fusion(dense, bm25, k=60).tolist() == [[2, 4, 1, 3]]
+
+
+def test_weighted_fusion_and_its_weight_chosen_on_other_queries():
+    dense = np.array([[0.9, 0.1, 0.5], [0.2, 0.3, 0.1]])
+    bm25 = np.array([[0.0, 10.0, 5.0], [4.0, 0.0, 2.0]])
+    # scaled per query: dense [1, 0, .5] / [.5, 1, 0], bm25 [0, 1, .5] / [1, 0, .5]; at 0.5 [.5, .5, .5] / [.75, .5, .25]
+    assert weighted_fusion(dense, bm25, 0.5, k=3).tolist() == [[0, 1, 2], [0, 1, 2]]
+    assert weighted_fusion(dense, bm25, 1.0, k=1).tolist() == [[0], [1]]
+    rng = np.random.default_rng(0)
+    relevant = list(rng.integers(0, 50, 40))
+    perfect = np.eye(50)[relevant] + 0.01 * rng.random((40, 50))
+    noise = rng.random((40, 50))
+    assert tuned_hybrid(noise, perfect, relevant)["weight"] == 0.0   # BM25 perfect, dense noise: BM25 alone
+    got = tuned_hybrid(perfect, noise, relevant)
+    assert got["weight"] >= 0.5 and got["fused"]["recall@1"] == 1.0 and got["queries"] == 20   # ties: the first
 
 
 def test_pooling_read_from_either_sentence_transformers_format(tmp_path):
@@ -348,7 +365,8 @@ def test_encode_and_evaluate_embeddings_commands(bert_dir, tmp_path):
     assert result.exit_code == 0, result.output
     row = json.loads((tmp_path / "scores.json").read_text())["retrieval"][str(tmp_path / "squad.json")]
     assert row["queries"] == 6 and row["documents"] == 6
-    assert set(row) == {"queries", "documents", "model", "bm25_words", "bm25_character_bigrams", "hybrid_rrf"}
+    assert set(row) == {"queries", "documents", "model", "bm25_words", "bm25_character_bigrams", "hybrid_rrf",
+                        "hybrid_weighted"}
     assert row["bm25_words"]["recall@10"] == 1.0   # 6 documents: every one is in the top 10
     result = CliRunner().invoke(main, ["evaluate-embeddings", "--sts", "korsts-dev"])
     assert result.exit_code != 0 and "--floors-only" in result.output
