@@ -166,7 +166,8 @@ def test_reciprocal_rank_fusion_by_hand():
 def test_weighted_fusion_and_its_weight_chosen_on_other_queries():
     dense = np.array([[0.9, 0.1, 0.5], [0.2, 0.3, 0.1]])
     bm25 = np.array([[0.0, 10.0, 5.0], [4.0, 0.0, 2.0]])
-    # scaled per query: dense [1, 0, .5] / [.5, 1, 0], bm25 [0, 1, .5] / [1, 0, .5]; at 0.5 [.5, .5, .5] / [.75, .5, .25]
+    # scaled per query: dense [1, 0, .5] / [.5, 1, 0], bm25 [0, 1, .5] / [1, 0, .5]
+    # at 0.5: [.5, .5, .5] (a tie: by index) / [.75, .5, .25]
     assert weighted_fusion(dense, bm25, 0.5, k=3).tolist() == [[0, 1, 2], [0, 1, 2]]
     assert weighted_fusion(dense, bm25, 1.0, k=1).tolist() == [[0], [1]]
     rng = np.random.default_rng(0)
