@@ -25,6 +25,7 @@ from record import read_result, run_info, write_result
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 EVAL = {"sts": ("korsts-dev", "korsts-test", "klue-sts-dev"), "retrieval": ("korquad-dev",)}
 ARMS = ("none", "nli", "simcse")   # none: the start as it is (mean pooling)
+MODEL_KEYS = ("model", "hybrid_rrf", "hybrid_weighted")   # a cell's own; the rest (the floors) kept once
 
 
 def starts(work: Path) -> dict:
@@ -89,11 +90,11 @@ def main(argv=None):
                                                          args.data, args.work, args.seed)
             got = scores(model, args.data)
             if "floors" not in results:   # the same for every start: kept once
-                results["floors"] = {kind: {s: {k: v for k, v in row.items() if k not in ("model", "hybrid_rrf")}
+                results["floors"] = {kind: {s: {k: v for k, v in row.items() if k not in MODEL_KEYS}
                                             for s, row in rows.items()} for kind, rows in got.items()}
             cells[key] = {"start": start, "arm": arm, "seed": args.seed, "seconds": round(time.time() - t0),
                           "load_average": [round(x, 2) for x in os.getloadavg()],
-                          **{kind: {s: {k: v for k, v in row.items() if k in ("model", "hybrid_rrf")}
+                          **{kind: {s: {k: v for k, v in row.items() if k in MODEL_KEYS}
                                     for s, row in rows.items()} for kind, rows in got.items()}}
             write_result(name, {**results, **run_info(name), "cells": cells})
             print(key, json.dumps({s: r["model"] for kind in ("sts", "retrieval")
