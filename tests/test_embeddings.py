@@ -372,6 +372,22 @@ def test_encode_and_evaluate_embeddings_commands(bert_dir, tmp_path):
     result = CliRunner().invoke(main, ["evaluate-embeddings", "--sts", "korsts-dev"])
     assert result.exit_code != 0 and "--floors-only" in result.output
 
+    # an --out that names a file of the user's is refused, and the file kept; the command's own output is replaced
+    mine = tmp_path / "notes.json"
+    mine.write_text('{"my": "notes"}')
+    for args in (["encode", str(bert_dir), str(tmp_path / "t.txt"), "--out", str(mine)],
+                 ["evaluate-embeddings", str(bert_dir), "--retrieval", str(tmp_path / "squad.json"), "--out",
+                  str(mine)]):
+        refused = CliRunner().invoke(main, args)
+        assert refused.exit_code != 0 and "is not an output of this command" in refused.output
+        assert mine.read_text() == '{"my": "notes"}'
+    again = CliRunner().invoke(main, ["encode", str(bert_dir), str(tmp_path / "t.txt"), "--out",
+                                      str(tmp_path / "e.arrow")])
+    assert again.exit_code == 0, again.output
+    same = CliRunner().invoke(main, ["encode", str(bert_dir), str(tmp_path / "t.txt"), "--out",
+                                     str(tmp_path / "t.txt")])
+    assert same.exit_code != 0 and "TEXT_FILE itself" in same.output
+
 
 def test_embed_takes_one_source_and_an_nli_file(bert_dir, tmp_path):
     nli = tmp_path / "nli.tsv"

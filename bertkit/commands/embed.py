@@ -25,6 +25,32 @@ def evaluation_options(f):
     return f
 
 
+def refuse_to_replace(path: Path, ours) -> None:
+    """An --out file that exists is replaced only when it is this command's own output (`ours(path)`), never a
+    file of the user's that a mistyped path names."""
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        raise click.ClickException(f"{path}: not a plain file; give --out a new file's path")
+    if path.exists():
+        try:
+            mine = ours(path)
+        except Exception:
+            mine = False
+        if not mine:
+            raise click.ClickException(f"{path}: exists and is not an output of this command; bertkit replaces only "
+                                       "its own files. Give --out a new path, or remove the file first")
+
+
+def _is_scores(path: Path) -> bool:
+    d = json.loads(path.read_text(encoding="utf-8"))
+    return isinstance(d, dict) and set(d) == {"sts", "retrieval"}
+
+
+def _is_embeddings(path: Path) -> bool:
+    from bertkit.fileio import read_arrow
+
+    return read_arrow(path).schema.names == ["text", "embedding"]
+
+
 @click.command("embed")
 @click.option("--model", "model_path", required=True, type=click.Path(exists=True, file_okay=False),
               help="A bertkit export, or a transformers BERT / RoBERTa / ModernBERT folder.")
@@ -123,6 +149,8 @@ def evaluate_embeddings(model_path, sts, retrieval, data_dir, eval_batch_size, f
         raise click.UsageError("name at least one --sts or --retrieval set")
     if (model_path is None) != floors_only:
         raise click.UsageError("give MODEL_PATH, or --floors-only without one")
+    if out_file:
+        refuse_to_replace(Path(out_file), _is_scores)
     encoder = None if floors_only else SentenceEncoder.from_folder(model_path)
     scores = score(encoder, sts, retrieval, data_dir, batch_size=eval_batch_size)
     if out_file:
@@ -144,6 +172,9 @@ def encode(model_path, text_file, out_file, batch_size, normalize):
     from bertkit.finetune.classify import read_utf8
     from bertkit.progress import tqdm
 
+    if Path(out_file).resolve() == Path(text_file).resolve():
+        raise click.UsageError("--out names TEXT_FILE itself; give the vectors another file")
+    refuse_to_replace(Path(out_file), _is_embeddings)
     texts = read_utf8(text_file).splitlines()
     encoder = SentenceEncoder.from_folder(model_path)
     with tqdm(total=len(texts), desc="encode", unit="text") as bar:
