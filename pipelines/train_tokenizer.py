@@ -13,6 +13,7 @@ pipelines/engine.py (here, in --workers processes, or on a Ray cluster); the tra
 import contextlib
 import hashlib
 import json
+import re
 import sys
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -258,8 +259,11 @@ def _per_shard(shards, config: TokenizerConfig, desc: str, alphabet_tokens=None,
 def _keep_scan(folder: Path, shard: Path, result: dict) -> None:
     buckets = None if result["buckets"] is None else [a.tolist() for a in result["buckets"]]
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / SCANS_MARK).touch()
-    atomic_write_bytes(folder / f"{Path(shard).name}.json", json.dumps({**result, "buckets": buckets}).encode(),
+    name = f"{Path(shard).name}.json"
+    written = _scans_written(folder)
+    if name not in written:   # the mark lists every scan file this pass wrote here: only those are ever removed
+        atomic_write_bytes(folder / SCANS_MARK, json.dumps(sorted({*written, name})).encode(), fsync=False)
+    atomic_write_bytes(folder / name, json.dumps({**result, "buckets": buckets}).encode(),
                        fsync=False)
 
 
@@ -286,20 +290,31 @@ def drop_scans(out: Path) -> None:
     _drop_scans(out)
 
 
+def _scans_written(folder: Path) -> list[str]:
+    """The scan files the mark in `folder` lists (a mark from before it listed them, an empty file: the corpus
+    shards' scan names, shard-NNNNN.arrow.json / holdout-NNNNN.arrow.json, found there)."""
+    mark = folder / SCANS_MARK
+    if not mark.is_file() or mark.is_symlink():
+        return []
+    listed = read_json_or_none(mark)
+    if isinstance(listed, list):
+        return [n for n in listed if isinstance(n, str) and "/" not in n and n not in (".", "..")]
+    return [p.name for p in folder.glob("*.arrow.json") if re.fullmatch(r"(shard|holdout)-\d{5}\.arrow\.json", p.name)]
+
+
 def _drop_scans(out: Path, keep: Path | None = None) -> None:
-    """Only what the alphabet pass writes: the scans in folders holding its mark (a real folder, not a link), then
-    the mark and the folders left empty; anything else under OUT/.scans stays."""
+    """Only what the alphabet pass wrote: the scan files its mark lists (a real folder, not a link), then the mark
+    and the folders left empty; anything else under OUT/.scans stays."""
     for folder in (out / SCANS).glob("*") if (out / SCANS).is_dir() else ():
         if folder == keep or folder.is_symlink() or not (folder / SCANS_MARK).is_file():
             continue
-        for scan in folder.glob("*.arrow.json"):
-            if not scan.is_symlink():
+        for name in _scans_written(folder):
+            scan = folder / name
+            if scan.is_file() and not scan.is_symlink():
                 scan.unlink()
         (folder / SCANS_MARK).unlink()
         if not any(folder.iterdir()):
             folder.rmdir()
-    if (out / SCANS).is_dir() and not (out / SCANS).is_symlink() and not any((out / SCANS).iterdir()):
-        (out / SCANS).rmdir()
 
 
 def _sample_threshold(per_bucket: np.ndarray, sample_bytes: int, corpus_dir) -> int:

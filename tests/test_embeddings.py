@@ -334,6 +334,21 @@ def test_a_checkpoint_of_other_settings_is_refused(bert_dir, tmp_path, monkeypat
                                                      scale=10.0, progress=False))
 
 
+def test_only_the_checkpoint_files_it_wrote_are_removed(tmp_path):
+    from bertkit.embeddings.train import CHECKPOINT_FILES, _drop_checkpoint
+
+    folder = tmp_path / "checkpoint"
+    folder.mkdir()
+    for name in CHECKPOINT_FILES:
+        (folder / name).write_text("x")
+    (folder / "yours.txt").write_text("keep")
+    _drop_checkpoint(tmp_path)
+    assert sorted(p.name for p in folder.iterdir()) == ["yours.txt"]
+    (folder / "yours.txt").unlink()
+    _drop_checkpoint(tmp_path)
+    assert not folder.exists()
+
+
 def test_embed_refuses_a_folder_of_the_users_files(bert_dir, tmp_path):
     mine = tmp_path / "mine"
     mine.mkdir()

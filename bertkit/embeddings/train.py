@@ -179,12 +179,14 @@ def _save_checkpoint(out: Path, settings: dict, step: int, encoder, optimizer, s
     from safetensors.torch import save_file
 
     tmp, final = out / f".{CHECKPOINT}.tmp", out / CHECKPOINT
-    tmp.mkdir(exist_ok=True)
+    tmp.mkdir(exist_ok=True)   # (a killed save's leftover is overwritten file by file)
     save_file({k: v.contiguous() for k, v in encoder.state_dict().items()}, tmp / "weights.safetensors")
     torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                 "rng": torch.get_rng_state()}, tmp / "state.pt")
     atomic_write_json(tmp / "progress.json", {"step": step, "settings": _comparable(settings)})
     _drop_checkpoint(out)
+    if final.exists():
+        raise DataError(f"{final}: holds files finetune embed did not write; move them away so it can checkpoint")
     tmp.rename(final)
 
 
@@ -212,9 +214,16 @@ def _resume(out: Path, settings: dict, encoder, optimizer, scheduler) -> int:
     return saved["step"]
 
 
-def _drop_checkpoint(out: Path) -> None:
-    import shutil
+CHECKPOINT_FILES = ("weights.safetensors", "state.pt", "progress.json")   # all _save_checkpoint writes
 
+
+def _drop_checkpoint(out: Path) -> None:
+    """The files _save_checkpoint wrote, one by one, then the folder if that left it empty; anything else stays."""
     folder = out / CHECKPOINT
-    if (folder / "progress.json").is_file():   # only a folder this module wrote
-        shutil.rmtree(folder)
+    if folder.is_symlink() or not folder.is_dir():
+        return
+    for name in CHECKPOINT_FILES:
+        if (folder / name).is_file() and not (folder / name).is_symlink():
+            (folder / name).unlink()
+    if not any(folder.iterdir()):
+        folder.rmdir()

@@ -123,9 +123,16 @@ def test_train_tokenizer_removes_only_its_own_scans(tmp_path):
     old.mkdir()
     (old / ".bertkit-scans").touch()
     (old / "shard-00000.arrow.json").write_text("{}")
+    listed = out / ".scans" / "fedcba9876543210"   # a marked folder that lists its scans; a file of yours beside
+    listed.mkdir()
+    (listed / ".bertkit-scans").write_text('["shard-00001.arrow.json"]')
+    (listed / "shard-00001.arrow.json").write_text("{}")
+    (listed / "yours.arrow.json").write_text("keep")
     train_tokenizer(corpus, out, TokenizerConfig(vocab_size=200, progress=False))
     assert (mine / "notes.arrow.json").read_text() == "{}"
-    assert not old.exists() and sorted(p.name for p in (out / ".scans").iterdir()) == ["mine"]
+    assert (listed / "yours.arrow.json").read_text() == "keep" and sorted(p.name for p in listed.iterdir()) == [
+        "yours.arrow.json"]
+    assert not old.exists() and sorted(p.name for p in (out / ".scans").iterdir()) == ["fedcba9876543210", "mine"]
 
 
 def test_staging_removes_only_its_own_leftovers(run, tmp_path):
