@@ -294,18 +294,11 @@ def overlap_floor(data_dir: Path = SHARED) -> dict:
     """KorSTS with no model at all: the Pearson correlation of each pair's share of common characters (the sets of
     its two sentences' characters, spaces left out, intersection over union) with the gold score. A fine-tuned start
     below it has learnt less than spelling overlap tells."""
-    from bertkit.finetune import metrics
+    from bertkit.embeddings.evaluate import StsPair, character_overlap_sts
     from bertkit.finetune.korean import task_examples
 
-    def overlap(a: str, b: str) -> float:
-        a, b = set(a.replace(" ", "")), set(b.replace(" ", ""))
-        return len(a & b) / max(1, len(a | b))
-
-    floor = {}
-    for split, (examples, _) in zip(("train", "dev"), task_examples("korsts", data_dir)):
-        floor[split] = metrics.pearson([overlap(e.text_a, e.text_b) for e in examples],
-                                       [float(e.label) for e in examples])
-    return floor
+    return {split: character_overlap_sts([StsPair(e.text_a, e.text_b, float(e.label)) for e in examples])["pearson"]
+            for split, (examples, _) in zip(("train", "dev"), task_examples("korsts", data_dir))}
 
 
 def input_lengths(work: Path, max_seq_length: int = 128, data_dir: Path = SHARED,

@@ -420,3 +420,12 @@ def test_embed_takes_one_source_and_an_nli_file(bert_dir, tmp_path):
     assert ok.exit_code == 0, ok.output
     summary = json.loads((tmp_path / "o" / "summary.json").read_text())
     assert summary["settings"]["rows"] == 6 and summary["steps"] == 2
+
+    # SimCSE from a corpus folder, both directions of the loss: 12 of the corpus' sentences, each its own positive
+    corpus = write_corpus(tmp_path / "corpus", [[[f"w{i} w{j} w{i + j} w1 w2" for j in range(3)] for i in range(9)]])
+    simcse = CliRunner().invoke(main, ["finetune", "embed", "--model", str(bert_dir), "--corpus", str(corpus),
+                                       "--sentences", "12", "--symmetric", "--batch-size", "6", "--out",
+                                       str(tmp_path / "s")])
+    assert simcse.exit_code == 0, simcse.output
+    summary = json.loads((tmp_path / "s" / "summary.json").read_text())
+    assert summary["settings"]["rows"] == 12 and summary["settings"]["symmetric"] and summary["steps"] == 2

@@ -3,11 +3,10 @@ named columns, from an NLI file (KoSimCSE's and SimCSE's supervised recipe: a pr
 its contradiction the hard negative), or sentences of a bertkit corpus folder for unsupervised SimCSE (each sentence
 its own positive)."""
 import csv
-import json
 from pathlib import Path
 
 from bertkit.errors import DataError
-from bertkit.finetune.classify import read_utf8
+from bertkit.finetune.classify import jsonl_objects, read_utf8
 
 
 def read_pairs(path, anchor: str = "anchor", positive: str = "positive", negative: str | None = None) -> list:
@@ -17,7 +16,8 @@ def read_pairs(path, anchor: str = "anchor", positive: str = "positive", negativ
     names = [anchor, positive] + ([negative] if negative else [])
     fmt = {".csv": "csv", ".jsonl": "jsonl", ".json": "jsonl"}.get(path.suffix.lower(), "tsv")
     text = read_utf8(path)
-    records = _jsonl_records(path, text) if fmt == "jsonl" else _table_records(path, text, fmt)
+    records = jsonl_objects(path, text, "an object of named texts") if fmt == "jsonl" else \
+        _table_records(path, text, fmt)
     rows = []
     for line, record in records:
         missing = [n for n in names if n not in record]
@@ -42,19 +42,6 @@ def _table_records(path: Path, text: str, fmt: str):
     for i, row in enumerate(table[1:], 2):
         if any(field.strip() for field in row):
             yield i, dict(zip(header, row))
-
-
-def _jsonl_records(path: Path, text: str):
-    for i, raw in enumerate(text.splitlines(), 1):
-        if not raw.strip():
-            continue
-        try:
-            record = json.loads(raw)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{path}:{i}: not valid JSON ({e.msg})") from None
-        if not isinstance(record, dict):
-            raise DataError(f"{path}:{i}: a JSON {type(record).__name__}, not an object of named texts")
-        yield i, record
 
 
 NLI_SETS = {"klue-nli": "klue/klue-nli-v1.1/klue-nli-v1.1_train.json"}   # by name, under --data-dir

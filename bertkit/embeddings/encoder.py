@@ -12,8 +12,8 @@ from torch import nn
 from bertkit.errors import DataError
 from bertkit.fileio import atomic_write_json
 from bertkit.finetune.train import pack_features
-from bertkit.kernels import packed_rows_and_positions
 from bertkit.models import family_of, load_pretrained, save_pretrained
+from bertkit.models.bert import mean_over_tokens
 from bertkit.models.sentence_embeddings import write_sentence_transformers_files
 
 POOLINGS = ("mean", "cls", "last")
@@ -29,14 +29,11 @@ class EncoderConfig:
 
 def pool(states: torch.Tensor, cu_seqlens: torch.Tensor, how: str) -> torch.Tensor:
     """(B, H) from packed states (T, H): each sequence's mean, first ([CLS]) or last ([SEP]) token's vector."""
-    starts, ends = cu_seqlens[:-1].long(), cu_seqlens[1:].long()
     if how == "cls":
-        return states[starts]
+        return states[cu_seqlens[:-1].long()]
     if how == "last":
-        return states[ends - 1]
-    owner = packed_rows_and_positions(cu_seqlens, states.shape[0])[0]  # a tail past cu_seqlens[-1]: row B, dropped
-    sums = states.new_zeros(len(starts) + 1, states.shape[-1]).index_add_(0, owner, states)[:-1]
-    return sums / (ends - starts).unsqueeze(-1).to(states.dtype)
+        return states[cu_seqlens[1:].long() - 1]
+    return mean_over_tokens(states, None, cu_seqlens)
 
 
 class SentenceEncoder(nn.Module):
@@ -67,10 +64,11 @@ class SentenceEncoder(nn.Module):
             self.tokenizer.no_truncation()
         return [{"input_ids": e.ids, "token_type_ids": [0] * len(e.ids)} for e in encodings]
 
-    def forward(self, rows: list[dict]) -> torch.Tensor:
-        """(B, H) sentence vectors of tokenized rows, one packed batch (not normalised: the loss normalises)."""
+    def forward(self, rows: list[dict] | dict) -> torch.Tensor:
+        """(B, H) sentence vectors of tokenized rows, or of rows already packed (pack_features: a batch embedded
+        twice, as gradient caching does, is packed once); not normalised (the loss normalises)."""
         device = next(self.encoder.parameters()).device
-        batch = pack_features(rows)
+        batch = rows if isinstance(rows, dict) else pack_features(rows)
         cu_seqlens = batch["cu_seqlens"].to(device)
         states = self.family.token_states(self.encoder, batch["input_ids"].to(device),
                                           batch["token_type_ids"].to(device), cu_seqlens, batch["max_seqlen"])

@@ -7,6 +7,8 @@ at once."""
 import torch
 import torch.nn.functional as F
 
+from bertkit.finetune.train import pack_features
+
 
 def info_nce(anchors: torch.Tensor, positives: torch.Tensor, negatives: torch.Tensor | None = None,
              scale: float = 20.0, symmetric: bool = False) -> torch.Tensor:
@@ -47,17 +49,18 @@ class ReplayedRandomness:
 def cached_step(encoder, columns: list[list[dict]], mini_batch: int, scale: float, symmetric: bool,
                 autocast=None) -> float:
     """One batch's loss, its gradient accumulated into `encoder`'s weights. columns: tokenized anchors, positives
-    and optionally hard negatives (rows aligned). Each column is embedded `mini_batch` rows at a time, twice."""
+    and optionally hard negatives (rows aligned). Each column is packed `mini_batch` rows at a time, once, and
+    embedded twice."""
     device = next(encoder.parameters()).device
     autocast = autocast or torch.autocast(device.type, enabled=False)
-    chunks = [[rows[i:i + mini_batch] for i in range(0, len(rows), mini_batch)] for rows in columns]
+    chunks = [[pack_features(rows[i:i + mini_batch]) for i in range(0, len(rows), mini_batch)] for rows in columns]
     states, cached = [], []
     with torch.no_grad():
         for column in chunks:
-            for rows in column:
+            for batch in column:
                 states.append(ReplayedRandomness(device))
                 with autocast:
-                    cached.append(encoder(rows).float())
+                    cached.append(encoder(batch).float())
     embeddings = [e.requires_grad_() for e in cached]
     per_column, at = [], 0
     for column in chunks:
@@ -65,9 +68,9 @@ def cached_step(encoder, columns: list[list[dict]], mini_batch: int, scale: floa
         at += len(column)
     loss = info_nce(*per_column, scale=scale, symmetric=symmetric)
     loss.backward()
-    rows_in_order = [rows for column in chunks for rows in column]
-    for rows, state, e in zip(rows_in_order, states, embeddings):
+    batches = [batch for column in chunks for batch in column]
+    for batch, state, e in zip(batches, states, embeddings):
         with state, autocast:
-            again = encoder(rows).float()
+            again = encoder(batch).float()
         again.backward(e.grad)
     return loss.item()

@@ -92,8 +92,9 @@ def read_table(path, text_a, text_b=None, label=None, header: bool = True, fmt: 
     return examples
 
 
-def _read_jsonl(path: Path, text: str, text_a, text_b, label) -> list:
-    examples = []
+def jsonl_objects(path: Path, text: str, shape: str):
+    """(line number, object) of each non-blank line of a JSON-lines file; a line that is not a JSON object is a
+    DataError naming the file and line (`shape`: what a line should look like)."""
     for i, raw in enumerate(text.splitlines(), 1):
         if not raw.strip():
             continue
@@ -103,7 +104,13 @@ def _read_jsonl(path: Path, text: str, text_a, text_b, label) -> list:
             raise DataError(f"{path}:{i}: not valid JSON ({e.msg})") from None
         if not isinstance(obj, dict):
             raise DataError(f"{path}:{i}: a JSON {type(obj).__name__}, not an object; each line of a JSON-lines "
-                            f"file is one example's {{\"{text_a}\": ..., ...}}")
+                            f"file is {shape}")
+        yield i, obj
+
+
+def _read_jsonl(path: Path, text: str, text_a, text_b, label) -> list:
+    examples = []
+    for i, obj in jsonl_objects(path, text, f"one example's {{\"{text_a}\": ..., ...}}"):
         for key in (text_a, text_b, label):
             if key is not None and key not in obj:
                 raise DataError(f"{path}:{i}: no key {key!r}; this line has {sorted(obj)}")
