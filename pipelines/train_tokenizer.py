@@ -315,6 +315,8 @@ def _drop_scans(out: Path, keep: Path | None = None) -> None:
         (folder / SCANS_MARK).unlink()
         if not any(folder.iterdir()):
             folder.rmdir()
+    if (out / SCANS).is_dir() and not (out / SCANS).is_symlink() and not any((out / SCANS).iterdir()):
+        (out / SCANS).rmdir()
 
 
 def _sample_threshold(per_bucket: np.ndarray, sample_bytes: int, corpus_dir) -> int:
