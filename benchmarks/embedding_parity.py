@@ -141,6 +141,8 @@ def main(argv=None):
     ap.add_argument("--questions", type=int, default=1000, help="SQuAD dev questions scored (all paragraphs)")
     ap.add_argument("--data", type=Path, default=SHARED)
     ap.add_argument("--work", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "bertkit-embedding-parity")
+    ap.add_argument("--rescore", action="store_true",
+                    help="score the recorded cells' models in --work again (their times stay); train nothing")
     ap.add_argument("--cell", nargs=2, metavar=("SYSTEM", "SEED"), help=argparse.SUPPRESS)
     ap.add_argument("--flags", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -156,6 +158,12 @@ def main(argv=None):
     name = "embedding_parity" if args.task == "mrpc" else f"embedding_parity_{args.task}"
     results = read_result(name)
     cells = [c for c in results.get("cells", []) if c.get("flags") == flags]   # a finished cell is kept
+    if args.rescore:
+        for c in cells:
+            c.update(scores(args.work / f"{flags.get('task', 'mrpc')}-{c['system']}-{c['seed']}" / "model",
+                            args.data, args.questions, args.task))
+        write_result(name, {**results, "cells": cells, "table": table(cells), "rescored": run_info(name)})
+        return
     for seed in args.seeds:
         for system in args.systems:
             if any(c["system"] == system and c["seed"] == seed for c in cells):

@@ -118,6 +118,19 @@ def test_saved_folder_is_a_sentence_transformers_model_with_our_vectors(bert_dir
     assert np.allclose(np.linalg.norm(ours, axis=1), 1.0) == normalize
 
 
+def test_a_folder_sentence_transformers_saved_is_read_at_its_length(bert_dir, tmp_path):
+    # sentence-transformers 6 keeps max_seq_length only in the tokenizer's config: read at 128 instead, its long
+    # texts (KorQuAD's paragraphs) would be embedded from twice the tokens it trained on
+    model = st.SentenceTransformer(str(bert_dir), device="cpu")
+    model.max_seq_length = 16
+    model.save(str(tmp_path / "st"))
+    texts = sentences(5, 4) + ["w1 w2 " * 20, "w3 " * 40]
+    ours = SentenceEncoder.from_folder(tmp_path / "st")
+    assert ours.cfg.max_seq_length == 16
+    theirs = st.SentenceTransformer(str(tmp_path / "st"), device="cpu").encode(texts, convert_to_numpy=True)
+    np.testing.assert_allclose(ours.encode(texts, batch_size=3), theirs, atol=1e-5)
+
+
 def test_scores_equal_sentence_transformers_evaluators(bert_dir):
     from sentence_transformers.sentence_transformer.evaluation import (
         EmbeddingSimilarityEvaluator,

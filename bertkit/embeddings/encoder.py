@@ -128,9 +128,17 @@ def saved_config(path: Path) -> EncoderConfig:
                             f"{[v for k, v in modes.items() if k.startswith('pooling_mode') and v] or 'none'}")
         cfg.pooling = chosen[0]
     if st_model.is_file():
-        cfg.max_seq_length = int(json.loads(st_model.read_text()).get("max_seq_length") or cfg.max_seq_length)
+        cfg.max_seq_length = int(json.loads(st_model.read_text()).get("max_seq_length") or _tokenizer_length(path)
+                                 or cfg.max_seq_length)
     cfg.normalize = any(m.get("type", "").endswith("Normalize") for m in _modules(path))
     return cfg
+
+
+def _tokenizer_length(path: Path) -> int | None:
+    """sentence-transformers 6 keeps the length in the tokenizer's model_max_length, not in its own file."""
+    config = path / "tokenizer_config.json"
+    length = json.loads(config.read_text()).get("model_max_length") if config.is_file() else None
+    return int(length) if isinstance(length, (int, float)) and 0 < length < 10 ** 6 else None   # 1e30: unset
 
 
 def _modules(path: Path) -> list:
