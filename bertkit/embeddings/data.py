@@ -2,11 +2,10 @@
 named columns, from an NLI file (KoSimCSE's and SimCSE's supervised recipe: a premise, its entailment the positive,
 its contradiction the hard negative), or sentences of a bertkit corpus folder for unsupervised SimCSE (each sentence
 its own positive)."""
-import csv
 from pathlib import Path
 
 from bertkit.errors import DataError
-from bertkit.finetune.classify import jsonl_objects, read_utf8
+from bertkit.finetune.classify import jsonl_objects, read_utf8, table_rows
 
 
 def read_pairs(path, anchor: str = "anchor", positive: str = "positive", negative: str | None = None) -> list:
@@ -34,8 +33,7 @@ def read_pairs(path, anchor: str = "anchor", positive: str = "positive", negativ
 
 
 def _table_records(path: Path, text: str, fmt: str):
-    lines = text.splitlines()
-    table = list(csv.reader(lines)) if fmt == "csv" else [line.split("\t") for line in lines]
+    table = table_rows(text, fmt)
     if not table:
         raise DataError(f"{path}: the file is empty")
     header = table[0]

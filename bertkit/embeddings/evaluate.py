@@ -133,11 +133,18 @@ def bm25_retrieval(data: Retrieval, split=words) -> dict:
     return ranking_metrics(bm25_top(data, split, max(KS)), data.relevant)
 
 
-def bm25_top(data: Retrieval, split=words, k: int = 100) -> np.ndarray:
+def bm25_index(data: Retrieval, split=words):
+    """bm25s' index of the corpus' `split` terms."""
     import bm25s
 
     retriever = bm25s.BM25()
     retriever.index([split(d) for d in data.corpus], show_progress=False)
+    return retriever
+
+
+def bm25_top(data: Retrieval, split=words, k: int = 100, index=None) -> np.ndarray:
+    """Each query's k best documents; `index`: bm25_index(data, split) when made already."""
+    retriever = index if index is not None else bm25_index(data, split)
     top, _ = retriever.retrieve([split(q) or ["\0"] for q in data.queries], k=min(k, len(data.corpus)),
                                 show_progress=False)
     return np.asarray(top)
@@ -157,12 +164,9 @@ def reciprocal_rank_fusion(*tops: np.ndarray, k: int = 60, keep: int = max(KS)) 
     return np.array([f[:width] for f in fused])
 
 
-def bm25_scores(data: Retrieval, split=character_bigrams) -> np.ndarray:
+def bm25_scores(data: Retrieval, split=character_bigrams, index=None) -> np.ndarray:
     """(Q, N) BM25 scores of every query against every document (bm25s)."""
-    import bm25s
-
-    retriever = bm25s.BM25()
-    retriever.index([split(d) for d in data.corpus], show_progress=False)
+    retriever = index if index is not None else bm25_index(data, split)
     known = set(retriever.vocab_dict)   # a term no document has scores nothing
     return np.stack([retriever.get_scores([t for t in split(q) if t in known]) if any(t in known for t in split(q))
                      else np.zeros(len(data.corpus)) for q in data.queries]).astype(np.float32)
@@ -232,11 +236,12 @@ def score(encoder, sts=(), retrieval=(), data_dir=None, floors: bool = True, bat
             row["model"] = ranking_metrics(dense, data.relevant)
         if floors:
             row["bm25_words"] = bm25_retrieval(data, words)
-            bigrams = bm25_top(data, character_bigrams, k=100)
+            index = bm25_index(data, character_bigrams)
+            bigrams = bm25_top(data, character_bigrams, k=100, index=index)
             row["bm25_character_bigrams"] = ranking_metrics(bigrams, data.relevant)
         if floors and encoder is not None:   # dense + BM25 fused: results of their own beside both
             row["hybrid_rrf"] = ranking_metrics(reciprocal_rank_fusion(dense, bigrams), data.relevant)
             if len(q) * len(c) <= FULL_SCORES_LIMIT:   # it needs every query's score of every document
-                row["hybrid_weighted"] = tuned_hybrid(q @ c.T, bm25_scores(data), data.relevant)
+                row["hybrid_weighted"] = tuned_hybrid(q @ c.T, bm25_scores(data, index=index), data.relevant)
         out["retrieval"][spec] = row
     return out
