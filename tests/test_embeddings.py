@@ -10,7 +10,7 @@ import torch
 from click.testing import CliRunner
 
 from bertkit.cli import main
-from bertkit.embeddings.data import corpus_sentences, read_pairs
+from bertkit.embeddings.data import corpus_passages, corpus_sentences, read_pairs
 from bertkit.embeddings.encoder import EncoderConfig, SentenceEncoder
 from bertkit.embeddings.evaluate import (
     Retrieval,
@@ -253,6 +253,29 @@ def test_simcse_sentences_are_a_seeded_sample_of_the_corpus(tmp_path):
     assert len(corpus_sentences(one, 10_000, seed=3)) == 200
 
 
+def test_ict_pairs_are_a_sentence_against_the_rest_of_its_passage(tmp_path):
+    # 30 documents of 7 sentences, passages of 3: sentences 0-2 and 3-5 of each; the seventh alone is no passage
+    docs = [[f"document {d} sentence {i} words" for i in range(7)] for d in range(30)]
+    passages = {tuple(doc[i:i + 3]) for doc in docs for i in (0, 3)}
+    one = write_corpus(tmp_path / "one", [docs])
+    rows = corpus_passages(one, 1000, seed=5, sentences=3, keep_query=0.5)
+    assert len(rows) == len(passages) == 60
+    kept = 0
+    for query, positive in rows:
+        source = next(p for p in passages if query in p)
+        rest = " ".join(s for s in source if s != query)
+        assert positive in (rest, " ".join(source))
+        kept += positive == " ".join(source)
+    assert 15 <= kept <= 45   # about half, as asked
+    assert not any("sentence 6" in q + p for q, p in rows)
+    two = write_corpus(tmp_path / "two", [docs[:11], docs[11:]])
+    assert corpus_passages(two, 20, seed=5, sentences=3) == corpus_passages(one, 20, seed=5, sentences=3)
+    assert corpus_passages(one, 20, seed=5, sentences=3) != corpus_passages(one, 20, seed=6, sentences=3)
+    assert all(q not in p for q, p in corpus_passages(one, 60, seed=5, sentences=3, keep_query=0.0))
+    with pytest.raises(DataError, match="0 passage"):
+        corpus_passages(write_corpus(tmp_path / "short", [[["one sentence only here"]]]), 10, seed=0)
+
+
 def pairs_file(path, n=96):
     """Pairs a tiny model can learn: a positive shares its anchor's first two words."""
     rows = []
@@ -442,3 +465,12 @@ def test_embed_takes_one_source_and_an_nli_file(bert_dir, tmp_path):
     assert simcse.exit_code == 0, simcse.output
     summary = json.loads((tmp_path / "s" / "summary.json").read_text())
     assert summary["settings"]["rows"] == 12 and summary["settings"]["symmetric"] and summary["steps"] == 2
+
+    # the Inverse Cloze Task from the same folder: 9 passages of 2 sentences (the third of each document alone)
+    alone = CliRunner().invoke(main, ["finetune", "embed", "--model", str(bert_dir), "--ict", "--pairs",
+                                      str(pairs_file(tmp_path / "p.jsonl")), "--out", str(tmp_path / "i")])
+    assert alone.exit_code != 0 and "--ict makes pairs from a corpus folder" in alone.output
+    ict = CliRunner().invoke(main, ["finetune", "embed", "--model", str(bert_dir), "--corpus", str(corpus), "--ict",
+                                    "--passage-sentences", "2", "--batch-size", "5", "--out", str(tmp_path / "i")])
+    assert ict.exit_code == 0, ict.output
+    assert json.loads((tmp_path / "i" / "summary.json").read_text())["settings"]["rows"] == 9

@@ -64,8 +64,12 @@ def _is_embeddings(path: Path) -> bool:
 @click.option("--corpus", type=click.Path(exists=True, file_okay=False),
               help="Unsupervised SimCSE instead: sentences of a bertkit corpus folder, each its own positive "
                    "(dropout makes the two views differ).")
+@click.option("--ict", is_flag=True,
+              help="With --corpus: the Inverse Cloze Task instead of SimCSE, retrieval's pairs from text alone: a "
+                   "sentence against the passage of --passage-sentences around it (without it 9 times in 10).")
+@click.option("--passage-sentences", default=6, show_default=True, type=count(2), help="With --ict.")
 @click.option("--sentences", default=100_000, show_default=True, type=count(2),
-              help="With --corpus: this many distinct sentences, drawn by --seed.")
+              help="With --corpus: this many distinct sentences (--ict: passages), drawn by --seed.")
 @click.option("--anchor", default="anchor", show_default=True, help="The anchor column's name.")
 @click.option("--positive", default="positive", show_default=True, help="The positive column's name.")
 @click.option("--negative", default=None, help="The hard negative column's name (none: in-batch negatives only).")
@@ -101,19 +105,24 @@ def embed(**kw):
           --sts korsts-dev --retrieval korquad-dev --data-dir ../shared/data
       bertkit finetune embed --model export/ --pairs pairs.jsonl --negative hard_negative --out emb/
       bertkit finetune embed --model export/ --corpus corpus/ --out simcse/ --batch-size 64
+      bertkit finetune embed --model export/ --corpus corpus/ --ict --out ict/
     """
-    from bertkit.embeddings.data import NLI_SETS, corpus_sentences, nli_triplets, read_pairs
+    from bertkit.embeddings.data import NLI_SETS, corpus_passages, corpus_sentences, nli_triplets, read_pairs
     from bertkit.embeddings.encoder import EncoderConfig
     from bertkit.embeddings.evaluate import resolve_set, score
     from bertkit.embeddings.train import EmbedConfig, train_embeddings
 
     if sum(bool(kw[k]) for k in ("pairs", "nli", "corpus")) != 1:
         raise click.UsageError("give one of --pairs FILE, --nli FILE|klue-nli (supervised) or --corpus DIR "
-                               "(unsupervised SimCSE)")
+                               "(unsupervised SimCSE; with --ict, the Inverse Cloze Task)")
+    if kw["ict"] and not kw["corpus"]:
+        raise click.UsageError("--ict makes pairs from a corpus folder: give --corpus DIR with it")
     if kw["pairs"]:
         rows = read_pairs(kw["pairs"], kw["anchor"], kw["positive"], kw["negative"])
     elif kw["nli"]:
         rows = nli_triplets(resolve_set(kw["nli"], NLI_SETS, kw["data_dir"]))
+    elif kw["ict"]:
+        rows = corpus_passages(kw["corpus"], kw["sentences"], kw["seed"], kw["passage_sentences"])
     else:
         rows = corpus_sentences(kw["corpus"], kw["sentences"], kw["seed"])
     cfg = EmbedConfig(

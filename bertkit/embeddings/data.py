@@ -61,30 +61,64 @@ def nli_triplets(path) -> list[tuple[str, str, str]]:
     return rows
 
 
-def corpus_sentences(corpus_dir, limit: int, seed: int, min_chars: int = 10) -> list:
-    """Up to `limit` distinct sentences (at least `min_chars` long) from a bertkit corpus folder's train split, as
-    SimCSE's (sentence, sentence) pairs: those whose seeded hash is smallest (a bottom-k sample: uniform, fixed by
-    `seed`, one shard in memory at a time and `limit` sentences kept, whatever the corpus' size)."""
+def _bottom_k(items, limit: int, seed: int, text=lambda item: item) -> list:
+    """Up to `limit` items of distinct text(item), those whose text's seeded hash is smallest (a bottom-k sample:
+    uniform, fixed by `seed`, `limit` items kept however many stream past), in hash order."""
     import hashlib
     import heapq
 
+    key, kept, seen = seed.to_bytes(8, "little", signed=True), [], set()   # kept: a max-heap of (-hash, item)
+    for item in items:
+        h = int.from_bytes(hashlib.blake2b(text(item).encode(), key=key, digest_size=8).digest(), "little")
+        if h in seen or (len(kept) == limit and h >= -kept[0][0]):
+            continue
+        seen.add(h)
+        if len(kept) == limit:
+            seen.discard(-heapq.heappushpop(kept, (-h, item))[0])
+        else:
+            heapq.heappush(kept, (-h, item))
+    return [item for _, item in sorted(kept, key=lambda kept_item: kept_item[0], reverse=True)]
+
+
+def _documents(corpus_dir):
+    """Each document of a bertkit corpus folder's train split, as its list of sentences (one shard in memory)."""
     from bertkit.fileio import read_arrow
     from bertkit.formats import CorpusColumns, corpus_shards
 
-    key, kept, seen = seed.to_bytes(8, "little", signed=True), [], set()   # kept: a max-heap of (-hash, sentence)
     for shard in corpus_shards(corpus_dir):
-        for document in read_arrow(shard).column(CorpusColumns.SENTENCES).to_pylist():
-            for sentence in document:
-                if len(sentence.strip()) < min_chars:
-                    continue
-                h = int.from_bytes(hashlib.blake2b(sentence.encode(), key=key, digest_size=8).digest(), "little")
-                if h in seen or (len(kept) == limit and h >= -kept[0][0]):
-                    continue
-                seen.add(h)
-                if len(kept) == limit:
-                    seen.discard(-heapq.heappushpop(kept, (-h, sentence))[0])
-                else:
-                    heapq.heappush(kept, (-h, sentence))
+        yield from read_arrow(shard).column(CorpusColumns.SENTENCES).to_pylist()
+
+
+def corpus_sentences(corpus_dir, limit: int, seed: int, min_chars: int = 10) -> list:
+    """Up to `limit` distinct sentences (at least `min_chars` long) from a bertkit corpus folder's train split, a
+    seeded uniform sample, as SimCSE's (sentence, sentence) pairs."""
+    kept = _bottom_k((s for doc in _documents(corpus_dir) for s in doc if len(s.strip()) >= min_chars), limit, seed)
     if len(kept) < 2:
         raise DataError(f"{corpus_dir}: {len(kept)} sentence(s) of {min_chars}+ characters; SimCSE needs more")
-    return [(sentence, sentence) for _, sentence in sorted(kept, reverse=True)]
+    return [(sentence, sentence) for sentence in kept]
+
+
+def corpus_passages(corpus_dir, limit: int, seed: int, sentences: int = 6, keep_query: float = 0.1,
+                    min_chars: int = 10) -> list:
+    """The Inverse Cloze Task (Lee et al. 2019), retrieval's pairs from text alone: each document cut into passages
+    of `sentences` consecutive sentences (the last may be shorter; at least 2), a seeded sample of `limit` of them,
+    and for each (one of its sentences, the passage without it; with it for a `keep_query` share, so that the
+    model also learns word overlap)."""
+    import random
+
+    def passages():
+        for doc in _documents(corpus_dir):
+            doc = [s.strip() for s in doc if len(s.strip()) >= min_chars]
+            for i in range(0, len(doc), sentences):
+                if len(doc[i:i + sentences]) >= 2:
+                    yield tuple(doc[i:i + sentences])
+
+    rows = []
+    for parts in _bottom_k(passages(), limit, seed, text="\x1f".join):
+        rng = random.Random(f"{seed}:" + "\x1f".join(parts))   # each passage's own draw, whatever else is sampled
+        q = rng.randrange(len(parts))
+        rest = parts if rng.random() < keep_query else parts[:q] + parts[q + 1:]
+        rows.append((parts[q], " ".join(rest)))
+    if len(rows) < 2:
+        raise DataError(f"{corpus_dir}: {len(rows)} passage(s) of 2+ sentences; the Inverse Cloze Task needs more")
+    return rows
