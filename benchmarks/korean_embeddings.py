@@ -8,7 +8,9 @@ beside its floors (character overlap; BM25 over words and over character bigrams
 - minilm: all-MiniLM-L6-v2, English (its vocabulary spells Hangul as jamo), a row from outside.
 Contrastive training is KoSimCSE's supervised recipe on what we have: KLUE-NLI train, each premise with its
 entailment as the positive and its contradiction as the hard negative (8,047 triplets), in-batch negatives,
-`finetune embed`'s defaults but --max-seq-length 64; `--arm simcse` trains on the corpus' own sentences instead.
+`finetune embed`'s defaults but --max-seq-length 64 (`nli-3ep`: three epochs). From the corpus alone: `simcse` (its
+sentences, each its own positive) and `ict` (the Inverse Cloze Task: 8,000 passages of 6 sentences, each against one
+of its sentences, 128 tokens); `ict-nli`: `ict`, then KLUE-NLI from there.
 Scores are quality, not time: this may run beside other work. One results file keeps every cell as it finishes.
 
     python benchmarks/korean_embeddings.py --work bench_scale/korean-transfer            # every start there is
@@ -24,7 +26,7 @@ from record import read_result, run_info, write_result
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 EVAL = {"sts": ("korsts-dev", "korsts-test", "klue-sts-dev"), "retrieval": ("korquad-dev",)}
-ARMS = ("none", "nli", "simcse")   # none: the start as it is (mean pooling)
+ARMS = ("none", "nli", "nli-3ep", "simcse", "ict", "ict-nli")   # none: the start as it is (mean pooling)
 MODEL_KEYS = ("model", "hybrid_rrf", "hybrid_weighted")   # a cell's own; the rest (the floors) kept once
 
 
@@ -44,18 +46,24 @@ def starts(work: Path) -> dict:
 
 
 def trained(start: Path, arm: str, out: Path, data: Path, work: Path, seed: int) -> Path:
-    from bertkit.embeddings.data import NLI_SETS, corpus_sentences, nli_triplets
+    from bertkit.embeddings.data import NLI_SETS, corpus_passages, corpus_sentences, nli_triplets
     from bertkit.embeddings.encoder import EncoderConfig
     from bertkit.embeddings.train import EmbedConfig, train_embeddings
 
     if (out / "model" / "model.safetensors").is_file() and (out / "summary.json").is_file():
         return out / "model"
-    if arm == "nli":
+    if arm == "ict-nli":   # the ict arm's model, then NLI
+        start = trained(start, "ict", out.parent / out.name.replace("ict-nli", "ict"), data, work, seed)
+    if arm.startswith(("nli", "ict-nli")):
         rows = nli_triplets(data / NLI_SETS["klue-nli"])
+    elif arm == "ict":
+        rows = corpus_passages(work / "ko-corpus", 8_000, seed)
     else:
         rows = corpus_sentences(work / "ko-corpus", 8_000, seed)
-    train_embeddings(start, rows, EmbedConfig(out_dir=str(out), encoder=EncoderConfig("mean", 64), seed=seed,
-                                              batch_size=256, mini_batch=64, progress=False))
+    length = 128 if arm == "ict" else 64
+    train_embeddings(start, rows, EmbedConfig(out_dir=str(out), encoder=EncoderConfig("mean", length), seed=seed,
+                                              batch_size=256, mini_batch=64, progress=False,
+                                              epochs=3 if arm == "nli-3ep" else 1))
     return out / "model"
 
 
@@ -67,6 +75,21 @@ def scores(model: Path, data: Path) -> dict:
     return score(encoder, EVAL["sts"], EVAL["retrieval"], data)
 
 
+def table(cells: dict) -> list[str]:
+    """The cells as a markdown table: STS Spearman, KorQuAD dense retrieval and the two hybrids' R@10."""
+    lines = ["| start | training | KorSTS dev / test | KLUE-STS dev | KorQuAD R@1 | R@10 | MRR@10 | hybrid R@10: RRF / "
+             "weighted (w) |", "|---|---|---|---|---|---|---|---|"]
+    for c in cells.values():
+        sts, q = {k: v["model"]["spearman"] for k, v in c["sts"].items()}, c["retrieval"]["korquad-dev"]
+        weighted = q.get("hybrid_weighted")
+        dense = q["model"]
+        lines.append(f"| {c['start']} | {c['arm']} (seed {c['seed']}) | {sts['korsts-dev']:.3f} / "
+                     f"{sts['korsts-test']:.3f} | {sts['klue-sts-dev']:.3f} | {dense['recall@1']:.3f} | "
+                     f"{dense['recall@10']:.3f} | {dense['mrr@10']:.3f} | {q['hybrid_rrf']['recall@10']:.3f} / "
+                     + (f"{weighted['fused']['recall@10']:.4f} ({weighted['weight']}) |" if weighted else "- |"))
+    return lines
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "bertkit-korean-transfer")
@@ -74,10 +97,14 @@ def main(argv=None):
     ap.add_argument("--arms", nargs="+", choices=ARMS, default=["none", "nli"])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--data", type=Path, default=SHARED)
+    ap.add_argument("--report", action="store_true", help="print the recorded cells as a table; run nothing")
     args = ap.parse_args(argv)
     name = "korean_embeddings"
     results = read_result(name)
     cells = results.setdefault("cells", {})
+    if args.report:
+        print("\n".join(table(cells)))
+        return
     for start, folder in starts(args.work).items():
         if args.starts and start not in args.starts:
             continue
@@ -93,6 +120,7 @@ def main(argv=None):
                 results["floors"] = {kind: {s: {k: v for k, v in row.items() if k not in MODEL_KEYS}
                                             for s, row in rows.items()} for kind, rows in got.items()}
             cells[key] = {"start": start, "arm": arm, "seed": args.seed, "seconds": round(time.time() - t0),
+                          "commit": run_info(name)["commit"],
                           "load_average": [round(x, 2) for x in os.getloadavg()],
                           **{kind: {s: {k: v for k, v in row.items() if k in MODEL_KEYS}
                                     for s, row in rows.items()} for kind, rows in got.items()}}
