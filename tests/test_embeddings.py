@@ -407,6 +407,14 @@ def test_encode_and_evaluate_embeddings_commands(bert_dir, tmp_path):
     assert table.column("text").to_pylist() == texts
     vectors = np.array(table.column("embedding").to_pylist(), dtype=np.float32)
     np.testing.assert_allclose(vectors, SentenceEncoder.from_folder(bert_dir).encode(texts), atol=1e-6)
+    cut = CliRunner().invoke(main, ["encode", str(bert_dir), str(tmp_path / "t.txt"), "--out",
+                                    str(tmp_path / "cut.arrow"), "--max-seq-length", "8"])
+    assert cut.exit_code == 0, cut.output
+    cut = np.array(pa.ipc.open_file(pa.memory_map(str(tmp_path / "cut.arrow"))).read_all()
+                   .column("embedding").to_pylist(), dtype=np.float32)
+    np.testing.assert_allclose(cut, SentenceEncoder.from_folder(bert_dir, EncoderConfig("mean", 8)).encode(texts),
+                               atol=1e-6)
+    assert not np.allclose(cut, vectors, atol=1e-3)   # texts of more than 8 tokens: other vectors
 
     squad = {"data": [{"title": "t", "paragraphs": [
         {"context": c, "qas": [{"id": f"{i}", "question": " ".join(c.split()[:2]), "answers": []}]}

@@ -140,17 +140,30 @@ def embed(**kw):
                            "seconds": summary["seconds"], **summary["scores"]}, indent=1))
 
 
+def _encoder(model_path, max_seq_length: int | None):
+    """The folder's encoder, cut at `max_seq_length` tokens when given (as sentence-transformers' max_seq_length)."""
+    import dataclasses
+
+    from bertkit.embeddings.encoder import SentenceEncoder, saved_config
+
+    cfg = saved_config(Path(model_path))
+    return SentenceEncoder.from_folder(model_path, dataclasses.replace(cfg, max_seq_length=max_seq_length or
+                                                                       cfg.max_seq_length))
+
+
 @click.command("evaluate-embeddings")
 @click.argument("model_path", required=False, type=click.Path(exists=True, file_okay=False))
 @evaluation_options
+@click.option("--max-seq-length", type=click.IntRange(8, 8192),
+              help="Cut each text to this many tokens (default: as the folder records, else 128).")
 @click.option("--floors-only", is_flag=True, help="No model: the character-overlap and BM25 floors alone.")
 @click.option("--out", "out_file", type=click.Path(dir_okay=False), help="Also write the scores to this JSON file.")
 @friendly_errors
-def evaluate_embeddings(model_path, sts, retrieval, data_dir, eval_batch_size, floors_only, out_file):
+def evaluate_embeddings(model_path, sts, retrieval, data_dir, eval_batch_size, max_seq_length, floors_only,
+                        out_file):
     """Score a sentence encoder (any model folder; a sentence-transformers folder's pooling is read) on STS
     (cosine Spearman / Pearson) and retrieval (Recall@1/5/10, MRR@10, nDCG@10, exact search), each beside its
     floors: character overlap (STS), BM25 over words and over character bigrams (retrieval)."""
-    from bertkit.embeddings.encoder import SentenceEncoder
     from bertkit.embeddings.evaluate import score
     from bertkit.fileio import atomic_write_json
 
@@ -160,7 +173,7 @@ def evaluate_embeddings(model_path, sts, retrieval, data_dir, eval_batch_size, f
         raise click.UsageError("give MODEL_PATH, or --floors-only without one")
     if out_file:
         refuse_to_replace(Path(out_file), _is_scores)
-    encoder = None if floors_only else SentenceEncoder.from_folder(model_path)
+    encoder = None if floors_only else _encoder(model_path, max_seq_length)
     scores = score(encoder, sts, retrieval, data_dir, batch_size=eval_batch_size)
     if out_file:
         atomic_write_json(Path(out_file), scores)
@@ -174,10 +187,12 @@ def evaluate_embeddings(model_path, sts, retrieval, data_dir, eval_batch_size, f
               help="An Arrow file: columns text and embedding (float32), one row per line of TEXT_FILE.")
 @click.option("--batch-size", default=64, show_default=True, type=count(1))
 @click.option("--normalize/--no-normalize", default=None, help="Unit-length vectors (default: as the folder says).")
+@click.option("--max-seq-length", type=click.IntRange(8, 8192),
+              help="Cut each text to this many tokens (default: as the folder records, else 128).")
 @friendly_errors
-def encode(model_path, text_file, out_file, batch_size, normalize):
+def encode(model_path, text_file, out_file, batch_size, normalize, max_seq_length):
     """Embed each line of TEXT_FILE (UTF-8; empty lines kept as empty texts) with MODEL_PATH."""
-    from bertkit.embeddings.encoder import SentenceEncoder, write_embeddings
+    from bertkit.embeddings.encoder import write_embeddings
     from bertkit.finetune.classify import read_utf8
     from bertkit.progress import tqdm
 
@@ -185,7 +200,7 @@ def encode(model_path, text_file, out_file, batch_size, normalize):
         raise click.UsageError("--out names TEXT_FILE itself; give the vectors another file")
     refuse_to_replace(Path(out_file), _is_embeddings)
     texts = read_utf8(text_file).splitlines()
-    encoder = SentenceEncoder.from_folder(model_path)
+    encoder = _encoder(model_path, max_seq_length)
     with tqdm(total=len(texts), desc="encode", unit="text") as bar:
         vectors = encoder.encode(texts, batch_size, normalize, progress=bar.update)
     write_embeddings(Path(out_file), texts, vectors)
