@@ -108,7 +108,7 @@ def scores(model: Path, data: Path, questions: int, task: str) -> dict:
             **{f"{retrieval[0]}_{k}": v for k, v in evaluate_retrieval(encoder, found).items()}}
 
 
-def table(cells: list) -> list:
+def table(cells: list, echo: bool = True) -> list:
     rows = []
     for system in SYSTEMS:
         mine = [c for c in cells if c["system"] == system]
@@ -120,7 +120,7 @@ def table(cells: list) -> list:
             values = [c[key] for c in mine]
             row[key] = {"mean": statistics.mean(values), "min": min(values), "max": max(values)}
         rows.append(row)
-    for row in rows:
+    for row in rows if echo else []:
         print(f"{row['system']:22} seeds {row['seeds']}  " + "  ".join(
             f"{k} {v['mean']:.4g} ({v['min']:.4g}-{v['max']:.4g})" for k, v in row.items() if isinstance(v, dict)))
     return rows
@@ -158,11 +158,17 @@ def main(argv=None):
     name = "embedding_parity" if args.task == "mrpc" else f"embedding_parity_{args.task}"
     results = read_result(name)
     cells = [c for c in results.get("cells", []) if c.get("flags") == flags]   # a finished cell is kept
+    others = [c for c in results.get("cells", []) if c.get("flags") != flags]  # other settings' cells: kept too
+
+    def record(**extra):   # every cell; "table": these settings'; "tables": each start model's
+        starts = {Path(c["flags"].get("model", "all-MiniLM-L6-v2")).name: c["flags"] for c in others + cells}
+        write_result(name, {**extra, "cells": others + cells, "table": table(cells), "tables": {
+            start: table([c for c in others + cells if c["flags"] == f], echo=False) for start, f in starts.items()}})
     if args.rescore:
         for c in cells:
             c.update(scores(args.work / f"{flags.get('task', 'mrpc')}-{c['system']}-{c['seed']}" / "model",
                             args.data, args.questions, args.task))
-        write_result(name, {**results, "cells": cells, "table": table(cells), "rescored": run_info(name)})
+        record(**{**results, "rescored": run_info(name)})
         return
     for seed in args.seeds:
         for system in args.systems:
@@ -174,8 +180,8 @@ def main(argv=None):
             got.update(scores(Path(got.pop("model")), args.data, args.questions, args.task), flags=flags,
                        load_before=load)
             cells.append(got)
-            write_result(name, {**run_info(name), "cells": cells, "table": table(cells)})
-    write_result(name, {**run_info(name), "cells": cells, "table": table(cells)})
+            record(**run_info(name))
+    record(**run_info(name))
 
 
 if __name__ == "__main__":
