@@ -375,8 +375,14 @@ def test_only_the_checkpoint_files_it_wrote_are_removed(tmp_path):
 
     folder = tmp_path / "checkpoint"
     folder.mkdir()
-    for name in CHECKPOINT_FILES:
+    for name in CHECKPOINT_FILES[:-1]:   # a user's files of our names, no progress.json of ours: all stay
         (folder / name).write_text("x")
+    _drop_checkpoint(tmp_path)
+    assert sorted(p.name for p in folder.iterdir()) == sorted(CHECKPOINT_FILES[:-1])
+    (folder / "progress.json").write_text('{"my": "notes"}')
+    _drop_checkpoint(tmp_path)
+    assert len(list(folder.iterdir())) == 3
+    (folder / "progress.json").write_text('{"step": 3, "settings": {}}')
     (folder / "yours.txt").write_text("keep")
     _drop_checkpoint(tmp_path)
     assert sorted(p.name for p in folder.iterdir()) == ["yours.txt"]

@@ -222,8 +222,20 @@ def _drop_checkpoint(out: Path) -> None:
     folder = out / CHECKPOINT
     if folder.is_symlink() or not folder.is_dir():
         return
-    for name in CHECKPOINT_FILES:
+    # without our progress.json nothing is ours; with it, the mark goes last (a killed removal is finished next time)
+    for name in CHECKPOINT_FILES if _is_our_checkpoint(folder) else ():
         if (folder / name).is_file() and not (folder / name).is_symlink():
             (folder / name).unlink()
     if not any(folder.iterdir()):
         folder.rmdir()
+
+
+def _is_our_checkpoint(folder: Path) -> bool:
+    """progress.json as _save_checkpoint writes it (written last, atomically): the mark that the folder is ours."""
+    mark = folder / "progress.json"
+    if not mark.is_file() or mark.is_symlink():
+        return False
+    try:
+        return set(json.loads(mark.read_text())) == {"step", "settings"}
+    except (ValueError, UnicodeDecodeError, TypeError):
+        return False
