@@ -57,7 +57,28 @@ def kill_session(sid: int) -> None:
         time.sleep(0.05)
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
+    """A port free now, below the kernel's ephemeral range: a port from bind(0) is one the kernel hands out again
+    to any socket (another run's ranks) in the seconds before the launcher binds it; never the same one twice here."""
+    import random
+
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    for port in random.sample(range(20000, max(low, 20001)), 200):
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

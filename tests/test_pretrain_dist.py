@@ -61,6 +61,10 @@ def test_zero2_trains_and_kill_resume_matches(setup):
     deadline = time.time() + 150
     while not latest.exists() and p_kill.poll() is None and time.time() < deadline:
         time.sleep(0.05)
+    if p_kill.poll() is not None:  # it ended before its first checkpoint: say why
+        finish(p_ref)
+        pytest.fail(f"the run to be killed exited ({p_kill.returncode}) before a checkpoint:\n"
+                    f"{p_kill.stdout.read()[-4000:]}")
     os.killpg(p_kill.pid, signal.SIGKILL)  # the launcher and both ranks, no chance to save
     p_kill.wait()
     finish(p_ref)
