@@ -33,7 +33,8 @@ pretraining: `--only random` fine-tunes it alone, and a later session adds each 
 benchmarks/results/korean_transfer.json, keeps every fine-tune's score as it finishes (a sweep skips what it holds)
 and the tokenizer's checksum: a start whose tokenizer differs from the recorded one is refused, not mixed in.
 A pretraining that spans sessions is recorded by `--only report` under `partial_runs` (its held-out curve so far),
-until its finished run takes its place in `runs`.
+until its finished run takes its place in `runs`; a second run of a recorded name (a fresh --work) goes under
+`reruns`, never over the run that made the scores.
 """
 import argparse
 import json
@@ -202,6 +203,19 @@ def runs_under_way(work: Path, runs: dict) -> dict:
                           "of_steps": json.loads((run / "config.json").read_text())["pretrain"]["max_steps"],
                           "curve": timed_curve(run)}
     return under_way
+
+
+def record_run(results: dict, key: str, run: dict) -> None:
+    """A finished run into `runs`, unless `runs` holds another one of that name: the recorded run made the recorded
+    scores, so a rerun (a fresh --work, a deleted export) goes beside it in `reruns`, dated, and says so."""
+    recorded = results["runs"].get(key)
+    if recorded is None or recorded == run:
+        results["runs"][key] = run
+        return
+    say(f"{key}: a run of this name is recorded already (its scores are that run's); this one goes under reruns")
+    reruns = results.setdefault("reruns", {}).setdefault(key, [])
+    if run not in [{k: v for k, v in r.items() if k != "recorded"} for r in reruns]:
+        reruns.append({**run, "recorded": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())})
 
 
 def drop_finished_runs(results: dict) -> None:
@@ -531,9 +545,9 @@ def main(argv=None):
         # the recorded pace, where there is one: a fresh --work must not re-measure it (another step count)
         arm_pace = results[f"{prefix}pace"] = results.get(f"{prefix}pace") or pace(args.work, d["instances"], arm)
         export_dir = pretrain_hours(args.work, d["instances"], args.hours, arm_pace["steps_per_s"], arm)
-        results["runs"][prefix + hours] = {"steps": round(args.hours * 3600 * arm_pace["steps_per_s"]),
-                                           "curve": timed_curve(args.work / f"ko-{prefix}run-{hours}"),
-                                           "masked_only": masked_only_accuracy(export_dir, d["instances"])}
+        record_run(results, prefix + hours, {"steps": round(args.hours * 3600 * arm_pace["steps_per_s"]),
+                                             "curve": timed_curve(args.work / f"ko-{prefix}run-{hours}"),
+                                             "masked_only": masked_only_accuracy(export_dir, d["instances"])})
         save()
     if args.only in (None, "finetune"):
         export_dir = args.work / f"ko-{prefix}run-{hours}-export"

@@ -146,6 +146,24 @@ def test_runs_under_way_are_recorded_until_their_run_is(transfer, tmp_path):
     assert "partial_runs" not in results
 
 
+def test_a_rerun_never_replaces_the_recorded_run():
+    """The recorded run made the recorded scores: a second run of the same name (a fresh work folder) goes beside it
+    under `reruns`, once however often it is recorded; the same run recorded again changes nothing."""
+    import korean_transfer
+
+    first = {"steps": 10, "curve": [{"step": 10, "eval_mlm_loss": 3.2, "elapsed_s": 100.0}]}
+    again = {"steps": 10, "curve": [{"step": 10, "eval_mlm_loss": 3.3, "elapsed_s": 90.0}]}
+    results = {"runs": {}}
+    korean_transfer.record_run(results, "modernbert-2h", first)
+    korean_transfer.record_run(results, "modernbert-2h", dict(first))
+    assert results == {"runs": {"modernbert-2h": first}}
+    korean_transfer.record_run(results, "modernbert-2h", again)
+    korean_transfer.record_run(results, "modernbert-2h", again)
+    assert results["runs"] == {"modernbert-2h": first}
+    [rerun] = results["reruns"]["modernbert-2h"]
+    assert {k: v for k, v in rerun.items() if k != "recorded"} == again and rerun["recorded"].endswith("UTC")
+
+
 @pytest.mark.parametrize("script", ["attention", "attention_tiles", "layer_norm", "modernbert_attention",
                                     "host_overhead", "triton_launch"])
 def test_gpu_only_benchmarks_say_so_on_a_machine_without_one(script, tmp_path):
