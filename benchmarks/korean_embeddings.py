@@ -20,13 +20,13 @@ import argparse
 import json
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from record import read_result, run_info, write_result
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 EVAL = {"sts": ("korsts-dev", "korsts-test", "klue-sts-dev"), "retrieval": ("korquad-dev",)}
-ARMS = ("none", "nli", "nli-3ep", "simcse", "ict", "ict-nli")   # none: the start as it is (mean pooling)
 MODEL_KEYS = ("model", "hybrid_rrf", "hybrid_weighted")   # a cell's own; the rest (the floors) kept once
 
 
@@ -45,6 +45,21 @@ def starts(work: Path) -> dict:
     return found
 
 
+@dataclass(frozen=True)
+class Training:
+    """One arm: its rows, their token length, epochs, and the arm whose model it starts from (None: the start)."""
+    rows: str             # klue-nli (triplets), sentences (SimCSE) or passages (ICT), the latter two from the corpus
+    max_length: int = 64
+    epochs: int = 1
+    after: str | None = None
+
+
+TRAINING = {"nli": Training("klue-nli"), "nli-3ep": Training("klue-nli", epochs=3),
+            "simcse": Training("sentences"), "ict": Training("passages", max_length=128),
+            "ict-nli": Training("klue-nli", after="ict")}
+ARMS = ("none", *TRAINING)   # none: the start as it is (mean pooling)
+
+
 def trained(start: Path, arm: str, out: Path, data: Path, work: Path, seed: int) -> Path:
     from bertkit.embeddings.data import NLI_SETS, corpus_passages, corpus_sentences, nli_triplets
     from bertkit.embeddings.encoder import EncoderConfig
@@ -52,18 +67,15 @@ def trained(start: Path, arm: str, out: Path, data: Path, work: Path, seed: int)
 
     if (out / "model" / "model.safetensors").is_file() and (out / "summary.json").is_file():
         return out / "model"
-    if arm == "ict-nli":   # the ict arm's model, then NLI
-        start = trained(start, "ict", out.parent / out.name.replace("ict-nli", "ict"), data, work, seed)
-    if arm.startswith(("nli", "ict-nli")):
-        rows = nli_triplets(data / NLI_SETS["klue-nli"])
-    elif arm == "ict":
-        rows = corpus_passages(work / "ko-corpus", 8_000, seed)
-    else:
-        rows = corpus_sentences(work / "ko-corpus", 8_000, seed)
-    length = 128 if arm == "ict" else 64
-    train_embeddings(start, rows, EmbedConfig(out_dir=str(out), encoder=EncoderConfig("mean", length), seed=seed,
-                                              batch_size=256, mini_batch=64, progress=False,
-                                              epochs=3 if arm == "nli-3ep" else 1))
+    t = TRAINING[arm]
+    if t.after:
+        start = trained(start, t.after, out.parent / out.name.replace(arm, t.after), data, work, seed)
+    rows = {"klue-nli": lambda: nli_triplets(data / NLI_SETS["klue-nli"]),
+            "passages": lambda: corpus_passages(work / "ko-corpus", 8_000, seed),
+            "sentences": lambda: corpus_sentences(work / "ko-corpus", 8_000, seed)}[t.rows]()
+    train_embeddings(start, rows, EmbedConfig(out_dir=str(out), encoder=EncoderConfig("mean", t.max_length),
+                                              seed=seed, batch_size=256, mini_batch=64, progress=False,
+                                              epochs=t.epochs))
     return out / "model"
 
 
