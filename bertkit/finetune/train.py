@@ -12,7 +12,6 @@ import json
 import math
 import os
 import random
-import shutil
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -27,6 +26,7 @@ from bertkit.errors import DataError
 from bertkit.fileio import (
     atomic_write_bytes,
     atomic_write_json,
+    FolderNotOwnedError,
     disk_errors,
     folder_lock,
     read_json_or_none,
@@ -374,12 +374,20 @@ RESUME_FREE = ("threads", "device", "kernels", "kernels_used", "compile", "repor
 
 class Checkpoints:
     """Writes OUT/resume/state.pt every cfg.checkpoint_minutes and between epochs (one process only: with several,
-    each would need its own generators' states)."""
+    each would need its own generators' states). It replaces and removes only a state of its own: one this run
+    resumed from or wrote, or one bertkit wrote earlier (a user's folder of that name keeps its files)."""
 
     def __init__(self, ft: FineTuning, optimizer, scheduler):
         self.ft, self.optimizer, self.scheduler = ft, optimizer, scheduler
         self.every_s = ft.cfg.checkpoint_minutes * 60 if ft.cfg.checkpoint_minutes > 0 and ft.world == 1 else None
         self.last = time.time()
+        self.path = ft.out_dir / RESUME / STATE
+        self.ours = ft.resumed is not None or (ft.rank == 0 and _is_saved_state(self.path))
+        taken = self.path.parent.is_symlink() or self.path.is_symlink() or self.path.exists()
+        if self.every_s is not None and taken and not self.ours:
+            raise FolderNotOwnedError(f"{self.path.parent}: holds files bertkit did not write, where a fine-tuning "
+                                      "keeps the state it resumes from; move them away, or pass "
+                                      "--checkpoint-minutes 0 (no resumable state)")
 
     def if_due(self, epoch: int, epoch_rng: dict, losses: list, elapsed: float) -> None:
         if self.every_s is not None and time.time() - self.last >= self.every_s and self.ft.step < self.ft.total_steps:
@@ -395,12 +403,27 @@ class Checkpoints:
                     "elapsed_s": elapsed, "rng": rng_state(), "model": ft.model.state_dict(),
                     "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                     "summary": json.dumps(ft.summary)}, buffer)
-        (ft.out_dir / RESUME).mkdir(exist_ok=True)
-        atomic_write_bytes(ft.out_dir / RESUME / STATE, buffer.getvalue())
-        self.last = time.time()
+        self.path.parent.mkdir(exist_ok=True)
+        atomic_write_bytes(self.path, buffer.getvalue())
+        self.ours, self.last = True, time.time()
 
     def remove(self) -> None:
-        shutil.rmtree(self.ft.out_dir / RESUME, ignore_errors=True)
+        """The state, then OUT/resume/ if that left it empty; nothing that is not the state's."""
+        if not self.ours or self.path.is_symlink() or self.path.parent.is_symlink():
+            return
+        self.path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):   # not empty: the rest is the user's
+            self.path.parent.rmdir()
+
+
+def _is_saved_state(path: Path) -> bool:
+    """Whether `path` is a fine-tuning state bertkit wrote (read as plain data), in a real folder, not through a link."""
+    if path.is_symlink() or path.parent.is_symlink() or not path.is_file():
+        return False
+    try:
+        return _not_a_saved_state(safe_load(path), None) is None
+    except (RuntimeError, EOFError, OSError, ValueError):
+        return False
 
 
 def saved_state(out_dir: Path, task: str, settings: dict, model=None) -> dict | None:

@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from bertkit.cli import main
+from bertkit.fileio import FolderNotOwnedError
 from tests.helpers import env_without_dist, quick_finetune, tiny_run_exported
 
 
@@ -82,6 +83,31 @@ def test_the_same_fine_tuning_again_keeps_the_users_analysis(run, tmp_path):
     assert (out / "analysis.md").read_text() == "why epoch 1 won\n"
     record = json.loads((out / ".bertkit-written.json").read_text())["files"]
     assert "metrics.json" in record and "analysis.md" not in record
+
+
+def test_a_fine_tuning_removes_only_its_own_saved_state(run, tmp_path):
+    """OUT/resume/ holds the state a killed fine-tuning resumes from, removed when it ends: a user's folder of that
+    name (a CV, say), in a run folder or one given with --overwrite, keeps its files."""
+    model = run.parent / "model"
+    out, mine = tmp_path / "ft", tmp_path / "mine"
+    quick_finetune(model, tmp_path / "data", run=out)
+    (out / "resume").mkdir()
+    (out / "resume" / "cv.md").write_text("my CV\n")
+    quick_finetune(model, tmp_path / "data", run=out)
+    assert (out / "resume" / "cv.md").read_text() == "my CV\n"
+    # where the state would go: a file of the user's, or a link to a folder elsewhere: refused, nothing written
+    (mine / "resume").mkdir(parents=True)
+    (mine / "resume" / "state.pt").write_text("not a fine-tuning's state\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "linked").mkdir()
+    (tmp_path / "linked" / "resume").symlink_to(elsewhere)
+    for folder in (mine, tmp_path / "linked"):
+        with pytest.raises(FolderNotOwnedError, match="resume: holds files bertkit did not write.*"
+                                                      "--checkpoint-minutes 0"):
+            quick_finetune(model, tmp_path / "data", run=folder, overwrite=True)
+    assert (mine / "resume" / "state.pt").read_text() == "not a fine-tuning's state\n"
+    assert not any(elsewhere.iterdir())
 
 
 def test_a_record_proves_nothing_it_cannot_show(run, tmp_path):
