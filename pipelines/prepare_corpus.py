@@ -26,7 +26,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from bertkit import __version__
-from bertkit.fileio import atomic_write_json, disk_errors, folder_lock, read_json_or_none
+from bertkit.fileio import FolderNotOwnedError, atomic_write_json, disk_errors, folder_lock, read_json_or_none
 from bertkit.formats import (
     CORPUS_SCHEMA,
     MANIFEST,
@@ -301,15 +301,18 @@ def start_or_resume(out: Path, config: CorpusConfig, fingerprint: dict) -> bool:
     True: the run goes on, resuming an unfinished run of the same fingerprint (its finished parts are kept), or
     from scratch (--overwrite clears OUT's own files first); another run's folder is refused."""
     work, manifest_path = out / ".work", out / MANIFEST
+    if (work.exists() or work.is_symlink()) and not _is_our_work(work) and not _empty_folder(work):
+        raise FolderNotOwnedError(f"{work}: holds files prepare-corpus did not write, where it keeps an unfinished "
+                                  "run's parts; move them away, or give another --out")
     previous = read_json_or_none(manifest_path)  # another stage's folder never gets here (folder_lock refuses it)
     if previous and previous.get("stage") == "prepare-corpus" and previous.get("fingerprint") == fingerprint \
             and previous.get("complete") and not config.overwrite:
-        shutil.rmtree(work, ignore_errors=True)
+        remove_work(work)
         for split in ("train", "holdout"):
             corpus_shards(out, split)  # a damaged shard says so (sizes and rows), and that --overwrite rebuilds it
         return False
     if config.overwrite:
-        shutil.rmtree(work, ignore_errors=True)
+        remove_work(work)
         for p in out.glob("*.arrow") if out.is_dir() else []:
             if SHARD_NAME.match(p.name):
                 p.unlink()
@@ -327,6 +330,26 @@ def start_or_resume(out: Path, config: CorpusConfig, fingerprint: dict) -> bool:
     atomic_write_json(manifest_path, {"stage": "prepare-corpus", "complete": False, "shards": [],
                                       "fingerprint": fingerprint, "bertkit_version": __version__})
     return True
+
+
+def _is_our_work(work: Path) -> bool:
+    """OUT/.work as start_or_resume makes it: a real folder whose state.json (written first) holds a fingerprint."""
+    if work.is_symlink() or not work.is_dir():
+        return False
+    state = read_json_or_none(work / "state.json")
+    return isinstance(state, dict) and "fingerprint" in state
+
+
+def _empty_folder(path: Path) -> bool:
+    return path.is_dir() and not path.is_symlink() and not any(path.iterdir())
+
+
+def remove_work(work: Path) -> None:
+    """OUT/.work whole when it is ours (a folder of the user's of that name stays), or empty."""
+    if _is_our_work(work):
+        shutil.rmtree(work, ignore_errors=True)
+    elif _empty_folder(work):
+        work.rmdir()
 
 
 class Progress:
@@ -414,7 +437,7 @@ def finish(out: Path, manifest: CorpusManifest, entries: list, config: CorpusCon
     manifest_path, work = out / MANIFEST, out / ".work"
     written = manifest.totals["documents"]
     if written == 0:  # nothing of value to resume: leave no unfinished run behind to block a corrected retry
-        shutil.rmtree(work, ignore_errors=True)
+        remove_work(work)
         manifest_path.unlink(missing_ok=True)
         reasons = ", ".join(f"{k}: {v}" for k, v in manifest.dropped.items() if v) or "none"
         errors = "; ".join(manifest.errors[:5])
@@ -424,7 +447,7 @@ def finish(out: Path, manifest: CorpusManifest, entries: list, config: CorpusCon
         if SHARD_NAME.match(p.name) and p.name not in {e.file for e in entries}:  # but be safe
             p.unlink()
     write_manifest(out, manifest)
-    shutil.rmtree(work, ignore_errors=True)
+    remove_work(work)
     _say(_summary(manifest, out))
     if config.holdout > 0 and manifest.totals["holdout_documents"] == 0:
         _say(f"warning: the holdout split is empty ({written} documents x --holdout {config.holdout} < 1)")

@@ -110,6 +110,27 @@ def test_a_fine_tuning_removes_only_its_own_saved_state(run, tmp_path):
     assert not any(elsewhere.iterdir())
 
 
+def test_prepare_corpus_removes_only_its_own_work_folder(tmp_path):
+    """OUT/.work holds an unfinished prepare-corpus' parts and goes when it ends: a hidden folder of the user's of
+    that name (in a folder that otherwise looks empty), or a link there, is refused and kept; a run's own goes."""
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.txt").write_text("A first document with enough words in it to be kept.\n\n"
+                                           "A second document, also long enough to be kept here.\n")
+    out = tmp_path / "out"
+    (out / ".work").mkdir(parents=True)
+    (out / ".work" / "notes.txt").write_text("mine\n")
+    (tmp_path / "linked").mkdir()
+    (tmp_path / "linked" / ".work").symlink_to(out / ".work")
+    for folder in (out, tmp_path / "linked"):
+        r = CliRunner().invoke(main, ["prepare-corpus", str(tmp_path / "in"), "--out", str(folder)])
+        assert r.exit_code == 1 and ".work: holds files prepare-corpus did not write" in r.output, r.output
+    assert (out / ".work" / "notes.txt").read_text() == "mine\n"
+    (out / ".work" / "notes.txt").unlink()   # an empty one is taken, and removed at the end
+    r = CliRunner().invoke(main, ["prepare-corpus", str(tmp_path / "in"), "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert (out / "manifest.json").is_file() and not (out / ".work").exists()
+
+
 def test_a_record_proves_nothing_it_cannot_show(run, tmp_path):
     """A file bertkit wrote that the user edited since, a record from someone else naming the user's files, a name
     reached through a link, a folder: none of them is removed; only files still exactly as bertkit wrote them go."""
