@@ -58,6 +58,29 @@ def grads(module) -> dict:
     return {n: p.grad.clone() for n, p in module.named_parameters() if p.grad is not None}
 
 
+def test_a_length_beyond_the_models_positions_is_refused_at_once_or_cut_when_a_folder_records_it(bert_dir,
+                                                                                                    tmp_path):
+    """Said when the command starts, not at the first long text hours later: the model's positions are the limit
+    (the tiny BERT's: its config's max_position_embeddings). A folder recording more (a tokenizer's
+    model_max_length of 8192 on a 512-position BERT) is read at the positions, as sentence-transformers reads it."""
+    import json
+    import shutil
+
+    positions = json.loads((bert_dir / "config.json").read_text())["max_position_embeddings"]
+    (tmp_path / "t.txt").write_text("w1 w2\n")
+    for command in (["encode", str(bert_dir), str(tmp_path / "t.txt"), "--out", str(tmp_path / "e.arrow")],
+                    ["evaluate-embeddings", str(bert_dir), "--sts", "stsb-dev"]):
+        r = CliRunner().invoke(main, command + ["--max-seq-length", str(positions + 1)])
+        assert r.exit_code == 1 and f"give --max-seq-length of at most {positions}" in r.output, r.output
+    assert not (tmp_path / "e.arrow").exists()
+    with pytest.raises(DataError, match="leaves no room"):
+        SentenceEncoder.from_folder(bert_dir, EncoderConfig(max_seq_length=2))
+    folder = tmp_path / "recorded"
+    shutil.copytree(bert_dir, folder)
+    (folder / "bertkit_embedding.json").write_text(json.dumps({"pooling": "mean", "max_seq_length": 10 ** 6}))
+    assert SentenceEncoder.from_folder(folder).cfg.max_seq_length == positions
+
+
 def test_gradient_caching_gives_the_whole_batch_gradient(bert_dir):
     """Without dropout any mini-batch gives the whole batch's loss and gradient; with dropout, the second pass
     replays the first's masks, so the gradient is that of the same masks taken with a graph (a wrong replay differs

@@ -44,6 +44,12 @@ class SentenceEncoder(nn.Module):
         self.family = family_of(encoder)
         if self.family.token_states is None:
             raise ValueError(f"{source}: {self.family.title} models cannot be trained as sentence encoders yet")
+        positions = getattr(encoder.cfg, "max_length", None)
+        if cfg.max_seq_length < 3:   # [CLS], a token, [SEP]
+            raise DataError(f"a max sequence length of {cfg.max_seq_length} tokens leaves no room for a word")
+        if positions and cfg.max_seq_length > positions:   # said now, not at the first long text hours later
+            raise DataError(f"{source}: a max sequence length of {cfg.max_seq_length} tokens, for a model of "
+                            f"{positions} positions; give --max-seq-length of at most {positions}")
         self.encoder, self.tokenizer, self.cfg = encoder, tokenizer, cfg
 
     @classmethod
@@ -53,7 +59,11 @@ class SentenceEncoder(nn.Module):
         from bertkit.tokenization import load_tokenizer
 
         path = Path(path)
-        return cls(load_pretrained(path, head=None), load_tokenizer(path), cfg or saved_config(path), str(path))
+        encoder = load_pretrained(path, head=None)
+        if cfg is None:   # a folder's recorded length beyond its positions (a tokenizer's 8192 on a 512 BERT): cut
+            cfg = saved_config(path)
+            cfg.max_seq_length = min(cfg.max_seq_length, getattr(encoder.cfg, "max_length", cfg.max_seq_length))
+        return cls(encoder, load_tokenizer(path), cfg, str(path))
 
     def features(self, texts: list[str]) -> list[dict]:
         self.tokenizer.no_padding()
