@@ -58,11 +58,11 @@ def grads(module) -> dict:
     return {n: p.grad.clone() for n, p in module.named_parameters() if p.grad is not None}
 
 
-def test_a_length_beyond_the_models_positions_is_refused_at_once_or_cut_when_a_folder_records_it(bert_dir,
-                                                                                                    tmp_path):
+def test_a_length_beyond_the_models_positions_is_refused_at_once_and_a_folders_record_is_checked(bert_dir, tmp_path):
     """Said when the command starts, not at the first long text hours later: the model's positions are the limit
     (the tiny BERT's: its config's max_position_embeddings). A folder recording more (a tokenizer's
-    model_max_length of 8192 on a 512-position BERT) is read at the positions, as sentence-transformers reads it."""
+    model_max_length of 8192 on a 512-position BERT) is read at the positions, as sentence-transformers reads it;
+    a pooling record that is not what bertkit writes is named, not a TypeError."""
     import json
     import shutil
 
@@ -79,6 +79,10 @@ def test_a_length_beyond_the_models_positions_is_refused_at_once_or_cut_when_a_f
     shutil.copytree(bert_dir, folder)
     (folder / "bertkit_embedding.json").write_text(json.dumps({"pooling": "mean", "max_seq_length": 10 ** 6}))
     assert SentenceEncoder.from_folder(folder).cfg.max_seq_length == positions
+    for bad in ('{"pooling": "mean", "layers": 3}', '[1, 2]', '{"pooling": "max"}', '{"max_seq_length": "64"}'):
+        (folder / "bertkit_embedding.json").write_text(bad)
+        with pytest.raises(DataError, match="bertkit_embedding.json: "):
+            SentenceEncoder.from_folder(folder)
 
 
 def test_gradient_caching_gives_the_whole_batch_gradient(bert_dir):

@@ -124,7 +124,17 @@ def saved_config(path: Path) -> EncoderConfig:
     """The pooling a folder records (bertkit's file, else sentence-transformers' files), else mean over 128 tokens."""
     mine = path / "bertkit_embedding.json"
     if mine.is_file():
-        return EncoderConfig(**json.loads(mine.read_text()))
+        try:
+            recorded = json.loads(mine.read_text())
+            cfg = EncoderConfig(**recorded)
+        except (ValueError, TypeError) as e:
+            raise DataError(f"{mine}: not the pooling record bertkit writes ({e}); remove it to read the folder "
+                            "with sentence-transformers' files, or mean pooling over 128 tokens") from None
+        if cfg.pooling not in POOLINGS or not isinstance(cfg.max_seq_length, int) or \
+                not isinstance(cfg.normalize, bool):
+            raise DataError(f"{mine}: pooling {cfg.pooling!r}, max_seq_length {cfg.max_seq_length!r}, normalize "
+                            f"{cfg.normalize!r}: bertkit writes mean, cls or last, a whole number and true or false")
+        return cfg
     cfg = EncoderConfig()
     st_pooling, st_model = path / "1_Pooling" / "config.json", path / "sentence_bert_config.json"
     if st_pooling.is_file():
