@@ -10,7 +10,8 @@ Contrastive training is KoSimCSE's supervised recipe on what we have: KLUE-NLI t
 entailment as the positive and its contradiction as the hard negative (8,047 triplets), in-batch negatives,
 `finetune embed`'s defaults but --max-seq-length 64 (`nli-3ep`: three epochs). From the corpus alone: `simcse` (its
 sentences, each its own positive) and `ict` (the Inverse Cloze Task: 8,000 passages of 6 sentences, each against one
-of its sentences, 128 tokens); `ict-nli`: `ict`, then KLUE-NLI from there.
+of its sentences, 128 tokens); `ict-nli`: `ict`, then KLUE-NLI from there; `ict32k`, `ict128k` (and their
+`-nli`): the same from 4x and 16x the passages.
 Scores are quality, not time: this may run beside other work. One results file keeps every cell as it finishes.
 
     python benchmarks/korean_embeddings.py --work bench_scale/korean-transfer            # every start there is
@@ -52,11 +53,17 @@ class Training:
     max_length: int = 64
     epochs: int = 1
     after: str | None = None
+    sample: int = 8_000   # sentences or passages drawn from the corpus
 
 
 TRAINING = {"nli": Training("klue-nli"), "nli-3ep": Training("klue-nli", epochs=3),
             "simcse": Training("sentences"), "ict": Training("passages", max_length=128),
-            "ict-nli": Training("klue-nli", after="ict")}
+            "ict-nli": Training("klue-nli", after="ict"),
+            # how far more of the corpus's own pairs go: 4x and 16x the passages
+            "ict32k": Training("passages", max_length=128, sample=32_000),
+            "ict32k-nli": Training("klue-nli", after="ict32k"),
+            "ict128k": Training("passages", max_length=128, sample=128_000),
+            "ict128k-nli": Training("klue-nli", after="ict128k")}
 ARMS = ("none", *TRAINING)   # none: the start as it is (mean pooling)
 
 
@@ -71,8 +78,8 @@ def trained(start: Path, arm: str, out: Path, data: Path, work: Path, seed: int)
     if t.after:
         start = trained(start, t.after, out.parent / out.name.replace(arm, t.after), data, work, seed)
     rows = {"klue-nli": lambda: nli_triplets(data / NLI_SETS["klue-nli"]),
-            "passages": lambda: corpus_passages(work / "ko-corpus", 8_000, seed),
-            "sentences": lambda: corpus_sentences(work / "ko-corpus", 8_000, seed)}[t.rows]()
+            "passages": lambda: corpus_passages(work / "ko-corpus", t.sample, seed),
+            "sentences": lambda: corpus_sentences(work / "ko-corpus", t.sample, seed)}[t.rows]()
     train_embeddings(start, rows, EmbedConfig(out_dir=str(out), encoder=EncoderConfig("mean", t.max_length),
                                               seed=seed, batch_size=256, mini_batch=64, progress=False,
                                               epochs=t.epochs))
