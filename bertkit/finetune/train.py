@@ -24,9 +24,9 @@ from bertkit.data import to_device
 from bertkit.distributed import destroy_at_exit
 from bertkit.errors import DataError
 from bertkit.fileio import (
+    FolderNotOwnedError,
     atomic_write_bytes,
     atomic_write_json,
-    FolderNotOwnedError,
     disk_errors,
     folder_lock,
     read_json_or_none,
@@ -417,7 +417,7 @@ class Checkpoints:
 
 
 def _is_saved_state(path: Path) -> bool:
-    """Whether `path` is a fine-tuning state bertkit wrote (read as plain data), in a real folder, not through a link."""
+    """Whether `path` is a fine-tuning state bertkit wrote (read as plain data), in a real folder, no link."""
     if path.is_symlink() or path.parent.is_symlink() or not path.is_file():
         return False
     try:
