@@ -178,7 +178,7 @@ def main(argv=None):
             load = [round(x, 2) for x in os.getloadavg()]
             got = cell_in_own_process(__file__, [system, seed, "--work", args.work, "--flags", json.dumps(flags)])
             got.update(scores(Path(got.pop("model")), args.data, args.questions, args.task), flags=flags,
-                       load_before=load)
+                       load_before=load, commit=run_info(name)["commit"])   # the header's commit is the last cell's
             cells.append(got)
             record(**run_info(name))
     record(**run_info(name))
