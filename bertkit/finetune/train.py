@@ -385,9 +385,7 @@ class Checkpoints:
         self.ours = ft.resumed is not None or (ft.rank == 0 and _is_saved_state(self.path))
         taken = self.path.parent.is_symlink() or self.path.is_symlink() or self.path.exists()
         if self.every_s is not None and taken and not self.ours:
-            raise FolderNotOwnedError(f"{self.path.parent}: holds files bertkit did not write, where a fine-tuning "
-                                      "keeps the state it resumes from; move them away, or pass "
-                                      "--checkpoint-minutes 0 (no resumable state)")
+            raise _foreign_state(self.path.parent, "holds files bertkit did not write")
 
     def if_due(self, epoch: int, epoch_rng: dict, losses: list, elapsed: float) -> None:
         if self.every_s is not None and time.time() - self.last >= self.every_s and self.ft.step < self.ft.total_steps:
@@ -416,6 +414,11 @@ class Checkpoints:
             self.path.parent.rmdir()
 
 
+def _foreign_state(path: Path, what: str) -> FolderNotOwnedError:
+    return FolderNotOwnedError(f"{path}: {what}, where a fine-tuning keeps the state it resumes from; move it away "
+                               "(a damaged state of an earlier run may be deleted), or pass --checkpoint-minutes 0")
+
+
 def _is_saved_state(path: Path) -> bool:
     """Whether `path` is a fine-tuning state bertkit wrote (read as plain data), in a real folder, no link."""
     if path.is_symlink() or path.parent.is_symlink() or not path.is_file():
@@ -435,11 +438,16 @@ def saved_state(out_dir: Path, task: str, settings: dict, model=None) -> dict | 
         return None
     try:
         state = safe_load(path)
+        foreign = "a link" if path.is_symlink() or path.parent.is_symlink() else _not_a_saved_state(state, None)
     except (RuntimeError, EOFError) as e:  # damaged (its write is atomic, so not by a kill)
-        tqdm.write(f"{path}: unreadable ({str(e).splitlines()[0]}); starting afresh")
+        foreign = f"unreadable: {str(e).splitlines()[0]}"
+    if foreign is not None:
+        if settings.get("checkpoint_minutes", 0) > 0:   # its next save would replace a file that may be the user's
+            raise _foreign_state(path, f"not a fine-tuning state bertkit wrote ({foreign})")
+        tqdm.write(f"{path}: not a fine-tuning state bertkit wrote ({foreign}); not used")
         return None
-    if (why := _not_a_saved_state(state, model)) is not None:
-        tqdm.write(f"{path}: not a fine-tuning state bertkit wrote ({why}); starting afresh")
+    if (why := _not_a_saved_state(state, model)) is not None:   # bertkit's, for another model
+        tqdm.write(f"{path}: a fine-tuning state of another model ({why}); starting afresh")
         return None
     earlier = json.loads(state["summary"])
     mine, theirs = json.loads(json.dumps(settings)), earlier["settings"]

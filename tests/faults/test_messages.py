@@ -97,17 +97,30 @@ def test_a_report_of_entity_types_holding_dollar_signs_draws_them_as_text(tmp_pa
 
 
 @pytest.mark.parametrize("state", ["text", {"step": "3"}, "another model"])
-def test_a_saved_fine_tuning_state_bertkit_did_not_write_starts_afresh_saying_why(run, tmp_path, capsys, state):
+def test_a_saved_fine_tuning_state_bertkit_did_not_write_is_named_and_kept(run, tmp_path, capsys, state):
+    """A resume/state.pt that is not what bertkit writes may be the user's: named, kept, and the run stops before
+    its first step (its next save would replace it). A state bertkit wrote for another model starts afresh."""
+    from bertkit.fileio import FolderNotOwnedError
+
     out = tmp_path / "ft"
     (out / "resume").mkdir(parents=True)
-    if state == "another model":
+    ours = state == "another model"
+    if ours:
         quick_finetune(run.parent / "model", tmp_path / "data", run=tmp_path / "first")
         from bertkit.finetune.train import STATE_KEYS
 
         state = {k: kind() if isinstance(kind, type) else 0 for k, kind in STATE_KEYS.items()}
         state.update(summary=json.dumps({"task": "classify", "settings": {}}), model={"w": torch.zeros(3)})
     torch.save(state, out / "resume" / "state.pt")
+    before = (out / "resume" / "state.pt").read_bytes()
     (out / "metrics.json").write_text(json.dumps({"task": "classify", "settings": {}}))
-    summary = quick_finetune(run.parent / "model", tmp_path / "data", run=out)
-    assert summary["task"] == "classify"
-    assert f"{out / 'resume' / 'state.pt'}: not a fine-tuning state bertkit wrote (" in capsys.readouterr().out
+    path = out / "resume" / "state.pt"
+    if ours:
+        summary = quick_finetune(run.parent / "model", tmp_path / "data", run=out)
+        assert summary["task"] == "classify"
+        assert f"{path}: a fine-tuning state of another model (" in capsys.readouterr().out
+        assert not (out / "resume").exists()   # bertkit's: removed when the run ended
+        return
+    with pytest.raises(FolderNotOwnedError, match="not a fine-tuning state bertkit wrote .*--checkpoint-minutes 0"):
+        quick_finetune(run.parent / "model", tmp_path / "data", run=out)
+    assert path.read_bytes() == before
