@@ -16,7 +16,6 @@ A document's cleaning and sentences are pipelines/sentences.py's; the input form
 import math
 import os
 import re
-import shutil
 import socket
 import sys
 import time
@@ -344,11 +343,19 @@ def _empty_folder(path: Path) -> bool:
     return path.is_dir() and not path.is_symlink() and not any(path.iterdir())
 
 
+# every name prepare-corpus writes in OUT/.work: its state, per-file parts, dedup partitions, temporary files
+WORK_FILE = re.compile(r"state\.json|part-\d{5}\.(arrow|json)|dedup-\d{5}-\d{5}\.(npy|json)|.+\.tmp")
+
+
 def remove_work(work: Path) -> None:
-    """OUT/.work whole when it is ours (a folder of the user's of that name stays), or empty."""
+    """The files prepare-corpus wrote in OUT/.work (when the folder is ours: a user's of that name stays), its
+    state.json last, then the folder if that left it empty: a file of anyone else's there is kept."""
     if _is_our_work(work):
-        shutil.rmtree(work, ignore_errors=True)
-    elif _empty_folder(work):
+        names = sorted(p.name for p in work.iterdir() if p.is_file() and not p.is_symlink()
+                       and WORK_FILE.fullmatch(p.name))
+        for name in sorted(names, key=lambda n: n == "state.json"):   # the mark goes last
+            (work / name).unlink(missing_ok=True)
+    if _empty_folder(work):
         work.rmdir()
 
 

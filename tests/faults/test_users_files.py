@@ -129,6 +129,16 @@ def test_prepare_corpus_removes_only_its_own_work_folder(tmp_path):
     r = CliRunner().invoke(main, ["prepare-corpus", str(tmp_path / "in"), "--out", str(out)])
     assert r.exit_code == 0, r.output
     assert (out / "manifest.json").is_file() and not (out / ".work").exists()
+    # a file dropped into a run's own work folder is not one of its names: it stays, with the folder
+    from bertkit.pipelines.prepare_corpus import remove_work
+
+    work = tmp_path / "again" / ".work"
+    work.mkdir(parents=True)
+    (work / "state.json").write_text('{"fingerprint": {}}')
+    for name in ("part-00000.arrow", "part-00000.json", "dedup-00001-00000.npy", ".x.json.abc.tmp", "mine.txt"):
+        (work / name).write_text("x")
+    remove_work(work)
+    assert sorted(p.name for p in work.iterdir()) == ["mine.txt"]
 
 
 def test_a_record_proves_nothing_it_cannot_show(run, tmp_path):
