@@ -383,6 +383,7 @@ class Checkpoints:
         self.last = time.time()
         self.path = ft.out_dir / RESUME / STATE
         self.ours = ft.resumed is not None or (ft.rank == 0 and _is_saved_state(self.path))
+        self.stamp = _stamp(self.path) if self.ours else None   # the file found ours; remove() takes only it
         taken = self.path.parent.is_symlink() or self.path.is_symlink() or self.path.exists()
         if self.every_s is not None and taken and not self.ours:
             raise _foreign_state(self.path.parent, "holds files bertkit did not write")
@@ -403,13 +404,14 @@ class Checkpoints:
                     "summary": json.dumps(ft.summary)}, buffer)
         self.path.parent.mkdir(exist_ok=True)
         atomic_write_bytes(self.path, buffer.getvalue())
-        self.ours, self.last = True, time.time()
+        self.ours, self.stamp, self.last = True, _stamp(self.path), time.time()
 
     def remove(self) -> None:
         """The state, then OUT/resume/ if that left it empty; nothing that is not the state's."""
         if not self.ours or self.path.is_symlink() or self.path.parent.is_symlink():
             return
-        self.path.unlink(missing_ok=True)
+        if _stamp(self.path) == self.stamp:   # not a file put in its place since
+            self.path.unlink(missing_ok=True)
         with contextlib.suppress(OSError):   # not empty: the rest is the user's
             self.path.parent.rmdir()
 
@@ -417,6 +419,14 @@ class Checkpoints:
 def _foreign_state(path: Path, what: str) -> FolderNotOwnedError:
     return FolderNotOwnedError(f"{path}: {what}, where a fine-tuning keeps the state it resumes from; move it away "
                                "(a damaged state of an earlier run may be deleted), or pass --checkpoint-minutes 0")
+
+
+def _stamp(path: Path) -> tuple | None:
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
 
 
 def _is_saved_state(path: Path) -> bool:
