@@ -38,7 +38,74 @@ def _umask() -> int:
 _FILE_MODE = 0o666 & ~_umask()
 
 
+# ---------------------------------------------------------------- what a command wrote
+
+class _Recording:
+    """One output folder's recording: the files written under it (absolute paths), which existing files a writer may
+    replace there (None: any), and what to do after each write (the record kept current, so a kill leaves it)."""
+
+    def __init__(self, may_replace=None, after_write=None):
+        self.names: set = set()
+        self.may_replace, self.after_write = may_replace, after_write
+
+
+_RECORDS: dict[str, _Recording] = {}   # an output folder (absolute) -> its recording
+
+
+def record_writes(folder, may_replace=None, after_write=None) -> set:
+    """From now on, every file a bertkit writer puts under `folder` is added to the set returned (absolute paths):
+    the record of what a command wrote is the names it wrote, never a difference of the folder before and after
+    (which would count a user's file saved there during a long run as bertkit's). may_replace(path) -> bool: whether
+    an existing file there may be replaced (a user's file may not: FolderNotOwnedError names it); after_write(): run
+    after each write of a visible file."""
+    recording = _Recording(may_replace, after_write)
+    _RECORDS[os.path.abspath(folder)] = recording
+    return recording.names
+
+
+def stop_recording(folder) -> None:
+    _RECORDS.pop(os.path.abspath(folder), None)
+
+
+def _recordings(path: str):
+    return [(folder, r) for folder, r in list(_RECORDS.items()) if path.startswith(folder + os.sep)]
+
+
+def check_replace(path, appending: bool = False) -> None:
+    """Refuse a write below a linked folder inside a recording folder (OUT/best -> another model's folder), and the
+    replacement of a file that the folder's command did not write (a user's summary.json where bertkit writes one):
+    FolderNotOwnedError naming it, before anything is written. A link where the file goes is replaced (never
+    followed); a file this command wrote, or one its record shows bertkit wrote, is replaced."""
+    path = os.path.abspath(path)
+    for folder, recording in _recordings(path):
+        between = Path(os.path.relpath(path, folder)).parents[:-1]
+        linked = next((Path(folder, p) for p in reversed(between) if Path(folder, p).is_symlink()), None)
+        if linked is not None:   # a folder inside the output that is a link: the write would land elsewhere
+            raise FolderNotOwnedError(f"{linked}: a link to {os.readlink(linked)}; bertkit writes only inside the "
+                                      "folder it was given, never through a link in it. Remove the link (or give "
+                                      "another output folder), then run the same command again")
+    if appending or os.path.islink(path) or not os.path.lexists(path):   # an append destroys nothing
+        return
+    for folder, recording in _recordings(path):
+        if os.path.relpath(path, folder).startswith(".bertkit"):   # the lock, the record, staging: bertkit's names
+            continue
+        if path not in recording.names and recording.may_replace and not recording.may_replace(path):
+            raise FolderNotOwnedError(f"{path}: bertkit did not write this, and it would be replaced; move it away "
+                                      "(or give another output folder), then run the same command again")
+
+
+def note_written(path) -> None:
+    """Tell the recorders that bertkit put `path` in place (every writer here calls it; code that writes through
+    another library, TensorBoard's, calls it for the files that library wrote)."""
+    path = os.path.abspath(path)
+    for folder, recording in _recordings(path):
+        recording.names.add(path)
+        if recording.after_write and not os.path.relpath(path, folder).startswith("."):
+            recording.after_write()
+
+
 def _temp_beside(path: Path):
+    check_replace(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.fchmod(fd, _FILE_MODE)  # mkstemp makes 0600 files; outputs should read like any other file
@@ -57,6 +124,7 @@ def atomic_write_bytes(path, data: bytes, fsync: bool = True) -> None:
                 f.flush()
                 os.fsync(f.fileno())
         os.replace(tmp, path)
+        note_written(path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -73,6 +141,7 @@ def atomic_copy(src, dst, within=None) -> None:
         with os.fdopen(fd, "wb") as f, open(src, "rb") as source:
             shutil.copyfileobj(source, f)
         os.replace(tmp, dst)
+        note_written(dst)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -81,16 +150,19 @@ def atomic_copy(src, dst, within=None) -> None:
 def open_append(path):
     """A log file opened for appending, never through a link: one found there is replaced by a new file."""
     path = Path(path)
+    check_replace(path, appending=not path.is_symlink())
     if path.is_symlink():
         print(f"note: {path} was a symbolic link; replaced by a new file (bertkit never writes through a link)",
               file=sys.stderr)
         path.unlink()
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, _FILE_MODE)
+    note_written(path)
     return os.fdopen(fd, "a", encoding="utf-8")
 
 
 def atomic_write_json(path, obj, fsync: bool = True) -> None:
-    data = json.dumps(obj, indent=2, ensure_ascii=False, sort_keys=False) + "\n"
+    """`obj` as JSON; NaN or infinity is refused (ValueError), as JSON has neither and readers reject them."""
+    data = json.dumps(obj, indent=2, ensure_ascii=False, sort_keys=False, allow_nan=False) + "\n"
     atomic_write_bytes(path, data.encode("utf-8"), fsync)
 
 
@@ -115,6 +187,7 @@ def atomic_write_arrow(path, table) -> None:
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        note_written(path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

@@ -2,11 +2,12 @@
 touches another: a user's notes, a thesis, a README beside an export stay, and are named as kept.
 
 Every writer that replaces earlier output keeps FOLDER/.bertkit-written.json: each file it wrote there with its
-inode and modification time (found as the files new or replaced since the command began: every bertkit write is a
-new file renamed into place, so a file it wrote has a new inode; a user's untouched file keeps its own). A file is
-bertkit's, and may be removed, only while it is still exactly that file: one the user edited or replaced since,
-or one a record from someone else names, stays. An export's manifest (each file's size and checksum) stands in for
-the record in exports made before it. A folder with no record loses nothing: its files are only overwritten by name.
+inode, modification time and size (a log bertkit appends to, *.jsonl, may have grown since). The names are those
+bertkit's own writers put in place while the command ran (fileio.record_writes), never the folder's difference
+before and after, which would take a user's notes saved there during a long run for bertkit's. A file is bertkit's,
+and may be removed, only while it is still exactly that file: one the user edited or replaced since, or one a record
+from someone else names, stays. An export's manifest (each file's size and checksum) stands in for the record in
+exports made before it. A folder with no record loses nothing: its files are only overwritten by name.
 Files are removed one by one, never a folder with what it holds.
 
 A replacement is written beside the old output (FOLDER/.bertkit-staging-*/) and swapped in by renames once whole,
@@ -17,7 +18,15 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from bertkit.fileio import FolderNotOwnedError, atomic_write_json, file_matches, read_json_or_none
+from bertkit.fileio import (
+    FolderNotOwnedError,
+    atomic_write_json,
+    file_matches,
+    note_written,
+    read_json_or_none,
+    record_writes,
+    stop_recording,
+)
 
 WRITTEN = ".bertkit-written.json"
 STAGING = ".bertkit-staging-"
@@ -26,7 +35,20 @@ STAGING_MARK = ".bertkit-staging"   # inside a staging folder: bertkit made it, 
 
 def _stamp(path: Path) -> list:
     st = path.lstat()
-    return [st.st_ino, st.st_mtime_ns]
+    return [st.st_ino, st.st_mtime_ns, st.st_size]
+
+
+def _same_file(path: Path, stamp) -> bool:
+    """Whether path is still the file a record's stamp describes: its inode and time (records before the size was
+    kept hold only those two); a log bertkit appends to (*.jsonl) may since have grown, never shrunk or been
+    rewritten (a user's edit of it rewrites it shorter, or as a new file)."""
+    if not isinstance(stamp, list) or len(stamp) < 2:
+        return False
+    now = _stamp(path)
+    if now[:2] == stamp[:2]:
+        return True
+    return path.suffix == ".jsonl" and len(stamp) == 3 and now[0] == stamp[0] and now[1] >= stamp[1] and \
+        isinstance(stamp[2], int) and now[2] > stamp[2]
 
 
 def _files(folder: Path) -> dict:
@@ -53,7 +75,8 @@ def written_earlier(folder, manifest_files: bool = False) -> set | None:
     folder = Path(folder)
     record = read_json_or_none(folder / WRITTEN) if (folder / WRITTEN).is_file() else None
     if isinstance(record, dict) and isinstance(record.get("files"), dict):
-        return {f for f, stamp in record["files"].items() if _unchanged(folder, f, lambda p: _stamp(p) == stamp)}
+        return {f for f, stamp in record["files"].items()
+                if _unchanged(folder, f, lambda p, stamp=stamp: _same_file(p, stamp))}
     manifest = read_json_or_none(folder / "manifest.json") if manifest_files else None
     listed = manifest.get("files") if isinstance(manifest, dict) else None
     if isinstance(listed, dict):
@@ -89,28 +112,39 @@ class Output:
 
     def __init__(self, folder, what: str, manifest_files: bool = False):
         self.folder, self.what = Path(folder), what
-        self.before = _files(self.folder)
+        self.root = Path(os.path.abspath(folder))
         self.earlier = written_earlier(self.folder, manifest_files)
+        # the names bertkit's writers put in place from now on; a file not bertkit's is never replaced; the record
+        # is kept current after each write, so a killed command's folder says what it wrote
+        self.written = record_writes(self.folder, self._may_replace, self.save_record)
 
-    def theirs(self) -> list:
-        """The files present that are not bertkit's (all of them when there is no record)."""
-        return sorted(f for f in self.before if f not in (self.earlier or ()))
+    def _may_replace(self, path: str) -> bool:
+        if self.earlier is None:   # a folder with no record: its files are overwritten by name, as before records
+            return True
+        return Path(os.path.relpath(path, self.root)).as_posix() in self.earlier
 
     def remove_earlier(self) -> None:
         """Remove what bertkit wrote here before (never a file it did not write, or one changed since)."""
         for name in sorted(self.earlier or (), reverse=True):
             _remove(self.folder, name)
 
-    def finish(self) -> str | None:
-        """Write FOLDER/.bertkit-written.json (the earlier record's files still present, and every file new or
-        replaced since this command began, each with its inode and modification time); return what was kept because
-        it is not bertkit's, as a line to say, or None (files since replaced by name are not counted)."""
+    def save_record(self) -> set:
+        """Write FOLDER/.bertkit-written.json now (a long command does so at each checkpoint, so that a kill leaves it):
+        the earlier record's files still present and every file bertkit's writers put in place since this command
+        began, each with its inode and modification time. Returns those names."""
         now = _files(self.folder)
-        mine = {f for f, stamp in now.items() if self.before.get(f) != stamp} | \
-            {f for f in (self.earlier or ()) if f in now}
+        wrote = {Path(os.path.relpath(p, self.root)).as_posix() for p in self.written}
+        mine = {f for f in now if f in wrote or f in (self.earlier or ())}
         atomic_write_json(self.folder / WRITTEN, {"what": self.what, "files": {f: now[f] for f in sorted(mine)}},
                           fsync=False)
-        kept = [f for f in self.theirs() if now.get(f) == self.before[f]]
+        return mine
+
+    def finish(self) -> str | None:
+        """The record written a last time, recording stopped; what was kept because it is not bertkit's, as a line to
+        say, or None."""
+        stop_recording(self.folder)
+        mine = self.save_record()
+        kept = sorted(f for f in _files(self.folder) if f not in mine)
         if not kept:
             return None
         shown = ", ".join(kept[:5]) + (f" and {len(kept) - 5} more" if len(kept) > 5 else "")
@@ -189,6 +223,7 @@ def swap_in(output: Output, staging: Path, last: str | None = None) -> None:
                 _remove(folder, parent.as_posix())
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
         os.replace(staging / name, folder / name)
+        note_written(folder / name)
     for name in sorted(ours - set(new), reverse=True):
         if (folder / name).is_file() or (folder / name).is_symlink():
             _remove(folder, name)

@@ -9,7 +9,7 @@ import os
 import time
 from pathlib import Path
 
-from bertkit.fileio import open_append
+from bertkit.fileio import note_written, open_append
 from bertkit.formats import METRICS, TENSORBOARD
 
 REPORT_TO = ("tensorboard", "wandb")
@@ -46,6 +46,7 @@ class RunLog:
             return
         run_dir = Path(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
+        self.run_dir, self.began = run_dir, time.time_ns()
         self.file = open_append(run_dir / METRICS)
         report_to = parse_report_to(report_to)
         if "tensorboard" in report_to:
@@ -87,6 +88,11 @@ class RunLog:
             self.tb.close()
         if self.wandb is not None:
             self.wandb.finish()
+        # TensorBoard and W&B write their own files: named to the record of what this command wrote
+        for folder in (self.run_dir / TENSORBOARD, self.run_dir / "wandb"):
+            for path in folder.rglob("*") if folder.is_dir() and not folder.is_symlink() else ():
+                if path.is_file() and not path.is_symlink() and path.stat().st_mtime_ns >= self.began:
+                    note_written(path)
 
 
 class Throughput:

@@ -78,6 +78,7 @@ class NumberList(click.ParamType):
         return tuple(dict.fromkeys(values)) if self.unique else values
 
 
+SEED = click.IntRange(0, 2 ** 32 - 1)    # what numpy's, torch's and Python's generators all take
 POSITIVE = Real(0, min_open=True)        # rates, weights, epochs
 NON_NEGATIVE = Real(0)                   # decays, thresholds that 0 switches off
 PROBABILITY = Real(0, 1)

@@ -13,6 +13,7 @@ from bertkit.commands import (
     NON_NEGATIVE,
     POSITIVE,
     PROBABILITY,
+    SEED,
     NumberList,
     Real,
     count,
@@ -43,7 +44,7 @@ def common_options(default_lr: float, default_epochs: float, default_batch: int,
             click.option("--warmup-ratio", default=0.1, show_default=True, type=PROBABILITY,
                          help="Fraction of steps with linear warmup; linear decay to 0 after."),
             click.option("--max-grad-norm", default=1.0, show_default=True, type=NON_NEGATIVE, help="0: no clipping."),
-            click.option("--seed", default=42, show_default=True, type=count(0)),
+            click.option("--seed", default=42, show_default=True, type=SEED),
             click.option("--max-seq-length", default=default_max_len, show_default=True, type=click.IntRange(8, 512)),
             click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N."),
             kernels_option,
@@ -237,7 +238,7 @@ SCORE_NEUTRAL = ("out_dir", "overwrite", "threads", "report_to", "log_every", "n
               help="A sweep: comma-separated rates, e.g. 1e-4,3e-4,1e-3; each task fine-tunes at every rate x seed "
                    "(--seeds) in OUT/TASK/lrRATE-seedSEED/, and the table gives each rate's mean and range over the "
                    "seeds and the best rate (a sweep may grow: the cells already run are kept).")
-@click.option("--seeds", type=NumberList(count(0)),
+@click.option("--seeds", type=NumberList(SEED),
               help="A sweep: comma-separated seeds, e.g. 0,1,2 (with --lrs, or alone at --lr or its default).")
 @pooling_option
 @friendly_errors

@@ -1,7 +1,7 @@
 """`bertkit make-instances`: maps flags onto pipelines.make_instances.InstancesConfig and runs the stage."""
 import click
 
-from bertkit.commands import PROBABILITY, NumberList, Real, count, default_workers
+from bertkit.commands import PROBABILITY, SEED, NumberList, Real, count, default_workers
 from bertkit.pipelines.engine import ENGINE_HELP, ENGINES, RAY_ADDRESS_HELP
 from bertkit.recipes import RECIPES, as_flags
 
@@ -29,7 +29,7 @@ from bertkit.recipes import RECIPES, as_flags
               help="Probability that a document's target length is drawn in [2, max-seq-length - 3].")
 @click.option("--dupe", default=None, type=count(1), show_default="10 static, 1 dynamic",
               help="Passes over the corpus, each with new pairs and masks.")
-@click.option("--seed", default=12345, show_default=True, type=count(0))
+@click.option("--seed", default=12345, show_default=True, type=SEED)
 @click.option("--whole-word-mask", is_flag=True, help="Mask whole words (a ## piece joins the word before it).")
 @click.option("--mode", type=click.Choice(["static", "dynamic"]), default="static", show_default=True,
               help="static: masked here; dynamic: unmasked pairs, masked by the pretraining loader each epoch.")

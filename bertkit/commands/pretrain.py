@@ -3,7 +3,7 @@ import os
 
 import click
 
-from bertkit.commands import NON_NEGATIVE, POSITIVE, Real, count, kernels_option, report_to_option
+from bertkit.commands import NON_NEGATIVE, POSITIVE, SEED, Real, count, kernels_option, report_to_option
 from bertkit.models.bert_config import SIZE_LIMITS
 from bertkit.recipes import DEFAULTS, RECIPES, as_flags
 from bertkit.threads import MAX_THREADS
@@ -79,7 +79,7 @@ class Duration(click.ParamType):
 @click.option("--log-every", default=10, show_default=True, type=count(1))
 @click.option("--eval-every", default=1000, show_default=True, type=count(0), help="Held-out evaluation; 0 = never.")
 @click.option("--eval-batches", default=20, show_default=True, type=count(1))
-@click.option("--seed", default=42, show_default=True, type=count(0))
+@click.option("--seed", default=42, show_default=True, type=SEED)
 @click.option("--num-workers", default=1, show_default=True, type=count(0), help="Loader processes per rank.")
 @click.option("--dropout", type=Real(0, 1, max_open=True),
               help="Override the model's hidden and attention dropout.")
@@ -166,7 +166,7 @@ def pretrain(**flags):
 @click.option("--random-weights", is_flag=True,
               help="The run's architecture and tokenizer with fresh weights instead of a checkpoint's: the random "
                    "start its pretraining is judged against (fine-tune both, e.g. `finetune korean --lrs ...`).")
-@click.option("--seed", type=count(0),
+@click.option("--seed", type=SEED,
               help="With --random-weights  [default: the run's own seed: the weights a run begun from random "
                    "started from].")
 def export(run_dir, out, tag, overwrite, random_weights, seed):

@@ -6,6 +6,7 @@ silent drop. Pairs are encoded with the tokenizer's BERT template ([CLS] a [SEP]
 cut longest-first to --max-seq-length.
 """
 import csv
+import io
 import json
 import logging
 from dataclasses import dataclass
@@ -53,10 +54,25 @@ def read_utf8(path) -> str:
         raise DataError(f"{path}:{line}: {not_utf8_message(data, path.name)}") from None
 
 
-def table_rows(text: str, fmt: str) -> list[list[str]]:
-    """Each line's fields: split on tabs (.tsv as GLUE's, no quoting) or read as RFC 4180 .csv."""
-    lines = text.splitlines()
-    return [line.split("\t") for line in lines] if fmt == "tsv" else list(csv.reader(lines))
+def text_lines(text: str) -> list[str]:
+    """A file's lines, split on \\n (a \\r before it dropped) and nothing else: str.splitlines also splits on form
+    feeds, U+2028 and lone carriage returns, which sit inside real texts."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
+def table_rows(text: str, fmt: str, path=None) -> list[list[str]]:
+    """Each line's fields: split on tabs (.tsv as GLUE's, no quoting) or read as RFC 4180 .csv (a quoted field may
+    hold line breaks; a record's number is then not its line's)."""
+    if fmt == "tsv":
+        return [line.split("\t") for line in text_lines(text)]
+    reader = csv.reader(io.StringIO(text, newline=""))
+    try:
+        return list(reader)
+    except csv.Error as e:
+        raise DataError(f"{path}:{reader.line_num}: not CSV as RFC 4180 writes it ({e})") from None
 
 
 def read_table(path, text_a, text_b=None, label=None, header: bool = True, fmt: str | None = None) -> list:
@@ -69,7 +85,7 @@ def read_table(path, text_a, text_b=None, label=None, header: bool = True, fmt: 
         raise DataError(f"{path}: the file is empty")
     if fmt == "jsonl":
         return _read_jsonl(path, text, text_a, text_b, label)
-    rows = table_rows(text, fmt)
+    rows = table_rows(text, fmt, path)
     head = rows[0] if header else None
     first = 1 if header else 0
     cols = [_column(head, c, path) if c is not None else None for c in (text_a, text_b, label)]
@@ -97,7 +113,7 @@ def read_table(path, text_a, text_b=None, label=None, header: bool = True, fmt: 
 def jsonl_objects(path: Path, text: str, shape: str):
     """(line number, object) of each non-blank line of a JSON-lines file; a line that is not a JSON object is a
     DataError naming the file and line (`shape`: what a line should look like)."""
-    for i, raw in enumerate(text.splitlines(), 1):
+    for i, raw in enumerate(text_lines(text), 1):
         if not raw.strip():
             continue
         try:
@@ -116,8 +132,12 @@ def _read_jsonl(path: Path, text: str, text_a, text_b, label) -> list:
         for key in (text_a, text_b, label):
             if key is not None and key not in obj:
                 raise DataError(f"{path}:{i}: no key {key!r}; this line has {sorted(obj)}")
+        for key in (text_a, text_b):
+            if key is not None and not isinstance(obj[key], str):
+                raise DataError(f"{path}:{i}: {key!r} is {json.dumps(obj[key])[:40]}, not a text; each text is a "
+                                "JSON string")
         y = obj[label] if label is not None else None
-        examples.append(TextExample(i, str(obj[text_a]), None if text_b is None else str(obj[text_b]),
+        examples.append(TextExample(i, obj[text_a], None if text_b is None else obj[text_b],
                                     None if y is None else str(y).strip()))
     if not examples:
         raise DataError(f"{path}: no data rows")
