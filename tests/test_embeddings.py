@@ -224,7 +224,10 @@ def test_pooling_read_from_either_sentence_transformers_format(tmp_path):
 
     (tmp_path / "1_Pooling").mkdir()
     (tmp_path / "1_Pooling" / "config.json").write_text('{"embedding_dimension": 8, "pooling_mode": "lasttoken"}')
-    (tmp_path / "modules.json").write_text('[{"type": "sentence_transformers.base.modules.normalize.Normalize"}]')
+    (tmp_path / "modules.json").write_text(json.dumps([
+        {"path": "", "type": "sentence_transformers.base.modules.transformer.Transformer"},
+        {"path": "1_Pooling", "type": "sentence_transformers.sentence_transformer.modules.pooling.Pooling"},
+        {"path": "2_Normalize", "type": "sentence_transformers.base.modules.normalize.Normalize"}]))
     assert (saved_config(tmp_path).pooling, saved_config(tmp_path).normalize) == ("last", True)
     (tmp_path / "1_Pooling" / "config.json").write_text('{"pooling_mode_cls_token": true}')
     assert saved_config(tmp_path).pooling == "cls"

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import click
 
-from bertkit.commands import NON_NEGATIVE, POSITIVE, PROBABILITY, count
+from bertkit.commands import PROBABILITY, SEED, Real, count
 from bertkit.commands.finetune import friendly_errors
 
 STS_HELP = ("An STS file (sentence1, sentence2, score: KorSTS/STS-B .tsv, KLUE-STS .json) or a published set by name "
@@ -57,7 +57,8 @@ def _is_embeddings(path: Path) -> bool:
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Writes OUT/model/ (transformers + sentence-transformers), metrics.jsonl, summary.json.")
 @click.option("--pairs", type=click.Path(exists=True, dir_okay=False),
-              help="Training rows: .csv, .tsv or .jsonl with an anchor and a positive column (and a hard negative).")
+              help="Training rows: .csv (quoted as RFC 4180), .tsv (no quoting: a text holds no tab) or .jsonl "
+                   "(texts as JSON strings) with an anchor and a positive column (and a hard negative).")
 @click.option("--nli", help="Or an NLI file (KLUE-NLI .json, KorNLI-style .tsv) or klue-nli under --data-dir: "
                             "each premise, its entailment the positive, its contradiction the hard negative "
                             "(KoSimCSE's supervised recipe).")
@@ -82,14 +83,15 @@ def _is_embeddings(path: Path) -> bool:
               help="Rows embedded at once (gradient caching): memory follows this, the gradient is --batch-size's.")
 @click.option("--epochs", default=1, show_default=True, type=count(1))
 @click.option("--max-steps", type=count(1), help="Stop after this many steps.")
-@click.option("--learning-rate", "--lr", "learning_rate", type=POSITIVE,
+@click.option("--learning-rate", "--lr", "learning_rate", type=Real(1e-9, 1.0),
               help="Default: 5e-5 for models 768 wide, more for narrower ones (up to 1e-3 at 128).")
 @click.option("--warmup-ratio", default=0.1, show_default=True, type=PROBABILITY)
-@click.option("--weight-decay", default=0.01, show_default=True, type=NON_NEGATIVE)
-@click.option("--temperature", default=0.05, show_default=True, type=POSITIVE,
-              help="Of the cosine similarities (sentence-transformers' scale is its inverse: 20).")
+@click.option("--weight-decay", default=0.01, show_default=True, type=Real(0.0, 1.0),
+              help="AdamW's decoupled decay (0 to 1; more only makes NaN weights).")
+@click.option("--temperature", default=0.05, show_default=True, type=Real(1e-3, 100.0),
+              help="Of the cosine similarities, 0.001 to 100 (sentence-transformers' scale is its inverse: 20).")
 @click.option("--symmetric", is_flag=True, help="Also each positive against every anchor (both directions).")
-@click.option("--seed", default=0, show_default=True, type=count(0))
+@click.option("--seed", default=0, show_default=True, type=SEED)
 @click.option("--precision", type=click.Choice(["fp32", "bf16", "auto"]), default="fp32", show_default=True)
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
 @click.option("--save-every", default=200, show_default=True, type=count(1),
@@ -142,13 +144,9 @@ def embed(**kw):
 
 def _encoder(model_path, max_seq_length: int | None):
     """The folder's encoder, cut at `max_seq_length` tokens when given (as sentence-transformers' max_seq_length)."""
-    import dataclasses
+    from bertkit.embeddings.encoder import SentenceEncoder
 
-    from bertkit.embeddings.encoder import SentenceEncoder, saved_config
-
-    cfg = saved_config(Path(model_path))
-    return SentenceEncoder.from_folder(model_path, dataclasses.replace(cfg, max_seq_length=max_seq_length or
-                                                                       cfg.max_seq_length))
+    return SentenceEncoder.from_folder(model_path, max_seq_length=max_seq_length)
 
 
 @click.command("evaluate-embeddings")
@@ -165,7 +163,7 @@ def evaluate_embeddings(model_path, sts, retrieval, data_dir, eval_batch_size, m
     (cosine Spearman / Pearson) and retrieval (Recall@1/5/10, MRR@10, nDCG@10, exact search), each beside its
     floors: character overlap (STS), BM25 over words and over character bigrams (retrieval)."""
     from bertkit.embeddings.evaluate import score
-    from bertkit.fileio import atomic_write_json
+    from bertkit.fileio import atomic_write_json, disk_errors
 
     if not sts and not retrieval:
         raise click.UsageError("name at least one --sts or --retrieval set")
@@ -176,7 +174,8 @@ def evaluate_embeddings(model_path, sts, retrieval, data_dir, eval_batch_size, m
     encoder = None if floors_only else _encoder(model_path, max_seq_length)
     scores = score(encoder, sts, retrieval, data_dir, batch_size=eval_batch_size)
     if out_file:
-        atomic_write_json(Path(out_file), scores)
+        with disk_errors(Path(out_file).parent, "free space, then run the same command again"):
+            atomic_write_json(Path(out_file), scores)
     click.echo(json.dumps(scores, indent=1))
 
 
@@ -191,17 +190,20 @@ def evaluate_embeddings(model_path, sts, retrieval, data_dir, eval_batch_size, m
               help="Cut each text to this many tokens (default: as the folder records, else 128).")
 @friendly_errors
 def encode(model_path, text_file, out_file, batch_size, normalize, max_seq_length):
-    """Embed each line of TEXT_FILE (UTF-8; empty lines kept as empty texts) with MODEL_PATH."""
+    """Embed each line of TEXT_FILE (UTF-8, lines end at \\n or \\r\\n only; empty lines kept as empty texts) with
+    MODEL_PATH."""
     from bertkit.embeddings.encoder import write_embeddings
-    from bertkit.finetune.classify import read_utf8
+    from bertkit.fileio import disk_errors
+    from bertkit.finetune.classify import read_utf8, text_lines
     from bertkit.progress import tqdm
 
     if Path(out_file).resolve() == Path(text_file).resolve():
         raise click.UsageError("--out names TEXT_FILE itself; give the vectors another file")
     refuse_to_replace(Path(out_file), _is_embeddings)
-    texts = read_utf8(text_file).splitlines()
+    texts = text_lines(read_utf8(text_file))
     encoder = _encoder(model_path, max_seq_length)
     with tqdm(total=len(texts), desc="encode", unit="text") as bar:
         vectors = encoder.encode(texts, batch_size, normalize, progress=bar.update)
-    write_embeddings(Path(out_file), texts, vectors)
+    with disk_errors(Path(out_file).parent, "free space, then run the same command again"):
+        write_embeddings(Path(out_file), texts, vectors)
     click.echo(f"{len(texts):,} vectors of {vectors.shape[1]} -> {out_file}")

@@ -2,6 +2,7 @@
 named columns, from an NLI file (KoSimCSE's and SimCSE's supervised recipe: a premise, its entailment the positive,
 its contradiction the hard negative), or sentences of a bertkit corpus folder for unsupervised SimCSE (each sentence
 its own positive)."""
+import json
 from pathlib import Path
 
 from bertkit.errors import DataError
@@ -23,7 +24,11 @@ def read_pairs(path, anchor: str = "anchor", positive: str = "positive", negativ
         if missing:
             raise DataError(f"{path}:{line}: no column {missing[0]!r}; this row has {sorted(record)}. Name the "
                             "columns with --anchor/--positive/--negative")
-        row = tuple(str(record[n]) for n in names)
+        wrong = next((n for n in names if not isinstance(record[n], str)), None)
+        if wrong is not None:
+            raise DataError(f"{path}:{line}: {wrong!r} is {json.dumps(record[wrong])[:40]}, not a text; each text is a "
+                            "JSON string")
+        row = tuple(record[n] for n in names)
         if not all(t.strip() for t in row):
             raise DataError(f"{path}:{line}: an empty text in {names}; fix or remove this row")
         rows.append(row)
@@ -33,11 +38,15 @@ def read_pairs(path, anchor: str = "anchor", positive: str = "positive", negativ
 
 
 def _table_records(path: Path, text: str, fmt: str):
-    table = table_rows(text, fmt)
+    table = table_rows(text, fmt, path)
     if not table:
         raise DataError(f"{path}: the file is empty")
     header = table[0]
     for i, row in enumerate(table[1:], 2):
+        if len(row) > len(header):   # a text holding a tab (.tsv) or an unquoted comma (.csv): never cut silently
+            raise DataError(f"{path}:{i}: {len(row)} fields, the header has {len(header)}; a .tsv has no quoting, so "
+                            "a text may not hold a tab (a .csv quotes a text with commas: \"a, b\"). Use .csv with "
+                            "quotes or .jsonl for such texts")
         if any(field.strip() for field in row):
             yield i, dict(zip(header, row))
 

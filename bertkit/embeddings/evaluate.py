@@ -5,6 +5,7 @@
   matrix product per block of questions): Recall@1/5/10, MRR@10, nDCG@10 as sentence-transformers'
   InformationRetrievalEvaluator; floor: BM25 (bm25s) over words and over character bigrams; and the two fused, by
   reciprocal rank and by a weighted sum (its weight tuned on half the questions, scored on the other half)."""
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,9 +40,15 @@ def read_sts(path) -> list[StsPair]:
     pairs = []
     for e in examples:
         try:
-            pairs.append(StsPair(e.text_a, e.text_b, float(e.label)))
-        except ValueError:
+            score = float(e.label)
+        except (TypeError, ValueError):
             raise DataError(f"{path}:{e.line}: score {e.label!r} is not a number") from None
+        if not math.isfinite(score):
+            raise DataError(f"{path}:{e.line}: score {e.label!r} is not a finite number; fix or remove this pair")
+        pairs.append(StsPair(e.text_a, e.text_b, score))
+    if len(pairs) < 2 or len({p.score for p in pairs}) < 2:
+        raise DataError(f"{path}: {len(pairs)} pair(s) of {len({p.score for p in pairs})} distinct score(s); a "
+                        "correlation needs two pairs and two scores at least")
     return pairs
 
 
@@ -69,6 +76,10 @@ def sts_scores(similarities, pairs: list[StsPair]) -> dict:
     from scipy.stats import pearsonr, spearmanr
 
     gold = [p.score for p in pairs]
+    if np.ptp(np.asarray(similarities, dtype=np.float64)) == 0:
+        raise DataError(f"every one of the {len(pairs)} pairs has the same similarity "
+                        f"({float(similarities[0]):g}), so no correlation is defined: a model whose vectors are all "
+                        "alike (collapsed, or untrained with this pooling)")
     return {"spearman": float(spearmanr(similarities, gold)[0]), "pearson": float(pearsonr(similarities, gold)[0])}
 
 

@@ -1,10 +1,14 @@
 """`bertkit finetune embed`: a model folder trained as a bi-encoder with in-batch negatives, in the pretraining
 loop's shape (step -> log -> checkpoint), saved as a sentence-transformers folder, then scored when asked."""
+import contextlib
+import io
 import json
 import logging
 import math
+import os
+import shutil
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -13,9 +17,19 @@ import torch
 
 from bertkit.embeddings.encoder import EncoderConfig, SentenceEncoder
 from bertkit.embeddings.loss import cached_step
-from bertkit.errors import DataError
-from bertkit.fileio import atomic_write_json, file_entry, folder_lock
+from bertkit.errors import DataError, regular_file
+from bertkit.fileio import (
+    atomic_write_bytes,
+    atomic_write_json,
+    disk_errors,
+    file_entry,
+    folder_lock,
+    note_written,
+    open_append,
+    read_json_or_none,
+)
 from bertkit.finetune.train import pick_device, rate_for_width, set_seed
+from bertkit.outputs import Output, staging_folder
 from bertkit.precision import autocast, resolve
 from bertkit.progress import tqdm
 
@@ -46,11 +60,21 @@ class EmbedConfig:
     progress: bool = True
 
     def check(self) -> None:
+        """Ranges outside which training only makes NaN (a temperature of 1e-300, a weight decay of 1e300)."""
         if self.batch_size < 2 or self.mini_batch < 1:
             raise ValueError(f"--batch-size {self.batch_size} / --mini-batch {self.mini_batch}: in-batch negatives "
                              "need 2+ pairs a batch and 1+ rows a mini-batch")
-        if not self.scale > 0:
-            raise ValueError(f"--temperature gives scale {self.scale}; it must be positive")
+        for name, value, low, high in (("--temperature", 1 / self.scale if self.scale else math.inf, *TEMPERATURE),
+                                       ("--weight-decay", self.weight_decay, *WEIGHT_DECAY),
+                                       ("--lr", self.learning_rate or LEARNING_RATE[0], *LEARNING_RATE),
+                                       ("--seed", self.seed, *SEED), ("--warmup-ratio", self.warmup, 0.0, 1.0),
+                                       ("--max-grad-norm", self.max_grad_norm, 1e-6, 1e6)):
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and low <= value <= high):
+                raise ValueError(f"{name} {value}: give a value from {low:g} to {high:g}")
+
+
+# the flags' ranges (the CLI's too): the similarities times 1/temperature must stay finite in fp32 and bf16
+TEMPERATURE, WEIGHT_DECAY, LEARNING_RATE, SEED = (1e-3, 100.0), (0.0, 1.0), (1e-9, 1.0), (0, 2 ** 32 - 1)
 
 
 def batches_without_duplicates(rows: list, batch_size: int, rng: np.random.Generator) -> list[list[int]]:
@@ -89,74 +113,178 @@ def batches_without_duplicates(rows: list, batch_size: int, rng: np.random.Gener
     return [b for b in batches if len(b) > 1]
 
 
+def epochs_of_batches(rows: list, batch_size: int, seed: int):
+    """Each epoch's batches in turn, from one generator seeded once, one epoch in memory at a time."""
+    rng = np.random.default_rng(seed)
+    while True:
+        yield batches_without_duplicates(rows, batch_size, rng)
+
+
+def count_steps(rows: list, cfg: EmbedConfig) -> int:
+    """The steps `cfg.epochs` epochs make, at most `cfg.max_steps`, without building the epochs: when no text is in
+    two rows every epoch is n // batch batches (+1 for a tail of 2+ rows); otherwise epochs are drawn and counted
+    (none kept) until the steps or epochs run out."""
+    limit = cfg.max_steps if cfg.max_steps is not None else math.inf
+    if max(Counter(t for row in rows for t in set(row)).values(), default=0) <= 1:
+        per_epoch = len(rows) // cfg.batch_size + (len(rows) % cfg.batch_size > 1)
+        return int(min(limit, per_epoch * cfg.epochs))
+    steps = 0
+    for _, epoch in zip(range(cfg.epochs), epochs_of_batches(rows, cfg.batch_size, cfg.seed)):
+        steps += len(epoch)
+        if steps >= limit or not epoch:
+            break
+    return int(min(limit, steps))
+
+
+def training_batches(rows: list, cfg: EmbedConfig, steps: int, done: int):
+    """(step, batch) for steps done + 1 .. steps, in the order every run of these settings trains in."""
+    step = 0
+    for epoch in epochs_of_batches(rows, cfg.batch_size, cfg.seed):
+        if not epoch:
+            return
+        for batch in epoch:
+            step += 1
+            if step > steps:
+                return
+            if step > done:
+                yield step, batch
+
+
 def train_embeddings(model_path, rows: list, cfg: EmbedConfig, evaluate=None) -> dict:
     """Trains the model at `model_path` on `rows` ((anchor, positive[, negative]) texts); writes OUT (model/,
     metrics.jsonl, summary.json). evaluate: encoder -> {metric: value}, run on the trained model. A run killed
-    midway resumes from OUT/checkpoint/ when given the same settings (the same model, data and flags)."""
+    midway resumes from OUT/checkpoint/ when given the same settings (the same model, data and flags). Every file
+    goes through fileio's writers (never through a link), and OUT/.bertkit-written.json records the names written."""
     cfg.check()
     out = Path(cfg.out_dir)
-    with folder_lock(out, STAGE):   # a new or empty folder, or this command's own: never a user's files
-        atomic_write_json(out / "manifest.json", {"stage": STAGE, "model": str(model_path), "complete": False})
-        summary = _train(model_path, rows, cfg, out, evaluate)
-        # last: what `bertkit verify` checks (every file of the model, its size and checksum)
-        files = {str(f.relative_to(out)): file_entry(f) for f in sorted((out / "model").rglob("*")) if f.is_file()}
-        atomic_write_json(out / "manifest.json", {"stage": STAGE, "model": str(model_path), "complete": True,
-                                                  "files": files})
-        return summary
+    retry = "free space, then run the same command again (it goes on from its last checkpoint)"
+    with folder_lock(out, STAGE), disk_errors(out, retry):   # a new or empty folder, or this command's own
+        output = Output(out, "finetune embed", manifest_files=True)
+        try:
+            summary = _train(model_path, rows, cfg, out, evaluate, output)
+            # last: what `bertkit verify` checks (every file of the model, its size and checksum)
+            files = {str(f.relative_to(out)): file_entry(f) for f in sorted((out / MODEL).rglob("*"))
+                     if f.is_file() and not f.name.startswith(".")}
+            atomic_write_json(out / "manifest.json", {"stage": STAGE, "model": str(model_path), "complete": True,
+                                                      "files": files})
+            return summary
+        finally:   # the record of what it wrote, however the run ends (a folder it made and left empty goes)
+            if out.is_dir() and any(not p.name.startswith(".") for p in out.iterdir()):
+                with contextlib.suppress(OSError):   # a full disk: its own message is the one to say
+                    if note := output.finish():
+                        log.warning(note)
 
 
-def _train(model_path, rows: list, cfg: EmbedConfig, out: Path, evaluate) -> dict:
+MODEL = "model"
+
+
+def _train(model_path, rows: list, cfg: EmbedConfig, out: Path, evaluate, output: Output) -> dict:
     set_seed(cfg.seed)
     device = pick_device(cfg.device)
-    encoder = SentenceEncoder.from_folder(model_path, cfg.encoder).to(device)
+    encoder = SentenceEncoder.from_folder(model_path, cfg.encoder, training=True).to(device)
     if not encoder.family.fit_length(encoder.encoder.cfg, cfg.encoder.max_seq_length):
         raise ValueError(f"--max-seq-length {cfg.encoder.max_seq_length}: {model_path} has fewer positions")
-    rng = np.random.default_rng(cfg.seed)
-    batches = [b for _ in range(cfg.epochs) for b in batches_without_duplicates(rows, cfg.batch_size, rng)]
-    batches = batches[:cfg.max_steps] if cfg.max_steps is not None else batches
-    if not batches:
+    steps = count_steps(rows, cfg)
+    if not steps:
         raise DataError(f"{len(rows)} row(s) make no batch of 2+ distinct pairs")
     lr = cfg.learning_rate or rate_for_width(encoder.hidden_size, 5e-5)
-    optimizer, scheduler = _optimizer(encoder, cfg, lr, len(batches))
-    settings = {**asdict(cfg), "model": str(model_path), "rows": len(rows), "steps": len(batches), "lr": lr}
+    optimizer, scheduler = _optimizer(encoder, cfg, lr, steps)
+    settings = {**asdict(cfg), "model": str(model_path), "rows": len(rows), "steps": steps, "lr": lr}
+    _check_places(out, output)
     done = _resume(out, settings, encoder, optimizer, scheduler)
+    if not done:   # a fresh start: bertkit's earlier files here go (nothing stale survives), the user's stay
+        output.remove_earlier()
+    atomic_write_json(out / "manifest.json", {"stage": STAGE, "model": str(model_path), "complete": False})
     t0 = time.time()
-    _steps(encoder, rows, batches, done, cfg, settings,
-           (optimizer, scheduler), out, autocast(device, resolve(device, cfg.precision)))
-    encoder.save(out / "model", model_path, extra_config={"bertkit_embedding": settings})
-    summary = {"steps": len(batches), "lr": lr, "seconds": round(time.time() - t0, 1), "settings": settings,
+    _steps(encoder, rows, training_batches(rows, cfg, steps, done), (done, steps), cfg, settings,
+           (optimizer, scheduler), output, autocast(device, resolve(device, cfg.precision)))
+    _save_model(encoder, out, model_path, settings, output)
+    summary = {"steps": steps, "lr": lr, "seconds": round(time.time() - t0, 1), "settings": settings,
                "scores": evaluate(encoder) if evaluate else {}}
     atomic_write_json(out / "summary.json", summary)
     _drop_checkpoint(out)
     return summary
 
 
-def _steps(encoder, rows: list, batches: list, done: int, cfg: EmbedConfig, settings: dict, optim, out: Path,
+def _check_places(out: Path, output: Output) -> None:
+    """Where finetune embed writes must be free or its own: a link there (OUT/model to another model folder) or a
+    user's file (a summary.json of their own, once the folder has a record of what bertkit wrote) would be written
+    through, mixed with the new model or replaced. Said before the first step, not after hours of training."""
+    ours = output.earlier or set()
+    for name in (MODEL, "summary.json", "metrics.jsonl"):
+        place = out / name
+        if not place.exists() and not place.is_symlink() or (name != MODEL and output.earlier is None):
+            continue   # a log or summary in a folder with no record: a killed run's, overwritten by name as before
+        files = [p.relative_to(out).as_posix() for p in place.rglob("*") if p.is_file() or p.is_symlink()] \
+            if place.is_dir() and not place.is_symlink() else [name]
+        theirs = [f for f in files if f not in ours]
+        if theirs:
+            raise DataError(f"{out / theirs[0]}: finetune embed did not write this (or it is a link), and it writes "
+                            f"{name} there{f' (and {len(theirs) - 1} more)' if len(theirs) > 1 else ''}. Move it "
+                            "away, or give another --out")
+
+
+def _save_model(encoder, out: Path, model_path, settings: dict, output: Output) -> None:
+    """The model written whole in a staging folder, then renamed to OUT/model (bertkit's earlier one removed file by
+    file first): a link found there is never written through, no file of another model survives beside it, and a
+    failed save (a full disk) leaves no half-written folder."""
+    for value in encoder.state_dict().values():
+        if not torch.isfinite(value).all():
+            raise DataError("the trained weights are not finite (NaN or infinity); nothing was saved. Lower --lr or "
+                            "raise --temperature, then run again in a new --out")
+    staging = staging_folder(out)
+    try:
+        encoder.save(staging / MODEL, model_path, extra_config={"bertkit_embedding": settings})
+        _check_places(out, output)
+        for name in sorted(output.earlier or (), reverse=True):
+            if name.startswith(MODEL + "/"):
+                (out / name).unlink(missing_ok=True)
+        for folder in sorted((out / MODEL).rglob("*"), reverse=True) if (out / MODEL).is_dir() else ():
+            folder.rmdir()   # only folders are left (the check above): each empty once its files went
+        if (out / MODEL).is_dir():
+            (out / MODEL).rmdir()
+        os.rename(staging / MODEL, out / MODEL)
+        for path in (out / MODEL).rglob("*"):
+            note_written(path)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _steps(encoder, rows: list, batches, span: tuple, cfg: EmbedConfig, settings: dict, optim, output: Output,
            amp) -> None:
-    """The loop: step -> log -> checkpoint, from step `done` + 1. Each batch is tokenized when it is trained (a
-    step's texts cost microseconds; the whole file's token lists would cost memory growing with it)."""
+    """The loop: step -> log -> checkpoint, over (step, batch) from `batches`. Each batch is tokenized when it is
+    trained (a step's texts cost microseconds; the whole file's token lists would cost memory growing with it). A
+    loss that is not finite stops the run before anything is saved or marked complete."""
     optimizer, scheduler = optim
+    done, steps = span
+    out = output.folder
     encoder.train()
     t0, losses = time.time(), []
-    bar = tqdm(total=len(batches), initial=done, desc="embed", unit="step", disable=not cfg.progress)
-    with open(out / "metrics.jsonl", "a") as metrics:
-        for step, batch in enumerate(batches[done:], done + 1):
+    bar = tqdm(total=steps, initial=done, desc="embed", unit="step", disable=not cfg.progress)
+    with open_append(out / "metrics.jsonl") as metrics:
+        for step, batch in batches:
             columns = [encoder.features([rows[i][c] for i in batch]) for c in range(len(rows[0]))]
-            losses.append(cached_step(encoder, columns, cfg.mini_batch, cfg.scale, cfg.symmetric, amp))
+            loss = cached_step(encoder, columns, cfg.mini_batch, cfg.scale, cfg.symmetric, amp)
+            if not math.isfinite(loss):
+                raise DataError(f"the loss is {loss} at step {step}: training diverged (--lr {settings['lr']:g}, "
+                                f"--temperature {1 / cfg.scale:g}); nothing was saved as complete. Lower --lr or "
+                                f"raise --temperature, and give a new --out (or remove {out / CHECKPOINT})")
+            losses.append(loss)
             torch.nn.utils.clip_grad_norm_(encoder.parameters(), cfg.max_grad_norm)
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             bar.update(1)
-            if step % cfg.log_every == 0 or step == len(batches):
+            if step % cfg.log_every == 0 or step == steps:
                 metrics.write(json.dumps({"step": step, "loss": float(np.mean(losses)),
                                           "lr": scheduler.get_last_lr()[0], "seconds": round(time.time() - t0, 2)})
                               + "\n")
                 metrics.flush()
                 bar.set_postfix(loss=f"{np.mean(losses):.4f}")
                 losses = []
-            if step % cfg.save_every == 0 and step < len(batches):
+            if step % cfg.save_every == 0 and step < steps:
                 _save_checkpoint(out, settings, step, encoder, optimizer, scheduler)
+                output.save_record()   # a killed run's folder then says what bertkit wrote
     bar.close()
 
 
@@ -176,42 +304,75 @@ def _comparable(settings: dict) -> dict:
 
 
 def _save_checkpoint(out: Path, settings: dict, step: int, encoder, optimizer, scheduler) -> None:
-    from safetensors.torch import save_file
+    """OUT/checkpoint/ replaced whole: written in a staging folder of its own (never a folder a link names), the
+    old one's files removed, the new one renamed into place; a failed save leaves nothing half-written."""
+    from safetensors.torch import save
 
-    tmp, final = out / f".{CHECKPOINT}.tmp", out / CHECKPOINT
-    tmp.mkdir(exist_ok=True)   # (a killed save's leftover is overwritten file by file)
-    save_file({k: v.contiguous() for k, v in encoder.state_dict().items()}, tmp / "weights.safetensors")
-    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                "rng": torch.get_rng_state()}, tmp / "state.pt")
-    atomic_write_json(tmp / "progress.json", {"step": step, "settings": _comparable(settings)})
-    _drop_checkpoint(out)
-    if final.exists():
-        raise DataError(f"{final}: holds files finetune embed did not write; move them away so it can checkpoint")
-    tmp.rename(final)
+    staging = staging_folder(out)
+    try:
+        new = staging / CHECKPOINT
+        atomic_write_bytes(new / "weights.safetensors",
+                           save({k: v.contiguous() for k, v in encoder.state_dict().items()}))
+        buffer = io.BytesIO()
+        torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                    "rng": torch.get_rng_state()}, buffer)
+        atomic_write_bytes(new / "state.pt", buffer.getvalue())
+        atomic_write_json(new / "progress.json", {"step": step, "settings": _comparable(settings)})
+        _drop_checkpoint(out)
+        final = out / CHECKPOINT
+        if final.exists() or final.is_symlink():
+            raise DataError(f"{final}: holds files finetune embed did not write; move them away so it can "
+                            "checkpoint")
+        os.rename(new, final)
+        for name in CHECKPOINT_FILES:
+            note_written(final / name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _resume(out: Path, settings: dict, encoder, optimizer, scheduler) -> int:
-    """The step a checkpoint in OUT resumes from (0: none); refused when its settings differ from these."""
+    """The step a checkpoint in OUT resumes from (0: none). The checkpoint is read as untrusted input (a folder may
+    come from someone else, or from another run): its mark, settings, step, tensor names and shapes and the
+    optimizer's state are checked against this run; any mismatch is one message naming the folder."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     from bertkit.safe_load import safe_load
 
     folder = out / CHECKPOINT
-    if not (folder / "progress.json").is_file():
+    if not folder.exists() and not folder.is_symlink():
         return 0
-    saved = json.loads((folder / "progress.json").read_text())
+    fix = f"remove it (rm -r {folder}) to start again, or give another --out"
+    if folder.is_symlink() or not folder.is_dir() or not _is_our_checkpoint(folder):
+        raise DataError(f"{folder}: not a checkpoint finetune embed wrote (a link, a file, or files without its "
+                        f"progress.json); {fix}")
+    saved = read_json_or_none(folder / "progress.json")
     if saved["settings"] != _comparable(settings):
         changed = sorted(k for k in {**saved["settings"], **_comparable(settings)}
-                         if saved["settings"].get(k) != _comparable(settings).get(k))
+                         if saved["settings"].get(k) != _comparable(settings).get(k)) \
+            if isinstance(saved["settings"], dict) else ["all"]
         raise DataError(f"{folder}: a run with other settings ({', '.join(changed)}); give another --out, or "
                         f"remove {folder} to start again")
-    encoder.load_state_dict(load_file(folder / "weights.safetensors"))
-    state = safe_load(folder / "state.pt")
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    torch.set_rng_state(state["rng"])
-    log.info("resuming %s from step %d", out, saved["step"])
-    return saved["step"]
+    step = saved["step"]
+    if not isinstance(step, int) or isinstance(step, bool) or not 0 < step < settings["steps"]:
+        raise DataError(f"{folder}: records step {step!r}, and this run has {settings['steps']} steps; {fix}")
+    try:
+        weights = load_file(regular_file(folder / "weights.safetensors", out))
+        expected = {k: tuple(v.shape) for k, v in encoder.state_dict().items()}
+        if {k: tuple(v.shape) for k, v in weights.items()} != expected:
+            raise ValueError("its weights are not this model's (other names or shapes)")
+        state = safe_load(regular_file(folder / "state.pt", out))
+        if not isinstance(state, dict) or set(state) != {"optimizer", "scheduler", "rng"} or \
+                not isinstance(state["rng"], torch.Tensor) or state["rng"].dtype != torch.uint8:
+            raise ValueError("state.pt is not the optimizer, schedule and generator state finetune embed saves")
+        encoder.load_state_dict(weights)
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        torch.set_rng_state(state["rng"])
+    except (OSError, RuntimeError, ValueError, KeyError, TypeError, IndexError, SafetensorError) as e:
+        raise DataError(f"{folder}: cannot be resumed from ({str(e).splitlines()[0][:200]}); {fix}") from None
+    log.info("resuming %s from step %d", out, step)
+    return step
 
 
 CHECKPOINT_FILES = ("weights.safetensors", "state.pt", "progress.json")   # all _save_checkpoint writes
@@ -235,7 +396,5 @@ def _is_our_checkpoint(folder: Path) -> bool:
     mark = folder / "progress.json"
     if not mark.is_file() or mark.is_symlink():
         return False
-    try:
-        return set(json.loads(mark.read_text())) == {"step", "settings"}
-    except (ValueError, UnicodeDecodeError, TypeError):
-        return False
+    saved = read_json_or_none(mark)
+    return isinstance(saved, dict) and set(saved) == {"step", "settings"}
