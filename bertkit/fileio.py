@@ -11,6 +11,7 @@ import contextlib
 import errno
 import hashlib
 import json
+import math
 import os
 import shutil
 import socket
@@ -160,9 +161,22 @@ def open_append(path):
     return os.fdopen(fd, "a", encoding="utf-8")
 
 
+def finite_json(obj):
+    """obj with every NaN or infinity as None: JSON has neither (Python's NaN token is refused by strict readers,
+    jq and JavaScript's JSON.parse among them), and null is what JSON.stringify writes for them."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: finite_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_json(v) for v in obj]
+    return obj
+
+
 def atomic_write_json(path, obj, fsync: bool = True) -> None:
-    """`obj` as JSON; NaN or infinity is refused (ValueError), as JSON has neither and readers reject them."""
-    data = json.dumps(obj, indent=2, ensure_ascii=False, sort_keys=False, allow_nan=False) + "\n"
+    """`obj` as strict JSON: a NaN or infinity (a correlation of constant predictions, a diverged loss) is written as
+    null, never as a token other readers reject."""
+    data = json.dumps(finite_json(obj), indent=2, ensure_ascii=False, sort_keys=False, allow_nan=False) + "\n"
     atomic_write_bytes(path, data.encode("utf-8"), fsync)
 
 
