@@ -210,7 +210,7 @@ def _check_places(out: Path, output: Output) -> None:
     """Where finetune embed writes must be free or its own: a link there (OUT/model to another model folder) or a
     user's file (a summary.json of their own, once the folder has a record of what bertkit wrote) would be written
     through, mixed with the new model or replaced. Said before the first step, not after hours of training."""
-    ours = output.earlier or set()
+    ours = (output.earlier or set()) | {Path(os.path.relpath(p, output.root)).as_posix() for p in output.written}
     for name in (MODEL, "summary.json", "metrics.jsonl"):
         place = out / name
         if not place.exists() and not place.is_symlink() or (name != MODEL and output.earlier is None):
