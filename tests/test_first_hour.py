@@ -65,3 +65,24 @@ def test_help_and_data_stages_never_import_torch():
     r = subprocess.run([str(BIN / "python"), "-c", code], capture_output=True, text=True, timeout=120,
                        env=env_without_dist())
     assert r.returncode == 0 and "--task" in r.stdout and "torch loaded: False" in r.stdout, r.stdout + r.stderr
+
+
+def test_a_finished_pretraining_ends_with_its_summary(tmp_path):
+    """Issue 81: a run ended printing only a path; it now says its steps and time, its last training loss and its
+    last held-out loss and masked-token accuracy (equal to the ones metrics.jsonl records), then where it is."""
+    import re
+
+    inst = make_instances_dir(tmp_path / "inst", n=32, holdout=8, max_len=32)
+    (tmp_path / "model.json").write_text(json.dumps(TINY))
+    r = subprocess.run([str(BIN / "bertkit"), "pretrain", "--instances", str(inst), "--model",
+                        str(tmp_path / "model.json"), "--out", str(tmp_path / "run"), "--max-steps", "3",
+                        "--eval-every", "3", "--no-progress"], capture_output=True, text=True, timeout=300,
+                       env=env_without_dist())
+    assert r.returncode == 0, r.stderr[-2000:]
+    held = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+            if "eval_loss" in line][-1]
+    said = re.search(r"pretrained 3 steps in [\d.]+ min; training loss [\d.]+; held-out loss ([\d.]+) and masked-token "
+                     r"accuracy ([\d.]+) % at step 3\. Whether it beats its own random start", r.stderr)
+    assert said, r.stderr[-2000:]
+    assert float(said[1]) == round(held["eval_loss"], 3)
+    assert float(said[2]) == round(100 * held.get("eval_mlm_mask_acc", held["eval_mlm_acc"]), 1)

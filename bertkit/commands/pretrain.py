@@ -151,11 +151,29 @@ def pretrain(**flags):
             raise click.ClickException(message) from None
         raise
     if result.get("checkpoint") and os.environ.get("RANK", "0") == "0":
+        click.echo(closing_summary(result), err=True)
         click.echo(f"step {result['step']}: checkpoint {result['checkpoint']}", err=True)
         if not result.get("stopped_by_signal"):
             click.echo(f"next: bertkit export {flags['out']} --out model/", err=True)
     if result.get("stopped_by_signal"):  # saved, but not finished: 130 / 143 as shells expect, so `&& export` waits
         raise SystemExit(128 + int(result["stopped_by_signal"]))
+
+
+def closing_summary(result: dict) -> str:
+    """What a finished run says last: steps and time, the last training loss, the last held-out loss and
+    masked-token accuracy (or that none was measured), and how to learn whether it beats its own random start."""
+    said = [f"pretrained {result['step']} steps in {result.get('elapsed_s', 0) / 60:.1f} min"]
+    if isinstance(result.get("loss"), float):
+        said.append(f"training loss {result['loss']:.3f}")
+    held = result.get("held_out")
+    if held:
+        accuracy = held.get("eval_mlm_mask_acc", held.get("eval_mlm_acc"))
+        said.append(f"held-out loss {held['eval_loss']:.3f} and masked-token accuracy {100 * accuracy:.1f} % at step "
+                    f"{held['step']}")
+    else:
+        said.append("no held-out score (no held-out instances, or --eval-every 0)")
+    return "; ".join(said) + (". Whether it beats its own random start: export it with and without --random-weights, "
+                              "then `bertkit finetune compare` two sweeps of each (bertkit/finetune/README.md)")
 
 
 @click.command("export")

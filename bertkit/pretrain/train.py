@@ -104,7 +104,7 @@ def _pretrain(cfg: PretrainConfig, manifest, rank: int, world: int, device) -> d
     finally:
         run.close()
     return {**run.record, "step": run.step, "checkpoint": str(run.last_ckpt) if run.last_ckpt else None,
-            "stopped_by_signal": run.stop.signal}
+            "stopped_by_signal": run.stop.signal, "held_out": getattr(run, "held_out", None)}
 
 
 def train_step(run: Run) -> tuple[float, float, bool]:
@@ -160,6 +160,7 @@ def evaluate_and_log(run: Run, seconds: float) -> None:
                   run.device, run.cfg.seed, run.cfg.unpadded, run.objective, run.split_at, run.settings.precision)
     if ev:
         run.log.write({"step": run.step, "elapsed_s": seconds, **ev})
+        run.held_out = {"step": run.step, **ev}   # the run's closing summary says the last one
         budget = run.budget
         progress = seconds / budget.budget_s if budget and budget.budget_s else run.step / (run.max_steps or run.step)
         if run.plateau and (note := run.plateau.check(ev, run.step, progress)):
