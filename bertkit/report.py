@@ -181,7 +181,7 @@ def finetune_report(run_dir: Path) -> str:
     if not records and epochs:  # a run from before metrics.jsonl: per-epoch numbers only
         per_epoch = [{"step": e["epoch"], **e} for e in epochs]
         figures = [f for f in (_line_plot(per_epoch, "per epoch (x: epoch)", ["train_loss", *dev_keys]),) if f]
-    sections = [("best epoch", _table({"epoch": summary.get("best_epoch"), **summary.get("best", {})})),
+    sections = [("kept epoch", _table({"epoch": summary.get("best_epoch"), **summary.get("best", {})})),
                 ("epochs", "".join(_table(e) for e in epochs)), ("settings", _table(summary.get("settings", {})))]
     return _page(f"bertkit fine-tuning run: {summary.get('task')} ({run_dir.resolve().name})", figures, sections)
 

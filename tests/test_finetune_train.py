@@ -540,3 +540,68 @@ def test_compile_trains_the_same_as_eager(tmp_path, clean_dist_env):
                            metric_fn=lambda p, g: {"accuracy": 0.0}, best_metric="accuracy", max_seq_length=16)
         runs[compiled] = losses(tmp_path / f"ft{compiled}")
     assert len(runs[True]) == 3 and np.allclose(runs[False], runs[True], rtol=0, atol=1e-4)
+
+
+# ---------------------------------------------------------------- what is kept is never chosen on the scored set
+
+def _tiny_classification(root: Path):
+    from tests.helpers import tiny_model_folder
+
+    model = tiny_model_folder(root)
+    rng = np.random.default_rng(1)
+    rows = [(f"w{a} w{b} w{c}", int(a < 13)) for a, b, c in rng.integers(0, 27, (160, 3))]
+    (root / "train.tsv").write_text("text\tlabel\n" + "".join(f"{t}\t{y}\n" for t, y in rows))
+    (root / "dev.tsv").write_text("text\tlabel\n" + "".join(f"{t}\t{y}\n" for t, y in rows[:24]))
+    (root / "flipped.tsv").write_text("text\tlabel\n" + "".join(f"{t}\t{1 - y}\n" for t, y in rows[:24]))
+    return model
+
+
+@pytest.mark.parametrize("select", ["last", "validation"])
+def test_the_model_kept_is_the_same_whichever_file_is_scored(tmp_path, select):
+    """Two scored files whose best epochs are opposite (one the other's labels flipped): the model kept, its epoch
+    and its validation scores are the same for both; before, the epoch with the best score on the scored file was
+    kept and reported (a maximum over noisy scores: here epoch 2 for one file, epoch 1 for the other)."""
+    from bertkit.finetune.classify import finetune_classify
+
+    model = _tiny_classification(tmp_path)
+    kept = {}
+    for dev in ("dev.tsv", "flipped.tsv"):
+        cfg = TrainConfig(out_dir=str(tmp_path / f"out-{dev}"), epochs=5, batch_size=8, learning_rate=2e-3, seed=0,
+                          select=select, report_to="none", checkpoint_minutes=0)
+        summary = finetune_classify(model, tmp_path / "train.tsv", tmp_path / dev, cfg, text_a="text",
+                                    max_seq_length=16)
+        kept[dev] = ((tmp_path / f"out-{dev}" / "best" / "model.safetensors").read_bytes(), summary["best_epoch"],
+                     summary["best"].get("validation"))
+        scored = [e["accuracy"] for e in summary["epochs"]]
+        assert summary["best"]["accuracy"] == scored[summary["best_epoch"] - 1]   # the kept epoch's own score
+    assert kept["dev.tsv"] == kept["flipped.tsv"]
+    if select == "last":
+        assert kept["dev.tsv"][1] == 5 and kept["dev.tsv"][2] is None
+    else:
+        labels = [line.split("\t")[1] for line in (tmp_path / "train.tsv").read_text().splitlines()[1:]]
+        share = sum(max(1, round(0.1 * labels.count(y))) for y in set(labels))   # a tenth of each label
+        assert summary["settings"]["validation_rows"] == share and set(kept["dev.tsv"][2]) >= {"accuracy"}
+        assert summary["settings"]["train_rows"] == 160 - share
+
+
+def test_the_validation_split_is_stratified_fixed_and_disjoint():
+    from bertkit.finetune.classify import TextExample, validation_split
+
+    examples = [TextExample(i, f"t{i}", None, "a" if i % 4 else "b") for i in range(100)]
+    train, held = validation_split(examples, ["a", "b"], 0.1)
+    assert sorted(e.line for e in train + held) == list(range(100)) and not {e.line for e in train} & \
+        {e.line for e in held}
+    assert sum(e.label == "a" for e in held) == 8 and sum(e.label == "b" for e in held) == 2   # 75 and 25 rows
+    assert validation_split(examples, ["a", "b"], 0.1) == (train, held)
+    regression = [TextExample(i, f"t{i}", None, str(i / 10)) for i in range(30)]
+    assert len(validation_split(regression, None, 0.1)[1]) == 3
+
+
+def test_select_validation_is_refused_where_a_task_has_no_split(tmp_path):
+    from bertkit.errors import DataError
+    from bertkit.finetune.train import train
+
+    with pytest.raises(DataError, match="--select validation: ner has no validation split yet; give --select last"):
+        train(torch.nn.Linear(1, 1), [{"input_ids": [1]}], lambda m: ({}, {}), "f1",
+              TrainConfig(out_dir=str(tmp_path / "o"), select="validation"), task="ner")
+    assert not (tmp_path / "o").exists()

@@ -349,14 +349,14 @@ def test_sweep_summary_means_each_rate_over_its_seeds_once():
         return {"settings": {"learning_rate": rate, "seed": seed}, "best_metric": "f1", "best": {"f1": value}}
     got = korean.sweep_summary({"lr0.001-seed0": cell(1e-3, 0, 10.0), "seed0": cell(1e-3, 0, 10.0),
                                 "lr0.001-seed1": cell(1e-3, 1, 14.0), "lr0.0001-seed0": cell(1e-4, 0, 11.0)})
-    assert got == {"metric": "f1", "best_rate": "0.001",
+    assert got == {"metric": "f1", "best_rate": "0.001", "rate_chosen_on": "scored set",
                    "rates": {"0.0001": {"mean": 11.0, "min": 11.0, "max": 11.0, "seeds": [0]},
                              "0.001": {"mean": 12.0, "min": 10.0, "max": 14.0, "seeds": [0, 1]}}}
 
 
 def test_compare_two_sweeps_at_their_best_rates(tmp_path):
-    """`finetune compare A B`: per shared task each side at its best rate, B - A, and whether the seeds' ranges are
-    apart (hand-made sweep manifests, so every number is known)."""
+    """`finetune compare A B`: per shared task each side at its best rate, B - A, and a verdict only from three seeds
+    or more (hand-made sweep manifests, so every number is known)."""
     def sweep_folder(name, tasks):
         folder = tmp_path / name
         folder.mkdir()
@@ -377,13 +377,24 @@ def test_compare_two_sweeps_at_their_best_rates(tmp_path):
                                                           for f in (random, trained)))}
     assert set(rows) == {"nsmc", "kornli"}
     assert rows["nsmc"]["first"]["rate"] == "0.0001" and rows["nsmc"]["second"]["rate"] == "0.001"
-    assert rows["nsmc"]["difference"] == pytest.approx(0.77 - 0.71) and rows["nsmc"]["apart"]
-    assert rows["kornli"]["difference"] == pytest.approx(0.44 - 0.42) and not rows["kornli"]["apart"]
+    assert rows["nsmc"]["difference"] == pytest.approx(0.77 - 0.71) and rows["nsmc"]["verdict"] == "no verdict"
+    assert rows["kornli"]["difference"] == pytest.approx(0.44 - 0.42) and rows["kornli"]["interval"] is None
     r = CliRunner().invoke(main, ["finetune", "compare", str(random), str(trained)])
     assert r.exit_code == 0, r.output
-    assert re.search(r"^nsmc .*0\.7100 \(0\.7000 \.\. 0\.7200, lr 0\.0001\) .*"
-                     r"0\.7700 \(0\.7500 \.\. 0\.7900, lr 0\.001\)\s+\+0\.0600\s+apart$", r.output, re.M), r.output
-    assert re.search(r"^kornli .*\+0\.0200\s+overlap$", r.output, re.M) and "korsts: in one folder only" in r.output
+    assert re.search(r"^nsmc .*0\.7100 \(0\.7000 \.\. 0\.7200, lr 0\.0001\) .*0\.7700 \(0\.7500 \.\. 0\.7900, "
+                     r"lr 0\.001\)\s+\+0\.0600\s+no verdict \(2 paired seed\(s\); 3 needed\)$", r.output,
+                     re.M), r.output
+    assert "run both sweeps with --seeds 0,1,2" in r.output and "korsts: in one folder only" in r.output
+    # three seeds each: a verdict, and the test it comes from
+    random3 = sweep_folder("random3", {"nsmc": {(1e-4, 0): 0.70, (1e-4, 1): 0.72, (1e-4, 2): 0.71},
+                                       "kornli": {(1e-3, 0): 0.40, (1e-3, 1): 0.44, (1e-3, 2): 0.42}})
+    trained3 = sweep_folder("trained3", {"nsmc": {(1e-3, 0): 0.75, (1e-3, 1): 0.79, (1e-3, 2): 0.77},
+                                         "kornli": {(1e-3, 0): 0.43, (1e-3, 1): 0.41, (1e-3, 2): 0.45}})
+    r = CliRunner().invoke(main, ["finetune", "compare", str(random3), str(trained3)])
+    assert re.search(r"^nsmc .*\+0\.0600\s+second higher \(95 % CI \+0\.\d+ \.\. \+0\.\d+, 3 seeds\)$", r.output,
+                     re.M), r.output
+    assert re.search(r"^kornli .*\+0\.0100\s+no difference shown \(95 % CI -0\.\d+ \.\. \+0\.\d+, 3 seeds\)$",
+                     r.output, re.M), r.output
     plain = tmp_path / "plain"
     plain.mkdir()
     (plain / "manifest.json").write_text(json.dumps({"stage": "finetune-korean", "settings": {}, "tasks": {}}))
@@ -419,3 +430,41 @@ def test_evaluate_from_python_runs_each_cell_once(tmp_path):
     assert calls == [("nsmc", 1e-3, 2)]
     with pytest.raises(korean.SettingsChanged, match=r"other settings \(model_path: m -> n\); give another --out"):
         korean.evaluate(out, ["nsmc"], fine_tune, {"model_path": "n"}, rates=(1e-3,), seeds=(0,))
+
+
+@pytest.mark.parametrize("n", [3, 5, 8])
+def test_the_paired_verdict_is_scipys_paired_t_interval(n):
+    """verdict.paired_verdict against scipy's paired t-test's own 95 % interval; below 3 seeds no verdict."""
+    import numpy as np
+    from scipy.stats import ttest_rel
+
+    from bertkit.finetune.verdict import paired_verdict
+
+    rng = np.random.default_rng(n)
+    a = rng.normal(0.7, 0.02, n)
+    b = a + rng.normal(0.01, 0.02, n)
+    got = paired_verdict(dict(enumerate(a.tolist())), {s + 0: v for s, v in enumerate(b.tolist())})
+    ci = ttest_rel(b, a).confidence_interval(0.95)
+    assert got["interval"] == pytest.approx([ci.low, ci.high], rel=1e-9) and got["seeds"] == n
+    assert got["verdict"] == ("second higher" if ci.low > 0 else "first higher" if ci.high < 0
+                              else "no difference shown")
+    assert paired_verdict({0: 0.5, 1: 0.6}, {0: 0.9, 1: 0.95, 2: 0.9})["verdict"] == "no verdict"   # 2 shared
+    assert paired_verdict({0: 0.5}, {0: 0.9})["test"].startswith("1 paired seed(s): no verdict below 3")
+
+
+def test_a_sweeps_rate_is_chosen_on_validation_where_every_cell_has_it():
+    """With --select validation every cell records its held-out score: the rate with the best mean there is chosen,
+    even where the scored mean favours another; without, the scored mean chooses and the summary says so."""
+    def cell(rate, seed, scored, held=None):
+        best = {"accuracy": scored} | ({"validation": {"accuracy": held}} if held is not None else {})
+        return {"settings": {"learning_rate": rate, "seed": seed}, "best_metric": "accuracy", "best": best}
+
+    validated = {f"{r}-{s}": cell(r, s, sc, h) for r, s, sc, h in
+                 [(1e-4, 0, 0.80, 0.60), (1e-4, 1, 0.82, 0.62), (1e-3, 0, 0.70, 0.75), (1e-3, 1, 0.72, 0.77)]}
+    summary = korean.sweep_summary(validated)
+    assert summary["best_rate"] == "0.001" and summary["rate_chosen_on"] == "validation"
+    assert summary["rates"]["0.001"]["validation_mean"] == pytest.approx(0.76)
+    scored = {k: cell(v["settings"]["learning_rate"], v["settings"]["seed"], v["best"]["accuracy"])
+              for k, v in validated.items()}
+    summary = korean.sweep_summary(scored)
+    assert summary["best_rate"] == "0.0001" and summary["rate_chosen_on"] == "scored set"

@@ -104,7 +104,7 @@ def embed(**kw):
 
     \b
       bertkit finetune embed --model export/ --nli klue-nli --out emb/ \\
-          --sts korsts-dev --retrieval korquad-dev --data-dir ../shared/data
+          --sts korsts-dev --retrieval korquad-dev --data-dir data/
       bertkit finetune embed --model export/ --pairs pairs.jsonl --negative hard_negative --out emb/
       bertkit finetune embed --model export/ --corpus corpus/ --out simcse/ --batch-size 64
       bertkit finetune embed --model export/ --corpus corpus/ --ict --out ict/

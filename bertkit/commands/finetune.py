@@ -1,7 +1,7 @@
 """`bertkit finetune squad|glue|classify|ner`: fine-tune a BERT checkpoint (HF folder or bertkit export).
 
-Each sub-command writes OUT/metrics.json (settings, per-epoch metrics, best epoch), OUT/best/ (the best epoch's
-model in HF format, with the tokenizer files) and the best epoch's predictions. Under `deepspeed cli.py finetune`
+Each sub-command writes OUT/metrics.json (settings, per-epoch metrics, the kept epoch), OUT/best/ (the kept epoch's
+model in HF format, with the tokenizer files) and the kept epoch's predictions. Under `deepspeed cli.py finetune`
 or torchrun (WORLD_SIZE > 1) training is data-parallel through torch.distributed; --batch-size stays global.
 """
 import functools
@@ -21,6 +21,12 @@ from bertkit.commands import (
     report_to_option,
 )
 from bertkit.threads import MAX_THREADS
+
+select_option = click.option(
+    "--select", type=click.Choice(["last", "validation"]), default="last", show_default=True,
+    help="Which epoch's model is kept (OUT/best/) and its scores reported: the last, or the best on a held-out tenth "
+         "of the training rows (stratified by label; classification and regression tasks). The scored file never "
+         "chooses: its best epoch would be a maximum over noisy scores.")
 
 
 def common_options(default_lr: float, default_epochs: float, default_batch: int, default_max_len: int):
@@ -65,6 +71,7 @@ def common_options(default_lr: float, default_epochs: float, default_batch: int,
             click.option("--dropout", type=Real(0, 1, max_open=True),
                          help="Hidden and attention dropout while fine-tuning  [default: the model's config.json; "
                               "BERT's is 0.1]."),
+            select_option,
             click.option("--no-save-model", is_flag=True, help="Skip writing OUT/best/ (metrics only)."),
             click.option("--overwrite", is_flag=True, help="Replace an earlier fine-tuning of another task in OUT "
                                                                 "(or start afresh over an unfinished one)."),
@@ -102,7 +109,8 @@ def _train_config(kw: dict, pooling: str | None = None):
                        unpadded=kw.pop("unpadded"), compile=kw.pop("compile"), precision=kw.pop("precision"),
                        save_model=not kw.pop("no_save_model"),
                        dropout=kw.pop("dropout"), pooling=pooling, overwrite=kw.pop("overwrite"),
-                       threads=kw.pop("threads"), checkpoint_minutes=kw.pop("checkpoint_minutes"))
+                       threads=kw.pop("threads"), checkpoint_minutes=kw.pop("checkpoint_minutes"),
+                       select=kw.pop("select"))
 
 
 def lr_given_by_flag() -> bool:
@@ -223,7 +231,7 @@ SCORE_NEUTRAL = ("out_dir", "overwrite", "threads", "report_to", "log_every", "n
               help="Repeat for several (or `all`): each goes to OUT/TASK/, and OUT/manifest.json and a table gather "
                    "their scores; a task whose OUT/TASK/ holds a finished fine-tuning is kept, not redone.")
 @click.option("--data-dir", type=click.Path(exists=True, file_okay=False),
-              help="The folder holding klue/, kornlu/, nsmc/ and korquad_v1.0/ as published (../shared/data); "
+              help="Your folder holding klue/, kornlu/, nsmc/ and korquad_v1.0/ as their publishers lay them out; "
                    "not needed where --train-file and --dev-file give both files.")
 @click.option("--train-file", type=click.Path(exists=True, dir_okay=False),
               help="Instead of the task's training file (e.g. the official train set where you have it); the "
@@ -246,8 +254,9 @@ def korean(**kw):
     """A Korean benchmark from its official files, with its official metric: KLUE-NLI, KorNLI, NSMC (accuracy);
     KorSTS, KLUE-STS (Pearson, Spearman; KLUE-STS also binary F1); KLUE-NER (entity and character macro F1);
     KorQuAD 1.0 (its own EM and character F1).
-    Where ../shared/data holds no training split, the task trains on part of what is there (see
-    bertkit/finetune/korean.py). korquad takes SQuAD's defaults (384 tokens, lr 5e-5, 2 epochs) unless given."""
+    Where a task's published files hold no training split (NSMC's test file alone, KLUE-NER's and KorQuAD's dev),
+    the task trains on one part of what is there and scores the other (bertkit/finetune/README.md says which).
+    korquad takes SQuAD's defaults (384 tokens, lr 5e-5, 2 epochs) unless given."""
     from bertkit.fileio import folder_kind
     from bertkit.finetune.korean import SettingsChanged, evaluate, task_files
     from bertkit.finetune.tables import korean_table, sweep_table
@@ -258,8 +267,8 @@ def korean(**kw):
     if sweep and not rates and lr_given_by_flag():
         rates = (kw["learning_rate"],)
     if kw["data_dir"] is None and not (kw["train_file"] and kw["dev_file"]):
-        raise click.UsageError("--data-dir: give the folder holding klue/, kornlu/, nsmc/ and korquad_v1.0/ as "
-                               "published (../shared/data), or both --train-file and --dev-file")
+        raise click.UsageError("--data-dir: give your folder holding klue/, kornlu/, nsmc/ and korquad_v1.0/ as "
+                               "published, or both --train-file and --dev-file")
     if (kw["train_file"] or kw["dev_file"]) and len(tasks) > 1:
         raise click.UsageError("--train-file and --dev-file name one task's files: give one --task with them")
     for task in tasks:  # a missing file stops now, not after hours of the tasks before it
@@ -291,8 +300,8 @@ def korean(**kw):
 @click.argument("second", type=click.Path(exists=True, file_okay=False))
 def compare(first, second):
     """Two Korean sweeps side by side, task by task (folders of `finetune korean --lrs ... --seeds ...`, e.g. random
-    weights, then the pretrained model): each at its best rate, its mean and seeds' range, the difference and
-    whether the ranges are apart."""
+    weights, then the pretrained model): each at its best rate, its mean and seeds' range, the difference and a
+    verdict from the seeds both ran (a seed-paired 95 % t-interval; no verdict below 3 seeds)."""
     from bertkit.errors import DataError
     from bertkit.finetune.korean import compare_sweeps
     from bertkit.finetune.tables import comparison_table, read_sweep

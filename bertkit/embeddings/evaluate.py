@@ -207,7 +207,8 @@ def tuned_hybrid(dense: np.ndarray, bm25: np.ndarray, relevant: list[int]) -> di
             "fused": ranking_metrics(weighted_fusion(dense[test], bm25[test], weight), rel[test])}
 
 
-# the published evaluation sets by name, under a data folder (../shared/data's layout; each file's own licence)
+# the published evaluation sets by name, under a data folder laid out as their publishers ship them (each file's
+# own licence)
 STS_SETS = {"korsts-dev": "kornlu/KorSTS/sts-dev.tsv", "korsts-test": "kornlu/KorSTS/sts-test.tsv",
             "klue-sts-dev": "klue/klue-sts-v1.1/klue-sts-v1.1_dev.json", "stsb-dev": "glue/STS-B/dev.tsv"}
 RETRIEVAL_SETS = {"korquad-dev": "korquad_v1.0/KorQuAD_v1.0_dev.json", "squad-dev": "squad_v1.1/dev-v1.1.json"}

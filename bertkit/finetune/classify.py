@@ -207,6 +207,9 @@ def run_classification(model_path, train_examples, dev_examples, labels, cfg, *,
     from bertkit.tokenization import load_tokenizer
 
     tokenizer = load_tokenizer(model_path)
+    validation = []
+    if cfg.select == "validation" and train_examples:   # chosen on training rows held out, never on dev
+        train_examples, validation = validation_split(train_examples, labels, cfg.validation_share, train_file)
     train_rows = encode(train_examples, tokenizer, max_seq_length, label_ids(train_examples, labels, train_file)) \
         if train_examples else []
     dev_targets = label_ids(dev_examples, labels, dev_file)
@@ -222,21 +225,52 @@ def run_classification(model_path, train_examples, dev_examples, labels, cfg, *,
             log.warning("mean pooling: load OUT/best/ with bertkit; transformers' BertForSequenceClassification "
                         "reads [CLS] and ignores config.json's classifier_pooling")
 
+    def predictions(m, rows):
+        logits = np.stack(predict(m, rows, cfg.eval_batch_size)["logits"])
+        return logits[:, 0].tolist() if labels is None else logits.argmax(-1).tolist()
+
     def evaluate(m):
-        logits = np.stack(predict(m, dev_rows, cfg.eval_batch_size)["logits"])
-        preds = logits[:, 0].tolist() if labels is None else logits.argmax(-1).tolist()
-        result = metric_fn(preds, dev_targets)
+        preds = predictions(m, dev_rows)
         files = {"dev_predictions.json": [p if labels is None else labels[p] for p in preds]}
-        return result, files
+        return metric_fn(preds, dev_targets), files
+
+    validate = None
+    if validation:
+        validation_rows = encode(validation, tokenizer, max_seq_length)
+        validation_targets = label_ids(validation, labels, train_file)
+
+        def validate(m):
+            return metric_fn(predictions(m, validation_rows), validation_targets)
 
     extra = {"finetuning_task": task}
     if labels is not None:
         extra["id2label"] = {str(i): lab for i, lab in enumerate(labels)}
         extra["label2id"] = {lab: i for i, lab in enumerate(labels)}
     settings = {"model": str(model_path), "max_seq_length": max_seq_length, "labels": labels,
-                "train_file": str(train_file), "dev_file": str(dev_file), **(settings or {})}
+                "train_file": str(train_file), "dev_file": str(dev_file), "validation_rows": len(validation),
+                **(settings or {})}
     return train(model, train_rows, evaluate, best_metric, cfg, task=task, settings=settings,
-                 tokenizer_dir=model_path, extra_config=extra)
+                 tokenizer_dir=model_path, extra_config=extra, validate=validate)
+
+
+def validation_split(examples: list, labels, share: float, path=None) -> tuple[list, list]:
+    """(training, validation): `share` of the rows of each label (at least one where a label has two or more rows;
+    regression: of all rows) held out for choosing the epoch, drawn by a fixed seed (0) so that every run's seed
+    changes its own initialisation and order, never the split; rows keep their file order."""
+    import numpy as np
+
+    groups: dict = {}
+    for i, e in enumerate(examples):
+        groups.setdefault(None if labels is None else e.label, []).append(i)
+    rng, held = np.random.default_rng(0), set()
+    for key in sorted(groups, key=str):
+        rows = groups[key]
+        take = max(1, round(share * len(rows))) if len(rows) >= 2 else 0
+        held.update(rng.permutation(rows)[:take].tolist())
+    if not held or len(held) == len(examples):
+        raise DataError(f"{path}: {len(examples)} training rows leave no validation split of {share:.0%}; give "
+                        "--select last")
+    return [e for i, e in enumerate(examples) if i not in held], [e for i, e in enumerate(examples) if i in held]
 
 
 def finetune_classify(model_path, train_file, dev_file, cfg, *, text_a, text_b=None, label="label",

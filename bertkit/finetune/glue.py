@@ -13,7 +13,7 @@ class GlueTask:
     text_a: object          # column name, or index for header-less files
     text_b: object
     label: object
-    metric: str             # the metric used to pick the best epoch
+    metric: str             # the metric that picks the epoch under --select validation
     header: bool = True
     dev_file: str = "dev.tsv"
     regression: bool = False

@@ -35,7 +35,7 @@ class KoreanTask:
     train: str
     dev: str
     labels: tuple | None        # None: regression
-    metric: str                 # the one that picks the best epoch
+    metric: str                 # the one that picks the epoch under --select validation
     train_rows: slice | None = None   # a part of the train file (NSMC: one file split in two)
     dev_rows: slice | None = None
 
@@ -145,12 +145,12 @@ def _published_file(given, data_dir, relative: str) -> Path:
         return Path(given)
     folder = relative.split("/")[0]
     if data_dir is None:
-        raise DataError(f"no data folder for {relative}: pass the folder holding {folder}/ (../shared/data) as "
+        raise DataError(f"no data folder for {relative}: pass the folder holding {folder}/ as published as "
                         "--data-dir, or your own files with --train-file and --dev-file")
     path = Path(data_dir) / relative
     if not path.is_file():
-        raise DataError(f"{path}: not found; give --data-dir the folder that holds {folder}/ as published (e.g. "
-                        "../shared/data), or give the files with --train-file / --dev-file")
+        raise DataError(f"{path}: not found; give --data-dir the folder that holds {folder}/ as published (its "
+                        f"{relative} inside), or give the files with --train-file / --dev-file")
     return path
 
 
@@ -418,26 +418,48 @@ def _cell_summary(done: dict) -> dict:
 
 def sweep_summary(cells: dict) -> dict:
     """A rate sweep's verdict from its cells ({name: metrics.json's summary}): per rate (as run, resolved), the
-    mean, min and max of the task's best-epoch metric over the seeds run, and the best rate by mean. Each start is
-    judged at its best rate, with every rate reported: a pretrained start can trail at a rate too low for it."""
-    by_rate = {}
+    mean, min and max of the task's metric over the seeds run (each the chosen epoch's score on the scored set), and
+    the best rate: by the mean validation score where every cell has one (--select validation), else by the scored
+    mean, which `rate_chosen_on` then says (a maximum over rates of noisy scores flatters the rate it picks). Each
+    start is judged at its best rate, with every rate reported: a pretrained start can trail at a rate too low."""
+    by_rate, held_out = {}, {}
     for summary in cells.values():  # a (rate, seed) run twice (in a folder named by --lr and one by --lrs) counts once
-        rate, seed = summary["settings"]["learning_rate"], summary["settings"]["seed"]
-        by_rate.setdefault(rate, {}).setdefault(seed, summary["best"][summary["best_metric"]])
-    by_rate = {rate: list(runs.items()) for rate, runs in by_rate.items()}
+        rate, seed, best = summary["settings"]["learning_rate"], summary["settings"]["seed"], summary["best"]
+        by_rate.setdefault(rate, {}).setdefault(seed, best[summary["best_metric"]])
+        if isinstance(best.get("validation"), dict):
+            held_out.setdefault(rate, {}).setdefault(seed, best["validation"][summary["best_metric"]])
     metric = next(iter(cells.values()))["best_metric"]
-    rates = {f"{rate:g}": {"mean": sum(v for _, v in runs) / len(runs), "min": min(v for _, v in runs),
-                           "max": max(v for _, v in runs), "seeds": sorted(s for s, _ in runs)}
+    rates = {f"{rate:g}": {"mean": sum(runs.values()) / len(runs), "min": min(runs.values()),
+                           "max": max(runs.values()), "seeds": sorted(runs)}
              for rate, runs in sorted(by_rate.items())}
-    return {"metric": metric, "rates": rates, "best_rate": max(rates, key=lambda r: rates[r]["mean"])}
+    validated = all(len(held_out.get(rate, {})) == len(runs) for rate, runs in by_rate.items())
+    for rate, runs in held_out.items() if validated else ():
+        rates[f"{rate:g}"]["validation_mean"] = sum(runs.values()) / len(runs)
+    key = "validation_mean" if validated else "mean"
+    return {"metric": metric, "rates": rates, "best_rate": max(rates, key=lambda r: rates[r][key]),
+            "rate_chosen_on": "validation" if validated else "scored set"}
 
 
 def compare_sweeps(first: dict, second: dict) -> list[dict]:
     """Two sweeps' summaries (manifest.json's tasks) task by task, each start at its best rate: the difference of
-    the means (second - first) and whether the seeds' ranges are apart (neither touches the other)."""
+    the means (second - first) and a verdict from the seeds both ran (verdict.paired_verdict: none below 3)."""
+    from bertkit.finetune.verdict import paired_verdict
+
     rows = []
     for task in [t for t in first if t in second]:
         a, b = (s[task]["rates"][s[task]["best_rate"]] | {"rate": s[task]["best_rate"]} for s in (first, second))
+        verdict = paired_verdict(*(_seed_scores(s[task], s[task]["best_rate"]) for s in (first, second)))
         rows.append({"task": task, "metric": first[task]["metric"], "first": a, "second": b,
-                     "difference": b["mean"] - a["mean"], "apart": b["min"] > a["max"] or a["min"] > b["max"]})
+                     "difference": b["mean"] - a["mean"], **{k: verdict[k] for k in ("verdict", "interval", "test")},
+                     "paired_seeds": verdict["seeds"],
+                     "rate_chosen_on": sorted({s[task].get("rate_chosen_on", "scored set") for s in (first, second)})})
     return rows
+
+
+def _seed_scores(task_summary: dict, rate: str) -> dict:
+    """{seed: score} of a sweep's task at one rate (as sweep_summary names it), from its cells."""
+    scores = {}
+    for cell in task_summary.get("cells", {}).values():
+        if f"{cell['settings']['learning_rate']:g}" == rate:
+            scores.setdefault(cell["settings"]["seed"], cell["best"][cell["best_metric"]])
+    return scores

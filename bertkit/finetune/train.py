@@ -1,5 +1,6 @@
 """The fine-tuning loop every task shares: AdamW, linear warmup then linear decay, evaluation after each epoch,
-the best epoch's model saved in HF format, a metrics JSON at the end.
+the kept epoch's model (--select: the last, or the best on held-out training rows) saved in HF format, a
+metrics JSON at the end.
 
 Runs on the CPU, on one GPU, or data-parallel under a launcher that sets WORLD_SIZE/RANK/LOCAL_RANK
 (`deepspeed cli.py finetune ...` or torchrun): then each process trains on its shard of the batches through
@@ -73,6 +74,16 @@ class TrainConfig:
     threads: int | None = None    # torch threads; None: the free cores / processes (bertkit.threads)
     checkpoint_minutes: float = 10.0  # the training state to OUT/resume/ this often and between epochs (one process
                                   # only); the same command run again continues from it. 0: never
+    select: str = "last"          # which epoch's model is kept and reported: last | validation (the best on a split
+                                  # of the training file, never on the scored one)
+    validation_share: float = 0.1  # --select validation: this share of the training rows, stratified by label
+
+    def __post_init__(self):
+        if self.select not in SELECT:
+            raise ValueError(f"select {self.select!r}: choose from {', '.join(SELECT)}")
+
+
+SELECT = ("last", "validation")
 
 
 def rate_for_width(hidden_size: int, base: float) -> float:
@@ -218,11 +229,17 @@ class FineTuning:
 
 
 def train(model, train_rows: list, evaluate, best_metric: str, cfg: TrainConfig, *, task: str,
-          settings: dict | None = None, tokenizer_dir=None, extra_config: dict | None = None) -> dict:
+          settings: dict | None = None, tokenizer_dir=None, extra_config: dict | None = None,
+          validate=None) -> dict:
     """Fine-tune `model` on `train_rows` (feature dicts with labels), calling `evaluate(model) -> (metrics, files)`
-    after each epoch; `files` ({name: JSON object}, e.g. SQuAD predictions) are written for the best epoch, whose
-    model goes to OUT/best/ (HF format). With no train rows, evaluates once (prediction only).
+    on the scored set after each epoch. The epoch kept (its `files` ({name: JSON object}, e.g. SQuAD predictions)
+    written, its model in OUT/best/, its scores reported as "best") is chosen by cfg.select, never by the scored
+    set: the last epoch, or the best by `validate(model) -> metrics` on a split of the training rows (the task's
+    runner makes it). With no train rows, evaluates once (prediction only).
     Returns the summary written to OUT/metrics.json."""
+    if cfg.select == "validation" and validate is None and train_rows:
+        raise DataError(f"--select validation: {task} has no validation split yet; give --select last (the last "
+                        "epoch's model, chosen without looking at any score)")
     longest = (settings or {}).get("max_seq_length")
     if longest and longest > model.cfg.max_length:  # before any step, not a traceback at the first long batch
         raise DataError(f"--max-seq-length {longest} is longer than the {model.cfg.max_length} positions of the "
@@ -233,7 +250,7 @@ def train(model, train_rows: list, evaluate, best_metric: str, cfg: TrainConfig,
             tqdm.write(f"learning rate {cfg.learning_rate:g} for a model {model.cfg.hidden_size} wide (--lr sets "
                        "another)")
     with fine_tuning_folder(Path(cfg.out_dir), cfg.overwrite) as output:
-        return _train(model, train_rows, evaluate, best_metric, cfg, task, settings, output,
+        return _train(model, train_rows, (evaluate, validate), best_metric, cfg, task, settings, output,
                       functools.partial(save_pretrained, tokenizer_dir=tokenizer_dir, extra_config=extra_config))
 
 
@@ -512,6 +529,15 @@ def continue_from(ft: FineTuning, optimizer, scheduler, rng) -> tuple:
     return state["epochs_done"], time.time() - state["elapsed_s"], state["losses"]
 
 
+def chosen(ft: FineTuning, record: dict) -> bool:
+    """Whether this epoch replaces the one kept: always under --select last; under validation, when its validation
+    score is higher. The scored set never decides (its best epoch is a maximum over noisy scores: optimistic)."""
+    best, metric = ft.summary.get("best"), ft.summary["best_metric"]
+    if best is None or "validation" not in record:
+        return True
+    return record["validation"][metric] > best["validation"][metric]
+
+
 def finished_fine_tuning(out_dir, task: str | None = None) -> dict | None:
     """The metrics.json of a fine-tuning (of `task`, if given) that ran to its end, else None: `train_seconds` is
     written last, so a run killed part-way never has it."""
@@ -579,19 +605,26 @@ def start_fine_tuning(model, train_rows: list, best_metric: str, cfg: TrainConfi
 
 
 def end_of_epoch(ft: FineTuning, evaluate, save, epoch: int, train_loss, seconds: float) -> None:
-    """Rank 0 evaluates; a better epoch writes its files and its model (OUT/best/); metrics.json every time."""
+    """Rank 0 scores the epoch (and, with --select validation, measures it on the validation split); the epoch
+    chosen writes its files and its model (OUT/best/); metrics.json every time. evaluate: (scored, validate)."""
     if ft.rank == 0:
+        scored, validate = evaluate
         # in fp32 whatever trained: bf16 logits (8 bits of mantissa) reorder close answers; predicting a bf16-trained
         # SQuAD model in fp32 gave F1 17.80 against 17.18 in bf16 (bertkit/finetune/README.md, bf16)
-        metrics, files = evaluate(ft.model)
+        metrics, files = scored(ft.model)
         record = {"epoch": epoch, "train_loss": train_loss, "train_seconds": seconds, **metrics}
+        if validate is not None and ft.cfg.select == "validation":
+            record["validation"] = validate(ft.model)
         ft.summary["epochs"].append(record)
         ft.log.write({"step": ft.step, "epoch": epoch,
-                      **{f"eval_{k}": v for k, v in metrics.items() if isinstance(v, (int, float))}})
+                      **{f"eval_{k}": v for k, v in metrics.items() if isinstance(v, (int, float))},
+                      **{f"validation_{k}": v for k, v in record.get("validation", {}).items()
+                         if isinstance(v, (int, float))}})
         tqdm.write(f"[{ft.summary['task']}] epoch {epoch}: " + ", ".join(
-            f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items() if k != "epoch"))
-        best, metric = ft.summary.get("best"), ft.summary["best_metric"]
-        if best is None or metrics[metric] > best[metric]:
+            f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items()
+            if k not in ("epoch", "validation")) + "".join(
+            f", validation {k}={v:.4f}" for k, v in record.get("validation", {}).items() if isinstance(v, float)))
+        if chosen(ft, record):
             ft.summary["best"], ft.summary["best_epoch"] = record, epoch
             for name, obj in files.items():
                 atomic_write_json(ft.out_dir / name, obj)
