@@ -365,7 +365,10 @@ def _train(corpus_dir, config: TokenizerConfig, kept: Path | None = None) -> lis
             for c, n in scan["counts"].items():
                 counts[c] = counts.get(c, 0) + n
         chars = sorted(sorted(chars, key=lambda c: (-counts[c], c))[: config.limit_alphabet])
-    pieces = [CONTINUATION + c for c in chars if CONTINUATION + c in continued]
+    # every character a word can hold gets its ## form too, seen after another character or not: "ㅠㅠ", "ㅋㅋ" and
+    # emoji runs were one [UNK] each where a corpus held ㅠ only as a word of its own (or Kiwi cut it off)
+    in_words = _word_characters(chars, config)
+    pieces = [CONTINUATION + c for c in chars if CONTINUATION + c in continued or c in in_words]
     if n_special + len(chars) + len(pieces) > config.vocab_size:
         raise TokenizerError(
             f"{corpus_dir}: the corpus' characters alone (with their ## forms) need {len(chars) + len(pieces)} "
@@ -380,6 +383,13 @@ def _train(corpus_dir, config: TokenizerConfig, kept: Path | None = None) -> lis
     if tokens[:head] != list(SPECIAL_TOKENS) + pieces or tokens[head: head + len(chars)] != chars:
         raise AssertionError("tokenizers laid out the vocabulary in an unexpected order")
     return list(SPECIAL_TOKENS) + chars + pieces + tokens[head + len(chars):]
+
+
+def _word_characters(chars: list[str], config: TokenizerConfig) -> set[str]:
+    """The characters BERT's normaliser and pre-tokenizer keep inside a word (not punctuation, CJK ideographs or
+    spaces, which they split off alone, so that they never continue a word)."""
+    tok = build_tokenizer(None, lowercase=config.lowercase, strip_accents=config.strip_accents)
+    return {c for c in chars if len(tok.pre_tokenizer.pre_tokenize_str(tok.normalizer.normalize_str(f"a{c}a"))) == 1}
 
 
 def any_morpheme_cut(shards, config: TokenizerConfig) -> bool:

@@ -384,3 +384,25 @@ def test_cli(tmp_path):
     assert r.exit_code != 0 and "--vocab FILE" in r.output
     r = run(cli, ["train-tokenizer", str(tmp_path / "nope"), "--out", str(tmp_path / "x")])
     assert r.exit_code == 1 and "no such folder" in r.output
+
+
+def test_every_character_a_word_can_hold_has_its_continuation_piece(tmp_path):
+    """Issue 81: a corpus holding ㅠ, ㅋ and an emoji only as words of their own gave no ##ㅠ, so `ㅠㅠ`, `잼ㅠㅠ` and
+    `😀😀` were one [UNK] each; every character a word can hold now has both pieces. Punctuation and CJK ideographs,
+    which the pre-tokenizer splits off alone, get none. The vocabulary is still byte-identical run to run."""
+    from bertkit.tokenization import CONTINUATION
+
+    docs = [[f"영화 {w} 정말 재미 {w} 있다 ㅠ ㅋ 😀 , 中 .", "재미 잼 있는 영화 ."] for w in ("좋다", "별로", "최고")]
+    corpus = write_corpus(tmp_path / "corpus", docs * 8)
+    config = TokenizerConfig(vocab_size=200, pretokenize="none", progress=False)
+    train_tokenizer(corpus, tmp_path / "tok", config)
+    vocab = read_vocab(tmp_path / "tok" / "vocab.txt")
+    tok = load_tokenizer(tmp_path / "tok")
+    for text in ("ㅠㅠ", "ㅋㅋㅋ", "😀😀", "잼ㅠㅠ", "영화ㅋㅋ"):
+        assert "[UNK]" not in tok.encode(text, add_special_tokens=False).tokens, text
+    for c in ("ㅠ", "ㅋ", "😀", "잼", "영"):
+        assert c in vocab and CONTINUATION + c in vocab
+    for c in (",", ".", "中"):
+        assert c in vocab and CONTINUATION + c not in vocab
+    train_tokenizer(corpus, tmp_path / "again", config)
+    assert (tmp_path / "again" / "vocab.txt").read_bytes() == (tmp_path / "tok" / "vocab.txt").read_bytes()
