@@ -21,7 +21,7 @@ import zstandard
 
 from bertkit.fileio import not_utf8_message
 
-FORMATS = ("auto", "wikiextractor", "lines", "paragraphs", "jsonl", "parquet", "arrow")
+FORMATS = ("auto", "wikiextractor", "lines", "paragraphs", "jsonl", "csv", "tsv", "parquet", "arrow")
 COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".zst")
 MAGIC = {b"\x1f\x8b": "gz", b"BZh": "bz2", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zst"}
 MAX_MESSAGES_PER_KIND = 5  # per file: the first few in full, the rest only counted
@@ -264,6 +264,8 @@ def detect_format(path: Path, compression: str | None, head: bytes) -> str:
         return "arrow"
     if name.endswith((".jsonl", ".ndjson")):
         return "jsonl"
+    if name.endswith((".csv", ".tsv")):
+        return name[-3:]
     first = head.lstrip(b"\xef\xbb\xbf \t\r\n")[:64]
     if first.startswith(b"[") and name.endswith(".json"):
         raise InputError("is a JSON array; prepare-corpus reads JSON Lines (one object per line). "
@@ -444,6 +446,38 @@ def read_jsonl(lines, problems: Problems, decode: LineDecoder, text_field: str):
             continue
         title = obj.get("title")
         yield RawDoc(title if isinstance(title, str) else None, value.split("\n"), n, "split")
+
+
+def read_delimited(lines, problems: Problems, decode: LineDecoder, text_field: str, delimiter: str):
+    """CSV (RFC 4180: quoted fields may hold commas, quotes and line breaks) or TSV, its first row naming the
+    columns: each row's `text_field` column is a document (a `title` column, if any, its title); a row with another
+    number of fields than the header is counted and skipped."""
+    import csv
+
+    rows = csv.reader((line + "\n" for line in lines), delimiter=delimiter)
+    try:
+        header = next(rows)
+    except StopIteration:
+        return
+    except csv.Error as e:
+        raise InputError(f"is not {'CSV' if delimiter == ',' else 'TSV'} ({e})") from None
+    if text_field not in header:
+        raise InputError(f"has no {text_field!r} column (its header: {', '.join(header[:8])}); choose the column "
+                         "with --text-field")
+    text, title = header.index(text_field), header.index("title") if "title" in header else None
+    while True:
+        try:
+            row = next(rows)
+        except StopIteration:
+            return
+        except csv.Error as e:
+            problems.add("bad_row", f"not a row of this file's layout ({e}); skipped", decode.line)
+            continue
+        if len(row) != len(header):
+            if any(field.strip() for field in row):
+                problems.add("bad_row", f"{len(row)} fields, the header has {len(header)}; row skipped", decode.line)
+            continue
+        yield RawDoc(row[title] if title is not None else None, row[text].split("\n"), decode.line, "split")
 
 
 def read_table(path: Path, fmt: str, compression: str | None, problems: Problems, text_field: str):

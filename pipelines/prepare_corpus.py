@@ -194,7 +194,7 @@ def process_file(index: int, path: str, source: str, options: dict, part: str) -
             raw_file.close()
     writer.close()
     for kind, n in problems.counts.items():
-        if kind in ("bad_json", "missing_field", "outside_doc"):
+        if kind in ("bad_json", "missing_field", "outside_doc", "bad_row"):
             stats["dropped"][kind] = stats["dropped"].get(kind, 0) + n
     stats["problems"] = problems.counts
     stats["messages"] = problems.messages
@@ -218,6 +218,9 @@ def _documents(path: Path, config: CorpusConfig, stats: dict, problems, decode) 
         return readers.read_wikiextractor(lines, problems, decode), raw_file
     if fmt == "jsonl":
         return readers.read_jsonl(lines, problems, decode, config.text_field), raw_file
+    if fmt in ("csv", "tsv"):
+        return readers.read_delimited(lines, problems, decode, config.text_field, "," if fmt == "csv" else "\t"), \
+            raw_file
     return readers.read_blocks(lines, "lines" if fmt == "lines" else "join", problems, decode), raw_file
 
 

@@ -155,6 +155,8 @@ def test_every_format_and_compression_gives_the_same_documents(tmp_path):
         "para.txt": as_paragraphs(docs),
         "lines.txt": "\n\n".join("\n".join(d) for d in docs) + "\n",
         "docs.jsonl": "".join(json.dumps({"body": " ".join(d), "title": f"t{i}"}) + "\n" for i, d in enumerate(docs)),
+        "docs.csv": "id,title,body\r\n" + "".join(f'{i},t{i},"{" ".join(d)}"\r\n' for i, d in enumerate(docs)),
+        "docs.tsv": "title\tbody\tdate\n" + "".join(f"t{i}\t{' '.join(d)}\t2026\n" for i, d in enumerate(docs)),
     }
     for name, text in inputs.items():
         write(tmp_path / "in" / name, text)
@@ -169,7 +171,7 @@ def test_every_format_and_compression_gives_the_same_documents(tmp_path):
             prepare_corpus([variant], out, cfg(format=fmt, text_field="body", min_chars=0))
             got = rows(out)
             assert [d["sentences"] for d in got] == expected, variant.name
-            if name == "docs.jsonl":
+            if name.startswith("docs."):
                 assert [d["title"] for d in got] == [f"t{i}" for i in range(len(docs))]
     table = pa.table({"body": [" ".join(d) for d in docs], "other": list(range(len(docs)))})
     pq.write_table(table, tmp_path / "in" / "t.parquet")
@@ -182,6 +184,33 @@ def test_every_format_and_compression_gives_the_same_documents(tmp_path):
         m = prepare_corpus([tmp_path / "in" / name], out, cfg(format=fmt, text_field="body", min_chars=0))
         assert [d["sentences"] for d in rows(out)] == expected, name
         assert m.inputs[0]["format"] in ("parquet", "arrow")
+
+
+def test_a_csv_corpus_is_its_rows_quoted_fields_and_all(tmp_path):
+    """Issue 81: a CSV of reviews was read as plain text, one document holding its header, dates and URLs. Each row
+    is now a document (RFC 4180: a quoted field holds commas, quotes and line breaks), a row of another width is
+    counted and skipped, and a missing column names the header and --text-field."""
+    import csv
+    import io
+
+    texts = ["Great film, would watch again. The cast was \"superb\".", "Line one of a review.\nLine two of it.",
+             "정말 재미있다. 배우들이 좋았다."]
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(["date", "review", "url"])
+    for i, t in enumerate(texts):
+        writer.writerow([f"2026-11-0{i + 1}", t, f"https://example.org/{i}"])
+    raw = buffer.getvalue() + "2026-11-09,only two fields\r\n"
+    write(tmp_path / "reviews.csv", raw)
+    m = prepare_corpus([tmp_path / "reviews.csv"], tmp_path / "out", cfg(text_field="review", min_chars=0))
+    got = [d["sentences"] for d in rows(tmp_path / "out")]
+    assert got == [["Great film, would watch again.", 'The cast was "superb".'],
+                   ["Line one of a review.", "Line two of it."], ["정말 재미있다.", "배우들이 좋았다."]]
+    assert m.inputs[0]["format"] == "csv" and m.inputs[0]["problems"]["bad_row"] == 1
+    assert not any("2026-11" in s or "https" in s for d in got for s in d)
+    r = CliRunner().invoke(cli, ["prepare-corpus", str(tmp_path / "reviews.csv"), "--out", str(tmp_path / "o2"),
+                                 "--no-progress"])
+    assert r.exit_code == 1 and "has no 'text' column (its header: date, review, url)" in r.output, r.output
 
 
 def test_shards_bounded_ordered_and_loadable_with_datasets(tmp_path):

@@ -10,10 +10,12 @@ from bertkit.pipelines.engine import ENGINE_HELP, ENGINES, RAY_ADDRESS_HELP
 @click.option("--out", "-o", default="corpus", show_default=True, type=click.Path(file_okay=False),
               help="Output folder (the default is where train-tokenizer and make-instances look).")
 @click.option("--format", default="auto", show_default=True,
-              type=click.Choice(["auto", "wikiextractor", "lines", "paragraphs", "jsonl", "parquet", "arrow"]),
-              help="Input format for every file; auto detects per file (plain text counts as paragraphs).")
+              type=click.Choice(["auto", "wikiextractor", "lines", "paragraphs", "jsonl", "csv", "tsv", "parquet",
+                                 "arrow"]),
+              help="Input format for every file; auto detects per file (.csv/.tsv by name, each row a document; plain "
+                   "text counts as paragraphs).")
 @click.option("--text-field", default="text", show_default=True,
-              help="JSON Lines field / Parquet-Arrow column with the text.")
+              help="JSON Lines field / CSV-TSV column (named by the header row) / Parquet-Arrow column with the text.")
 @click.option("--language", default="auto", show_default=True,
               help="sentencex language code (en, ko, ja, de, ...); auto: Hangul -> ko, kana -> ja, else en, "
                    "per document.")
