@@ -2,8 +2,8 @@
 
 Off a terminal (Slurm, nohup, CI, `make demo > demo.log`) tqdm still redraws its bar with carriage returns on every
 update, which makes lines thousands of characters long. `tqdm(...)` here is tqdm on a terminal and LogLines
-elsewhere: the same object and numbers, written as a whole line every LINE_SECONDS or every LINE_FRACTION of the
-total, and at the end. Every stage imports its progress bar from here.
+elsewhere (and under a stage's --no-progress): the same object and numbers, written as a whole line every
+LINE_SECONDS or every LINE_FRACTION of the total, and at the end. Every stage imports its progress bar from here.
 """
 import sys
 import time
@@ -50,10 +50,11 @@ def _is_terminal(stream) -> bool:
         return False
 
 
-def tqdm(*args, **kwargs):
-    """tqdm on a terminal, LogLines elsewhere (same arguments)."""
+def tqdm(*args, plain: bool = False, **kwargs):
+    """tqdm on a terminal, LogLines elsewhere (same arguments). plain=True (a stage's --no-progress): LogLines on a
+    terminal too: no bar, but a line a minute (or each 5 %), so a long stage never runs for half an hour unheard."""
     stream = kwargs.get("file") or sys.stderr
-    return (_tqdm if _is_terminal(stream) else LogLines)(*args, **kwargs)
+    return (LogLines if plain or not _is_terminal(stream) else _tqdm)(*args, **kwargs)
 
 
 tqdm.write = _tqdm.write

@@ -137,7 +137,7 @@ def google_instances(documents: list, vocab: dict, config, seed: int, passes: in
     documents = list(documents)
     rng.shuffle(documents)
     instances, per_pass = [], []
-    for _ in tqdm(range(passes), desc="make-instances --compat google", unit="pass", disable=not progress):
+    for _ in tqdm(range(passes), desc="make-instances --compat google", unit="pass", plain=not progress):
         before = len(instances)
         for d in range(len(documents)):
             instances.extend(instances_from_document(documents, d, rng, config, vocab))

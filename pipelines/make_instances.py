@@ -626,7 +626,7 @@ def _run_units(train, holdout, tokenizer_dir, out: Path, config: InstancesConfig
         tasks += [{"split": split, "unit_index": u, "n_units": len(units), "path": str(paths[k]), "row_lo": lo,
                    "row_hi": hi, "out": str(out), "tokenizer": str(tokenizer_dir), "config": asdict(config)}
                   for u, (k, lo, hi) in enumerate(units)]
-    bar = tqdm(total=len(tasks), desc="make-instances", unit="unit", disable=not progress)
+    bar = tqdm(total=len(tasks), desc="make-instances", unit="unit", plain=not progress)
     # one worker = one core: tokenizers' thread pool off here and in the workers (spawned: they inherit the
     # environment, and no fork of a parent whose tokenizers/arrow thread pools are already running); Ray tasks
     # set it themselves

@@ -371,7 +371,7 @@ class Progress:
 
         self.queue, self.docs = queue, 0
         self.bar = tqdm(total=total_bytes, unit="B", unit_scale=True, unit_divisor=1024, desc="prepare-corpus",
-                        disable=not enabled, file=sys.stderr, dynamic_ncols=True)
+                        plain=not enabled, file=sys.stderr, dynamic_ncols=True)
 
     def advance(self, nbytes: int, ndocs: int) -> None:
         self.docs += ndocs

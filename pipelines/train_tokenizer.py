@@ -141,7 +141,7 @@ def _sentence_batches(shards, progress: bool, desc: str, limit: int | None = Non
 
     docs = sum(read_arrow(p).num_rows for p in shards)
     left = limit
-    with tqdm(total=docs, unit="doc", desc=desc, disable=not progress) as bar:
+    with tqdm(total=docs, unit="doc", desc=desc, plain=not progress) as bar:
         for path in shards:
             table = read_arrow(path)
             for batch in table.to_batches(max_chunksize=2000):
@@ -243,7 +243,7 @@ def _per_shard(shards, config: TokenizerConfig, desc: str, alphabet_tokens=None,
     docs = sum(read_arrow(p).num_rows for p in shards)
     earlier = {p: r for p in shards if kept is not None and (r := _read_scan(kept, p)) is not None}
     todo = [p for p in shards if p not in earlier]
-    with tqdm(total=docs, unit="doc", desc=desc, disable=not config.progress) as bar, \
+    with tqdm(total=docs, unit="doc", desc=desc, plain=not config.progress) as bar, \
             single_threaded_tokenizers() if pool else contextlib.nullcontext(), \
             Engine(config.engine, config.workers, config.ray_address) as engine:
         for result in earlier.values():

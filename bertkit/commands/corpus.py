@@ -36,7 +36,8 @@ from bertkit.pipelines.engine import ENGINE_HELP, ENGINES, RAY_ADDRESS_HELP
 @click.option("--overwrite", is_flag=True,
               help="Replace an existing output or an unfinished run made with other options.")
 @click.option("--strict", is_flag=True, help="Exit non-zero if any input had a problem (the output is still written).")
-@click.option("--progress/--no-progress", default=True, show_default=True, help="A progress bar.")
+@click.option("--progress/--no-progress", default=True, show_default=True,
+              help="A progress bar; --no-progress: a plain line each minute or 5 % instead.")
 def prepare_corpus(inputs, out, **flags):
     """Clean, sentence-split and deduplicate raw text into Arrow shards (the input of every later stage).
 

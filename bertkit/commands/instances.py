@@ -49,7 +49,8 @@ from bertkit.recipes import RECIPES, as_flags
 @click.option("--recipe", type=click.Choice(sorted(RECIPES)),
               help="The instances a pretraining recipe was measured on; the flags you give win over it. budget: "
                    + as_flags(RECIPES["budget"]["make-instances"]) + " (then pretrain --recipe budget).")
-@click.option("--progress/--no-progress", default=True, show_default=True, help="A progress bar.")
+@click.option("--progress/--no-progress", default=True, show_default=True,
+              help="A progress bar; --no-progress: a plain line each minute or 5 % instead.")
 def make_instances(corpus_dir, tokenizer_dir, out, progress, **flags):
     """Make MLM + NSP pretraining instances from a prepare-corpus folder (google-research/bert's rules).
 

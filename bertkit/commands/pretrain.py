@@ -126,7 +126,8 @@ class Duration(click.ParamType):
 @click.option("--threads", type=click.IntRange(1, MAX_THREADS),
               help="Torch threads per rank  [default: the cores other processes leave free, divided among the "
                    "ranks; OMP_NUM_THREADS also sets it].")
-@click.option("--progress/--no-progress", default=True, show_default=True)
+@click.option("--progress/--no-progress", default=True, show_default=True,
+              help="A progress bar; --no-progress: a plain line each minute or 5 % instead.")
 def pretrain(**flags):
     """Pretrain BERT (MLM + NSP) or ModernBERT (MLM) on an instances folder with DeepSpeed.
 

@@ -45,7 +45,8 @@ from bertkit.pipelines.engine import ENGINE_HELP, ENGINES, RAY_ADDRESS_HELP
 @click.option("--engine", type=click.Choice(ENGINES), default="local", show_default=True, help=ENGINE_HELP)
 @click.option("--ray-address", default=None, metavar="HOST:PORT", help=RAY_ADDRESS_HELP)
 @click.option("--overwrite", is_flag=True, help="Replace an OUT made from another corpus or with other settings.")
-@click.option("--progress/--no-progress", default=True, show_default=True, help="A progress bar.")
+@click.option("--progress/--no-progress", default=True, show_default=True,
+              help="A progress bar; --no-progress: a plain line each minute or 5 % instead.")
 def train_tokenizer(corpus_dir, out, **flags):
     """Train a BERT WordPiece vocabulary on CORPUS_DIR (a prepare-corpus folder; default ./corpus).
 

@@ -260,7 +260,7 @@ def _steps(encoder, rows: list, batches, span: tuple, cfg: EmbedConfig, settings
     out = output.folder
     encoder.train()
     t0, losses = time.time(), []
-    bar = tqdm(total=steps, initial=done, desc="embed", unit="step", disable=not cfg.progress)
+    bar = tqdm(total=steps, initial=done, desc="embed", unit="step", plain=not cfg.progress)
     with open_append(out / "metrics.jsonl") as metrics:
         for step, batch in batches:
             columns = [encoder.features([rows[i][c] for i in batch]) for c in range(len(rows[0]))]

@@ -114,10 +114,11 @@ class MetricsLog:
                  report_to="tensorboard", config: dict | None = None):
         self.log = RunLog(run_dir, enabled, report_to, config)
         self.bar = None
-        if enabled and progress:
+        if enabled:   # --no-progress: no bar, a plain line a minute
             from bertkit.progress import tqdm
 
-            self.bar = tqdm(total=total, initial=initial, desc="pretrain", unit="step", dynamic_ncols=True)
+            self.bar = tqdm(total=total, initial=initial, desc="pretrain", unit="step", dynamic_ncols=True,
+                            plain=not progress)
 
     def write(self, record: dict):
         self.log.write(record)

@@ -32,3 +32,22 @@ def test_a_stage_logged_to_a_file_writes_short_lines(tmp_path):
     text = (tmp_path / "log").read_text()
     assert "\r" not in text and "prepare-corpus" in text
     assert max(len(line) for line in text.splitlines()) < 300
+
+
+def test_no_progress_is_plain_lines_even_on_a_terminal(tmp_path):
+    """Issue 81: --no-progress printed nothing (a 29-minute vocabulary, a 25-minute pretraining, silent); it is now
+    no bar but a plain line each minute or 5 %, on a terminal too."""
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    for plain, kind in ((False, "a bar"), (True, "lines")):
+        bar = tqdm(total=10, file=Terminal(), plain=plain)
+        assert isinstance(bar, LogLines) == (kind == "lines")
+        bar.close()
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "d.txt").write_text("A sentence of some length here. Another one follows it.\n")
+    done = subprocess.run([str(BIN / "bertkit"), "prepare-corpus", str(tmp_path / "in"), "--out", str(tmp_path / "c"),
+                           "--min-chars", "5", "--no-progress"], capture_output=True, text=True,
+                          env=env_without_dist(), timeout=300)
+    assert done.returncode == 0 and "prepare-corpus: 100%" in done.stderr, done.stderr
