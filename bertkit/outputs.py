@@ -114,30 +114,43 @@ class Output:
         self.folder, self.what = Path(folder), what
         self.root = Path(os.path.abspath(folder))
         self.earlier = written_earlier(self.folder, manifest_files)
+        # each earlier file's stamp as it was found bertkit's: one replaced since (by the user, during a long run) no
+        # longer matches, and is then neither replaced, removed nor recorded as bertkit's
+        self.earlier_stamps = {f: _stamp(self.folder / f) for f in self.earlier or ()}
         # the names bertkit's writers put in place from now on; a file not bertkit's is never replaced; the record
         # is kept current after each write, so a killed command's folder says what it wrote
         self.written = record_writes(self.folder, self._may_replace, self.save_record)
 
+    def ours(self) -> set:
+        """The earlier files that are still exactly what they were when this command found them bertkit's."""
+        return {f for f, stamp in self.earlier_stamps.items()
+                if _unchanged(self.folder, f, lambda p, stamp=stamp: _stamp(p) == stamp)}
+
     def _may_replace(self, path: str) -> bool:
         if self.earlier is None:   # a folder with no record: its files are overwritten by name, as before records
             return True
-        return Path(os.path.relpath(path, self.root)).as_posix() in self.earlier
+        return Path(os.path.relpath(path, self.root)).as_posix() in self.ours()
 
-    def remove_earlier(self) -> None:
-        """Remove what bertkit wrote here before (never a file it did not write, or one changed since)."""
-        for name in sorted(self.earlier or (), reverse=True):
-            _remove(self.folder, name)
+    def remove_earlier(self, under: str = "") -> None:
+        """Remove what bertkit wrote here before (the files below `under`, a folder's name and "/", if given), each
+        checked again just before it goes: never a file it did not write, or one changed since."""
+        for name in sorted(self.ours(), reverse=True):
+            if name.startswith(under):
+                _remove(self.folder, name)
 
     def save_record(self) -> set:
-        """Write FOLDER/.bertkit-written.json now (a long command does so at each checkpoint, so that a kill leaves it):
-        the earlier record's files still present and every file bertkit's writers put in place since this command
-        began, each with its inode and modification time. Returns those names."""
-        now = _files(self.folder)
+        """Write FOLDER/.bertkit-written.json now (after each write, so that a kill leaves it): the earlier files
+        still as found and every file bertkit's writers put in place since this command began, each with its inode,
+        modification time and size. Returns those names."""
         wrote = {Path(os.path.relpath(p, self.root)).as_posix() for p in self.written}
-        mine = {f for f in now if f in wrote or f in (self.earlier or ())}
-        atomic_write_json(self.folder / WRITTEN, {"what": self.what, "files": {f: now[f] for f in sorted(mine)}},
+        files = {f: self.earlier_stamps[f] for f in self.ours() - wrote}
+        for f in wrote:
+            path = self.folder / f
+            if not f.startswith(".") and os.path.lexists(path) and not path.is_dir():
+                files[f] = _stamp(path)
+        atomic_write_json(self.folder / WRITTEN, {"what": self.what, "files": dict(sorted(files.items()))},
                           fsync=False)
-        return mine
+        return set(files)
 
     def finish(self) -> str | None:
         """The record written a last time, recording stopped; what was kept because it is not bertkit's, as a line to
@@ -179,11 +192,18 @@ def staging_folder(folder) -> Path:
     removed first; a folder of that name without the mark is someone else's and stays."""
     folder = Path(folder)
     for old in folder.glob(STAGING + "*"):
-        if old.is_dir() and not old.is_symlink() and (old / STAGING_MARK).is_file():
-            shutil.rmtree(old)
+        drop_staging(old)
     staging = Path(tempfile.mkdtemp(prefix=STAGING, dir=folder))
     (staging / STAGING_MARK).touch()
     return staging
+
+
+def drop_staging(staging: Path) -> None:
+    """Remove a staging folder with what it holds, only if it is one staging_folder made: a real folder (no link)
+    holding STAGING_MARK."""
+    staging = Path(staging)
+    if staging.is_dir() and not staging.is_symlink() and (staging / STAGING_MARK).is_file():
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def staged_files(staging: Path) -> list[str]:
@@ -207,12 +227,12 @@ def swap_in(output: Output, staging: Path, last: str | None = None) -> None:
     last, so a folder killed in between is never marked finished), then remove what bertkit wrote earlier that
     the new output lacks. A new file that would replace anything not bertkit's (a user's file, a folder, a file
     where a folder must go) is refused before anything moves, naming it."""
-    folder, ours = output.folder, output.earlier or set()
+    folder, ours = output.folder, output.ours()
     new = staged_files(staging)
     in_the_way = [folder / p for f in new for p in Path(f).parents[:-1] if _blocks(folder, p, ours, False)] + \
         [folder / f for f in new if _blocks(folder, Path(f), ours, True)]
     if in_the_way:
-        shutil.rmtree(staging)
+        drop_staging(staging)
         raise FolderNotOwnedError(f"{in_the_way[0]}: bertkit did not write this, and {output.what} would replace "
                                   "it; move it, or choose another folder (nothing was changed)")
     if last in ours:
@@ -227,4 +247,4 @@ def swap_in(output: Output, staging: Path, last: str | None = None) -> None:
     for name in sorted(ours - set(new), reverse=True):
         if (folder / name).is_file() or (folder / name).is_symlink():
             _remove(folder, name)
-    shutil.rmtree(staging)
+    drop_staging(staging)

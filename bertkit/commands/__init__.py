@@ -4,6 +4,8 @@ import os
 
 import click
 
+from bertkit.embeddings import SEED as SEED_RANGE
+
 # = bertkit.kernels.BACKENDS, spelled out so that `bertkit --help` needs no torch (tests/test_kernels_torch.py checks)
 KERNEL_BACKENDS = ("auto", "triton", "torch", "reference")
 
@@ -78,7 +80,7 @@ class NumberList(click.ParamType):
         return tuple(dict.fromkeys(values)) if self.unique else values
 
 
-SEED = click.IntRange(0, 2 ** 32 - 1)    # what numpy's, torch's and Python's generators all take
+SEED = click.IntRange(*SEED_RANGE)       # what numpy's, torch's and Python's generators all take
 POSITIVE = Real(0, min_open=True)        # rates, weights, epochs
 NON_NEGATIVE = Real(0)                   # decays, thresholds that 0 switches off
 PROBABILITY = Real(0, 1)

@@ -7,6 +7,7 @@ import click
 
 from bertkit.commands import PROBABILITY, SEED, Real, count
 from bertkit.commands.finetune import friendly_errors
+from bertkit.embeddings import LEARNING_RATE, TEMPERATURE, WEIGHT_DECAY
 
 STS_HELP = ("An STS file (sentence1, sentence2, score: KorSTS/STS-B .tsv, KLUE-STS .json) or a published set by name "
             "under --data-dir: korsts-dev, korsts-test, klue-sts-dev, stsb-dev. Repeat for several.")
@@ -83,12 +84,12 @@ def _is_embeddings(path: Path) -> bool:
               help="Rows embedded at once (gradient caching): memory follows this, the gradient is --batch-size's.")
 @click.option("--epochs", default=1, show_default=True, type=count(1))
 @click.option("--max-steps", type=count(1), help="Stop after this many steps.")
-@click.option("--learning-rate", "--lr", "learning_rate", type=Real(1e-9, 1.0),
+@click.option("--learning-rate", "--lr", "learning_rate", type=Real(*LEARNING_RATE),
               help="Default: 5e-5 for models 768 wide, more for narrower ones (up to 1e-3 at 128).")
 @click.option("--warmup-ratio", default=0.1, show_default=True, type=PROBABILITY)
-@click.option("--weight-decay", default=0.01, show_default=True, type=Real(0.0, 1.0),
+@click.option("--weight-decay", default=0.01, show_default=True, type=Real(*WEIGHT_DECAY),
               help="AdamW's decoupled decay (0 to 1; more only makes NaN weights).")
-@click.option("--temperature", default=0.05, show_default=True, type=Real(1e-3, 100.0),
+@click.option("--temperature", default=0.05, show_default=True, type=Real(*TEMPERATURE),
               help="Of the cosine similarities, 0.001 to 100 (sentence-transformers' scale is its inverse: 20).")
 @click.option("--symmetric", is_flag=True, help="Also each positive against every anchor (both directions).")
 @click.option("--seed", default=0, show_default=True, type=SEED)

@@ -6,7 +6,6 @@ import json
 import logging
 import math
 import os
-import shutil
 import time
 from collections import Counter, deque
 from dataclasses import asdict, dataclass, field
@@ -15,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bertkit.embeddings import LEARNING_RATE, SEED, TEMPERATURE, WEIGHT_DECAY
 from bertkit.embeddings.encoder import EncoderConfig, SentenceEncoder
 from bertkit.embeddings.loss import cached_step
 from bertkit.errors import DataError, regular_file
@@ -29,7 +29,7 @@ from bertkit.fileio import (
     read_json_or_none,
 )
 from bertkit.finetune.train import pick_device, rate_for_width, set_seed
-from bertkit.outputs import Output, staging_folder
+from bertkit.outputs import Output, drop_staging, staging_folder
 from bertkit.precision import autocast, resolve
 from bertkit.progress import tqdm
 
@@ -72,9 +72,6 @@ class EmbedConfig:
             if not (isinstance(value, (int, float)) and math.isfinite(value) and low <= value <= high):
                 raise ValueError(f"{name} {value}: give a value from {low:g} to {high:g}")
 
-
-# the flags' ranges (the CLI's too): the similarities times 1/temperature must stay finite in fp32 and bf16
-TEMPERATURE, WEIGHT_DECAY, LEARNING_RATE, SEED = (1e-3, 100.0), (0.0, 1.0), (1e-9, 1.0), (0, 2 ** 32 - 1)
 
 
 def batches_without_duplicates(rows: list, batch_size: int, rng: np.random.Generator) -> list[list[int]]:
@@ -210,7 +207,7 @@ def _check_places(out: Path, output: Output) -> None:
     """Where finetune embed writes must be free or its own: a link there (OUT/model to another model folder) or a
     user's file (a summary.json of their own, once the folder has a record of what bertkit wrote) would be written
     through, mixed with the new model or replaced. Said before the first step, not after hours of training."""
-    ours = (output.earlier or set()) | {Path(os.path.relpath(p, output.root)).as_posix() for p in output.written}
+    ours = output.ours() | {Path(os.path.relpath(p, output.root)).as_posix() for p in output.written}
     for name in (MODEL, "summary.json", "metrics.jsonl"):
         place = out / name
         if not place.exists() and not place.is_symlink() or (name != MODEL and output.earlier is None):
@@ -235,19 +232,25 @@ def _save_model(encoder, out: Path, model_path, settings: dict, output: Output) 
     staging = staging_folder(out)
     try:
         encoder.save(staging / MODEL, model_path, extra_config={"bertkit_embedding": settings})
-        _check_places(out, output)
-        for name in sorted(output.earlier or (), reverse=True):
-            if name.startswith(MODEL + "/"):
-                (out / name).unlink(missing_ok=True)
-        for folder in sorted((out / MODEL).rglob("*"), reverse=True) if (out / MODEL).is_dir() else ():
-            folder.rmdir()   # only folders are left (the check above): each empty once its files went
-        if (out / MODEL).is_dir():
-            (out / MODEL).rmdir()
+        output.remove_earlier(under=MODEL + "/")   # each checked again as bertkit's; the emptied folders go too
+        _check_places(out, output)   # a file left in OUT/model is not bertkit's: refused, kept
+        _drop_empty_folders(out / MODEL)   # (2_Normalize/ holds no file, so no removal empties it)
         os.rename(staging / MODEL, out / MODEL)
         for path in (out / MODEL).rglob("*"):
             note_written(path)
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        drop_staging(staging)
+
+
+def _drop_empty_folders(folder: Path) -> None:
+    """The empty folders under `folder` (a real folder, no link followed), deepest first, then it if empty."""
+    if folder.is_symlink() or not folder.is_dir():
+        return
+    for path in sorted(folder.rglob("*"), reverse=True):
+        if path.is_dir() and not path.is_symlink() and not any(path.iterdir()):
+            path.rmdir()
+    if not any(folder.iterdir()):
+        folder.rmdir()
 
 
 def _steps(encoder, rows: list, batches, span: tuple, cfg: EmbedConfig, settings: dict, optim, output: Output,
@@ -284,7 +287,6 @@ def _steps(encoder, rows: list, batches, span: tuple, cfg: EmbedConfig, settings
                 losses = []
             if step % cfg.save_every == 0 and step < steps:
                 _save_checkpoint(out, settings, step, encoder, optimizer, scheduler)
-                output.save_record()   # a killed run's folder then says what bertkit wrote
     bar.close()
 
 
@@ -327,7 +329,7 @@ def _save_checkpoint(out: Path, settings: dict, step: int, encoder, optimizer, s
         for name in CHECKPOINT_FILES:
             note_written(final / name)
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        drop_staging(staging)
 
 
 def _resume(out: Path, settings: dict, encoder, optimizer, scheduler) -> int:

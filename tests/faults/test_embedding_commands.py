@@ -246,9 +246,38 @@ def test_a_file_saved_into_the_folder_during_a_run_is_the_users(bert_dir, pairs,
     monkeypatch.setattr(train, "cached_step", real)
     record = json.loads((out / ".bertkit-written.json").read_text())["files"]
     assert "notes.md" not in record and "model/model.safetensors" in record and "summary.json" in record
-    result = ok(embed(bert_dir, pairs, out, "--temperature", "0.1"))
+    ok(embed(bert_dir, pairs, out, "--temperature", "0.1"))
     assert (out / "notes.md").read_text() == "my analysis\n"
-    assert "kept notes.md" in result.output or (out / "notes.md").exists()
+    assert "notes.md" not in json.loads((out / ".bertkit-written.json").read_text())["files"]
+
+
+def test_a_file_of_bertkits_replaced_during_a_run_is_neither_removed_nor_recorded(tmp_path):
+    """A record's file found bertkit's when a command began, then replaced by the user while it ran: the command
+    neither removes it nor records it as bertkit's (it was checked only by name before)."""
+    from bertkit.fileio import atomic_write_json
+    from bertkit.outputs import WRITTEN, Output
+
+    first = Output(tmp_path, "test")
+    atomic_write_json(tmp_path / "summary.json", {"bertkit": 1})
+    first.finish()
+    second = Output(tmp_path, "test")
+    assert second.ours() == {"summary.json"}
+    (tmp_path / "summary.json").unlink()
+    (tmp_path / "summary.json").write_text("the user's own summary\n")
+    second.remove_earlier()
+    assert second.finish() is not None   # said as kept
+    assert (tmp_path / "summary.json").read_text() == "the user's own summary\n"
+    assert "summary.json" not in json.loads((tmp_path / WRITTEN).read_text())["files"]
+
+
+def test_a_normalized_model_is_replaced_by_a_fresh_run_into_its_folder(bert_dir, pairs, tmp_path):
+    """--normalize writes an empty 2_Normalize/ folder, which no file removal empties: a fresh run into the same
+    folder (other settings) still replaces the model."""
+    ok(embed(bert_dir, pairs, tmp_path / "out", "--normalize"))
+    assert (tmp_path / "out" / "model" / "2_Normalize").is_dir()
+    ok(embed(bert_dir, pairs, tmp_path / "out", "--normalize", "--temperature", "0.1"))
+    settings = json.loads((tmp_path / "out" / "model" / "config.json").read_text())["bertkit_embedding"]
+    assert settings["scale"] == pytest.approx(10.0)
 
 
 def test_a_rerun_from_another_model_leaves_no_file_of_the_first(bert_dir, pairs, tmp_path):
