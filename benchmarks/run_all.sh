@@ -7,7 +7,8 @@
 # tokenizer_sample.py (half an hour: results/scale.md), reference_training.py (it needs pretrain_transfer.py's
 # instances), cpu_bf16.py and cpu_bf16_quality.py (any instances), threads.py, finetune_parity.py (with
 # finetune_peer.py, transformers' side), finetune_lockstep.py, finetune_memory.py, embedding_parity.py
-# (sentence-transformers' trainer beside finetune embed), korean_embeddings.py. record.py: what every result
+# (sentence-transformers' trainer beside finetune embed), korean_embeddings.py, walkthrough_times.py (README.ko.md's
+# walk-throughs as written, timed). record.py: what every result
 # records (imported by all).
 set -euo pipefail
 cd "$(dirname "$0")/.."

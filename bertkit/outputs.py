@@ -248,3 +248,17 @@ def swap_in(output: Output, staging: Path, last: str | None = None) -> None:
         if (folder / name).is_file() or (folder / name).is_symlink():
             _remove(folder, name)
     drop_staging(staging)
+
+
+def without_local_paths(value):
+    """Settings as a published folder may carry them: every string naming a place on this machine (an absolute
+    path, or one relative path that exists here) becomes its last part, in dicts and lists at any depth."""
+    if isinstance(value, dict):
+        return {k: without_local_paths(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [without_local_paths(v) for v in value]
+    if isinstance(value, str) and ("/" in value or os.sep in value):
+        path = Path(value)
+        if path.is_absolute() or value.startswith(".") or path.exists():
+            return path.name
+    return value

@@ -349,6 +349,9 @@ def test_finetune_embed_end_to_end_and_resumes_to_the_same_weights(bert_dir, tmp
     with open(out / "model" / "model.safetensors", "r+b") as f:
         f.seek(200)
         f.write(byte)
+    for f in (out / "model").rglob("*"):   # the model is ready to publish: no place on this machine named in it
+        assert not f.is_file() or str(tmp_path) not in f.read_bytes().decode("utf-8", "replace"), f
+    assert json.loads((out / "model" / "config.json").read_text())["bertkit_embedding"]["model"] == bert_dir.name
     saved = st.SentenceTransformer(str(out / "model"), device="cpu").encode(["w1 w2 w3"])
     np.testing.assert_allclose(SentenceEncoder.from_folder(out / "model").encode(["w1 w2 w3"]), saved, atol=1e-5)
 

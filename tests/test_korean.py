@@ -206,7 +206,7 @@ def test_the_korean_quick_start_runs_as_written(shared_data, tmp_path):
     (tmp_path / "ko" / "wiki_02").symlink_to(shared_data / KO_WIKI / "wiki_02")
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
     env.update(PATH=f"{BIN}:{env['PATH']}", KO=str(tmp_path / "ko"), OUT=str(tmp_path / "out"), MODEL="tiny",
-               STEPS="30", VOCAB="6000", SENTENCES="300", EPOCHS="1", OMP_NUM_THREADS="2")
+               TIME="20s", VOCAB="6000", SENTENCES="300", EPOCHS="1", OMP_NUM_THREADS="2")
     done = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -295,14 +295,13 @@ def test_the_korean_modernbert_block_runs_as_written(shared_data, tmp_path):
     it and its random start fine-tuned and scored on three Korean tasks (the first rows of each, one epoch, one
     rate, two seeds), and the two compared."""
     text = (REPO / "README.ko.md").read_text(encoding="utf-8")
-    script = next(b for b in re.findall(r"```bash\n(.*?)```", text, re.S) if "--objective none" in b)
+    script = next(b for b in re.findall(r"```bash\n(.*?)```", text, re.S) if "--recipe budget" in b)
     (tmp_path / "ko").mkdir()
     (tmp_path / "ko" / "wiki_02").symlink_to(shared_data / KO_WIKI / "wiki_02")
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
     env.update(PATH=f"{BIN}:{env['PATH']}", KO=str(tmp_path / "ko"), DATA=str(shared_data), OUT=str(tmp_path / "out"),
-               MODEL="modernbert-tiny", STEPS="20", LEN="128", VOCAB="6000", OMP_NUM_THREADS="2",
-               LRS="1e-3", SEEDS="0,1",
-               FT="--max-train-rows 48 --max-dev-rows 48 --epochs 1 --max-seq-length 48 --no-save-model")
+               TIME="20s", VOCAB="6000", OMP_NUM_THREADS="2", SEEDS="0,1", ROWS="48",
+               FT="--max-dev-rows 48 --epochs 1 --max-seq-length 48 --no-save-model")
     done = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

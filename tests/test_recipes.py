@@ -127,6 +127,13 @@ def test_objectives_train_evaluate_and_export(toy_corpus, objective, clean_dist_
     assert not info["missing_keys"] and not info["unexpected_keys"]
     r = CliRunner().invoke(main, ["fill-mask", "--model", str(out), "w1 w2 [MASK] w3"])
     assert r.exit_code == 0, r.output
+    card = (out / "README.md").read_text(encoding="utf-8")
+    held = [r for r in records if "eval_loss" in r][-1]
+    assert f"held-out masked-token accuracy {100 * held['eval_mlm_mask_acc']:.1f} %" in card
+    assert "- sequence length: 32 tokens" in card and f"{records[-1]['step']} steps" in card
+    if objective == "none":   # a sentence encoder says the length it was trained at, not its positions' count
+        assert json.loads((out / "sentence_bert_config.json").read_text())["max_seq_length"] == 32
+        assert config["max_position_embeddings"] > 32 and "SentenceTransformer" in card
 
 
 def test_pad_vocab_to_64(toy_corpus, clean_dist_env):

@@ -29,7 +29,7 @@ from bertkit.fileio import (
     read_json_or_none,
 )
 from bertkit.finetune.train import pick_device, rate_for_width, set_seed
-from bertkit.outputs import Output, drop_staging, staging_folder
+from bertkit.outputs import Output, drop_staging, staging_folder, without_local_paths
 from bertkit.precision import autocast, resolve
 from bertkit.progress import tqdm
 
@@ -231,7 +231,7 @@ def _save_model(encoder, out: Path, model_path, settings: dict, output: Output) 
                             "raise --temperature, then run again in a new --out")
     staging = staging_folder(out)
     try:
-        encoder.save(staging / MODEL, model_path, extra_config={"bertkit_embedding": settings})
+        encoder.save(staging / MODEL, model_path, extra_config={"bertkit_embedding": without_local_paths(settings)})
         output.remove_earlier(under=MODEL + "/")   # each checked again as bertkit's; the emptied folders go too
         _check_places(out, output)   # a file left in OUT/model is not bertkit's: refused, kept
         _drop_empty_folders(out / MODEL)   # (2_Normalize/ holds no file, so no removal empties it)

@@ -428,10 +428,11 @@ class ExportManifest:
     """manifest.json of a `bertkit export` folder (an HF model folder: transformers ignores this file)."""
     stage: str
     complete: bool
-    run: str
+    run: str                    # the run folder's name (older exports: its full path)
     checkpoint: str
     files: dict                 # file -> {"bytes", "checksum"}
     random_seed: int | None = None   # `export --random-weights`: fresh weights at this seed, no checkpoint read
+    run_id: str | None = None        # a digest of the run folder's full path (bertkit.pretrain.checkpoints)
 
 
 def read_export_manifest(folder) -> ExportManifest:

@@ -12,7 +12,9 @@ own files (ZeRO shards, rng_rank{global rank}.pt) into the same checkpoint folde
 everything else (the lock, config.json, metrics, checkpoint.json, the rename, `latest`, pruning).
 """
 import contextlib
+import hashlib
 import io
+import json
 import os
 import random
 import shutil
@@ -64,6 +66,7 @@ from bertkit.models import build_pretraining, family_of, save_pretrained
 from bertkit.models.sentence_embeddings import write_sentence_transformers_files
 from bertkit.outputs import Output, refuse_other_inputs, staged_files, staging_folder, swap_in
 from bertkit.pretrain.config import ConfigError, DeepSpeedSettings, PretrainConfig, TrainingError
+from bertkit.pretrain.model_card import model_card
 from bertkit.rng import rng_state, set_rng_state
 from bertkit.safe_load import UnsafeCheckpointError, first_unsafe_file, refusing_code, safe_load
 
@@ -437,30 +440,42 @@ def export(run_dir, out_dir, tag: str | None = None, say=None, overwrite: bool =
     for name in TOKENIZER_FILES:  # a folder from someone else: no link in it is followed, none copied out
         if (tok / name).exists() or (tok / name).is_symlink():
             regular_file(tok / name, within=run_dir)
-    extra = {"bertkit": {"run": str(Path(run_dir).resolve()), "checkpoint": tag, "vocab_sha256": run.vocab_sha256,
+    # the run by its folder's name and a digest of where it is: no path of this machine in a published folder
+    run_id = export_run_id(run_dir)
+    extra = {"bertkit": {"run": Path(run_dir).resolve().name, "checkpoint": tag, "vocab_sha256": run.vocab_sha256,
                          "objective": run.objective}}
     out_dir = Path(out_dir)
     # a new or empty folder, or an earlier export; never another's folder. The new export is written whole beside
     # the old one and swapped in: a kill at any moment leaves one of the two, and only bertkit's files are replaced.
     with folder_lock(out_dir, "export"), disk_errors(out_dir, "free space, then run the same export again"):
         earlier = read_json_or_none(out_dir / MANIFEST)
-        earlier = {**earlier, "kind": weights_kind(earlier.get("random_seed"))} if isinstance(earlier, dict) else None
-        refuse_other_inputs(out_dir, "export", {"run": str(Path(run_dir).resolve()), "kind": weights_kind(random_seed)},
-                            earlier, overwrite)
+        if isinstance(earlier, dict):   # an export from before run_id recorded the run's path
+            earlier = {**earlier, "kind": weights_kind(earlier.get("random_seed")),
+                       "run_id": earlier.get("run_id") or export_run_id(str(earlier.get("run")))}
+        refuse_other_inputs(out_dir, "export", {"run_id": run_id, "kind": weights_kind(random_seed)}, earlier,
+                            overwrite)
         output, staging = Output(out_dir, "export", manifest_files=True), staging_folder(out_dir)
         tokenizer = tok if (tok / "vocab.txt").is_file() else None
         # an ELECTRA pair: the discriminator here, the generator in generator/
         save_pretrained(model, staging, tokenizer_dir=tokenizer, extra_config=extra,
                         masked_lm_only=run.objective == "none")
+        trained_length = min(model.cfg.max_length, run.max_seq_length or model.cfg.max_length)
         if run.objective == "none" and tokenizer is not None:  # read through the mean: a sentence encoder too
-            write_sentence_transformers_files(staging, model.cfg.hidden_size, model.cfg.max_length)
+            write_sentence_transformers_files(staging, model.cfg.hidden_size, trained_length)
+        config = json.loads((staging / "config.json").read_text(encoding="utf-8"))
+        atomic_write_bytes(staging / "README.md", model_card(run_dir, run, config, tag, random_seed).encode())
         files = {name: file_entry(staging / name) for name in staged_files(staging) if name != MANIFEST}
-        write_manifest(staging, ExportManifest(stage="export", complete=True, run=str(Path(run_dir).resolve()),
-                                               checkpoint=tag, random_seed=random_seed, files=files))
+        write_manifest(staging, ExportManifest(stage="export", complete=True, run=Path(run_dir).resolve().name,
+                                               run_id=run_id, checkpoint=tag, random_seed=random_seed, files=files))
         swap_in(output, staging, last=MANIFEST)
         if (note := output.finish()) and say:
             say(note)
     return out_dir
+
+
+def export_run_id(run_dir) -> str:
+    """Which run an export came from, without saying where it lies: a digest of the run folder's full path."""
+    return hashlib.sha256(str(Path(run_dir).resolve()).encode()).hexdigest()[:16]
 
 
 def model_to_export(run_dir, tag: str | None, say, random_seed: int | None):
