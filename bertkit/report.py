@@ -87,6 +87,42 @@ def _instance_plots(manifest) -> list:
     return figures
 
 
+def _classes(run_dir: Path) -> tuple[list, list]:
+    """(figures, sections) for the kept epoch's dev_classes.json, when the run wrote one: the confusion matrix drawn
+    with its counts, and per-class precision, recall, F1 and support as a table. A file of another shape is said,
+    not drawn (a folder from someone else is read, never trusted)."""
+    path = run_dir / "dev_classes.json"
+    if not path.is_file():
+        return [], []
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        labels, confusion, per_class = data["labels"], data["confusion"], data["per_class"]
+        if len(confusion) != len(labels) or any(len(row) != len(labels) for row in confusion):
+            raise ValueError("the matrix is not labels x labels")
+        counts = [[int(v) for v in row] for row in confusion]
+    except (ValueError, KeyError, TypeError):
+        return [], [("per class", f"<p>{html.escape(str(path.name))}: not the shape bertkit writes; not drawn</p>")]
+    plt = _plt()
+    size = max(3.0, 0.6 * len(labels) + 1.5)
+    fig, ax = plt.subplots(figsize=(size + 1, size))
+    image = ax.imshow(counts, cmap="Blues")
+    for i, row in enumerate(counts):
+        for j, v in enumerate(row):
+            ax.text(j, i, str(v), ha="center", va="center", fontsize=8,
+                    color="white" if v > 0.6 * max(map(max, counts)) else "black")
+    names = [str(label).replace("$", r"\$") for label in labels]
+    ax.set_xticks(range(len(labels)), names, rotation=45, ha="right")
+    ax.set_yticks(range(len(labels)), names)
+    ax.set(title="confusion matrix (kept epoch, scored set)", xlabel="predicted", ylabel="gold")
+    fig.colorbar(image, ax=ax, fraction=0.046)
+    rows = "".join(f"<tr><th>{html.escape(str(k))}</th>" + "".join(
+        f"<td>{v:.4f}</td>" if isinstance(v, float) else f"<td>{html.escape(str(v))}</td>"
+        for v in (s.get("precision"), s.get("recall"), s.get("f1"), s.get("support"))) + "</tr>"
+        for k, s in per_class.items() if isinstance(s, dict))
+    table = f"<table><tr><th>class</th><th>precision</th><th>recall</th><th>F1</th><th>support</th></tr>{rows}</table>"
+    return [("confusion matrix", _png(fig))], [("per class (kept epoch, scored set)", table)]
+
+
 def _table(rows: dict) -> str:
     def cell(v):
         return html.escape(json.dumps(v) if isinstance(v, (dict, list)) else str(v))
@@ -181,7 +217,10 @@ def finetune_report(run_dir: Path) -> str:
     if not records and epochs:  # a run from before metrics.jsonl: per-epoch numbers only
         per_epoch = [{"step": e["epoch"], **e} for e in epochs]
         figures = [f for f in (_line_plot(per_epoch, "per epoch (x: epoch)", ["train_loss", *dev_keys]),) if f]
+    class_figures, class_sections = _classes(run_dir)
+    figures += class_figures
     sections = [("kept epoch", _table({"epoch": summary.get("best_epoch"), **summary.get("best", {})})),
+                *class_sections,
                 ("epochs", "".join(_table(e) for e in epochs)), ("settings", _table(summary.get("settings", {})))]
     return _page(f"bertkit fine-tuning run: {summary.get('task')} ({run_dir.resolve().name})", figures, sections)
 

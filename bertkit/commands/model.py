@@ -67,3 +67,37 @@ def padded(text: str, columns: int) -> str:
     probabilities of Korean guesses line up."""
     wide = sum(unicodedata.east_asian_width(c) in "WF" for c in text)
     return text + " " * max(0, columns - len(text) - wide)
+
+
+@click.command("predict")
+@click.argument("model_dir", type=click.Path(exists=True, file_okay=False))
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--out", required=True, type=click.Path(dir_okay=False),
+              help="File to write: FILE's rows in FILE's format (TSV, CSV, JSON lines) with `prediction` and each "
+                   "label's probability (`p_LABEL`) added.")
+@click.option("--text-a", help="Column (name or 0-based index) of the text  [default: the one the model was "
+                               "trained on].")
+@click.option("--text-b", help="Column of the second text, for a pair classifier  [default: as trained].")
+@click.option("--no-header", is_flag=True, help="FILE has no header row (columns are then 0-based indices).")
+@click.option("--max-seq-length", type=click.IntRange(min=8), help="[default: the length it was trained at].")
+@click.option("--batch-size", default=64, show_default=True, type=click.IntRange(min=1))
+@click.option("--overwrite", is_flag=True, help="Replace an existing --out file.")
+def predict(model_dir, file, out, text_a, text_b, no_header, max_seq_length, batch_size, overwrite):
+    """Label an unlabelled FILE with a fine-tuned classifier (MODEL_DIR: a fine-tuning's OUT/best/).
+
+    Example: bertkit predict runs/nsmc/best test.no_label.tsv --out predictions.tsv
+    """
+    from pathlib import Path
+
+    from bertkit.errors import DataError
+    from bertkit.finetune.predict import predict_file
+
+    if Path(out).exists() and not overwrite:
+        raise click.ClickException(f"{out}: exists; pass --overwrite to replace it, or give another --out")
+    try:
+        result = predict_file(model_dir, file, out, text_a=text_a, text_b=text_b, header=not no_header,
+                              max_seq_length=max_seq_length, batch_size=batch_size)
+    except (DataError, ValueError) as e:
+        raise click.ClickException(str(e)) from None
+    counts = ", ".join(f"{label} {n:,}" for label, n in result["counts"].items())
+    click.echo(f"predicted {result['rows']:,} rows{f' ({counts})' if counts else ''}: {out}")

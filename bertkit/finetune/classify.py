@@ -198,8 +198,9 @@ def classification_metrics(preds, golds, labels: list | None) -> dict:
 
 def run_classification(model_path, train_examples, dev_examples, labels, cfg, *, task: str, metric_fn,
                        best_metric: str, max_seq_length: int = 128, train_file=None, dev_file=None,
-                       settings: dict | None = None) -> dict:
-    """Encode, load the model with a fresh head, and train with evaluation on dev each epoch."""
+                       settings: dict | None = None, columns: tuple = (None, None)) -> dict:
+    """Encode, load the model with a fresh head, and train with evaluation on dev each epoch. columns: the text
+    columns' names, recorded in the saved model for `bertkit predict`."""
     import numpy as np
 
     from bertkit.finetune.train import predict, set_seed, train
@@ -232,6 +233,8 @@ def run_classification(model_path, train_examples, dev_examples, labels, cfg, *,
     def evaluate(m):
         preds = predictions(m, dev_rows)
         files = {"dev_predictions.json": [p if labels is None else labels[p] for p in preds]}
+        if labels is not None:   # the kept epoch's per-class scores and confusion matrix (bertkit report draws them)
+            files["dev_classes.json"] = M.class_report(preds, dev_targets, labels)
         return metric_fn(preds, dev_targets), files
 
     validate = None
@@ -242,7 +245,9 @@ def run_classification(model_path, train_examples, dev_examples, labels, cfg, *,
         def validate(m):
             return metric_fn(predictions(m, validation_rows), validation_targets)
 
-    extra = {"finetuning_task": task}
+    extra = {"finetuning_task": task, "bertkit_inputs": {
+        "text_a": columns[0], "text_b": columns[1], "pairs": dev_examples[0].text_b is not None, "labels": labels,
+        "regression": labels is None, "max_seq_length": max_seq_length}}
     if labels is not None:
         extra["id2label"] = {str(i): lab for i, lab in enumerate(labels)}
         extra["label2id"] = {lab: i for i, lab in enumerate(labels)}
@@ -284,4 +289,5 @@ def finetune_classify(model_path, train_file, dev_file, cfg, *, text_a, text_b=N
     best = "pearson" if regression else "accuracy"
     return run_classification(model_path, train_examples, dev_examples, labels, cfg, task="classify",
                               metric_fn=lambda p, g: classification_metrics(p, g, labels), best_metric=best,
-                              max_seq_length=max_seq_length, train_file=train_file, dev_file=dev_file)
+                              max_seq_length=max_seq_length, train_file=train_file, dev_file=dev_file,
+                              columns=(text_a, text_b))

@@ -162,6 +162,22 @@ def binary_f1(preds, labels, positive=1) -> float:
     return 0.0 if tp == 0 else 2 * tp / (2 * tp + fp + fn)
 
 
+def class_report(preds, golds, labels: list) -> dict:
+    """Per-class precision, recall, F1 and support, and the confusion matrix (rows: gold class, columns: predicted),
+    for class indices into `labels`."""
+    n = len(labels)
+    confusion = [[0] * n for _ in range(n)]
+    for p, y in zip(preds, golds):
+        confusion[y][p] += 1
+    per_class = {}
+    for c, name in enumerate(labels):
+        tp, predicted, support = confusion[c][c], sum(row[c] for row in confusion), sum(confusion[c])
+        precision, recall = tp / predicted if predicted else 0.0, tp / support if support else 0.0
+        f1 = 2 * precision * recall / (precision + recall) if tp else 0.0
+        per_class[name] = {"precision": precision, "recall": recall, "f1": f1, "support": support}
+    return {"labels": list(labels), "per_class": per_class, "confusion": confusion}
+
+
 def matthews_corrcoef(preds, labels) -> float:
     """Binary MCC = (tp*tn - fp*fn) / sqrt((tp+fp)(tp+fn)(tn+fp)(tn+fn)); 0 when a margin is empty (sklearn)."""
     tp = tn = fp = fn = 0
