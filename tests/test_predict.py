@@ -78,7 +78,7 @@ def test_predict_refuses_what_it_cannot_read(trained, tmp_path):
     assert r.exit_code == 1 and "no column 'first'" in r.output and "Traceback" not in r.output
     model = tiny_model_folder(tmp_path, "pretrained")
     r = CliRunner().invoke(main, ["predict", str(model), str(tmp_path / "x.tsv"), "--out", str(tmp_path / "y.tsv")])
-    assert r.exit_code == 1 and "not a fine-tuned sentence classifier" in r.output
+    assert r.exit_code == 1 and "a BertForPreTraining, not a fine-tuned model" in r.output
 
 
 def test_the_kept_epochs_classes_are_recorded_and_drawn(trained):
@@ -103,3 +103,63 @@ def test_class_report_by_hand():
     assert report["per_class"]["z"]["f1"] == pytest.approx(2 * 1 * 0.5 / 1.5)
     assert class_report([1], [0], ["x", "y"])["per_class"]["x"] == {"precision": 0.0, "recall": 0.0, "f1": 0.0,
                                                                       "support": 1}
+
+
+def test_a_tagger_tags_an_unlabelled_conll_file_as_it_tagged_dev(tmp_path):
+    from bertkit.finetune.ner import finetune_ner
+    from bertkit.finetune.train import TrainConfig
+
+    model = tiny_model_folder(tmp_path)
+    sentences = [[(f"w{(i * 3 + j) % 20}", ["O", "B-X", "I-X"][(i + j) % 3]) for j in range(3 + i % 5)]
+                 for i in range(24)]
+    conll = "-DOCSTART- O\n\n" + "\n".join("\n".join(f"{w} {t}" for w, t in s) + "\n" for s in sentences)
+    (tmp_path / "train.txt").write_text(conll)
+    finetune_ner(model, tmp_path / "train.txt", tmp_path / "train.txt",
+                 TrainConfig(out_dir=str(tmp_path / "run"), epochs=1, batch_size=8, learning_rate=1e-3,
+                             report_to="none"), max_seq_length=16)
+    words_only = "".join((line.split()[0] if line.split() and line.split()[0] != "-DOCSTART-" else line) + "\n"
+                         for line in conll.splitlines())
+    (tmp_path / "test.txt").write_text(words_only)
+    r = CliRunner().invoke(main, ["predict", str(tmp_path / "run" / "best"), str(tmp_path / "test.txt"), "--out",
+                                  str(tmp_path / "tags.txt")])
+    assert r.exit_code == 0, r.output
+    expected = [tag for s in json.loads((tmp_path / "run" / "dev_predictions.json").read_text())
+                for tag in s["predicted"]]
+    out = (tmp_path / "tags.txt").read_text().splitlines()
+    word_lines = [line.split() for line in out if line.split() and line.split()[0] != "-DOCSTART-"]
+    assert [w[0] for w in word_lines] == [w for s in sentences for w, _ in s]   # every word, in order
+    assert [w[1] for w in word_lines if len(w) == 3] == [t for t, w in zip(expected, word_lines) if len(w) == 3]
+    assert all(0 < float(w[2]) <= 1 for w in word_lines if len(w) == 3)
+    assert out == [line if not line.split() or line.startswith("-DOCSTART-") else out[i]
+                   for i, line in enumerate(words_only.splitlines())]   # the file's layout kept
+
+
+def test_a_reader_answers_an_unanswered_squad_file_as_it_answered_dev(tmp_path):
+    import random
+
+    from bertkit.finetune.squad import finetune_squad
+    from bertkit.finetune.train import TrainConfig
+
+    model = tiny_model_folder(tmp_path)
+    rng, paragraphs = random.Random(0), []
+    for i in range(12):
+        words = [f"w{rng.randrange(27)}" for _ in range(rng.randint(4, 20))]
+        a = rng.randrange(len(words) - 1)
+        paragraphs.append({"context": " ".join(words), "qas": [{"id": str(i), "question": f"w{i} w{i + 1}", "answers": [
+            {"text": " ".join(words[a:a + 2]), "answer_start": len(" ".join(words[:a] + [""]))}]}]})
+    data = {"version": "1.1", "data": [{"title": "t", "paragraphs": paragraphs}]}
+    (tmp_path / "dev.json").write_text(json.dumps(data))
+    finetune_squad(model, tmp_path / "dev.json", tmp_path / "dev.json",
+                   TrainConfig(out_dir=str(tmp_path / "run"), epochs=1, batch_size=4, learning_rate=1e-3,
+                               report_to="none"), max_seq_length=24, window_step=8, max_query_length=4)
+    for p in paragraphs:
+        for qa in p["qas"]:
+            qa.pop("answers")
+    (tmp_path / "test.json").write_text(json.dumps(data))
+    r = CliRunner().invoke(main, ["predict", str(tmp_path / "run" / "best"), str(tmp_path / "test.json"), "--out",
+                                  str(tmp_path / "answers.json")])
+    assert r.exit_code == 0, r.output
+    got = json.loads((tmp_path / "answers.json").read_text())
+    assert got == json.loads((tmp_path / "run" / "predictions.json").read_text())
+    nbest = json.loads((tmp_path / "answers.nbest.json").read_text())
+    assert set(nbest) == set(got) and all(abs(sum(c["probability"] for c in v) - 1) < 1e-6 for v in nbest.values())

@@ -73,8 +73,9 @@ def padded(text: str, columns: int) -> str:
 @click.argument("model_dir", type=click.Path(exists=True, file_okay=False))
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
 @click.option("--out", required=True, type=click.Path(dir_okay=False),
-              help="File to write: FILE's rows in FILE's format (TSV, CSV, JSON lines) with `prediction` and each "
-                   "label's probability (`p_LABEL`) added.")
+              help="File to write, in FILE's format: a classifier's rows (TSV, CSV, JSON lines) with `prediction` "
+                   "and each label's probability (`p_LABEL`) added; a tagger's CoNLL lines with the tag and its "
+                   "probability added; a reader's SQuAD predictions (and OUT.nbest.json with probabilities).")
 @click.option("--text-a", help="Column (name or 0-based index) of the text  [default: the one the model was "
                                "trained on].")
 @click.option("--text-b", help="Column of the second text, for a pair classifier  [default: as trained].")
@@ -83,7 +84,7 @@ def padded(text: str, columns: int) -> str:
 @click.option("--batch-size", default=64, show_default=True, type=click.IntRange(min=1))
 @click.option("--overwrite", is_flag=True, help="Replace an existing --out file.")
 def predict(model_dir, file, out, text_a, text_b, no_header, max_seq_length, batch_size, overwrite):
-    """Label an unlabelled FILE with a fine-tuned classifier (MODEL_DIR: a fine-tuning's OUT/best/).
+    """Label an unlabelled FILE with a fine-tuned model (MODEL_DIR: a fine-tuning's OUT/best/).
 
     Example: bertkit predict runs/nsmc/best test.no_label.tsv --out predictions.tsv
     """
@@ -100,4 +101,8 @@ def predict(model_dir, file, out, text_a, text_b, no_header, max_seq_length, bat
     except (DataError, ValueError) as e:
         raise click.ClickException(str(e)) from None
     counts = ", ".join(f"{label} {n:,}" for label, n in result["counts"].items())
-    click.echo(f"predicted {result['rows']:,} rows{f' ({counts})' if counts else ''}: {out}")
+    if result.get("words_cut"):
+        click.echo(f"{result['words_cut']:,} words lay past --max-seq-length: tagged O without a probability")
+    click.echo(f"predicted {result['rows']:,} {'words' if 'words_cut' in result else 'rows'}"
+               f"{f' ({counts})' if counts else ''}: {out}" + (f" (n-best: {result['nbest']})" if "nbest" in result
+                                                               else ""))

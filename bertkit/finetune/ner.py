@@ -132,7 +132,8 @@ def finetune_ner(model_path, train_file, dev_file, cfg, max_seq_length: int = 12
         return result, {"dev_predictions.json": [{"words": s.words, "gold": s.tags, "predicted": ps}
                                                  for s, ps in zip(dev_sentences, predicted)]}
 
-    extra = {"finetuning_task": "ner", "id2label": {str(i): t for i, t in enumerate(tags)},
+    extra = {"finetuning_task": "ner", "bertkit_inputs": {"max_seq_length": max_seq_length},
+             "id2label": {str(i): t for i, t in enumerate(tags)},
              "label2id": {t: i for i, t in enumerate(tags)}}
     settings = {"model": str(model_path), "max_seq_length": max_seq_length, "tags": tags,
                 "train_file": str(train_file), "dev_file": str(dev_file)}

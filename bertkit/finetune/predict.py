@@ -1,5 +1,6 @@
-"""`bertkit predict`: a fine-tuned classifier (or regressor) over an unlabelled file, written back in that file's own
-format with the predicted label and each label's probability beside every row."""
+"""`bertkit predict`: a fine-tuned model over an unlabelled file, written back in the format it was trained on, with
+probabilities: a sentence or pair classifier (or regressor) over TSV/CSV/JSON lines, a tagger over CoNLL, a reader
+over SQuAD JSON."""
 import csv
 import io
 import json
@@ -8,18 +9,28 @@ from pathlib import Path
 from bertkit.errors import DataError
 from bertkit.finetune.classify import encode, jsonl_objects, read_table, read_utf8, table_rows
 
+KINDS = {"ForSequenceClassification": "classify", "ForTokenClassification": "ner", "ForQuestionAnswering": "qa"}
 
-def classifier_inputs(model_dir: Path) -> dict:
-    """What the model's config.json says of its task: labels (None: regression), the columns it was trained on,
-    the length; a folder that is not a fine-tuned sentence classifier is a DataError saying what is."""
+
+def model_config(model_dir: Path) -> tuple[str, dict]:
+    """(kind: classify | ner | qa, config.json) of a fine-tuned model folder; anything else is a DataError saying
+    what the folder is and what predict reads."""
     path = model_dir / "config.json"
     if not path.is_file():
         raise DataError(f"{model_dir}: no config.json; give the model folder a fine-tuning saved (OUT/best/)")
     config = json.loads(read_utf8(path))
-    architecture = (config.get("architectures") or ["?"])[0]
-    if not architecture.endswith("ForSequenceClassification"):
-        raise DataError(f"{path}: a {architecture}, not a fine-tuned sentence classifier; predict reads the model "
-                        "`bertkit finetune classify` (or glue, korean's sentence tasks) saved in OUT/best/")
+    architecture = str((config.get("architectures") or ["?"])[0])
+    kind = next((k for suffix, k in KINDS.items() if architecture.endswith(suffix)), None)
+    if kind is None:
+        raise DataError(f"{path}: a {architecture}, not a fine-tuned model; predict reads what `bertkit finetune` "
+                        "saved in OUT/best/ (classify, glue, the Korean sentence tasks, ner, squad, korquad)")
+    if config.get("finetuning_task") == "klue-ner":
+        raise DataError(f"{path}: a KLUE-NER tagger (character tags); predict tags CoNLL words (`finetune ner`)")
+    return kind, config
+
+
+def classifier_inputs(config: dict) -> dict:
+    """What a classifier's config.json says of its task: labels (None: regression), its text columns, its length."""
     inputs = config.get("bertkit_inputs") or {}
     labels = inputs.get("labels", [config["id2label"][str(i)] for i in range(len(config.get("id2label", {})))])
     if config.get("num_labels", len(labels)) == 1 or inputs.get("regression"):
@@ -41,12 +52,18 @@ def predict_file(model_dir, in_file, out_file, *, text_a=None, text_b=None, head
     from bertkit.tokenization import load_tokenizer
 
     model_dir, in_file, out_file = Path(model_dir), Path(in_file), Path(out_file)
-    task = classifier_inputs(model_dir)
+    if out_file.resolve() == in_file.resolve():
+        raise DataError(f"{out_file}: is the input file; give another --out")
+    kind, config = model_config(model_dir)
+    if kind != "classify":
+        from bertkit.finetune.predict_spans import predict_answers, predict_tags
+
+        run = predict_tags if kind == "ner" else predict_answers
+        return run(model_dir, config, in_file, out_file, max_seq_length=max_seq_length, batch_size=batch_size)
+    task = classifier_inputs(config)
     text_a, text_b = text_a or task["text_a"], text_b or task["text_b"]
     if text_a is None:
         raise DataError(f"{model_dir}: records no text column; give --text-a (and --text-b for pairs)")
-    if out_file.resolve() == in_file.resolve():
-        raise DataError(f"{out_file}: is the input file; give another --out")
     examples = read_table(in_file, text_a, text_b, None, header=header)
     rows = encode(examples, load_tokenizer(model_dir), max_seq_length or task["max_seq_length"])
     model = load_pretrained(model_dir, head="sequence_classification", require_head=True)

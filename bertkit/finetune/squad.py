@@ -420,7 +420,9 @@ def finetune_squad(model_path, train_file, predict_file, cfg, *, version_2: bool
                 "predict_features": len(dev_rows), **stats}
     task = task or ("squad2" if version_2 else "squad")
     return train(model, train_rows, evaluate, "f1", cfg, task=task, settings=settings, tokenizer_dir=model_path,
-                 extra_config={"finetuning_task": task})
+                 extra_config={"finetuning_task": task, "bertkit_inputs": {   # what `bertkit predict` reads
+                     **window, "version_2": version_2, "n_best_size": n_best_size,
+                     "max_answer_length": max_answer_length, "null_score_diff_threshold": null_score_diff_threshold}})
 
 
 def _slice_text(s: slice | None):
