@@ -86,3 +86,4 @@ def test_a_finished_pretraining_ends_with_its_summary(tmp_path):
     assert said, r.stderr[-2000:]
     assert float(said[1]) == round(held["eval_loss"], 3)
     assert float(said[2]) == round(100 * held.get("eval_mlm_mask_acc", held["eval_mlm_acc"]), 1)
+    assert "2 hours of modernbert-tiny were needed to beat its random start" in r.stderr   # what the study says

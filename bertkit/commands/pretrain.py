@@ -173,8 +173,14 @@ def closing_summary(result: dict) -> str:
                     f"{held['step']}")
     else:
         said.append("no held-out score (no held-out instances, or --eval-every 0)")
+    measured = ""
+    if result.get("elapsed_s", 0) < 2 * 3600:   # what the recorded study says of such a run
+        measured = (" In bertkit's recorded measurement (docs/studies/2026-11-25-korean-transfer.md, 2 CPU cores), "
+                    "2 hours of modernbert-tiny were needed to beat its random start on five Korean tasks; a "
+                    "shorter run may not")
     return "; ".join(said) + (". Whether it beats its own random start: export it with and without --random-weights, "
-                              "then `bertkit finetune compare` two sweeps of each (bertkit/finetune/README.md)")
+                              "then `bertkit finetune compare` two sweeps of each (bertkit/finetune/README.md)." +
+                              measured)
 
 
 @click.command("export")
