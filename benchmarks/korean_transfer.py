@@ -54,6 +54,7 @@ from pretrain_transfer import (
     random_init,
     run_pace,
     say,
+    seed_verdict,
     timed_curve,
 )
 from record import RESULTS, read_result, run_info, write_result
@@ -352,7 +353,7 @@ def random_of(start: str) -> str:
 
 def table(sweep_results: dict) -> list[dict]:
     """Per task and pretrained start: random and it at their best rates (every rate kept), the difference, whether
-    the seeds' ranges part."""
+    and the seed-paired verdict on it."""
     rows = []
     for task, by_start in sweep_results.items():
         for start, by_lr in by_start.items():
@@ -365,7 +366,7 @@ def table(sweep_results: dict) -> list[dict]:
                 row["pretrained"] = best_rate(by_lr)
                 if random:
                     row["difference"] = row["pretrained"]["mean"] - random["mean"]
-                    row["apart"] = min(row["pretrained"]["seeds"]) > max(random["seeds"])
+                    row["shown"] = seed_verdict(random, row["pretrained"])["shown"]
             rows.append(row)
     return rows
 
@@ -409,7 +410,7 @@ def vocab_tables(sweep_results: dict, starts_by_family: dict = VOCAB_STARTS) -> 
 def vocab_table(sweep_results: dict, starts: tuple) -> list[dict]:
     """Starts against the first one (the vocabularies at equal budget, issue 38; or 2 hours against 4): per task,
     each start's mean over seeds at the best of the rates every start ran in full (the vocabulary arms may run
-    fewer rates than the plain arm), its seeds, and whether its range is apart from the first's (above or below)."""
+    fewer rates than the plain arm), its seeds, and whether the seed-paired interval shows it apart from the first."""
     rows = []
     for task, by_start in sweep_results.items():
         held = [by_start[s] for s in starts if by_start.get(s)]
@@ -421,8 +422,7 @@ def vocab_table(sweep_results: dict, starts: tuple) -> list[dict]:
         arms = {s: best_rate({lr: by_start[s][lr] for lr in shared}) for s in starts if by_start.get(s)}
         plain = arms.get(starts[0])
         for arm in arms.values():
-            arm["apart"] = plain is not None and (min(arm["seeds"]) > max(plain["seeds"]) or
-                                                  max(arm["seeds"]) < min(plain["seeds"]))
+            arm["shown"] = plain is not None and arm is not plain and seed_verdict(plain, arm)["shown"]
         rows.append({"task": task, "metric": TASKS[task][0], "rates": sorted(float(lr) for lr in shared),
                      "arms": arms})
     return rows
@@ -431,14 +431,14 @@ def vocab_table(sweep_results: dict, starts: tuple) -> list[dict]:
 def print_vocab_tables(tables: dict, title: str = "vocabularies at equal budget ({}, 2 h)",
                        first: str = "the plain vocabulary's") -> None:
     for family, rows in tables.items():
-        print(f"\n{title.format(PRESETS[family])}: mean over seeds at the best shared rate (* = range apart from "
-              f"{first})")
+        print(f"\n{title.format(PRESETS[family])}: mean over seeds at the best shared rate (* = a seed-paired "
+              f"difference from {first})")
         print_vocab_table(rows)
 
 
 def print_vocab_table(rows: list[dict]) -> None:
     for r in rows:
-        cells = [f"{name}: {a['mean']:.3f} ({a['lr']:g}){'*' if a['apart'] else ''}" for name, a in r["arms"].items()]
+        cells = [f"{name}: {a['mean']:.3f} ({a['lr']:g}){'*' if a['shown'] else ''}" for name, a in r["arms"].items()]
         print(f"{r['task']:9} {r['metric']:16} " + "   ".join(cells))
 
 
@@ -453,12 +453,12 @@ def print_yardstick(rows: list[dict]) -> None:
 def by_hours(rows: list[dict], family: str) -> list[dict]:
     """A family's plain-vocabulary budgets (2 and 4 hours) against its random start, as pretrain_transfer's
     by-hours rows (`plot_by_hours`): per task the difference of the best rates' means on a 0-1 scale (F1 / 100),
-    and whether the seeds' ranges part. Only whole sweeps (every rate and seed on both sides) count."""
+    and whether the seed-paired verdict shows it. Only whole sweeps (every rate and seed on both sides) count."""
     whole = len(RATES) * len(SEEDS)
     out = []
     for hours, start in zip(BUDGET_HOURS, BUDGET_STARTS[family]):
         tasks = {r["task"]: {"difference": r["difference"] / (100 if r["metric"].endswith("f1") else 1),
-                             "apart": r["apart"]}
+                             "shown": r["shown"]}
                  for r in rows if r["start"] == start and "difference" in r
                  and min(cells_done(r["random"]), cells_done(r["pretrained"])) == whole}
         if tasks:
@@ -473,7 +473,7 @@ def cells_done(best: dict | None) -> int:
 
 def print_table(rows: list[dict]) -> None:
     print(f"\n{'task':9} {'metric':16} {'start':17} {'its random start':>24} {'this start (best lr)':>24} "
-          f"{'diff':>7} apart  fine-tunes done (random; this)")
+          f"{'diff':>7} shown  fine-tunes done (random; this)")
     for r in rows:
         cells = [f"{r[i]['mean']:7.3f} ± {r[i]['sd']:5.3f} ({r[i]['lr']:g})" if r.get(i) else "-"
                  for i in ("random", "pretrained")]
@@ -481,7 +481,7 @@ def print_table(rows: list[dict]) -> None:
         planned = len(REFERENCE_RATES if r["start"] == REFERENCE else RATES) * len(SEEDS)
         diff = f"{r['difference']:7.3f}" if "difference" in r else f"{'-':>7}"
         print(f"{r['task']:9} {r['metric']:16} {r['start']:17} {cells[0]:>24} {cells[1]:>24} {diff} "
-              f"{str(r.get('apart', '-')):5}  {done[0]} of {len(RATES) * len(SEEDS)}; {done[1]} of {planned}")
+              f"{str(r.get('shown', '-')):5}  {done[0]} of {len(RATES) * len(SEEDS)}; {done[1]} of {planned}")
 
 
 def main(argv=None):

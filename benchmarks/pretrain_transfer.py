@@ -439,24 +439,34 @@ def best_rate(by_lr: dict) -> dict:
     # three-seed mean is luck against an average)
     shared = set.intersection(*(set(by_lr[k]) for k in rates))
     lr = max(rates, key=lambda k: statistics.mean(by_lr[k][s] for s in shared) if shared else rates[k]["mean"])
-    return {"lr": float(lr), **rates[lr], "rates": rates}
+    return {"lr": float(lr), **rates[lr], "rates": rates, "by_seed": dict(by_lr[lr])}
+
+
+def seed_verdict(first: dict, second: dict) -> dict:
+    """second against first (best_rate summaries) as `finetune compare` judges: the seed-paired difference's 95 %
+    interval, no verdict under 3 shared seeds. "shown": the interval excludes 0 (what "apart" said before, when two
+    ranges of one seed each were always apart)."""
+    from bertkit.finetune.verdict import paired_verdict
+
+    v = paired_verdict(first.get("by_seed", {}), second.get("by_seed", {}))
+    return {"shown": v["verdict"] in ("first higher", "second higher"), "verdict": v["verdict"], "seeds": v["seeds"]}
 
 
 def sweep_table(sweep: dict) -> list[dict]:
-    """One row per task: each start at its best rate, the difference, and whether the seeds' ranges are apart."""
+    """One row per task: each start at its best rate, the difference, and the seed-paired verdict on it."""
     rows = []
     for task, by_init in sweep.items():
         row = {"task": task, "metric": task_metric(task),
                **{init: best_rate(by_lr) for init, by_lr in by_init.items()}}
         if "pretrained" in row and "random" in row:
             row["difference"] = row["pretrained"]["mean"] - row["random"]["mean"]
-            row["apart"] = min(row["pretrained"]["seeds"]) > max(row["random"]["seeds"])
+            row["shown"] = seed_verdict(row["random"], row["pretrained"])["shown"]
         rows.append(row)
     return rows
 
 
 def print_sweep(rows: list[dict]):
-    print(f"\n{'task':6} {'metric':9} {'random (best lr)':>24} {'pretrained (best lr)':>24} {'diff':>6} apart"
+    print(f"\n{'task':6} {'metric':9} {'random (best lr)':>24} {'pretrained (best lr)':>24} {'diff':>6} shown"
           "   every rate: random | pretrained")
     for r in rows:
         cells = [f"{100 * r[i]['mean']:5.1f} ± {100 * r[i]['sd']:4.1f} ({r[i]['lr']:g})" if i in r else "-"
@@ -464,12 +474,12 @@ def print_sweep(rows: list[dict]):
         rates = " | ".join(" ".join(f"{float(lr):g}:{100 * v['mean']:.1f}" for lr, v in r[i]["rates"].items())
                            for i in ("random", "pretrained") if i in r)
         diff = f"{100 * r['difference']:+6.1f}" if "difference" in r else f"{'-':>6}"
-        apart = "yes" if r.get("apart") else "no"
-        print(f"{r['task']:6} {r['metric']:9} {cells[0]:>24} {cells[1]:>24} {diff} {apart:5}   {rates}")
+        shown = "yes" if r.get("shown") else "no"
+        print(f"{r['task']:6} {r['metric']:9} {cells[0]:>24} {cells[1]:>24} {diff} {shown:5}   {rates}")
     won = [r["task"] for r in rows if r.get("difference", 0) > 0]
-    apart = [r["task"] for r in rows if r.get("apart")]
-    print(f"pretrained beats random on {len(won)} of {len(rows)} tasks ({', '.join(won) or 'none'}); "
-          f"seeds' ranges apart on {len(apart)} ({', '.join(apart) or 'none'})")
+    shown = [r["task"] for r in rows if r.get("shown")]
+    print(f"pretrained beats random on {len(won)} of {len(rows)} tasks ({', '.join(won) or 'none'}); a difference "
+          f"shown (seed-paired 95 % interval, 3+ seeds) on {len(shown)} ({', '.join(shown) or 'none'})")
 
 
 def transfer_by_hours(work: Path, recipe: str, pooling: str) -> list[dict]:
@@ -485,17 +495,17 @@ def transfer_by_hours(work: Path, recipe: str, pooling: str) -> list[dict]:
             used_s = r["time_used_s"] or parse_duration(r["time_budget"])  # --pretrained: the budget it names
             rows.append({"time_budget": r["time_budget"], "hours": used_s / 3600,
                          "steps": r["steps"], "masked_only_acc": r["masked_only"]["masked_only_acc"],
-                         "tasks": {t["task"]: {k: t[k] for k in ("difference", "apart")}
+                         "tasks": {t["task"]: {k: t[k] for k in ("difference", "shown")}
                                    for t in sweep_table(r["sweep"]) if "difference" in t}})
     return sorted(rows, key=lambda row: row["hours"])
 
 
 def print_by_hours(rows: list[dict]):
     tasks = list(dict.fromkeys(t for r in rows for t in r["tasks"]))
-    print("\npretrained minus random at each start's best rate (* seeds' ranges apart)")
+    print("\npretrained minus random at each start's best rate (* a difference the seed-paired interval shows)")
     print(f"{'hours':>5} {'steps':>7} {'[MASK]':>6} " + " ".join(f"{t:>7}" for t in tasks))
     for r in rows:
-        cells = [f"{100 * r['tasks'][t]['difference']:+6.1f}{'*' if r['tasks'][t]['apart'] else ' '}"
+        cells = [f"{100 * r['tasks'][t]['difference']:+6.1f}{'*' if r['tasks'][t]['shown'] else ' '}"
                  if t in r["tasks"] else f"{'-':>7}" for t in tasks]
         print(f"{r['hours']:5.1f} {r['steps']:7d} {100 * r['masked_only_acc']:5.1f}% " + " ".join(cells))
 
@@ -517,15 +527,15 @@ def plot_sweep(results: dict, rows: list[dict], path: Path):
 
 def plot_by_hours(rows: list[dict], path: Path):
     """Transfer against CPU-hours: each task's pretrained-minus-random difference at every budget (filled where the
-    seeds' ranges are apart); 0 hours is random initialisation itself."""
+    seed-paired interval shows a difference); 0 hours is random initialisation itself."""
     fig, axes = pyplot().subplots(1, 1, figsize=(8, 4.5))
     for task in dict.fromkeys(t for r in rows for t in r["tasks"]):
         points = [(r["hours"], r["tasks"][task]) for r in rows if task in r["tasks"]]
         line, = axes.plot([0] + [h for h, _ in points], [0] + [100 * c["difference"] for _, c in points], label=task)
         axes.scatter([h for h, _ in points], [100 * c["difference"] for _, c in points], color=line.get_color(),
-                     facecolors=[line.get_color() if c["apart"] else "none" for _, c in points], zorder=3)
+                     facecolors=[line.get_color() if c["shown"] else "none" for _, c in points], zorder=3)
     axes.axhline(0, color="gray", lw=0.8)
-    axes.set(title="pretrained minus random (filled: seeds' ranges apart)",
+    axes.set(title="pretrained minus random (filled: a seed-paired difference shown)",
              xlabel="hours of pretraining on 2 CPU cores", ylabel="points (each start at its best rate)")
     finish(fig, [axes], path)
 
