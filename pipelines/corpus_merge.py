@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from bertkit.fileio import checksum_file
-from bertkit.formats import CORPUS_SCHEMA, CorpusColumns as C, ShardEntry, corpus_file_name
+from bertkit.formats import CORPUS_SCHEMA, CORPUS_SCHEMA_CLUSTERED, CorpusColumns as C, ShardEntry, corpus_file_name
 
 
 def is_holdout(doc_id: str, fraction: float) -> bool:
@@ -23,8 +23,8 @@ class ShardWriter:
     file in the work folder batch by batch and renamed into place when full: memory is one batch, whatever the
     shard size or the split's share of the corpus (a buffered shard grew with the holdout split up to shard_size)."""
 
-    def __init__(self, out: Path, split: str, shard_size: int, work: Path):
-        self.out, self.split, self.shard_size, self.work = out, split, shard_size, work
+    def __init__(self, out: Path, split: str, shard_size: int, work: Path, schema: pa.Schema = CORPUS_SCHEMA):
+        self.out, self.split, self.shard_size, self.work, self.schema = out, split, shard_size, work, schema
         self.file = self.writer = None
         self.buffered, self.entries = 0, []
         self.rows = self.sentences = self.text_bytes = 0
@@ -60,11 +60,11 @@ class ShardWriter:
     def _write(self, table: pa.Table):
         if self.writer is None:
             self.file = pa.OSFile(str(self._temp()), "wb")
-            self.writer = pa.ipc.new_file(self.file, CORPUS_SCHEMA)
+            self.writer = pa.ipc.new_file(self.file, self.schema)
         self.shard_rows += len(table)
         self.sentences += int(pc.sum(pc.list_value_length(table.column(C.SENTENCES))).as_py() or 0)
         self.text_bytes += int(pc.sum(table.column("nbytes")).as_py() or 0)
-        self.writer.write_table(table.drop_columns(["nbytes"]).cast(CORPUS_SCHEMA))
+        self.writer.write_table(table.drop_columns(["nbytes"]).cast(self.schema))
 
     def flush(self):
         self.buffered = 0
@@ -92,12 +92,16 @@ class Merger:
     tasks found to repeat an earlier document. Memory: one batch, and the duplicate lists memory-mapped (only the
     slice of the current batch is read); the shards being filled are on disk."""
 
-    def __init__(self, out: Path, holdout: float, shard_size: int, duplicates: list[Path], work: Path):
+    def __init__(self, out: Path, holdout: float, shard_size: int, duplicates: list[Path], work: Path,
+                 cluster_sizes: Path | None = None):
         self.holdout_fraction = holdout
         self.duplicates = [np.load(p, mmap_mode="r") for p in duplicates]  # sorted row positions, one per partition
+        # --near-dedup: each position's cluster size (0 where removed), added as a column
+        self.sizes = np.load(cluster_sizes, mmap_mode="r") if cluster_sizes else None
         self.position = 0  # rows of the parts merged so far
-        self.train = ShardWriter(out, "train", shard_size, work)
-        self.holdout = ShardWriter(out, "holdout", shard_size, work)
+        schema = CORPUS_SCHEMA if cluster_sizes is None else CORPUS_SCHEMA_CLUSTERED
+        self.train = ShardWriter(out, "train", shard_size, work, schema)
+        self.holdout = ShardWriter(out, "holdout", shard_size, work, schema)
 
     def _skipped(self, rows: int) -> np.ndarray:
         lo, hi = self.position, self.position + rows
@@ -111,12 +115,16 @@ class Merger:
         with pa.memory_map(str(part), "r") as source:
             for batch in pa.ipc.open_stream(source):
                 keep, held = [], []
+                start = self.position
                 skip = self._skipped(batch.num_rows)
                 for i, doc_id in enumerate(batch.column(C.ID).to_pylist()):
                     if skip[i]:
                         continue  # exact duplicate of an earlier document
                     (held if is_holdout(doc_id, self.holdout_fraction) else keep).append(i)
                 table = pa.Table.from_batches([batch])
+                if self.sizes is not None:
+                    table = table.append_column(C.CLUSTER_SIZE, pa.array(
+                        np.asarray(self.sizes[start:start + batch.num_rows]), pa.int32()))
                 if keep:
                     self.train.add(table.take(keep))
                 if held:

@@ -22,12 +22,14 @@ import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 
 from bertkit import __version__
 from bertkit.fileio import FolderNotOwnedError, atomic_write_json, disk_errors, folder_lock, read_json_or_none
 from bertkit.formats import (
     CORPUS_SCHEMA,
+    CORPUS_SCHEMA_CLUSTERED,
     MANIFEST,
     CorpusColumns as C,
     CorpusError,
@@ -40,6 +42,7 @@ from bertkit.pipelines import corpus_readers as readers
 from bertkit.pipelines.corpus_merge import Merger
 from bertkit.pipelines.dedup import ROWS_PER_PARTITION, run_dedup
 from bertkit.pipelines.engine import Engine, check_available, check_engine, check_shared_path
+from bertkit.pipelines.near_dedup import run_near_dedup
 from bertkit.pipelines.sentences import build_sentences, check_splitter, clean_text, document_id
 
 PART_SCHEMA = CORPUS_SCHEMA.append(pa.field("nbytes", pa.int64(), nullable=False))  # text bytes, for shard cuts
@@ -61,6 +64,9 @@ class CorpusConfig:
     engine: str = "local"          # local | ray: where the tasks run; the output does not depend on it
     ray_address: str | None = None  # --engine ray: head node host:port; None: a reachable cluster, else a local one
     dedup_partitions: int | None = None  # dedup tasks; None: one per 4 M documents. Never changes the output
+    near_dedup: bool = False       # also remove near-duplicates (MinHash-LSH, pipelines/near_dedup.py)
+    near_dedup_threshold: float = 0.8   # Jaccard of word 5-gram sets at which two documents are one
+    near_dedup_bands: str | None = None  # "BxR" (e.g. datatrove's 14x8); None: chosen for the threshold
     overwrite: bool = False        # replace an existing output (or unfinished run) made with other options
     strict: bool = False           # fail (after writing the output) if any input had a problem
     progress: bool = True          # tqdm bar on stderr
@@ -80,6 +86,21 @@ class CorpusConfig:
             raise ValueError(f"dedup_partitions must be >= 1, not {self.dedup_partitions}")
         if self.min_chars < 0 or self.min_sentences < 0:
             raise ValueError("min_chars and min_sentences must be >= 0")
+        if not 0.0 < self.near_dedup_threshold <= 1.0:
+            raise ValueError(f"near_dedup_threshold must be in (0, 1], not {self.near_dedup_threshold}")
+        self.near_dedup_settings()   # a bad --near-dedup-bands is said before anything runs
+
+    def near_dedup_settings(self):
+        from bertkit.pipelines.near_dedup import NearDedupSettings
+
+        if self.near_dedup_bands is None:
+            return NearDedupSettings.for_threshold(self.near_dedup_threshold)
+        m = re.fullmatch(r"\s*(\d+)\s*x\s*(\d+)\s*", str(self.near_dedup_bands))
+        if not m or int(m[1]) < 1 or int(m[2]) < 1 or int(m[1]) * int(m[2]) > 1024:
+            raise ValueError(f"near_dedup_bands must be BANDSxROWS with at most 1,024 hashes (e.g. 14x8), not "
+                             f"{self.near_dedup_bands!r}")
+        bands, rows = int(m[1]), int(m[2])
+        return NearDedupSettings(self.near_dedup_threshold, 5, bands * rows, bands, rows)
 
     def output_options(self) -> dict:
         """The options that change the output; a resumed run must use the same ones."""
@@ -276,12 +297,20 @@ def _prepare_corpus(inputs, out: Path, config: CorpusConfig) -> CorpusManifest:
         return read_corpus_manifest(out)
     work = out / ".work"
     parts = [work / f"part-{i:05d}.arrow" for i in range(len(files))]
-    results, duplicates = process_files(files, parts, config, work)
-    merger = Merger(out, config.holdout, config.shard_size, duplicates, work)
+    results, duplicates, near = process_files(files, parts, config, work)
+    merger = Merger(out, config.holdout, config.shard_size, duplicates + ([near[0]] if near else []), work,
+                    cluster_sizes=near[1] if near else None)
     for part in parts:
         merger.add_part(part)
     entries = merger.close()
     manifest = _manifest(files, results, merger, entries, config, fingerprint, input_problems, skipped, started)
+    if near:
+        exact = sum(int(np.load(p, mmap_mode="r").shape[0]) for p in duplicates)
+        manifest.dropped["duplicate"], manifest.dropped["near_duplicate"] = exact, manifest.dropped["duplicate"] - exact
+        settings = config.near_dedup_settings()
+        manifest.totals["near_dedup"] = {"threshold": settings.threshold, "ngram": settings.ngram,
+                                         "bands": settings.bands, "rows": settings.rows, **near[2]}
+        manifest.schema = {f.name: str(f.type) for f in CORPUS_SCHEMA_CLUSTERED}
     return finish(out, manifest, entries, config)
 
 
@@ -390,9 +419,10 @@ class Progress:
         self.bar.set_postfix_str(f"{self.docs:,} docs; {what}")
 
 
-def process_files(files: list, parts: list[Path], config: CorpusConfig, work: Path) -> tuple[dict, list[Path]]:
-    """Step 1 and 2: every input file not already done becomes its part, then the dedup tasks run.
-    Returns ({file index: its counts}, the dedup tasks' files)."""
+def process_files(files: list, parts: list[Path], config: CorpusConfig, work: Path) -> tuple[dict, list[Path], tuple]:
+    """Step 1 and 2: every input file not already done becomes its part, then the dedup tasks run (and with
+    --near-dedup the near-duplicate tasks). Returns ({file index: its counts}, the dedup tasks' files, and
+    (removed positions, cluster sizes, counts) or None)."""
     global _report
     done = {}
     for i, f in enumerate(files):
@@ -433,12 +463,15 @@ def process_files(files: list, parts: list[Path], config: CorpusConfig, work: Pa
             partitions = config.dedup_partitions or max(1, math.ceil(total_rows / ROWS_PER_PARTITION))
             progress.now(f"finding duplicates ({partitions} task(s))")
             duplicates = run_dedup(engine, parts, total_rows, partitions, work)
+            near = None
+            if config.near_dedup:
+                near = run_near_dedup(engine, parts, total_rows, config.near_dedup_settings(), work, progress.now)
         progress.now("merging")
     finally:
         _report = None
         if progress is not None:
             progress.bar.close()
-    return results, duplicates
+    return results, duplicates, near
 
 
 def finish(out: Path, manifest: CorpusManifest, entries: list, config: CorpusConfig) -> CorpusManifest:

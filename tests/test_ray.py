@@ -126,6 +126,18 @@ def test_every_stage_on_ray_writes_the_local_bytes(ray_cluster, raw, local, tmp_
     assert len(outputs(local / "inst")) > 10
 
 
+@pytest.mark.slow
+def test_near_dedup_on_ray_writes_the_local_bytes(ray_cluster, raw, tmp_path):
+    """--near-dedup's tasks (signatures, buckets, checks) on two Ray nodes: the bytes of two local workers; the copy
+    of an English file is removed, each of its documents a cluster of two."""
+    prepare_corpus([raw], tmp_path / "local", CorpusConfig(workers=2, progress=False, near_dedup=True, **CORPUS))
+    bertkit("prepare-corpus", raw, "--out", tmp_path / "ray", *CORPUS_FLAGS, "--near-dedup", "--engine", "ray",
+            "--ray-address", ray_cluster, "--no-progress")
+    assert outputs(tmp_path / "ray") == outputs(tmp_path / "local")
+    manifest = json.loads((tmp_path / "ray" / "manifest.json").read_text())
+    assert manifest["dropped"]["duplicate"] > 10 and manifest["totals"]["near_dedup"]["largest_cluster"] >= 2
+
+
 # a driver whose tasks are slow and write "<task>-<pid>" files, so that the test can kill one of them (by its pid)
 # or the driver itself mid-stage; the patched function travels to the Ray workers by value (cloudpickle)
 SLOW_DRIVER = """

@@ -29,6 +29,14 @@ from bertkit.pipelines.engine import ENGINE_HELP, ENGINES, RAY_ADDRESS_HELP
               help="Fraction of documents held out (chosen by a hash of the text: stable across runs).")
 @click.option("--shard-size", default="64MB", show_default=True, type=Size(),
               help="Text bytes per shard, e.g. 64MB, 512KB.")
+@click.option("--near-dedup", is_flag=True,
+              help="Also remove near-duplicates: documents whose word 5-gram sets reach --near-dedup-threshold "
+                   "Jaccard (MinHash-LSH, every candidate pair checked by its true Jaccard). The first of each "
+                   "cluster in input order is kept, with a cluster_size column.")
+@click.option("--near-dedup-threshold", default=0.8, show_default=True, type=Real(0, 1, min_open=True),
+              help="Jaccard at which two documents are one (the bands x rows are chosen for it and recorded).")
+@click.option("--near-dedup-bands", metavar="BxR", default=None,
+              help="MinHash bands x rows instead of the ones chosen for the threshold (datatrove's: 14x8).")
 @click.option("--workers", "-j", default=default_workers(), show_default="CPUs, at most 8", type=click.IntRange(min=1),
               help="Processes; the output is byte-identical for any number.")
 @click.option("--engine", type=click.Choice(ENGINES), default="local", show_default=True, help=ENGINE_HELP)

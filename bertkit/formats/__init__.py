@@ -121,6 +121,7 @@ class CorpusColumns:
     SOURCE = "source"         # input file, relative to the input root it was found under
     TITLE = "title"           # WikiExtractor title (or a title field/column), else null
     SENTENCES = "sentences"   # cleaned, NFC-normalised sentences in document order
+    CLUSTER_SIZE = "cluster_size"   # --near-dedup only: documents in this one's near-duplicate cluster (1: none)
 
 
 CORPUS_SCHEMA = pa.schema([
@@ -129,6 +130,8 @@ CORPUS_SCHEMA = pa.schema([
     pa.field(CorpusColumns.TITLE, pa.string(), nullable=True),
     pa.field(CorpusColumns.SENTENCES, pa.list_(pa.string()), nullable=False),
 ])
+# with --near-dedup: the cluster size a later stage may upsample by (FineWeb2's rehydration)
+CORPUS_SCHEMA_CLUSTERED = CORPUS_SCHEMA.append(pa.field(CorpusColumns.CLUSTER_SIZE, pa.int32(), nullable=False))
 
 
 CORPUS_FIX = ("`bertkit verify {folder}` checks every file; the same prepare-corpus command with --overwrite rebuilds "

@@ -1,0 +1,155 @@
+"""prepare-corpus --near-dedup on a planted corpus: every planted pair at or above the threshold left as one
+document, every pair below it and every distinct document kept (the truth from bertkit.planted's own Jaccard, not
+bertkit's MinHash); the cluster-size column; the same bytes for any worker count and after a killed run; the LSH
+arithmetic by hand."""
+import json
+import random
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from click.testing import CliRunner
+
+from bertkit.cli import main
+from bertkit.formats import CorpusColumns as C, corpus_shards, read_corpus_manifest
+from bertkit.pipelines.near_dedup import (
+    NearDedupSettings,
+    candidate_probability,
+    choose_bands,
+    clusters,
+    jaccard,
+    shingles,
+    word_hashes,
+    words,
+)
+from bertkit.pipelines.prepare_corpus import CorpusConfig, prepare_corpus
+from bertkit.planted import near_dedup_scores, true_jaccard, variant
+
+SYLLABLES = "가나다라마바사아자차카타파하거너더러머버서어저처커터퍼허고노도로모보소오조초코토포호"
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory):
+    """120 made-up Korean and English documents, 60 planted variants of them (edits, headers, format changes,
+    cuts), a byte-identical copy, in a shuffled order; the truth by bertkit.planted's Jaccard."""
+    root = tmp_path_factory.mktemp("planted")
+    rng = random.Random(7)
+    ko = ["".join(rng.choice(SYLLABLES) for _ in range(rng.randint(1, 4))) for _ in range(3000)]
+    en = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 9))) for _ in range(3000)]
+    rows, truth = [], {}
+    for i in range(120):
+        language, pool = ("ko", ko) if i % 2 else ("en", en)
+        text = ". ".join(" ".join(rng.choice(pool) for _ in range(rng.randint(8, 20))) for _ in range(8)) + "."
+        rows.append({"title": f"d{i}", "text": text})
+        truth[f"d{i}"] = {"kind": "original", "of": None, "jaccard": None}
+        if i < 60:
+            kind = ("edit", "header", "format", "cut", "edit")[i % 5]
+            other = variant(text, kind, language, rng, pool)
+            rows.append({"title": f"d{i}-{kind}", "text": other})
+            truth[f"d{i}-{kind}"] = {"kind": kind, "of": f"d{i}", "jaccard": true_jaccard(text, other)}
+    rows.append({"title": "d0-copy", "text": rows[0]["text"]})
+    truth["d0-copy"] = {"kind": "copy", "of": "d0", "jaccard": 1.0}
+    rng.shuffle(rows)
+    (root / "in.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    return root, truth
+
+
+def run(root, out, **options):
+    return prepare_corpus([root / "in.jsonl"], out, CorpusConfig(holdout=0.1, progress=False, near_dedup=True,
+                                                                 min_chars=10, **options))
+
+
+def kept(out) -> dict:
+    """title -> cluster size of every document kept (train and holdout)."""
+    found = {}
+    for split in ("train", "holdout"):
+        for path in corpus_shards(out, split):
+            table = pa.ipc.open_file(str(path)).read_all()
+            found.update(zip(table.column(C.TITLE).to_pylist(), table.column(C.CLUSTER_SIZE).to_pylist()))
+    return found
+
+
+def shard_bytes(out) -> dict:
+    return {p.name: p.read_bytes() for p in sorted(out.glob("*.arrow"))}
+
+
+def test_planted_pairs_above_the_threshold_go_and_nothing_else(planted, tmp_path):
+    root, truth = planted
+    manifest = run(root, tmp_path / "out")
+    found = kept(tmp_path / "out")
+    scores = near_dedup_scores(truth, set(found))
+    assert scores["pairs_at_or_above"] >= 30 and scores["recall"] == 1.0, scores
+    assert scores["pairs_below"] >= 5 and scores["below_both_kept"] == scores["pairs_below"], scores
+    assert scores["distinct_lost"] == 0, scores
+    # each kept document carries its cluster's size; together they count every document read
+    assert sum(found.values()) == len(truth)
+    for title, size in found.items():
+        members = 1 + sum(1 for t, v in truth.items() if v["of"] == title and v["jaccard"] >= 0.8)
+        if truth[title]["of"] is None:
+            assert size == members, title
+    assert manifest.dropped["duplicate"] == 1   # the byte-identical copy, counted as before
+    near = manifest.totals["near_dedup"]
+    assert manifest.dropped["near_duplicate"] == near["removed"] - 1
+    assert (near["bands"], near["rows"], near["threshold"]) == (18, 6, 0.8)
+    assert read_corpus_manifest(tmp_path / "out").schema[C.CLUSTER_SIZE] == "int32"
+
+
+def test_workers_and_a_killed_run_write_the_same_bytes(planted, tmp_path, monkeypatch):
+    import bertkit.pipelines.near_dedup as near_dedup
+
+    root, _ = planted
+    run(root, tmp_path / "one", workers=1)
+    run(root, tmp_path / "two", workers=2)
+    assert shard_bytes(tmp_path / "one") == shard_bytes(tmp_path / "two")
+
+    real = near_dedup.check_task
+
+    def dies(*args, **kwargs):
+        raise KeyboardInterrupt("killed while checking pairs")
+
+    monkeypatch.setattr(near_dedup, "check_task", dies)
+    with pytest.raises(KeyboardInterrupt):
+        run(root, tmp_path / "killed", workers=1)
+    assert (tmp_path / "killed" / ".work" / "near-dedup" / "signatures-00000.json").is_file()
+    monkeypatch.setattr(near_dedup, "check_task", real)
+    run(root, tmp_path / "killed", workers=1)
+    assert shard_bytes(tmp_path / "killed") == shard_bytes(tmp_path / "one")
+
+
+def test_the_command_says_its_bands_and_refuses_a_bad_shape(planted, tmp_path):
+    root, _ = planted
+    r = CliRunner().invoke(main, ["prepare-corpus", str(root / "in.jsonl"), "--out", str(tmp_path / "o"),
+                                  "--near-dedup", "--near-dedup-bands", "14x8", "--min-chars", "10", "--no-progress"])
+    assert r.exit_code == 0, r.output
+    assert "near_duplicate" in r.output
+    near = read_corpus_manifest(tmp_path / "o").totals["near_dedup"]
+    assert (near["bands"], near["rows"]) == (14, 8)
+    bad = CliRunner().invoke(main, ["prepare-corpus", str(root / "in.jsonl"), "--out", str(tmp_path / "p"),
+                                    "--near-dedup", "--near-dedup-bands", "14by8"])
+    assert bad.exit_code == 2 and "BANDSxROWS" in bad.output and not (tmp_path / "p").exists()
+
+
+def test_lsh_arithmetic_by_hand():
+    assert candidate_probability(0.8, 14, 8) == pytest.approx(1 - (1 - 0.8 ** 8) ** 14)
+    assert choose_bands(0.8) == (18, 6) and candidate_probability(0.8, 18, 6) > 0.995
+    assert NearDedupSettings.for_threshold(0.8) == NearDedupSettings()
+    # one word changed in 13: 5 of the 9 five-word shingles differ, so 4 / (9 + 9 - 4)
+    a = shingles("the quick brown fox jumps over the lazy dog and runs away fast", 5)
+    b = shingles("the quick brown fox jumps over the lazy cat and runs away fast", 5)
+    assert jaccard(a, b) == pytest.approx(4 / 14)
+    assert jaccard(shingles("A, b; C 1990.", 5), shingles("a b c 2024", 5)) == 1.0   # case, punctuation, digits
+
+
+def test_word_hashes_split_as_words_do():
+    for text in ("Hello, World! hello-world 2024년 “인용” 가·나 「다」", "대한민국의 수도는 서울이다.", "...", ""):
+        hashed = word_hashes(text)
+        assert len(hashed) == len(words(text)), text
+        same = {w: h for w, h in zip(words(text), hashed.tolist())}
+        assert all(same[w] == h for w, h in zip(words(text), hashed.tolist()))   # a word hashes one way
+
+
+def test_clusters_keep_the_first_position_and_count_members():
+    removed, sizes, counts = clusters(np.array([[3, 5], [1, 3], [6, 7]], dtype=np.int64), 8)
+    assert removed.tolist() == [3, 5, 7]
+    assert sizes.tolist() == [1, 3, 1, 0, 1, 0, 2, 0]
+    assert counts == {"clusters": 2, "removed": 3, "largest_cluster": 3}
