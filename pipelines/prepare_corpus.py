@@ -377,12 +377,22 @@ def _empty_folder(path: Path) -> bool:
 
 # every name prepare-corpus writes in OUT/.work: its state, per-file parts, dedup partitions, temporary files
 WORK_FILE = re.compile(r"state\.json|part-\d{5}\.(arrow|json)|dedup-\d{5}-\d{5}\.(npy|json)|.+\.tmp")
+# and in OUT/.work/near-dedup/ (pipelines/near_dedup.py)
+NEAR_DEDUP_FILE = re.compile(r"(signatures-\d{5}|pairs-band\d{3}|checked-\d{12}|candidates|removed|cluster_sizes)"
+                             r"\.(npy|json)|.+\.tmp")
 
 
 def remove_work(work: Path) -> None:
     """The files prepare-corpus wrote in OUT/.work (when the folder is ours: a user's of that name stays), its
     state.json last, then the folder if that left it empty: a file of anyone else's there is kept."""
     if _is_our_work(work):
+        near = work / "near-dedup"
+        if near.is_dir() and not near.is_symlink():
+            for p in near.iterdir():
+                if p.is_file() and not p.is_symlink() and NEAR_DEDUP_FILE.fullmatch(p.name):
+                    p.unlink(missing_ok=True)
+            if _empty_folder(near):
+                near.rmdir()
         names = sorted(p.name for p in work.iterdir() if p.is_file() and not p.is_symlink()
                        and WORK_FILE.fullmatch(p.name))
         for name in sorted(names, key=lambda n: n == "state.json"):   # the mark goes last

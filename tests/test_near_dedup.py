@@ -114,6 +114,9 @@ def test_workers_and_a_killed_run_write_the_same_bytes(planted, tmp_path, monkey
     monkeypatch.setattr(near_dedup, "check_task", real)
     run(root, tmp_path / "killed", workers=1)
     assert shard_bytes(tmp_path / "killed") == shard_bytes(tmp_path / "one")
+    assert not (tmp_path / "killed" / ".work").exists()   # the work folder goes whole, its near-dedup/ too
+    run(root, tmp_path / "killed", workers=1, overwrite=True)   # and a rerun finds nothing in its way
+    assert shard_bytes(tmp_path / "killed") == shard_bytes(tmp_path / "one")
 
 
 def test_the_command_says_its_bands_and_refuses_a_bad_shape(planted, tmp_path):
