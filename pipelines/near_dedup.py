@@ -6,6 +6,7 @@ never change a byte): one signature task per part (each document's band hashes),
 (documents sharing a band hash become candidate pairs, each with the bucket's first), one check task per slice of
 the pairs (the pair's true Jaccard over its shingles, recomputed from the text), then the components in the main
 process (scipy's connected components: 4 bytes a document and 16 a checked pair)."""
+import functools
 import re
 import unicodedata
 from dataclasses import asdict, dataclass
@@ -65,51 +66,65 @@ def words(text: str) -> list[str]:
     return _NOT_WORD.sub(" ", text).split()
 
 
-def _separators() -> np.ndarray:
-    table = np.ones(256, dtype=bool)                       # ASCII: every byte but a-z, 0-9 separates words
-    for c in b"abcdefghijklmnopqrstuvwxyz0123456789":
-        table[c] = False
-    table[128:] = False                                    # other scripts' bytes are letters (punctuation: below)
-    return table
-
-
-_SEPARATOR = _separators()
 _POWERS = np.cumprod(np.full(64, 1_000_003, dtype=np.uint64)) // np.uint64(1_000_003)   # 1, p, p^2 ... mod 2**64
 _MASK32 = np.uint64(0xFFFFFFFF)
 
 
+_ASCII_SEPARATOR = np.ones(256, dtype=bool)    # ASCII bytes but a-z, 0-9 separate words; the others: _letters
+_ASCII_SEPARATOR[list(b"abcdefghijklmnopqrstuvwxyz0123456789")] = False
+_ASCII_SEPARATOR[128:] = False
+
+
+@functools.cache
+def _word_characters() -> np.ndarray:
+    """For every code point, whether it is part of a word: what str.isalnum says (the regex \\w less "_")."""
+    return np.array([chr(c).isalnum() for c in range(0x110000)], dtype=bool)
+
+
 def _letters(raw: np.ndarray) -> np.ndarray:
-    """Which UTF-8 bytes belong to words: not ASCII punctuation or space, not Latin-1 punctuation (U+00A0-U+00BF:
-    nbsp, ·, «»), general punctuation (U+2000-U+206F: quotes, dashes, …) or CJK punctuation (U+3000-U+303F: 「」、)."""
-    letter = ~_SEPARATOR[raw]
-    if len(raw) < 3:
+    """Which bytes of UTF-8 text belong to words, decided per character as words() decides: ASCII by a table, the
+    other characters decoded in numpy and looked up."""
+    letter = ~_ASCII_SEPARATOR[raw]
+    lead = np.flatnonzero(raw >= 0xC0)
+    if len(lead) == 0:
         return letter
-    lead = np.flatnonzero((raw[:-1] == 0xC2) & (raw[1:] >= 0xA0) & (raw[1:] <= 0xBF))
-    letter[lead] = False
-    letter[lead + 1] = False
-    lead = np.flatnonzero(((raw[:-2] == 0xE2) & ((raw[1:-1] == 0x80) | (raw[1:-1] == 0x81))) |
-                          ((raw[:-2] == 0xE3) & (raw[1:-1] == 0x80)))
-    for k in range(3):
-        letter[lead + k] = False
+    padded = np.r_[raw, np.zeros(3, np.uint8)]
+    b0, b1, b2, b3 = (padded[lead + k].astype(np.uint32) & m for k, m in enumerate((0xFF, 0x3F, 0x3F, 0x3F)))
+    point = np.where(b0 < 0xE0, ((b0 & 0x1F) << 6) | b1, np.where(
+        b0 < 0xF0, ((b0 & 0x0F) << 12) | (b1 << 6) | b2, ((b0 & 0x07) << 18) | (b1 << 12) | (b2 << 6) | b3))
+    word = _word_characters()[np.minimum(point, 0x10FFFF)]
+    size = np.where(b0 < 0xE0, 2, np.where(b0 < 0xF0, 3, 4))
+    letter[np.repeat(lead, size) + (np.arange(size.sum()) - np.repeat(np.cumsum(size) - size, size))] = \
+        np.repeat(word, size)
     return letter
 
 
-def word_hashes(text: str) -> np.ndarray:
-    """One 32-bit hash per word (a polynomial over its UTF-8 bytes, the first 64 counting), found on the lowered
-    text's bytes in numpy, digits as 0: no Python call per word."""
-    raw = np.frombuffer(text.lower().encode("utf-8"), np.uint8)
+def _words(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(one 32-bit hash per word: a polynomial over its UTF-8 bytes, the first 64 counting, digits as 0; the byte
+    where each word begins) for lowered UTF-8 bytes, in numpy: no Python call per word."""
     letter = _letters(raw)
-    begins = letter & np.r_[True, ~letter[:-1]] if len(raw) else letter
-    word_of = np.cumsum(begins)[letter] - 1               # each letter byte's word
-    if len(word_of) == 0:
-        return np.zeros(0, np.uint64)
-    first = np.r_[0, np.cumsum(np.bincount(word_of))[:-1]]
-    place = np.arange(len(word_of)) - first[word_of]
+    begins = np.flatnonzero(letter & np.r_[True, ~letter[:-1]]) if len(raw) else np.zeros(0, np.int64)
+    if len(begins) == 0:
+        return np.zeros(0, np.uint64), begins
     byte = raw[letter]
+    first = np.cumsum(letter)[begins] - 1                 # each word's first byte among the letters
+    place = np.arange(len(byte)) - np.repeat(first, np.diff(np.r_[first, len(byte)]))
     byte = np.where((byte >= 0x30) & (byte <= 0x39), 0x30, byte).astype(np.uint64)
     with np.errstate(over="ignore"):
         values = (byte + np.uint64(1)) * _POWERS[np.minimum(place, 63)]
-        return np.add.reduceat(values, first) & _MASK32
+        return np.add.reduceat(values, first) & _MASK32, begins
+
+
+def word_hashes(text: str) -> np.ndarray:
+    return _words(np.frombuffer(text.lower().encode("utf-8"), np.uint8))[0]
+
+
+def _ngrams(hashed: np.ndarray, n: int) -> np.ndarray:
+    """The polynomial over each run of n consecutive word hashes, mod 2**32."""
+    acc = np.zeros(len(hashed) - n + 1, dtype=np.uint64)
+    for k in range(n):
+        acc = (acc * np.uint64(1_000_003) + hashed[k: len(hashed) - n + 1 + k]) & _MASK32
+    return acc
 
 
 def shingles(text: str, ngram: int) -> np.ndarray:
@@ -117,11 +132,7 @@ def shingles(text: str, ngram: int) -> np.ndarray:
     hashed = word_hashes(text)
     if len(hashed) == 0:
         return hashed.astype(np.uint32)
-    n = min(ngram, len(hashed))
-    acc = np.zeros(len(hashed) - n + 1, dtype=np.uint64)
-    for k in range(n):   # a polynomial over the n word hashes, mod 2**32
-        acc = (acc * np.uint64(1_000_003) + hashed[k: len(hashed) - n + 1 + k]) & _MASK32
-    return np.unique(acc.astype(np.uint32))
+    return np.unique(_ngrams(hashed, min(ngram, len(hashed))).astype(np.uint32))
 
 
 def hash_functions(settings: NearDedupSettings) -> tuple[np.ndarray, np.ndarray]:
@@ -131,25 +142,75 @@ def hash_functions(settings: NearDedupSettings) -> tuple[np.ndarray, np.ndarray]
     return a, rng.integers(0, 2 ** 63, settings.num_perm, dtype=np.uint64)
 
 
-def band_hashes(shingle_set: np.ndarray, a: np.ndarray, b: np.ndarray, settings: NearDedupSettings) -> np.ndarray:
-    """The document's MinHash signature, cut into bands, each band's values hashed to one uint64."""
-    signature = np.full(settings.num_perm, 2 ** 32, dtype=np.uint64)
-    x = shingle_set.astype(np.uint64)
+def _bands(signatures: np.ndarray, settings: NearDedupSettings) -> np.ndarray:
+    """(documents, num_perm) signatures -> (documents, bands): each band's values hashed to one uint64 (wrapping:
+    a collision only adds a candidate to check)."""
+    rows = signatures[:, : settings.bands * settings.rows].reshape(len(signatures), settings.bands, settings.rows)
+    out = np.zeros((len(signatures), settings.bands), dtype=np.uint64)
     with np.errstate(over="ignore"):
-        for start in range(0, len(x), 4096):   # bounded temporary memory for long documents
-            chunk = x[start:start + 4096, None]
-            signature = np.minimum(signature, ((chunk * a[None, :] + b[None, :]) >> np.uint64(32)).min(0))
-        rows = signature[: settings.bands * settings.rows].reshape(settings.bands, settings.rows)
-        mix = np.uint64(0x9E3779B97F4A7C15)
-        out = np.zeros(settings.bands, dtype=np.uint64)
         for k in range(settings.rows):
-            out = (out ^ rows[:, k]) * mix   # wraps mod 2**64: a hash, collisions only add candidates to check
+            out = (out ^ rows[:, :, k]) * np.uint64(0x9E3779B97F4A7C15)
     return out
 
 
+def _minhash(x: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    signature = np.full(len(a), 2 ** 32, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for start in range(0, len(x), 4096):   # bounded temporary memory for long documents
+            chunk = x[start:start + 4096, None].astype(np.uint64)
+            signature = np.minimum(signature, ((chunk * a[None, :] + b[None, :]) >> np.uint64(32)).min(0))
+    return signature
+
+
+def band_hashes(shingle_set: np.ndarray, a: np.ndarray, b: np.ndarray, settings: NearDedupSettings) -> np.ndarray:
+    """One document's MinHash signature cut into bands, each band hashed (batch_band_hashes gives the same)."""
+    return _bands(_minhash(shingle_set, a, b)[None, :], settings)[0]
+
+
+def batch_band_hashes(texts: list[str], a: np.ndarray, b: np.ndarray, settings: NearDedupSettings) -> np.ndarray:
+    """band_hashes(shingles(text)) of every text at once: one numpy pass over the batch's bytes, words and shingles
+    (a Python call per document only where it has fewer words than a shingle, or a great many shingles)."""
+    encoded = [t.lower().encode("utf-8") for t in texts]
+    doc_start = np.r_[0, np.cumsum([len(e) + 1 for e in encoded])[:-1]]
+    hashed, begins = _words(np.frombuffer(b"\n".join(encoded) + b"\n", np.uint8))
+    doc = np.searchsorted(doc_start, begins, side="right") - 1
+    n, signatures = settings.ngram, np.full((len(texts), settings.num_perm), 2 ** 32, dtype=np.uint64)
+    whole = np.zeros(0, np.uint64)
+    if len(hashed) >= n:
+        acc = _ngrams(hashed, n)
+        inside = doc[: len(acc)] == doc[n - 1:]
+        whole, owner = acc[inside], doc[: len(acc)][inside]
+    else:
+        owner = np.zeros(0, np.int64)
+    counts = np.bincount(doc, minlength=len(texts))
+    for d in np.flatnonzero((counts > 0) & (counts < n)):   # fewer words than a shingle: the text is one
+        signatures[d] = _minhash(shingles(texts[d], n), a, b)
+    keys = np.sort((owner.astype(np.uint64) << np.uint64(32)) | whole)   # (np.unique hashes first: slower)
+    keys = keys[np.r_[True, keys[1:] != keys[:-1]]] if len(keys) else keys
+    owner, x = (keys >> np.uint64(32)).astype(np.int64), keys & _MASK32
+    first = np.flatnonzero(np.r_[True, owner[1:] != owner[:-1]]) if len(owner) else np.zeros(0, np.int64)
+    docs = owner[first]
+    bounds = np.r_[first, len(x)]
+    i = 0
+    while i < len(docs):   # groups of whole documents, about 2k shingles each (in the cache)
+        j = max(i + 1, int(np.searchsorted(bounds, bounds[i] + 2_048, side="right")) - 1)
+        j = min(j, len(docs))
+        lo, hi = bounds[i], bounds[j]
+        if hi - lo > 65_536:   # one very long document: bounded memory
+            signatures[docs[i]] = _minhash(x[lo:hi], a, b)
+        else:
+            with np.errstate(over="ignore"):
+                values = (x[lo:hi, None] * a[None, :] + b[None, :]) >> np.uint64(32)
+            signatures[docs[i:j]] = np.minimum.reduceat(values, bounds[i:j] - lo, axis=0)
+        i = j
+    return _bands(signatures, settings)
+
+
 def jaccard(first: np.ndarray, second: np.ndarray) -> float:
+    """Of two shingle sets; 0 for two empty ones (texts without a word are not duplicates of each other: two equal
+    ones are the exact dedup's)."""
     if len(first) == 0 and len(second) == 0:
-        return 1.0
+        return 0.0
     common = len(np.intersect1d(first, second, assume_unique=True))
     return common / (len(first) + len(second) - common)
 
@@ -167,11 +228,9 @@ def signature_task(part: str, settings: dict, out: str) -> dict:
     """Task: every document of one part -> its band hashes, an (rows, bands) uint64 .npy, then a .json record."""
     s = NearDedupSettings(**settings)
     a, b = hash_functions(s)
-    hashes = []
-    for batch in _part_batches(part):
-        for sentences in batch.column(C.SENTENCES).to_pylist():
-            hashes.append(band_hashes(shingles(_text(sentences), s.ngram), a, b, s))
-    table = np.stack(hashes) if hashes else np.zeros((0, s.bands), np.uint64)
+    hashes = [batch_band_hashes([_text(x) for x in batch.column(C.SENTENCES).to_pylist()], a, b, s)
+              for batch in _part_batches(part)]
+    table = np.concatenate(hashes) if hashes else np.zeros((0, s.bands), np.uint64)
     _save(Path(out), table)
     record = {"rows": len(table), "settings": asdict(s)}
     atomic_write_json(Path(out).with_suffix(".json"), record)

@@ -151,6 +151,19 @@ def test_word_hashes_split_as_words_do():
         assert all(same[w] == h for w, h in zip(words(text), hashed.tolist()))   # a word hashes one way
 
 
+def test_a_batch_of_texts_hashes_as_each_text_alone(planted):
+    from bertkit.pipelines.near_dedup import band_hashes, batch_band_hashes, hash_functions
+
+    root, _ = planted
+    texts = [json.loads(line)["text"] for line in (root / "in.jsonl").read_text().splitlines()[:40]]
+    texts += ["", "...", "one two", "a b c d e", "★★ ☆", "x " * 70_000, "대한민국 서울", "😀 ünïcode ÀB Ω_x", "٣ 3"]
+    settings = NearDedupSettings()
+    a, b = hash_functions(settings)
+    alone = np.stack([band_hashes(shingles(text, 5), a, b, settings) for text in texts])
+    assert np.array_equal(batch_band_hashes(texts, a, b, settings), alone)
+    assert all(len(word_hashes(text)) == len(words(text)) for text in texts)   # the regex's words, on bytes
+
+
 def test_clusters_keep_the_first_position_and_count_members():
     removed, sizes, counts = clusters(np.array([[3, 5], [1, 3], [6, 7]], dtype=np.int64), 8)
     assert removed.tolist() == [3, 5, 7]
