@@ -38,7 +38,7 @@ from bertkit.formats import (
     read_corpus_manifest,
     write_manifest,
 )
-from bertkit.pipelines import corpus_readers as readers
+from bertkit.pipelines import corpus_readers as readers, pii
 from bertkit.pipelines.corpus_merge import Merger
 from bertkit.pipelines.dedup import ROWS_PER_PARTITION, run_dedup
 from bertkit.pipelines.engine import Engine, check_available, check_engine, check_shared_path
@@ -67,6 +67,7 @@ class CorpusConfig:
     near_dedup: bool = False       # also remove near-duplicates (MinHash-LSH, pipelines/near_dedup.py)
     near_dedup_threshold: float = 0.8   # Jaccard of word 5-gram sets at which two documents are one
     near_dedup_bands: str | None = None  # "BxR" (e.g. datatrove's 14x8); None: chosen for the threshold
+    pii: str = "keep"              # keep | redact | drop: personal data (pipelines/pii.py)
     overwrite: bool = False        # replace an existing output (or unfinished run) made with other options
     strict: bool = False           # fail (after writing the output) if any input had a problem
     progress: bool = True          # tqdm bar on stderr
@@ -86,6 +87,8 @@ class CorpusConfig:
             raise ValueError(f"dedup_partitions must be >= 1, not {self.dedup_partitions}")
         if self.min_chars < 0 or self.min_sentences < 0:
             raise ValueError("min_chars and min_sentences must be >= 0")
+        if self.pii not in pii.MODES:
+            raise ValueError(f"pii must be one of {', '.join(pii.MODES)}, not {self.pii!r}")
         if not 0.0 < self.near_dedup_threshold <= 1.0:
             raise ValueError(f"near_dedup_threshold must be in (0, 1], not {self.near_dedup_threshold}")
         self.near_dedup_settings()   # a bad --near-dedup-bands is said before anything runs
@@ -176,7 +179,7 @@ def process_file(index: int, path: str, source: str, options: dict, part: str) -
     problems = readers.Problems(source)
     stats = {"index": index, "source": source, "path": str(path), "format": None, "compression": None,
              "fingerprint": {"bytes": 0, "mtime_ns": 0}, "documents_read": 0, "documents": 0, "sentences": 0,
-             "replaced_bytes": 0, "dropped": {}, "removed_lines": {}, "error": None}
+             "replaced_bytes": 0, "dropped": {}, "removed_lines": {}, "pii": {}, "error": None}
     writer = _PartWriter(part)
     reported = [0, 0, time.monotonic()]  # bytes, docs, time of the last progress report
 
@@ -248,6 +251,15 @@ def _documents(path: Path, config: CorpusConfig, stats: dict, problems, decode) 
 def _keep_or_drop(raw, config: CorpusConfig, stats: dict, writer: "_PartWriter", source: str) -> None:
     """A document's sentences to the part, or its reason for being dropped counted."""
     sentences = build_sentences(raw, config.language, config.splitter, stats["removed_lines"])
+    if config.pii != "keep" and sentences:
+        redacted, hits = pii.redact(sentences)
+        for kind, n in hits.items():
+            stats["pii"][kind] = stats["pii"].get(kind, 0) + n
+        if hits and (config.pii == "drop" or sum(hits.values()) > pii.MANY):
+            reason = "pii" if config.pii == "drop" else "pii_many"
+            stats["dropped"][reason] = stats["dropped"].get(reason, 0) + 1
+            return
+        sentences = redacted
     reason = "empty" if not sentences else "too_short" if sum(len(x) for x in sentences) < config.min_chars else \
         "too_few_sentences" if len(sentences) < config.min_sentences else None
     if reason:
@@ -516,7 +528,7 @@ def finish(out: Path, manifest: CorpusManifest, entries: list, config: CorpusCon
 
 def _manifest(files, results, merger, entries, config, fingerprint, input_problems, skipped,
               started) -> CorpusManifest:
-    dropped, removed, inputs = {}, {}, []
+    dropped, removed, inputs, found_pii = {}, {}, [], {}
     errors = list(input_problems)
     for i in range(len(files)):
         s = results[i]
@@ -524,6 +536,8 @@ def _manifest(files, results, merger, entries, config, fingerprint, input_proble
             dropped[k] = dropped.get(k, 0) + v
         for k, v in s["removed_lines"].items():
             removed[k] = removed.get(k, 0) + v
+        for k, v in s.get("pii", {}).items():
+            found_pii[k] = found_pii.get(k, 0) + v
         if s["error"]:
             errors.append(s["error"])
         inputs.append({"path": s["path"], "source": s["source"], "bytes": s["fingerprint"]["bytes"],
@@ -548,6 +562,7 @@ def _manifest(files, results, merger, entries, config, fingerprint, input_proble
             "text_bytes": merger.train.text_bytes + merger.holdout.text_bytes,
             "replaced_bytes": sum(s["replaced_bytes"] for s in results.values()),
             "files_with_errors": sum(1 for s in results.values() if s["error"]),
+            **({"pii_found": dict(sorted(found_pii.items()))} if config.pii != "keep" else {}),
         },
         dropped=dict(sorted(dropped.items())),
         removed_lines=dict(sorted(removed.items())),

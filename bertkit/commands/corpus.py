@@ -37,6 +37,10 @@ from bertkit.pipelines.engine import ENGINE_HELP, ENGINES, RAY_ADDRESS_HELP
               help="Jaccard at which two documents are one (the bands x rows are chosen for it and recorded).")
 @click.option("--near-dedup-bands", metavar="BxR", default=None,
               help="MinHash bands x rows instead of the ones chosen for the threshold (datatrove's: 14x8).")
+@click.option("--pii", type=click.Choice(["keep", "redact", "drop"]), default="keep", show_default=True,
+              help="Personal data (e-mail and IP addresses, phone numbers, Korean resident registration numbers, "
+                   "Luhn-checked card numbers): redact puts [EMAIL], [PHONE], [RRN], [CARD], [IP] in their place, "
+                   "drop removes the document; either way a document with more than 5 is dropped (dolma's rule).")
 @click.option("--workers", "-j", default=default_workers(), show_default="CPUs, at most 8", type=click.IntRange(min=1),
               help="Processes; the output is byte-identical for any number.")
 @click.option("--engine", type=click.Choice(ENGINES), default="local", show_default=True, help=ENGINE_HELP)

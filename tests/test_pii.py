@@ -1,0 +1,77 @@
+"""prepare-corpus --pii: each kind of personal datum found (Korean formats included) and nothing that only looks
+like one (dates, ISBNs, prices, versions, ranges, coordinates); redact, drop and keep end to end, every hit and
+every dropped document counted."""
+import json
+
+import pyarrow as pa
+import pytest
+
+from bertkit.formats import corpus_shards
+from bertkit.pipelines.pii import MANY, find, luhn, redact
+from bertkit.pipelines.prepare_corpus import CorpusConfig, prepare_corpus
+
+PERSONAL = [
+    ("연락처는 010-1234-5678입니다.", "phone"), ("대표번호 02-123-4567로", "phone"), ("전화 031) 123-4567", "phone"),
+    ("+82 10 1234 5678 로 연락", "phone"), ("+82-2-312-4567", "phone"), ("01012345678", "phone"),
+    ("010.1234.5678", "phone"), ("(02) 123-4567", "phone"), ("+1 555 123 4567", "phone"),
+    ("+44 20 7946 0958", "phone"), ("이메일 hong.gildong@example.co.kr 로", "email"),
+    ("john_doe+tag@mail.example.com", "email"), ("서버 192.168.0.12 에 접속", "ip"), ("10.0.0.1.", "ip"),
+    ("주민번호 900101-1234567", "rrn"), ("880229-2345678 (1988 is a leap year)", "rrn"), ("0203044123456", "rrn"),
+    ("카드 4111 1111 1111 1111", "card"), ("5500-0000-0000-0004.", "card"), ("378282246310005", "card"),
+]
+BENIGN = [
+    "2024-03-05에 발표", "2024.03.05.", "1990년 3월 5일", "ISBN 978-89-7282-985-9", "ISBN-13: 9780306406157",
+    "가격은 1,234,000원", "버전 3.10.2", "version 1.2.3.4 released", "v2.0.0.1", "1998–2002", "전화 1588-1234",
+    "인구 9,776,000명", "좌표 37.5665, 126.9780", "123-45-67890 사업자", "2019-2020 시즌", "10-20-30",
+    "3.14159265358979", "850229-2345678 (1985 had no 29 February)", "시속 100 km", "1234567890123",
+    "참조 [12] 123-456", "010-1234-5678-9", "1 2 3 4 5 6 7 8 9 10 11 12 13", "ISBN 89-7282-985-3",
+]
+
+
+@pytest.mark.parametrize("text, kind", PERSONAL)
+def test_each_personal_datum_is_found(text, kind):
+    assert [k for _, _, k in find(text)] == [kind], find(text)
+
+
+@pytest.mark.parametrize("text", BENIGN)
+def test_numbers_that_are_not_personal_stay(text):
+    assert find(text) == []
+
+
+def test_luhn_and_redaction_by_hand():
+    assert luhn("4111111111111111") and luhn("79927398713") and not luhn("79927398710")
+    out, counts = redact(["Mail a@b.com or 010-1234-5678.", "주민번호는 900101-1234567.", "2024-03-05."])
+    assert out == ["Mail [EMAIL] or [PHONE].", "주민번호는 [RRN].", "2024-03-05."]
+    assert counts == {"email": 1, "phone": 1, "rrn": 1}
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pii")
+    docs = ["연락처는 010-1234-5678입니다. 메일은 a.b@example.com 으로 주세요. 이 문서는 충분히 깁니다.",
+            "ISBN 978-89-7282-985-9 는 2024-03-05에 나왔고 가격은 12,000원입니다. 버전 3.10.2 입니다.",
+            " ".join(f"user{i}@example.com" for i in range(MANY + 1)) + " 주소만 늘어놓은 목록입니다."]
+    (root / "in.jsonl").write_text("".join(json.dumps({"text": d}, ensure_ascii=False) + "\n" for d in docs))
+    return root
+
+
+def sentences(out) -> list:
+    return [s for p in corpus_shards(out) for s in pa.ipc.open_file(str(p)).read_all().column("sentences").to_pylist()]
+
+
+@pytest.mark.parametrize("mode", ["keep", "redact", "drop"])
+def test_the_modes_end_to_end(corpus, tmp_path, mode):
+    manifest = prepare_corpus([corpus / "in.jsonl"], tmp_path / mode,
+                              CorpusConfig(pii=mode, holdout=0, min_chars=10, progress=False))
+    kept = sentences(tmp_path / mode)
+    benign = ["ISBN 978-89-7282-985-9 는 2024-03-05에 나왔고 가격은 12,000원입니다.", "버전 3.10.2 입니다."]
+    assert benign in kept   # never touched
+    if mode == "keep":
+        assert len(kept) == 3 and "pii_found" not in manifest.totals
+        return
+    assert manifest.totals["pii_found"] == {"email": 1 + MANY + 1, "phone": 1}
+    assert manifest.dropped["pii_many"] == 1 if mode == "redact" else manifest.dropped["pii"] == 2
+    if mode == "redact":
+        assert kept[0] == ["연락처는 [PHONE]입니다.", "메일은 [EMAIL] 으로 주세요.", "이 문서는 충분히 깁니다."]
+    else:
+        assert kept == [benign]
