@@ -93,11 +93,18 @@ class Merger:
     slice of the current batch is read); the shards being filled are on disk."""
 
     def __init__(self, out: Path, holdout: float, shard_size: int, duplicates: list[Path], work: Path,
-                 cluster_sizes: Path | None = None):
+                 cluster_sizes: Path | None = None, drop_sentences: Path | None = None,
+                 contaminated: Path | None = None):
         self.holdout_fraction = holdout
         self.duplicates = [np.load(p, mmap_mode="r") for p in duplicates]  # sorted row positions, one per partition
         # --near-dedup: each position's cluster size (0 where removed), added as a column
         self.sizes = np.load(cluster_sizes, mmap_mode="r") if cluster_sizes else None
+        # --decontaminate sentences: sorted (position, sentence) rows; the sentences go, a document left empty too
+        self.drops = np.load(drop_sentences, mmap_mode="r") if drop_sentences else np.zeros((0, 2), np.int64)
+        self.emptied = self.dropped_bytes = 0
+        # --decontaminate documents: sorted positions that go (counted apart from the duplicates)
+        self.contaminated = np.load(contaminated, mmap_mode="r") if contaminated else np.zeros(0, np.int64)
+        self.contaminated_rows = 0
         self.position = 0  # rows of the parts merged so far
         schema = CORPUS_SCHEMA if cluster_sizes is None else CORPUS_SCHEMA_CLUSTERED
         self.train = ShardWriter(out, "train", shard_size, work, schema)
@@ -117,11 +124,18 @@ class Merger:
                 keep, held = [], []
                 start = self.position
                 skip = self._skipped(batch.num_rows)
+                c = self.contaminated
+                gone = np.asarray(c[np.searchsorted(c, start): np.searchsorted(c, start + batch.num_rows)]) - start
+                self.contaminated_rows += int((~skip[gone]).sum())
+                skip[gone] = True
                 for i, doc_id in enumerate(batch.column(C.ID).to_pylist()):
                     if skip[i]:
                         continue  # exact duplicate of an earlier document
                     (held if is_holdout(doc_id, self.holdout_fraction) else keep).append(i)
                 table = pa.Table.from_batches([batch])
+                if len(self.drops):
+                    table, emptied = self._drop_sentences(table, start, set(keep) | set(held))
+                    keep, held = [i for i in keep if i not in emptied], [i for i in held if i not in emptied]
                 if self.sizes is not None:
                     table = table.append_column(C.CLUSTER_SIZE, pa.array(
                         np.asarray(self.sizes[start:start + batch.num_rows]), pa.int32()))
@@ -129,6 +143,31 @@ class Merger:
                     self.train.add(table.take(keep))
                 if held:
                     self.holdout.add(table.take(held))
+
+    def _drop_sentences(self, table: pa.Table, start: int, kept: set) -> tuple[pa.Table, set]:
+        """The batch with the listed sentences of its kept rows removed (their byte counts with them); the rows
+        left with none."""
+        positions = np.asarray(self.drops[:, 0])
+        lo, hi = np.searchsorted(positions, start), np.searchsorted(positions, start + len(table))
+        if lo == hi:
+            return table, set()
+        drops = np.asarray(self.drops[lo:hi])
+        sentences, nbytes = table.column(C.SENTENCES).to_pylist(), table.column("nbytes").to_pylist()
+        emptied = set()
+        for row in np.unique(drops[:, 0]):
+            i, gone = int(row - start), set(drops[drops[:, 0] == row, 1].tolist())
+            if i not in kept:
+                continue
+            left = [s for k, s in enumerate(sentences[i]) if k not in gone]
+            removed = sum(len(s.encode("utf-8")) + 4 for k, s in enumerate(sentences[i]) if k in gone)
+            self.dropped_bytes += removed
+            sentences[i], nbytes[i] = left, nbytes[i] - removed
+            if not left:
+                emptied.add(i)
+        self.emptied += len(emptied)
+        table = table.set_column(table.schema.get_field_index(C.SENTENCES), C.SENTENCES,
+                                 pa.array(sentences, table.schema.field(C.SENTENCES).type))
+        return table.set_column(table.schema.get_field_index("nbytes"), "nbytes", pa.array(nbytes, pa.int64())), emptied
 
     def close(self) -> list[ShardEntry]:
         self.train.close()

@@ -40,6 +40,7 @@ from bertkit.formats import (
 )
 from bertkit.pipelines import corpus_readers as readers, pii
 from bertkit.pipelines.corpus_merge import Merger
+from bertkit.pipelines.decontaminate import run_decontamination
 from bertkit.pipelines.dedup import ROWS_PER_PARTITION, run_dedup
 from bertkit.pipelines.engine import Engine, check_available, check_engine, check_shared_path
 from bertkit.pipelines.near_dedup import run_near_dedup
@@ -68,6 +69,9 @@ class CorpusConfig:
     near_dedup_threshold: float = 0.8   # Jaccard of word 5-gram sets at which two documents are one
     near_dedup_bands: str | None = None  # "BxR" (e.g. datatrove's 14x8); None: chosen for the threshold
     pii: str = "keep"              # keep | redact | drop: personal data (pipelines/pii.py)
+    decontaminate: tuple = ()      # evaluation files whose 13-grams are kept out (pipelines/decontaminate.py)
+    decontaminate_mode: str = "sentences"   # sentences | documents: what goes where one is found
+    decontaminate_max_docs: int = 10        # an n-gram in more documents than this is a common phrase, kept
     overwrite: bool = False        # replace an existing output (or unfinished run) made with other options
     strict: bool = False           # fail (after writing the output) if any input had a problem
     progress: bool = True          # tqdm bar on stderr
@@ -87,6 +91,9 @@ class CorpusConfig:
             raise ValueError(f"dedup_partitions must be >= 1, not {self.dedup_partitions}")
         if self.min_chars < 0 or self.min_sentences < 0:
             raise ValueError("min_chars and min_sentences must be >= 0")
+        self.decontaminate = [str(p) for p in self.decontaminate]   # as JSON gives it back: a resume compares
+        if self.decontaminate_mode not in ("sentences", "documents"):
+            raise ValueError(f"decontaminate_mode must be sentences or documents, not {self.decontaminate_mode!r}")
         if self.pii not in pii.MODES:
             raise ValueError(f"pii must be one of {', '.join(pii.MODES)}, not {self.pii!r}")
         if not 0.0 < self.near_dedup_threshold <= 1.0:
@@ -108,6 +115,14 @@ class CorpusConfig:
     def output_options(self) -> dict:
         """The options that change the output; a resumed run must use the same ones."""
         skip = {"workers", "engine", "ray_address", "dedup_partitions", "overwrite", "strict", "progress"}
+        # the quality steps only when on: a corpus made before they existed keeps its fingerprint (and is "already
+        # complete" to the same command)
+        if not self.near_dedup:
+            skip |= {"near_dedup", "near_dedup_threshold", "near_dedup_bands"}
+        if self.pii == "keep":
+            skip.add("pii")
+        if not self.decontaminate:
+            skip |= {"decontaminate", "decontaminate_mode", "decontaminate_max_docs"}
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
 
 
@@ -304,25 +319,38 @@ def _prepare_corpus(inputs, out: Path, config: CorpusConfig) -> CorpusManifest:
     # what the output depends on: options and the input files (path, size, mtime); workers are not part of it
     fingerprint = {"options": config.output_options(),
                    "inputs": [[f.source, str(f.path.resolve()), *file_fingerprint(f.path).values()] for f in files]}
+    if config.decontaminate:   # an evaluation file changed is another output
+        fingerprint["evaluation"] = [[str(Path(p).resolve()), *file_fingerprint(Path(p)).values()]
+                                     for p in config.decontaminate]
     if not start_or_resume(out, config, fingerprint):
         _say(f"{out}: already complete with these inputs and options; nothing to do (--overwrite to redo)")
         return read_corpus_manifest(out)
     work = out / ".work"
     parts = [work / f"part-{i:05d}.arrow" for i in range(len(files))]
-    results, duplicates, near = process_files(files, parts, config, work)
+    results, duplicates, near, clean = process_files(files, parts, config, work)
+    whole = clean is not None and config.decontaminate_mode == "documents"
     merger = Merger(out, config.holdout, config.shard_size, duplicates + ([near[0]] if near else []), work,
-                    cluster_sizes=near[1] if near else None)
+                    cluster_sizes=near[1] if near else None,
+                    drop_sentences=clean[0] if clean and not whole else None, contaminated=clean[0] if whole else None)
     for part in parts:
         merger.add_part(part)
     entries = merger.close()
     manifest = _manifest(files, results, merger, entries, config, fingerprint, input_problems, skipped, started)
+    gone = manifest.dropped["duplicate"]   # every document the merge left out, by reason below
+    contaminated = merger.contaminated_rows + merger.emptied
+    exact = sum(int(np.load(p, mmap_mode="r").shape[0]) for p in duplicates) if near else gone - contaminated
+    manifest.dropped["duplicate"] = exact
     if near:
-        exact = sum(int(np.load(p, mmap_mode="r").shape[0]) for p in duplicates)
-        manifest.dropped["duplicate"], manifest.dropped["near_duplicate"] = exact, manifest.dropped["duplicate"] - exact
+        manifest.dropped["near_duplicate"] = gone - contaminated - exact
         settings = config.near_dedup_settings()
         manifest.totals["near_dedup"] = {"threshold": settings.threshold, "ngram": settings.ngram,
                                          "bands": settings.bands, "rows": settings.rows, **near[2]}
         manifest.schema = {f.name: str(f.type) for f in CORPUS_SCHEMA_CLUSTERED}
+    if clean:
+        manifest.dropped["contaminated"] = contaminated
+        manifest.totals["decontamination"] = {"mode": config.decontaminate_mode,
+                                              "max_docs": config.decontaminate_max_docs,
+                                              "sentence_bytes_removed": merger.dropped_bytes, **clean[1]}
     return finish(out, manifest, entries, config)
 
 
@@ -390,21 +418,24 @@ def _empty_folder(path: Path) -> bool:
 # every name prepare-corpus writes in OUT/.work: its state, per-file parts, dedup partitions, temporary files
 WORK_FILE = re.compile(r"state\.json|part-\d{5}\.(arrow|json)|dedup-\d{5}-\d{5}\.(npy|json)|.+\.tmp")
 # and in OUT/.work/near-dedup/ (pipelines/near_dedup.py)
-NEAR_DEDUP_FILE = re.compile(r"(signatures-\d{5}|pairs-band\d{3}|checked-\d{12}|candidates|removed|cluster_sizes)"
-                             r"\.(npy|json)|.+\.tmp")
+WORK_FOLDERS = {   # and in its subfolders (pipelines/near_dedup.py, pipelines/decontaminate.py)
+    "near-dedup": re.compile(r"(signatures-\d{5}|pairs-band\d{3}|checked-\d{12}|candidates|removed|cluster_sizes)"
+                             r"\.(npy|json)|.+\.tmp"),
+    "decontaminate": re.compile(r"(matches-\d{5}\.(npy|json)|evaluation\.npz|removed\.npy)|.+\.tmp")}
 
 
 def remove_work(work: Path) -> None:
     """The files prepare-corpus wrote in OUT/.work (when the folder is ours: a user's of that name stays), its
     state.json last, then the folder if that left it empty: a file of anyone else's there is kept."""
     if _is_our_work(work):
-        near = work / "near-dedup"
-        if near.is_dir() and not near.is_symlink():
-            for p in near.iterdir():
-                if p.is_file() and not p.is_symlink() and NEAR_DEDUP_FILE.fullmatch(p.name):
-                    p.unlink(missing_ok=True)
-            if _empty_folder(near):
-                near.rmdir()
+        for name, pattern in WORK_FOLDERS.items():
+            sub = work / name
+            if sub.is_dir() and not sub.is_symlink():
+                for p in sub.iterdir():
+                    if p.is_file() and not p.is_symlink() and pattern.fullmatch(p.name):
+                        p.unlink(missing_ok=True)
+                if _empty_folder(sub):
+                    sub.rmdir()
         names = sorted(p.name for p in work.iterdir() if p.is_file() and not p.is_symlink()
                        and WORK_FILE.fullmatch(p.name))
         for name in sorted(names, key=lambda n: n == "state.json"):   # the mark goes last
@@ -485,15 +516,19 @@ def process_files(files: list, parts: list[Path], config: CorpusConfig, work: Pa
             partitions = config.dedup_partitions or max(1, math.ceil(total_rows / ROWS_PER_PARTITION))
             progress.now(f"finding duplicates ({partitions} task(s))")
             duplicates = run_dedup(engine, parts, total_rows, partitions, work)
-            near = None
+            near = clean = None
             if config.near_dedup:
                 near = run_near_dedup(engine, parts, total_rows, config.near_dedup_settings(), work, progress.now)
+            if config.decontaminate:
+                progress.now(f"decontaminating against {len(config.decontaminate)} evaluation file(s)")
+                clean = run_decontamination(engine, parts, [Path(p) for p in config.decontaminate],
+                                            config.decontaminate_mode, config.decontaminate_max_docs, work)
         progress.now("merging")
     finally:
         _report = None
         if progress is not None:
             progress.bar.close()
-    return results, duplicates, near
+    return results, duplicates, near, clean
 
 
 def finish(out: Path, manifest: CorpusManifest, entries: list, config: CorpusConfig) -> CorpusManifest:

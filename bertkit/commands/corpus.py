@@ -41,6 +41,14 @@ from bertkit.pipelines.engine import ENGINE_HELP, ENGINES, RAY_ADDRESS_HELP
               help="Personal data (e-mail and IP addresses, phone numbers, Korean resident registration numbers, "
                    "Luhn-checked card numbers): redact puts [EMAIL], [PHONE], [RRN], [CARD], [IP] in their place, "
                    "drop removes the document; either way a document with more than 5 is dropped (dolma's rule).")
+@click.option("--decontaminate", multiple=True, type=click.Path(exists=True, dir_okay=False), metavar="FILE",
+              help="An evaluation file as published (SQuAD/KorQuAD or KLUE JSON, JSON lines, TSV/CSV, text; "
+                   "repeatable): corpus text sharing a word 13-gram with it (a text of 8-12 words: the whole text) "
+                   "is removed, and each file's matches are counted.")
+@click.option("--decontaminate-mode", type=click.Choice(["sentences", "documents"]), default="sentences",
+              show_default=True, help="What goes where a match is found: its sentences, or the whole document.")
+@click.option("--decontaminate-max-docs", default=10, show_default=True, type=click.IntRange(min=1),
+              help="An n-gram found in more corpus documents than this is a common phrase, not a leak: kept.")
 @click.option("--workers", "-j", default=default_workers(), show_default="CPUs, at most 8", type=click.IntRange(min=1),
               help="Processes; the output is byte-identical for any number.")
 @click.option("--engine", type=click.Choice(ENGINES), default="local", show_default=True, help=ENGINE_HELP)

@@ -1,0 +1,189 @@
+"""prepare-corpus --decontaminate FILE...: evaluation text kept out of pretraining. Every text of each evaluation
+file as published (SQuAD/KorQuAD and KLUE JSON, JSON lines: every string value; TSV/CSV and plain text: every field
+of every line) becomes its word 13-grams (a text of 8-12 words: itself whole, as GPT-3 did for short examples);
+words as --near-dedup finds them. A corpus document sharing one of them loses the sentences that hold it
+(--decontaminate-mode sentences) or goes whole (documents). An n-gram found in more than --decontaminate-max-docs
+documents is a common phrase, not a leak, and is ignored (GPT-3's and NeMo Curator's rule).
+
+Tasks: one per part (the matches of its documents: position, sentence, n-gram), then the main process counts each
+n-gram's documents and writes what goes."""
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from bertkit.fileio import atomic_write_json, read_json_or_none
+from bertkit.formats import CorpusColumns as C
+from bertkit.pipelines.engine import Engine
+from bertkit.pipelines.near_dedup import _MASK32, _save, word_hashes
+
+NGRAM = 13
+SHORTEST = 8          # words: a shorter text is too common to mean a leak
+MODES = ("sentences", "documents")
+
+
+@dataclass(frozen=True)
+class EvalNgrams:
+    hashes: np.ndarray    # sorted unique uint64 n-gram hashes
+    sets: np.ndarray      # for each hash, the index of the first evaluation file that holds it
+    lengths: tuple        # the n-gram lengths present (13, and the short texts' own lengths)
+    names: tuple          # evaluation files' names, by index
+
+
+def ngrams64(hashed: np.ndarray, n: int) -> np.ndarray:
+    """A 64-bit polynomial over each run of n word hashes (wrapping): few chance matches over billions of n-grams."""
+    acc = np.zeros(max(len(hashed) - n + 1, 0), dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for k in range(n):
+            acc = acc * np.uint64(0x100000001B3) + (hashed[k: len(hashed) - n + 1 + k] & _MASK32)
+    return acc
+
+
+def text_ngrams(text: str) -> tuple[np.ndarray, int]:
+    """(the text's n-gram hashes, their length): 13-grams, or the whole text of 8-12 words, or none."""
+    hashed = word_hashes(text)
+    if len(hashed) >= NGRAM:
+        return ngrams64(hashed, NGRAM), NGRAM
+    if len(hashed) >= SHORTEST:
+        return ngrams64(hashed, len(hashed)), len(hashed)
+    return np.zeros(0, np.uint64), 0
+
+
+def evaluation_texts(path: Path) -> list[str]:
+    """Every text of an evaluation file as published: JSON (one document, or JSON lines) by its string values at any
+    depth; anything else by the fields of its lines (tab-, then comma-separated when the name says .csv)."""
+    raw = path.read_text(encoding="utf-8-sig")
+    values = []
+
+    def walk(node):
+        if isinstance(node, str):
+            values.append(node)
+        elif isinstance(node, dict):
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    if path.suffix.lower() in (".json", ".jsonl"):
+        try:
+            walk(json.loads(raw))
+        except json.JSONDecodeError:
+            for line in raw.split("\n"):
+                if line.strip():
+                    walk(json.loads(line))
+        return values
+    separator = "," if path.suffix.lower() == ".csv" else "\t"
+    return [field for line in raw.split("\n") for field in line.split(separator)]
+
+
+def load_evaluation(paths: list[Path]) -> EvalNgrams:
+    hashes, sets, lengths = [], [], set()
+    for index, path in enumerate(paths):
+        for text in evaluation_texts(path):
+            found, n = text_ngrams(text)
+            if n:
+                hashes.append(found)
+                sets.append(np.full(len(found), index, np.int32))
+                lengths.add(n)
+    if not hashes:
+        return EvalNgrams(np.zeros(0, np.uint64), np.zeros(0, np.int32), (), tuple(p.name for p in paths))
+    allh, alls = np.concatenate(hashes), np.concatenate(sets)
+    order = np.lexsort((alls, allh))
+    allh, alls = allh[order], alls[order]
+    first = np.r_[True, allh[1:] != allh[:-1]]
+    return EvalNgrams(allh[first], alls[first], tuple(sorted(lengths)), tuple(p.name for p in paths))
+
+
+def save_evaluation(ev: EvalNgrams, path: Path) -> None:
+    import io
+
+    from bertkit.fileio import atomic_write_bytes
+
+    buffer = io.BytesIO()
+    np.savez(buffer, hashes=ev.hashes, sets=ev.sets, lengths=np.array(ev.lengths, np.int64))
+    atomic_write_bytes(path, buffer.getvalue())
+
+
+def match_task(part: str, evaluation: str, out: str) -> dict:
+    """Task: every evaluation n-gram found in this part's documents, as (row, first sentence, last sentence, n-gram
+    index) int64 rows, rows counted within the part."""
+    saved = np.load(evaluation)
+    hashes, lengths = saved["hashes"], [int(n) for n in saved["lengths"]]
+    found, row0 = [], 0
+    with pa.memory_map(part, "r") as source:
+        for batch in pa.ipc.open_stream(source):
+            docs = batch.column(C.SENTENCES).to_pylist()
+            if len(hashes):
+                found.append(_batch_matches(docs, hashes, lengths, row0))
+            row0 += len(docs)
+    matches = np.concatenate(found) if found else np.zeros((0, 4), np.int64)
+    _save(Path(out), matches)
+    record = {"rows": row0, "matches": len(matches)}
+    atomic_write_json(Path(out).with_suffix(".json"), record)
+    return record
+
+
+def _batch_matches(docs: list[list[str]], hashes: np.ndarray, lengths: list[int], row0: int) -> np.ndarray:
+    sentences = [s for d in docs for s in d]
+    encoded = [s.lower().encode("utf-8") for s in sentences]
+    starts = np.r_[0, np.cumsum([len(e) + 1 for e in encoded])[:-1]]
+    from bertkit.pipelines.near_dedup import _words
+
+    hashed, begins = _words(np.frombuffer(b"\n".join(encoded) + b"\n", np.uint8))
+    sentence = np.searchsorted(starts, begins, side="right") - 1            # each word's sentence (in the batch)
+    owner = np.repeat(np.arange(len(docs)), [len(d) for d in docs])          # each sentence's document
+    first_sentence = np.r_[0, np.cumsum([len(d) for d in docs])[:-1]]
+    doc = owner[sentence] if len(sentence) else sentence
+    out = []
+    for n in lengths:
+        grams = ngrams64(hashed, n)
+        if not len(grams):
+            continue
+        inside = doc[: len(grams)] == doc[n - 1:]
+        at = np.minimum(np.searchsorted(hashes, grams), len(hashes) - 1)
+        hit = np.flatnonzero(inside & (hashes[at] == grams))
+        d = doc[hit]
+        out.append(np.stack([d + row0, sentence[hit] - first_sentence[d], sentence[hit + n - 1] - first_sentence[d],
+                             at[hit]], axis=1))
+    return np.concatenate(out) if out else np.zeros((0, 4), np.int64)
+
+
+def run_decontamination(engine: Engine, parts: list[Path], evaluation_files: list[Path], mode: str, max_docs: int,
+                        work: Path) -> tuple[Path, dict]:
+    """The match tasks (finished ones reused), then what goes: a sorted int64 .npy of positions (documents) or an
+    (n, 2) one of (position, sentence) (sentences); and per evaluation file the documents and sentences matched."""
+    folder = work / "decontaminate"
+    folder.mkdir(exist_ok=True)
+    ev = load_evaluation(evaluation_files)
+    save_evaluation(ev, folder / "evaluation.npz")
+    outs = [folder / f"matches-{i:05d}.npy" for i in range(len(parts))]
+    todo = [(str(p), str(folder / "evaluation.npz"), str(o)) for p, o in zip(parts, outs)
+            if not (read_json_or_none(o.with_suffix(".json")) and o.is_file())]
+    list(engine.map(match_task, todo))
+    starts = np.cumsum([0] + [read_json_or_none(o.with_suffix(".json"))["rows"] for o in outs])
+    matches = np.concatenate([np.load(o) + np.array([s, 0, 0, 0]) for o, s in zip(outs, starts)]
+                             + [np.zeros((0, 4), np.int64)])
+    pairs = np.unique(matches[:, [3, 0]], axis=0)                           # (n-gram, document) once each
+    documents_per_ngram = np.bincount(pairs[:, 0], minlength=len(ev.hashes))
+    kept = matches[documents_per_ngram[matches[:, 3]] <= max_docs]
+    report = {name: {"documents": 0, "sentences": 0} for name in ev.names}
+    sentences = _spanned(kept)
+    for index, name in enumerate(ev.names):
+        mine = kept[ev.sets[kept[:, 3]] == index]
+        report[name]["documents"] = len(np.unique(mine[:, 0]))
+        report[name]["sentences"] = len(_spanned(mine))
+    removed = np.unique(kept[:, 0]) if mode == "documents" else sentences
+    _save(folder / "removed.npy", removed.astype(np.int64))
+    return folder / "removed.npy", {"files": report, "evaluation_ngrams": len(ev.hashes),
+                                    "ngrams_too_common": int((documents_per_ngram > max_docs).sum())}
+
+
+def _spanned(matches: np.ndarray) -> np.ndarray:
+    """(position, sentence) of every sentence the matches span (a 13-gram spans at most 13), each once."""
+    width = matches[:, 2] - matches[:, 1]
+    pieces = [np.stack([matches[width >= k, 0], matches[width >= k, 1] + k], axis=1)
+              for k in range(int(width.max()) + 1 if len(width) else 0)]
+    return np.unique(np.concatenate(pieces + [np.zeros((0, 2), np.int64)]), axis=0)

@@ -1,0 +1,93 @@
+"""prepare-corpus --decontaminate: evaluation text planted in a corpus (whole passages, a 13-word stretch, a short
+review whole) is found and removed, sentence or document; shorter overlaps and phrases common across the corpus
+stay; every evaluation file's matches counted; the same bytes for any worker count."""
+import json
+
+import pyarrow as pa
+import pytest
+
+from bertkit.formats import corpus_shards
+from bertkit.pipelines.decontaminate import evaluation_texts, text_ngrams
+from bertkit.pipelines.prepare_corpus import CorpusConfig, prepare_corpus
+
+PASSAGE = ("세종대왕은 조선의 제4대 왕으로 훈민정음을 창제하여 백성들이 쉽게 글을 읽고 쓸 수 "
+           "있도록 하였으며 과학과 음악 발전에도 힘썼다")
+REVIEW = "이 영화 정말 최고였어요 배우들 연기가 너무 좋고 음악도 좋아요"          # 11 words: matched whole
+SHORT = "배우들 연기가 너무 좋고 음악도"                                          # 5 words: too short to mean a leak
+COMMON = "this sentence is a very common phrase that every page of the site repeats at its end"
+FILLER = ["평범한 위키 문장이 여기에 있다.", "다른 내용의 문장이 이어진다 전혀 관계없이.",
+          "마지막 문장도 깨끗하다 정말로."]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("decon")
+    squad = {"data": [{"title": "t", "paragraphs": [{"context": PASSAGE + ". " + COMMON, "qas": [
+        {"id": "1", "question": "훈민정음을 만든 왕은 누구인가", "answers": []}]}]}]}
+    (root / "korquad.json").write_text(json.dumps(squad, ensure_ascii=False))
+    (root / "ratings.txt").write_text(f"id\tdocument\tlabel\n1\t{REVIEW}\t1\n2\t{SHORT}\t1\n")
+    docs = {"passage": f"{FILLER[0]} {PASSAGE}. {FILLER[1]}",
+            "stretch": f"{FILLER[1]} 그는 " + " ".join(PASSAGE.split()[2:15]) + f" 라고 적었다. {FILLER[2]}",
+            "review": f"{FILLER[2]} {REVIEW}. {FILLER[0]}",
+            "short": f"{FILLER[0]} {SHORT} 이라는 말. {FILLER[2]}",
+            "clean": " ".join(FILLER)}
+    rows = [{"title": k, "text": v} for k, v in docs.items()]
+    rows += [{"title": f"common{i}", "text": f"{FILLER[i % 3]} 문서 {i}번. {COMMON}."} for i in range(12)]
+    (root / "in.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    return root
+
+
+def run(root, out, **options):
+    return prepare_corpus([root / "in.jsonl"], out, CorpusConfig(
+        holdout=0, min_chars=10, progress=False, decontaminate=(root / "korquad.json", root / "ratings.txt"),
+        **options))
+
+
+def documents(out) -> dict:
+    table = pa.concat_tables([pa.ipc.open_file(str(p)).read_all() for p in corpus_shards(out)])
+    return dict(zip(table.column("title").to_pylist(), table.column("sentences").to_pylist()))
+
+
+def test_sentences_holding_evaluation_text_go_and_nothing_else(corpus, tmp_path):
+    manifest = run(corpus, tmp_path / "s")
+    kept = documents(tmp_path / "s")
+    assert kept["passage"] == [FILLER[0], FILLER[1]]                  # the passage's sentence went
+    assert not any("훈민정음" in s for s in kept["stretch"])            # 13 words of it inside another sentence
+    assert kept["review"] == [FILLER[2], FILLER[0]]                    # a short review, whole
+    assert any(SHORT in s for s in kept["short"]) and kept["clean"] == FILLER
+    assert sum(1 for t in kept if t.startswith("common")) == 12       # a phrase in 12 > 10 documents stays
+    report = manifest.totals["decontamination"]
+    assert report["files"] == {"korquad.json": {"documents": 2, "sentences": 2},
+                               "ratings.txt": {"documents": 1, "sentences": 1}}
+    assert report["ngrams_too_common"] > 0 and manifest.dropped["contaminated"] == 0
+
+
+def test_documents_mode_and_workers(corpus, tmp_path):
+    manifest = run(corpus, tmp_path / "d", decontaminate_mode="documents", workers=2)
+    kept = documents(tmp_path / "d")
+    assert {"passage", "stretch", "review"}.isdisjoint(kept) and {"short", "clean"} <= set(kept)
+    assert manifest.dropped["contaminated"] == 3
+    one = run(corpus, tmp_path / "d1", decontaminate_mode="documents", workers=1)
+    assert one.shards == manifest.shards   # the same files, byte for byte (checksums)
+
+
+def test_evaluation_files_are_read_as_published(tmp_path):
+    (tmp_path / "nli.json").write_text(json.dumps([{"guid": "x", "premise": "a b", "hypothesis": "c"}]))
+    (tmp_path / "lines.jsonl").write_text('{"q": "one", "a": {"t": ["two"]}}\n{"q": "three"}\n')
+    (tmp_path / "t.tsv").write_text("id\ttext\n1\tfour five\n")
+    assert evaluation_texts(tmp_path / "nli.json") == ["x", "a b", "c"]
+    assert evaluation_texts(tmp_path / "lines.jsonl") == ["one", "two", "three"]
+    assert "four five" in evaluation_texts(tmp_path / "t.tsv")
+    assert text_ngrams("one two three four five six seven")[1] == 0          # 7 words: nothing
+    assert text_ngrams("one two three four five six seven eight")[1] == 8    # 8: the whole text
+    grams, n = text_ngrams(" ".join(f"w{i}" for i in range(20)))
+    assert n == 13 and len(grams) == 8
+
+
+def test_a_corpus_made_before_the_quality_steps_keeps_its_fingerprint():
+    """Options at their defaults are left out of the fingerprint: the same command on a corpus made before
+    --near-dedup, --pii and --decontaminate existed finds it complete, as it did."""
+    assert sorted(CorpusConfig().output_options()) == ["format", "holdout", "language", "min_chars", "min_sentences",
+                                                       "shard_size", "splitter", "text_field"]
+    on = CorpusConfig(near_dedup=True, pii="redact", decontaminate=["x.json"]).output_options()
+    assert {"near_dedup", "near_dedup_threshold", "pii", "decontaminate", "decontaminate_mode"} <= set(on)
