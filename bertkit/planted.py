@@ -76,9 +76,13 @@ def variant(text: str, kind: str, language: str, rng: random.Random, pool: list[
     return " ".join(cut[: int(len(cut) * rng.choice((0.9, 0.8, 0.7)))])
 
 
-def planted_corpus(out: Path, sources: dict, per_language: int, share: float = 0.3, seed: int = 0) -> dict:
-    """out/corpus.jsonl ({"title", "text"}: originals first, then the planted variants in a seeded order) and
-    out/truth.json ({title: {"kind", "of", "jaccard", "language"}}). sources: {language: WikiExtractor folder}."""
+def planted_corpus(out: Path, sources: dict, per_language: int, share: float = 0.3, seed: int = 0,
+                   personal: int = 0, benign: int = 0, passages: list[str] = ()) -> dict:
+    """out/corpus.jsonl ({"title", "text"}: originals and planted variants in a seeded order) and out/truth.json
+    ({title: {"kind", "of", "jaccard", "language"}}). sources: {language: WikiExtractor folder}. With `personal`,
+    `benign` or `passages`, that many made-up personal data, benign numbers and the given evaluation passages are
+    put into documents that have no variant, listed in out/plants.json ({"personal": [[title, kind, text]],
+    "benign": [[title, text]], "passages": [[title, text]]})."""
     rng, rows, truth = random.Random(seed), [], {}
     for language, folder in sources.items():
         documents = wiki_documents(folder, per_language)
@@ -96,13 +100,48 @@ def planted_corpus(out: Path, sources: dict, per_language: int, share: float = 0
             truth[title] = {"kind": kind, "of": f"{language}-{i:05d}",
                             "jaccard": round(true_jaccard(documents[i], text), 4), "language": language}
         rows += planted
+    plants = _plant_extras(rows, truth, rng, personal, benign, list(passages))
     rng.shuffle(rows)   # a crawl's order: a variant may come before its original
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "corpus.jsonl", "w", encoding="utf-8") as f:
         for row in rows:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
     (out / "truth.json").write_text(json.dumps(truth, ensure_ascii=False, indent=0), encoding="utf-8")
+    (out / "plants.json").write_text(json.dumps(plants, ensure_ascii=False, indent=0), encoding="utf-8")
     return truth
+
+
+def _plant_extras(rows: list, truth: dict, rng: random.Random, personal: int, benign: int, passages: list) -> dict:
+    with_variant = {v["of"] for v in truth.values() if v["of"]}
+    hosts = [r for r in rows if truth[r["title"]]["kind"] == "original" and r["title"] not in with_variant]
+    plants = {"personal": [], "benign": [], "passages": []}
+    if not hosts:
+        return plants
+    texts = [r["text"] for r in hosts]
+    for name, pieces, template in (
+            ("personal", [personal_data(rng) for _ in range(personal)], "연락처: {}."),
+            ("benign", [(None, benign_number(rng)) for _ in range(benign)], "기준: {}."),
+            ("passages", [(None, p) for p in passages], "{}")):
+        for (kind, piece), i in zip(pieces, plant_in(texts, [piece for _, piece in pieces], rng, template)):
+            plants[name].append([hosts[i]["title"], kind, piece] if kind else [hosts[i]["title"], piece])
+    for r, text in zip(hosts, texts):
+        r["text"] = text
+    return plants
+
+
+def plant_scores(plants: dict, kept: dict) -> dict:
+    """kept: {title: text of the document as the corpus holds it}. Personal data left (its text still there),
+    benign numbers kept (still there), evaluation passages left (a 13-word stretch of one still there)."""
+    def has_stretch(text: str, passage: str) -> bool:
+        w, words_of_text = words(passage), " ".join(words(text))
+        return any(" ".join(w[i:i + 13]) in words_of_text for i in range(max(1, len(w) - 12)))
+
+    left = [p for p in plants["personal"] if p[2] in kept.get(p[0], "")]
+    return {"personal": len(plants["personal"]), "personal_left": len(left), "personal_left_examples": left[:5],
+            "benign": len(plants["benign"]),
+            "benign_kept": sum(1 for title, text in plants["benign"] if text in kept.get(title, "")),
+            "passages": len(plants["passages"]),
+            "passages_left": sum(1 for title, text in plants["passages"] if has_stretch(kept.get(title, ""), text))}
 
 
 def near_dedup_scores(truth: dict, kept_titles: set, at_least: float = 0.8) -> dict:
@@ -119,3 +158,54 @@ def near_dedup_scores(truth: dict, kept_titles: set, at_least: float = 0.8) -> d
     return {"pairs_at_or_above": len(high), "recall": merged / len(high) if high else None,
             "pairs_below": len(low), "below_both_kept": sum(1 for t, o in low if t in kept_titles and o in kept_titles),
             "distinct": len(distinct), "distinct_lost": len(lost), "lost_examples": lost[:5]}
+
+
+def personal_data(rng: random.Random) -> tuple[str, str]:
+    """(kind, a made-up personal datum as people write them): Korean phones in their usual shapes, e-mails, IPs,
+    resident registration numbers of real dates, Luhn-valid card numbers."""
+    kind = rng.choice(("phone", "phone", "email", "ip", "rrn", "card"))
+    d = lambda n: "".join(str(rng.randrange(10)) for _ in range(n))  # noqa: E731
+    if kind == "phone":
+        return kind, rng.choice((f"010-{d(4)}-{d(4)}", f"010 {d(4)} {d(4)}", f"010{d(8)}", f"02-{d(3)}-{d(4)}",
+                                 f"031-{d(3)}-{d(4)}", f"+82 10 {d(4)} {d(4)}", f"+82-2-{d(3)}-{d(4)}"))
+    if kind == "email":
+        user = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(4, 9)))
+        host = rng.choice(("naver.com", "gmail.com", "daum.net", "korea.ac.kr"))
+        return kind, f"{user}{rng.choice(('', '.kim', '_lee', '91'))}@{host}"
+    if kind == "ip":
+        return kind, ".".join(str(rng.randrange(1, 255)) for _ in range(4))
+    if kind == "rrn":
+        return kind, f"{rng.randrange(60, 100):02d}{rng.randrange(1, 13):02d}{rng.randrange(1, 29):02d}-" \
+                     f"{rng.choice('12')}{d(6)}"
+    digits = [rng.randrange(10) for _ in range(14)]   # 4, 14 digits, a check digit: 16
+    for check in range(10):
+        number = "4" + "".join(map(str, digits)) + str(check)
+        total = sum((int(c) * 2 - 9 if int(c) * 2 > 9 else int(c) * 2) if i % 2 else int(c)
+                    for i, c in enumerate(reversed(number)))
+        if total % 10 == 0:
+            return kind, " ".join(number[i:i + 4] for i in range(0, 16, 4))
+    raise AssertionError("a check digit always exists")
+
+
+def benign_number(rng: random.Random) -> str:
+    """Numbers that are not personal data: dates, ISBNs, prices, versions, years, percentages."""
+    return rng.choice((f"{rng.randrange(1950, 2025)}-{rng.randrange(1, 13):02d}-{rng.randrange(1, 29):02d}",
+                       f"{rng.randrange(1950, 2025)}.{rng.randrange(1, 13):02d}.{rng.randrange(1, 29):02d}.",
+                       "ISBN 978-89-7282-985-9", "ISBN 89-7282-985-3",
+                       f"{rng.randrange(1, 999):,}{rng.choice((',000원', '달러'))}",
+                       f"버전 {rng.randrange(1, 9)}.{rng.randrange(0, 20)}.{rng.randrange(0, 9)}",
+                       f"{rng.randrange(1900, 2000)}–{rng.randrange(2000, 2025)}",
+                       f"{rng.randrange(1, 100)}.{rng.randrange(10)}%",
+                       f"인구 {rng.randrange(1000, 99999):,}명"))
+
+
+def plant_in(documents: list[str], pieces: list[str], rng: random.Random, template: str) -> list[int]:
+    """Each piece put into a seeded document, at a sentence end, inside `template` ("{}"); the documents' indices."""
+    at = []
+    for piece in pieces:
+        i = rng.randrange(len(documents))
+        cut = documents[i].find(". ", rng.randrange(max(1, len(documents[i]) // 2)))
+        cut = cut + 2 if cut >= 0 else len(documents[i])
+        documents[i] = documents[i][:cut] + template.format(piece) + " " + documents[i][cut:]
+        at.append(i)
+    return at

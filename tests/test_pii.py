@@ -75,3 +75,28 @@ def test_the_modes_end_to_end(corpus, tmp_path, mode):
         assert kept[0] == ["연락처는 [PHONE]입니다.", "메일은 [EMAIL] 으로 주세요.", "이 문서는 충분히 깁니다."]
     else:
         assert kept == [benign]
+
+
+def test_planted_personal_data_all_go_and_benign_numbers_all_stay(tmp_path):
+    """bertkit.planted's made-up personal data (every Korean phone shape, e-mails, IPs, resident registration and
+    card numbers) and benign numbers put into real-looking documents: --pii redact leaves none of the first and
+    every one of the second."""
+    from bertkit.planted import plant_scores, planted_corpus
+
+    wiki = tmp_path / "wiki" / "AA"
+    wiki.mkdir(parents=True)
+    words = "서울 부산 대구 인천 광주 대전 울산 세종 경기 강원 충북 충남 전북 전남 경북 경남 제주 하늘 바다 산".split()
+    docs = "".join(f'<doc id="{i}" title="t{i}">\nt{i}\n' + ". ".join(
+        " ".join(words[(i * 7 + j * 3 + k) % len(words)] for k in range(9)) for j in range(12)) + ".\n</doc>\n"
+        for i in range(40))
+    (wiki / "wiki_00").write_text(docs, encoding="utf-8")
+    planted_corpus(tmp_path / "planted", {"ko": tmp_path / "wiki"}, 40, share=0.0, personal=30, benign=30)
+    plants = json.loads((tmp_path / "planted" / "plants.json").read_text(encoding="utf-8"))
+    out = tmp_path / "out"
+    prepare_corpus([tmp_path / "planted" / "corpus.jsonl"], out, CorpusConfig(pii="redact", holdout=0,
+                                                                              progress=False))
+    table = pa.concat_tables([pa.ipc.open_file(str(p)).read_all() for p in corpus_shards(out)])
+    kept = {t: " ".join(s) for t, s in zip(table.column("title").to_pylist(), table.column("sentences").to_pylist())}
+    scores = plant_scores(plants, kept)
+    assert scores["personal"] == 30 and scores["personal_left"] == 0, scores
+    assert scores["benign"] == 30 and scores["benign_kept"] == 30, scores
