@@ -112,12 +112,14 @@ def match_task(part: str, evaluation: str, out: str) -> dict:
     index) int64 rows, rows counted within the part."""
     saved = np.load(evaluation)
     hashes, lengths = saved["hashes"], [int(n) for n in saved["lengths"]]
+    present = np.zeros(1 << 24, dtype=bool)   # a first test on 24 bits of each hash: most n-grams stop here
+    present[(hashes & np.uint64(0xFFFFFF)).astype(np.int64)] = True
     found, row0 = [], 0
     with pa.memory_map(part, "r") as source:
         for batch in pa.ipc.open_stream(source):
             docs = batch.column(C.SENTENCES).to_pylist()
             if len(hashes):
-                found.append(_batch_matches(docs, hashes, lengths, row0))
+                found.append(_batch_matches(docs, hashes, lengths, row0, present))
             row0 += len(docs)
     matches = np.concatenate(found) if found else np.zeros((0, 4), np.int64)
     _save(Path(out), matches)
@@ -126,7 +128,8 @@ def match_task(part: str, evaluation: str, out: str) -> dict:
     return record
 
 
-def _batch_matches(docs: list[list[str]], hashes: np.ndarray, lengths: list[int], row0: int) -> np.ndarray:
+def _batch_matches(docs: list[list[str]], hashes: np.ndarray, lengths: list[int], row0: int,
+                   present: np.ndarray) -> np.ndarray:
     sentences = [s for d in docs for s in d]
     encoded = [s.lower().encode("utf-8") for s in sentences]
     starts = np.r_[0, np.cumsum([len(e) + 1 for e in encoded])[:-1]]
@@ -142,12 +145,13 @@ def _batch_matches(docs: list[list[str]], hashes: np.ndarray, lengths: list[int]
         grams = ngrams64(hashed, n)
         if not len(grams):
             continue
-        inside = doc[: len(grams)] == doc[n - 1:]
-        at = np.minimum(np.searchsorted(hashes, grams), len(hashes) - 1)
-        hit = np.flatnonzero(inside & (hashes[at] == grams))
+        maybe = np.flatnonzero(present[(grams & np.uint64(0xFFFFFF)).astype(np.int64)])
+        at = np.minimum(np.searchsorted(hashes, grams[maybe]), len(hashes) - 1)
+        found = (hashes[at] == grams[maybe]) & (doc[maybe] == doc[maybe + n - 1])   # inside one document
+        hit, at = maybe[found], at[found]
         d = doc[hit]
         out.append(np.stack([d + row0, sentence[hit] - first_sentence[d], sentence[hit + n - 1] - first_sentence[d],
-                             at[hit]], axis=1))
+                             at], axis=1))
     return np.concatenate(out) if out else np.zeros((0, 4), np.int64)
 
 

@@ -50,9 +50,13 @@ def bertkit(*args, cwd):
 @pytest.mark.slow
 def test_stages_chain_through_default_folders(tmp_path):
     write_wiki_tree(tmp_path / "wiki")
-    bertkit("prepare-corpus", "wiki/", "--holdout", "0", cwd=tmp_path)
+    # an evaluation file whose sentence the corpus holds: cleaned out, and every score on it says so
+    (tmp_path / "eval.tsv").write_text("text\tlabel\nIt flows south through three towns before reaching the sea\t1\n"
+                                       "Farmers along its banks grow wheat\t0\n")
+    bertkit("prepare-corpus", "wiki/", "--holdout", "0", "--decontaminate", "eval.tsv", cwd=tmp_path)
     corpus = json.loads((tmp_path / "corpus" / "manifest.json").read_text())
     assert corpus["complete"] and sum(s["rows"] for s in corpus["shards"]) == 12
+    assert corpus["totals"]["decontamination"]["files"]["eval.tsv"]["documents"] == 2
 
     bertkit("train-tokenizer", "--vocab-size", "300", cwd=tmp_path)
     vocab = (tmp_path / "tokenizer" / "vocab.txt").read_text(encoding="utf-8").split("\n")
@@ -66,6 +70,15 @@ def test_stages_chain_through_default_folders(tmp_path):
     bertkit("pretrain", "--model", "tiny", "--max-steps", "2", "--micro-batch", "4", "--eval-every", "0",
             "--save-every", "2", "--no-progress", cwd=tmp_path)
     assert (tmp_path / "runs" / "pretrain" / "checkpoints" / "latest").is_file()
+
+    bertkit("export", "runs/pretrain", "--out", "model", cwd=tmp_path)
+    assert json.loads((tmp_path / "model" / "config.json").read_text())["bertkit"]["decontaminated_against"] == \
+        ["eval.tsv"]
+    bertkit("finetune", "classify", "--model", "model", "--train-file", "eval.tsv", "--dev-file", "eval.tsv",
+            "--text-a", "text", "--label", "label", "--epochs", "1", "--out", "ft", "--no-save-model", cwd=tmp_path)
+    record = json.loads((tmp_path / "ft" / "metrics.json").read_text())["pretraining_corpus"]
+    assert record == {"decontaminated_against": ["eval.tsv"], "scored_file": "eval.tsv",
+                      "scored_file_decontaminated": True}
 
 
 def readme_stage_block() -> list[str]:

@@ -91,3 +91,15 @@ def test_a_corpus_made_before_the_quality_steps_keeps_its_fingerprint():
                                                        "shard_size", "splitter", "text_field"]
     on = CorpusConfig(near_dedup=True, pii="redact", decontaminate=["x.json"]).output_options()
     assert {"near_dedup", "near_dedup_threshold", "pii", "decontaminate", "decontaminate_mode"} <= set(on)
+
+
+def test_a_score_says_whether_pretraining_saw_its_file(tmp_path):
+    from bertkit.finetune.train import pretraining_corpus
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))   # not a bertkit export
+    unknown = pretraining_corpus(tmp_path, {"dev_file": "/data/ratings_test.txt"})
+    assert unknown["decontaminated_against"] is None and unknown["scored_file"] == "ratings_test.txt"
+    record = {"bertkit": {"decontaminated_against": ["KorQuAD_v1.0_dev.json"]}}
+    (tmp_path / "config.json").write_text(json.dumps(record))
+    assert pretraining_corpus(tmp_path, {"predict_file": "x/KorQuAD_v1.0_dev.json"})["scored_file_decontaminated"]
+    assert pretraining_corpus(tmp_path, {"dev_file": "ratings_test.txt"})["scored_file_decontaminated"] is False

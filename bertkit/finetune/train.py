@@ -251,7 +251,23 @@ def train(model, train_rows: list, evaluate, best_metric: str, cfg: TrainConfig,
                        "another)")
     with fine_tuning_folder(Path(cfg.out_dir), cfg.overwrite) as output:
         return _train(model, train_rows, (evaluate, validate), best_metric, cfg, task, settings, output,
-                      functools.partial(save_pretrained, tokenizer_dir=tokenizer_dir, extra_config=extra_config))
+                      functools.partial(save_pretrained, tokenizer_dir=tokenizer_dir, extra_config=extra_config),
+                      pretraining_corpus(tokenizer_dir, settings or {}))
+
+
+def pretraining_corpus(model_dir, settings: dict) -> dict:
+    """Whether the corpus the model was pretrained on was cleaned of the scored file (prepare-corpus
+    --decontaminate, as its export records it): a score on text the model saw in pretraining is not a transfer."""
+    config = read_json_or_none(Path(model_dir) / "config.json") if model_dir else None
+    known = (config or {}).get("bertkit", {}) if isinstance(config, dict) else {}
+    scored = settings.get("dev_file") or settings.get("predict_file")
+    name = Path(scored).name if scored and scored != "None" else None
+    if not isinstance(known, dict) or "decontaminated_against" not in known:
+        return {"decontaminated_against": None, "scored_file": name,
+                "note": "not recorded: not a bertkit export, or its corpus is not where the run found it"}
+    against = [str(x) for x in known["decontaminated_against"]]
+    return {"decontaminated_against": against, "scored_file": name,
+            "scored_file_decontaminated": (name in against) if name else None}
 
 
 @contextlib.contextmanager
@@ -272,8 +288,10 @@ def fine_tuning_folder(out_dir: Path, overwrite: bool):
                 tqdm.write(note)
 
 
-def _train(model, train_rows, evaluate, best_metric, cfg, task, settings, output, save) -> dict:
+def _train(model, train_rows, evaluate, best_metric, cfg, task, settings, output, save, pretraining=None) -> dict:
     ft = start_fine_tuning(model, train_rows, best_metric, cfg, task, settings, output)
+    if pretraining is not None:
+        ft.summary["pretraining_corpus"] = pretraining
     if ft.total_steps == 0:  # prediction only
         end_of_epoch(ft, evaluate, save, 0, None, 0.0)
         ft.log.close()

@@ -66,7 +66,7 @@ from bertkit.models import build_pretraining, family_of, save_pretrained
 from bertkit.models.sentence_embeddings import write_sentence_transformers_files
 from bertkit.outputs import Output, refuse_other_inputs, staged_files, staging_folder, swap_in
 from bertkit.pretrain.config import ConfigError, DeepSpeedSettings, PretrainConfig, TrainingError
-from bertkit.pretrain.model_card import model_card
+from bertkit.pretrain.model_card import data_facts, model_card
 from bertkit.rng import rng_state, set_rng_state
 from bertkit.safe_load import UnsafeCheckpointError, first_unsafe_file, refusing_code, safe_load
 
@@ -444,6 +444,9 @@ def export(run_dir, out_dir, tag: str | None = None, say=None, overwrite: bool =
     run_id = export_run_id(run_dir)
     extra = {"bertkit": {"run": Path(run_dir).resolve().name, "checkpoint": tag, "vocab_sha256": run.vocab_sha256,
                          "objective": run.objective}}
+    corpus = data_facts(run)["corpus"]
+    if corpus is not None:   # the evaluation files its corpus was cleaned of (finetune records it beside each score)
+        extra["bertkit"]["decontaminated_against"] = sorted(corpus.get("decontamination", {}).get("files", {}))
     out_dir = Path(out_dir)
     # a new or empty folder, or an earlier export; never another's folder. The new export is written whole beside
     # the old one and swapped in: a kill at any moment leaves one of the two, and only bertkit's files are replaced.
