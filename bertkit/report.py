@@ -10,7 +10,7 @@ import io
 import json
 from pathlib import Path
 
-from bertkit.formats import METRICS, RUN_CONFIG, FormatError, read_instances_manifest, read_run_config
+from bertkit.formats import METRICS, RUN_CONFIG, FormatError, folder_kind, read_instances_manifest, read_run_config
 from bertkit.runlog import read_metrics
 
 
@@ -225,6 +225,44 @@ def finetune_report(run_dir: Path) -> str:
     return _page(f"bertkit fine-tuning run: {summary.get('task')} ({run_dir.resolve().name})", figures, sections)
 
 
+def corpus_report(corpus_dir: Path) -> str:
+    """A prepare-corpus folder: documents removed by reason, the near-duplicate cluster sizes, each quality step's
+    counts, and the largest clusters' kept documents."""
+    import numpy as np
+    import pyarrow as pa
+
+    from bertkit.formats import CorpusColumns as C, corpus_shards, read_corpus_manifest
+
+    manifest = read_corpus_manifest(corpus_dir)
+    plt, figures = _plt(), []
+    removed = {k: v for k, v in manifest.dropped.items() if v}
+    if removed:
+        fig, ax = plt.subplots(figsize=(7, 0.4 * len(removed) + 1.2))
+        ax.barh(list(removed), list(removed.values()))
+        for y, v in enumerate(removed.values()):
+            ax.text(v, y, f" {v:,}", va="center")
+        ax.set(title=f"documents removed, by reason ({manifest.totals.get('documents', 0):,} kept)", xlabel="documents")
+        figures.append(("documents removed by reason", _png(fig)))
+    sections = [("totals", _table({k: v for k, v in manifest.totals.items() if not isinstance(v, dict)}))]
+    sections += [(k.replace("_", " "), _table(manifest.totals[k]))
+                 for k in ("near_dedup", "pii_found", "decontamination") if k in manifest.totals]
+    if C.CLUSTER_SIZE in manifest.schema:
+        rows = [(size, title, sentences[0] if sentences else "")
+                for path in corpus_shards(corpus_dir) + corpus_shards(corpus_dir, "holdout")
+                for size, title, sentences in zip(*(pa.ipc.open_file(str(path)).read_all().column(c).to_pylist()
+                                                    for c in (C.CLUSTER_SIZE, C.TITLE, C.SENTENCES)))]
+        sizes = np.array([r[0] for r in rows])
+        fig, ax = plt.subplots(figsize=(7, 3.6))
+        ax.hist(sizes, bins=np.arange(1, sizes.max() + 2) - 0.5 if sizes.max() < 50 else 50, log=True)
+        ax.set(title="near-duplicate cluster sizes (kept documents)", xlabel="documents in the cluster", ylabel="kept")
+        figures.append(("cluster sizes", _png(fig)))
+        largest = sorted(rows, key=lambda r: (-r[0], str(r[1])))[:10]
+        sections.append(("largest clusters (the kept document)", _table(
+            {f"{size} ({title})": first[:200] for size, title, first in largest})))
+    sections.append(("options", _table(manifest.options)))
+    return _page(f"bertkit corpus: {corpus_dir.resolve().name}", figures, sections)
+
+
 def report(run_dir, out=None) -> Path:
     """Write the page (default RUN_DIR/report.html); returns its path."""
     run_dir = Path(run_dir)
@@ -232,9 +270,11 @@ def report(run_dir, out=None) -> Path:
         page = pretrain_report(run_dir)
     elif (run_dir / "metrics.json").is_file():
         page = finetune_report(run_dir)
+    elif folder_kind(run_dir) == "prepare-corpus":
+        page = corpus_report(run_dir)
     else:
-        raise ReportError(f"{run_dir}: neither a pretraining run (config.json + metrics.jsonl) nor a fine-tuning run "
-                          "(metrics.json); pass the folder given as --out to pretrain or finetune")
+        raise ReportError(f"{run_dir}: neither a pretraining run (config.json + metrics.jsonl), a fine-tuning run "
+                          "(metrics.json) nor a corpus (prepare-corpus); pass the folder given as --out to one")
     from bertkit.fileio import atomic_write_bytes, disk_errors
 
     out = Path(out) if out else run_dir / "report.html"

@@ -119,6 +119,16 @@ def test_workers_and_a_killed_run_write_the_same_bytes(planted, tmp_path, monkey
     assert shard_bytes(tmp_path / "killed") == shard_bytes(tmp_path / "one")
 
 
+def test_the_corpus_report_draws_its_removals(planted, tmp_path):
+    root, _ = planted
+    run(root, tmp_path / "out")
+    r = CliRunner().invoke(main, ["report", str(tmp_path / "out")])
+    assert r.exit_code == 0, r.output
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert "documents removed by reason" in page and "cluster sizes" in page and "largest clusters" in page
+    assert page.count("<img") == 2
+
+
 def test_the_command_says_its_bands_and_refuses_a_bad_shape(planted, tmp_path):
     root, _ = planted
     r = CliRunner().invoke(main, ["prepare-corpus", str(root / "in.jsonl"), "--out", str(tmp_path / "o"),
