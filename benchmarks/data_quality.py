@@ -23,7 +23,7 @@ from pathlib import Path
 
 from record import run_info, write_result
 
-from bertkit.planted import near_dedup_scores, plant_scores, planted_corpus
+from bertkit.planted import junk_scores, near_dedup_scores, plant_scores, planted_corpus
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 BIN = Path(sys.executable).parent
@@ -115,7 +115,9 @@ def arms(work: Path, dt_python: str | None) -> dict:
                                                                                 "14x8"]),
              "--pii redact": lambda: bertkit_arm(work, "pii", ["--pii", "redact"]),
              "--decontaminate KorQuAD dev": lambda: bertkit_arm(work, "decon", evaluation),
-             "all three": lambda: bertkit_arm(work, "all", ["--near-dedup", "--pii", "redact", *evaluation])}
+             "--filters fineweb2": lambda: bertkit_arm(work, "filters", ["--filters", "fineweb2"]),
+             "all four": lambda: bertkit_arm(work, "all", ["--near-dedup", "--pii", "redact", "--filters",
+                                                           "fineweb2", *evaluation])}
     if dt_python:
         found["datatrove MinHash 14x8 (Kiwi words)"] = lambda: datatrove_arm(work, dt_python, "dt-minhash",
                                                                              DATATROVE_ARM, "kor_Hang")
@@ -131,22 +133,25 @@ def main():
     args = ap.parse_args()
     truth = planted_corpus(args.work, {"ko": SHARED / "wikipedia_ko_wikiextractor_more",
                                        "en": SHARED / "wikipedia_en_wikiextractor"}, args.per_language,
-                           personal=240, benign=240, passages=passages(40))
+                           personal=240, benign=240, passages=passages(40), junk_documents=300)
     plants = json.loads((args.work / "plants.json").read_text(encoding="utf-8"))
     result = {**run_info("data_quality"), "corpus_mb": round((args.work / "corpus.jsonl").stat().st_size / 1e6, 1),
               "documents": len(truth), "arms": {}}
     print(f"{'arm':40} {'s':>6} {'near>=0.8':>9} {'below kept':>10} {'lost':>7} {'PII left':>8} {'benign':>7} "
-          f"{'passages left':>13}")
+          f"{'passages left':>13} {'junk gone':>9} {'real kept':>10}")
     for name, arm in arms(args.work, args.datatrove_python).items():
         outcome = arm()
         kept = outcome.pop("kept")
-        near, planted = near_dedup_scores(truth, set(kept)), plant_scores(plants, kept)
-        result["arms"][name] = {**outcome, **near, **planted, "load_average": [round(x, 2) for x in os.getloadavg()]}
+        near, planted, junk = near_dedup_scores(truth, set(kept)), plant_scores(plants, kept), \
+            junk_scores(truth, set(kept))
+        result["arms"][name] = {**outcome, **near, **planted, **junk,
+                                "load_average": [round(x, 2) for x in os.getloadavg()]}
         print(f"{name:40} {outcome['seconds']:6.1f} {near['recall']:9.4f} "
               f"{near['below_both_kept']:>4}/{near['pairs_below']:<5} {near['distinct_lost']:>7} "
               f"{planted['personal_left']:>4}/{planted['personal']:<3} "
               f"{planted['benign_kept']:>3}/{planted['benign']:<3} "
-              f"{planted['passages_left']:>6}/{planted['passages']}")
+              f"{planted['passages_left']:>6}/{planted['passages']:<6} {junk['junk_gone']:>5}/{junk['junk']:<3} "
+              f"{junk['real_kept']:>5}/{junk['real']}")
         write_result("data_quality", result)
 
 

@@ -77,7 +77,7 @@ def variant(text: str, kind: str, language: str, rng: random.Random, pool: list[
 
 
 def planted_corpus(out: Path, sources: dict, per_language: int, share: float = 0.3, seed: int = 0,
-                   personal: int = 0, benign: int = 0, passages: list[str] = ()) -> dict:
+                   personal: int = 0, benign: int = 0, passages: list[str] = (), junk_documents: int = 0) -> dict:
     """out/corpus.jsonl ({"title", "text"}: originals and planted variants in a seeded order) and out/truth.json
     ({title: {"kind", "of", "jaccard", "language"}}). sources: {language: WikiExtractor folder}. With `personal`,
     `benign` or `passages`, that many made-up personal data, benign numbers and the given evaluation passages are
@@ -101,6 +101,11 @@ def planted_corpus(out: Path, sources: dict, per_language: int, share: float = 0
                             "jaccard": round(true_jaccard(documents[i], text), 4), "language": language}
         rows += planted
     plants = _plant_extras(rows, truth, rng, personal, benign, list(passages))
+    pool = [w for r in rows[:50] for w in r["text"].split(" ") if w.isalpha()] or ["word"]
+    for i in range(junk_documents):   # documents of their own: truth kind "junk:KIND"
+        kind, text = junk(rng, pool)
+        rows.append({"title": f"junk-{i:05d}", "text": text})
+        truth[f"junk-{i:05d}"] = {"kind": f"junk:{kind}", "of": None, "jaccard": None, "language": None}
     rng.shuffle(rows)   # a crawl's order: a variant may come before its original
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "corpus.jsonl", "w", encoding="utf-8") as f:
@@ -142,6 +147,16 @@ def plant_scores(plants: dict, kept: dict) -> dict:
             "benign_kept": sum(1 for title, text in plants["benign"] if text in kept.get(title, "")),
             "passages": len(plants["passages"]),
             "passages_left": sum(1 for title, text in plants["passages"] if has_stretch(kept.get(title, ""), text))}
+
+
+def junk_scores(truth: dict, kept_titles: set) -> dict:
+    """Junk documents gone, and real documents kept: the originals without a planted variant (no deduplication
+    may take them)."""
+    junk_titles = [t for t, v in truth.items() if v["kind"].startswith("junk:")]
+    with_variant = {v["of"] for v in truth.values() if v["of"]}
+    real = [t for t, v in truth.items() if v["kind"] == "original" and t not in with_variant]
+    return {"junk": len(junk_titles), "junk_gone": sum(1 for t in junk_titles if t not in kept_titles),
+            "real": len(real), "real_kept": sum(1 for t in real if t in kept_titles)}
 
 
 def near_dedup_scores(truth: dict, kept_titles: set, at_least: float = 0.8) -> dict:
@@ -197,6 +212,30 @@ def benign_number(rng: random.Random) -> str:
                        f"{rng.randrange(1900, 2000)}–{rng.randrange(2000, 2025)}",
                        f"{rng.randrange(1, 100)}.{rng.randrange(10)}%",
                        f"인구 {rng.randrange(1000, 99999):,}명"))
+
+
+def junk(rng: random.Random, pool: list[str]) -> tuple[str, str]:
+    """(kind, a junk document of the kinds crawls hold): keyword lists, ㅋㅋㅋ-only comments, navigation menus,
+    lorem ipsum, number tables, one line repeated."""
+    kind = rng.choice(("keywords", "laughter", "menu", "lorem", "numbers", "repeated"))
+    if kind == "keywords":
+        words = rng.sample(pool, 6)
+        return kind, " ".join(rng.choice(words) for _ in range(rng.randint(80, 200)))
+    if kind == "laughter":
+        return kind, "\n".join(" ".join("ㅋ" * rng.randint(2, 9) for _ in range(rng.randint(1, 4)))
+                               for _ in range(rng.randint(5, 20)))
+    if kind == "menu":
+        items = ["홈", "뉴스", "스포츠", "연예", "로그인", "회원가입", "고객센터", "이용약관", "Home", "About",
+                 "Contact"]
+        return kind, "\n".join(rng.choice(items) for _ in range(rng.randint(30, 80)))
+    if kind == "lorem":
+        return kind, ("Lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod tempor incididunt ut "
+                      "labore et dolore magna aliqua. ") * rng.randint(5, 15)
+    if kind == "numbers":
+        rows = rng.randint(20, 60)
+        return kind, "\n".join(" ".join(str(rng.randrange(10_000)) for _ in range(8)) for _ in range(rows))
+    line = " ".join(rng.sample(pool, 8)) + "."
+    return kind, "\n".join([line] * rng.randint(10, 30))
 
 
 def plant_in(documents: list[str], pieces: list[str], rng: random.Random, template: str) -> list[int]:

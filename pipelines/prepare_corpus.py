@@ -38,7 +38,7 @@ from bertkit.formats import (
     read_corpus_manifest,
     write_manifest,
 )
-from bertkit.pipelines import corpus_readers as readers, pii
+from bertkit.pipelines import corpus_readers as readers, pii, quality
 from bertkit.pipelines.corpus_merge import Merger
 from bertkit.pipelines.decontaminate import run_decontamination
 from bertkit.pipelines.dedup import ROWS_PER_PARTITION, run_dedup
@@ -69,6 +69,7 @@ class CorpusConfig:
     near_dedup_threshold: float = 0.8   # Jaccard of word 5-gram sets at which two documents are one
     near_dedup_bands: str | None = None  # "BxR" (e.g. datatrove's 14x8); None: chosen for the threshold
     pii: str = "keep"              # keep | redact | drop: personal data (pipelines/pii.py)
+    filters: str = "none"          # none | gopher | fineweb | fineweb2 | a rules file (pipelines/quality.py)
     decontaminate: tuple = ()      # evaluation files whose 13-grams are kept out (pipelines/decontaminate.py)
     decontaminate_mode: str = "sentences"   # sentences | documents: what goes where one is found
     decontaminate_max_docs: int = 10        # an n-gram in more documents than this is a common phrase, kept
@@ -94,6 +95,8 @@ class CorpusConfig:
         self.decontaminate = [str(p) for p in self.decontaminate]   # as JSON gives it back: a resume compares
         if self.decontaminate_mode not in ("sentences", "documents"):
             raise ValueError(f"decontaminate_mode must be sentences or documents, not {self.decontaminate_mode!r}")
+        if self.filters != "none":
+            quality.load_rules(self.filters)   # a preset, or a rules file that reads: said before anything runs
         if self.pii not in pii.MODES:
             raise ValueError(f"pii must be one of {', '.join(pii.MODES)}, not {self.pii!r}")
         if not 0.0 < self.near_dedup_threshold <= 1.0:
@@ -121,6 +124,8 @@ class CorpusConfig:
             skip |= {"near_dedup", "near_dedup_threshold", "near_dedup_bands"}
         if self.pii == "keep":
             skip.add("pii")
+        if self.filters == "none":
+            skip.add("filters")
         if not self.decontaminate:
             skip |= {"decontaminate", "decontaminate_mode", "decontaminate_max_docs"}
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
@@ -266,6 +271,12 @@ def _documents(path: Path, config: CorpusConfig, stats: dict, problems, decode) 
 def _keep_or_drop(raw, config: CorpusConfig, stats: dict, writer: "_PartWriter", source: str) -> None:
     """A document's sentences to the part, or its reason for being dropped counted."""
     sentences = build_sentences(raw, config.language, config.splitter, stats["removed_lines"])
+    if config.filters != "none" and sentences:
+        lines = [line for line in (clean_text(x) for x in raw.lines) if line]
+        rule = quality.failed_rule(quality.signals(lines, "\n".join(lines)), quality.load_rules(config.filters))
+        if rule:
+            stats["dropped"][f"quality_{rule}"] = stats["dropped"].get(f"quality_{rule}", 0) + 1
+            return
     if config.pii != "keep" and sentences:
         redacted, hits = pii.redact(sentences)
         for kind, n in hits.items():
@@ -319,6 +330,8 @@ def _prepare_corpus(inputs, out: Path, config: CorpusConfig) -> CorpusManifest:
     # what the output depends on: options and the input files (path, size, mtime); workers are not part of it
     fingerprint = {"options": config.output_options(),
                    "inputs": [[f.source, str(f.path.resolve()), *file_fingerprint(f.path).values()] for f in files]}
+    if config.filters not in ("none", *quality.PRESETS):   # a rules file changed is another output
+        fingerprint["rules"] = [str(Path(config.filters).resolve()), *file_fingerprint(Path(config.filters)).values()]
     if config.decontaminate:   # an evaluation file changed is another output
         fingerprint["evaluation"] = [[str(Path(p).resolve()), *file_fingerprint(Path(p)).values()]
                                      for p in config.decontaminate]

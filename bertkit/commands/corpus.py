@@ -37,6 +37,11 @@ from bertkit.pipelines.engine import ENGINE_HELP, ENGINES, RAY_ADDRESS_HELP
               help="Jaccard at which two documents are one (the bands x rows are chosen for it and recorded).")
 @click.option("--near-dedup-bands", metavar="BxR", default=None,
               help="MinHash bands x rows instead of the ones chosen for the threshold (datatrove's: 14x8).")
+@click.option("--filters", default="none", show_default=True, metavar="PRESET|FILE",
+              help="Quality rules over each document's signals: none, gopher (Gopher's rules), fineweb (FineWeb's "
+                   "English: Gopher's and its line rules), fineweb2 (FineWeb2's per-language thresholds: Korean's for "
+                   "Korean documents, FineWeb's for the rest; the choice for a crawl), or a TOML/JSON file of "
+                   "{signal: {min, max}} (by language: [ko], [en]). Each drop is counted by the rule it broke.")
 @click.option("--pii", type=click.Choice(["keep", "redact", "drop"]), default="keep", show_default=True,
               help="Personal data (e-mail and IP addresses, phone numbers, Korean resident registration numbers, "
                    "Luhn-checked card numbers): redact puts [EMAIL], [PHONE], [RRN], [CARD], [IP] in their place, "

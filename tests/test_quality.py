@@ -1,0 +1,79 @@
+"""prepare-corpus --filters: the quality signals by hand, the presets on junk a crawl holds (keyword lists, ㅋㅋㅋ
+comments, menus, lorem ipsum, number tables, repeated lines) and on real prose, a user's rules file, and every drop
+counted by the rule it broke."""
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from bertkit.cli import main
+from bertkit.pipelines.prepare_corpus import CorpusConfig, prepare_corpus
+from bertkit.pipelines.quality import PRESETS, failed_rule, load_rules, signals
+
+KOREAN = ("세종대왕은 조선의 제4대 왕으로 훈민정음을 창제하였다. 그는 백성들이 글을 쉽게 읽고 쓸 수 있도록 하였으며, "
+          "과학과 음악의 발전에도 힘썼다. 측우기와 해시계가 그의 시대에 만들어졌고, 집현전에서는 많은 학자들이 "
+          "연구를 이어 갔다. 그의 업적은 오늘날까지도 높이 평가받으며, 한글날은 그가 남긴 문자를 기념하는 날이다. "
+          "이 시기에는 농업 기술을 정리한 책도 편찬되었고, 여러 제도가 새로 마련되었다.")
+ENGLISH = ("The river rises in the northern hills and flows south through three towns before it reaches the sea. "
+           "Farmers along its banks grow wheat and barley, and in spring the water often floods the lower fields. "
+           "A stone bridge was built in the twelfth century, and it still carries traffic across the narrowest point "
+           "of the valley, where the old road meets the new one that was laid with the railway in the last century.")
+JUNK = {"keywords": "노트북 추천 노트북 가격 노트북 할인 최저가 노트북 게이밍 노트북 " * 20,
+        "laughter": "ㅋㅋㅋㅋㅋㅋ ㅋㅋㅋ ㅋㅋㅋㅋㅋ\n" * 10,
+        "menu": "\n".join(["홈", "뉴스", "스포츠", "연예", "로그인", "회원가입", "고객센터", "이용약관"] * 5),
+        "lorem": "Lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod tempor. " * 12,
+        "numbers": "\n".join(" ".join(str(i * j) for j in range(10)) for i in range(30)),
+        "repeated": (KOREAN.split(". ")[0] + ".\n") * 12}
+
+
+def judge(text: str, preset: str = "fineweb2") -> str | None:
+    lines = [line for line in text.split("\n") if line.strip()]
+    return failed_rule(signals(lines, text), PRESETS[preset])
+
+
+def test_signals_by_hand():
+    s = signals(["a b a b", "a b a b", "end."], "a b a b\na b a b\nend.")
+    assert s["dup_line_frac"] == pytest.approx(1 / 3) and s["line_punct"] == pytest.approx(1 / 3)
+    assert s["words"] == 9 and s["mean_word_length"] == pytest.approx((8 + 3) / 9)
+    # "a b" is 4 of the 8 two-word windows: 4 x 2 characters of the 11
+    assert s["top_2gram"] == pytest.approx(8 / 11)
+    assert s["short_lines"] == 1.0 and s["new_line_ratio"] == pytest.approx(2 / 9)
+    assert signals(["the cat and the dog"], "the cat and the dog")["stop_words"] == 3
+    assert signals(["서울의 봄은 왔다"], "서울의 봄은 왔다")["stop_words"] == 3 and \
+        signals(["서울의 봄은 왔다"], "서울의 봄은 왔다")["language"] == "ko"
+    assert signals(["2024 -- 3.5% ok"], "2024 -- 3.5% ok")["alpha_words"] == pytest.approx(1 / 4)
+
+
+@pytest.mark.parametrize("kind", sorted(JUNK))
+def test_junk_is_dropped(kind):
+    assert judge(JUNK[kind]) is not None
+
+
+@pytest.mark.parametrize("preset", ["fineweb2", "fineweb", "gopher"])
+def test_prose_is_kept(preset):
+    assert judge(ENGLISH, preset) is None
+    assert judge(KOREAN, preset) is None   # stop words are counted in the document's language, under every preset
+
+
+def test_a_rules_file_and_its_errors(tmp_path):
+    (tmp_path / "rules.toml").write_text('[ko]\nwords = {min = 500}\n')
+    rules = load_rules(str(tmp_path / "rules.toml"))
+    assert rules == {"ko": {"words": (500, None)}}
+    lines = [KOREAN]
+    assert failed_rule(signals(lines, KOREAN), rules) == "words"
+    assert failed_rule(signals([ENGLISH], ENGLISH), rules) is None   # no [en] section: no rule
+    (tmp_path / "bad.json").write_text(json.dumps({"wordz": {"min": 1}}))
+    with pytest.raises(ValueError, match="no signal 'wordz'"):
+        load_rules(str(tmp_path / "bad.json"))
+    r = CliRunner().invoke(main, ["prepare-corpus", str(tmp_path), "--out", str(tmp_path / "o"), "--filters", "c4"])
+    assert r.exit_code == 2 and "neither a preset" in r.output
+
+
+def test_prepare_corpus_counts_each_drop_by_its_rule(tmp_path):
+    docs = [KOREAN, ENGLISH] + list(JUNK.values())
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps({"text": d}, ensure_ascii=False) + "\n" for d in docs))
+    manifest = prepare_corpus([tmp_path / "in.jsonl"], tmp_path / "out",
+                              CorpusConfig(filters="fineweb2", holdout=0, min_chars=10, progress=False))
+    quality = {k: v for k, v in manifest.dropped.items() if k.startswith("quality_")}
+    assert sum(quality.values()) == len(JUNK) and manifest.totals["documents"] == 2
+    assert manifest.options["filters"] == "fineweb2"
