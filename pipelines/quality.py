@@ -60,30 +60,44 @@ def _stop_words(text: str, lang: str, enough: int = 10) -> int:
     return count
 
 
+def _grams(hashed: np.ndarray, lengths: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each n-gram's hash and its characters."""
+    grams = np.zeros(len(hashed) - n + 1, np.uint64)
+    chars = np.zeros(len(hashed) - n + 1, np.int64)
+    with np.errstate(over="ignore"):
+        for k in range(n):
+            grams = grams * np.uint64(0x100000001B3) + hashed[k: len(hashed) - n + 1 + k]
+            chars += lengths[k: len(lengths) - n + 1 + k]
+    return grams, chars
+
+
 def _top_and_duplicated(hashed: np.ndarray, lengths: np.ndarray, total: int) -> dict:
     """Gopher's repetition signals over the word hashes: the most frequent n-gram's share of the characters (n 2-4),
-    and the share of characters inside n-grams seen before (n 5-10), both over the words' characters."""
-    out = {}
+    and the share of characters inside n-grams seen before (n 5-10), both over the words' characters. A text with
+    no repeated 5-gram has no repeated longer one: most prose stops there."""
+    out = {f"{'top' if n < 5 else 'dup'}_{n}gram": 0.0 for n in range(2, 11)}
     for n in range(2, 11):
         if len(hashed) < n or total == 0:
-            out[f"{'top' if n < 5 else 'dup'}_{n}gram"] = 0.0
+            break
+        grams, chars = _grams(hashed, lengths, n)
+        ordered = np.sort(grams)
+        repeated = ordered[1:] == ordered[:-1]
+        if not repeated.any():
+            if n >= 5:
+                break
             continue
-        grams = np.zeros(len(hashed) - n + 1, np.uint64)
-        chars = np.zeros(len(hashed) - n + 1, np.int64)
-        with np.errstate(over="ignore"):
-            for k in range(n):
-                grams = grams * np.uint64(0x100000001B3) + hashed[k: len(hashed) - n + 1 + k]
-                chars += lengths[k: len(lengths) - n + 1 + k]
-        _, first, inverse, counts = np.unique(grams, return_index=True, return_inverse=True, return_counts=True)
-        if n < 5:
-            top = int(counts.argmax())
-            out[f"top_{n}gram"] = float(chars[first[top]] * counts[top]) / total if counts[top] > 1 else 0.0
-        else:   # the words of every later occurrence of an n-gram, each word once
-            later = np.flatnonzero(first[inverse] != np.arange(len(grams)))
-            covered = np.zeros(len(hashed), bool)
-            for k in range(n):
-                covered[later + k] = True
-            out[f"dup_{n}gram"] = float(lengths[covered].sum()) / total
+        if n < 5:   # the most frequent n-gram: the longest run of equal hashes
+            edges = np.flatnonzero(np.r_[True, ~repeated, True])
+            run = int(np.diff(edges).argmax())
+            count, value = int(edges[run + 1] - edges[run]), ordered[edges[run]]
+            out[f"top_{n}gram"] = float(chars[np.flatnonzero(grams == value)[0]] * count) / total
+            continue
+        order = np.argsort(grams, kind="stable")   # the words of every later occurrence, each word once
+        later = order[np.r_[False, grams[order][1:] == grams[order][:-1]]]
+        covered = np.zeros(len(hashed), bool)
+        for k in range(n):
+            covered[later + k] = True
+        out[f"dup_{n}gram"] = float(lengths[covered].sum()) / total
     return out
 
 
