@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from bertkit.fileio import checksum_file
-from bertkit.formats import CORPUS_SCHEMA, CORPUS_SCHEMA_CLUSTERED, CorpusColumns as C, ShardEntry, corpus_file_name
+from bertkit.formats import CORPUS_SCHEMA, CorpusColumns as C, ShardEntry, corpus_file_name, corpus_schema
 
 
 def is_holdout(doc_id: str, fraction: float) -> bool:
@@ -64,7 +64,7 @@ class ShardWriter:
         self.shard_rows += len(table)
         self.sentences += int(pc.sum(pc.list_value_length(table.column(C.SENTENCES))).as_py() or 0)
         self.text_bytes += int(pc.sum(table.column("nbytes")).as_py() or 0)
-        self.writer.write_table(table.drop_columns(["nbytes"]).cast(self.schema))
+        self.writer.write_table(table.select(self.schema.names).cast(self.schema))
 
     def flush(self):
         self.buffered = 0
@@ -94,7 +94,7 @@ class Merger:
 
     def __init__(self, out: Path, holdout: float, shard_size: int, duplicates: list[Path], work: Path,
                  cluster_sizes: Path | None = None, drop_sentences: Path | None = None,
-                 contaminated: Path | None = None):
+                 contaminated: Path | None = None, languages: bool = False):
         self.holdout_fraction = holdout
         self.duplicates = [np.load(p, mmap_mode="r") for p in duplicates]  # sorted row positions, one per partition
         # --near-dedup: each position's cluster size (0 where removed), added as a column
@@ -106,7 +106,7 @@ class Merger:
         self.contaminated = np.load(contaminated, mmap_mode="r") if contaminated else np.zeros(0, np.int64)
         self.contaminated_rows = 0
         self.position = 0  # rows of the parts merged so far
-        schema = CORPUS_SCHEMA if cluster_sizes is None else CORPUS_SCHEMA_CLUSTERED
+        schema = corpus_schema(cluster_sizes is not None, languages)
         self.train = ShardWriter(out, "train", shard_size, work, schema)
         self.holdout = ShardWriter(out, "holdout", shard_size, work, schema)
 

@@ -19,7 +19,7 @@ import re
 import socket
 import sys
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -29,16 +29,16 @@ from bertkit import __version__
 from bertkit.fileio import FolderNotOwnedError, atomic_write_json, disk_errors, folder_lock, read_json_or_none
 from bertkit.formats import (
     CORPUS_SCHEMA,
-    CORPUS_SCHEMA_CLUSTERED,
     MANIFEST,
     CorpusColumns as C,
     CorpusError,
     CorpusManifest,
+    corpus_schema,
     corpus_shards,
     read_corpus_manifest,
     write_manifest,
 )
-from bertkit.pipelines import corpus_readers as readers, pii, quality
+from bertkit.pipelines import corpus_readers as readers, language, pii, quality
 from bertkit.pipelines.corpus_merge import Merger
 from bertkit.pipelines.decontaminate import run_decontamination
 from bertkit.pipelines.dedup import ROWS_PER_PARTITION, run_dedup
@@ -46,7 +46,9 @@ from bertkit.pipelines.engine import Engine, check_available, check_engine, chec
 from bertkit.pipelines.near_dedup import run_near_dedup
 from bertkit.pipelines.sentences import build_sentences, check_splitter, clean_text, document_id
 
-PART_SCHEMA = CORPUS_SCHEMA.append(pa.field("nbytes", pa.int64(), nullable=False))  # text bytes, for shard cuts
+# the shards' columns, the language identified (--languages) and the text's bytes (for shard cuts)
+PART_SCHEMA = CORPUS_SCHEMA.append(pa.field(C.LANGUAGE, pa.string(), nullable=True)).append(
+    pa.field("nbytes", pa.int64(), nullable=False))
 PART_BATCH_ROWS = 1000
 SHARD_NAME = re.compile(r"^(shard|holdout)-\d{5}\.arrow$")
 
@@ -70,6 +72,8 @@ class CorpusConfig:
     near_dedup_bands: str | None = None  # "BxR" (e.g. datatrove's 14x8); None: chosen for the threshold
     pii: str = "keep"              # keep | redact | drop: personal data (pipelines/pii.py)
     filters: str = "none"          # none | gopher | fineweb | fineweb2 | a rules file (pipelines/quality.py)
+    languages: list = field(default_factory=list)   # keep only these (ISO 639-1: ko, en); [] keeps all, unjudged
+    language_score: float = 0.5    # the identifier's least probability for a document kept (pipelines/language.py)
     decontaminate: tuple = ()      # evaluation files whose 13-grams are kept out (pipelines/decontaminate.py)
     decontaminate_mode: str = "sentences"   # sentences | documents: what goes where one is found
     decontaminate_max_docs: int = 10        # an n-gram in more documents than this is a common phrase, kept
@@ -93,6 +97,11 @@ class CorpusConfig:
         if self.min_chars < 0 or self.min_sentences < 0:
             raise ValueError("min_chars and min_sentences must be >= 0")
         self.decontaminate = [str(p) for p in self.decontaminate]   # as JSON gives it back: a resume compares
+        if isinstance(self.languages, str):   # the flag's "ko,en"
+            self.languages = self.languages.split(",")
+        self.languages = [str(x).strip() for x in self.languages if str(x).strip()]
+        if not 0.0 <= self.language_score <= 1.0:
+            raise ValueError(f"language_score must be in [0, 1], not {self.language_score}")
         if self.decontaminate_mode not in ("sentences", "documents"):
             raise ValueError(f"decontaminate_mode must be sentences or documents, not {self.decontaminate_mode!r}")
         if self.filters != "none":
@@ -126,6 +135,8 @@ class CorpusConfig:
             skip.add("pii")
         if self.filters == "none":
             skip.add("filters")
+        if not self.languages:
+            skip |= {"languages", "language_score"}
         if not self.decontaminate:
             skip |= {"decontaminate", "decontaminate_mode", "decontaminate_max_docs"}
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
@@ -168,8 +179,8 @@ class _PartWriter:
         self.writer = pa.ipc.new_stream(self.sink, PART_SCHEMA)
         self.rows = {name: [] for name in PART_SCHEMA.names}
 
-    def add(self, doc_id, source, title, sentences, nbytes):
-        for name, value in zip(PART_SCHEMA.names, (doc_id, source, title, sentences, nbytes)):
+    def add(self, doc_id, source, title, sentences, language, nbytes):
+        for name, value in zip(PART_SCHEMA.names, (doc_id, source, title, sentences, language, nbytes)):
             self.rows[name].append(value)
         if len(self.rows[C.ID]) >= PART_BATCH_ROWS:
             self.flush()
@@ -199,7 +210,7 @@ def process_file(index: int, path: str, source: str, options: dict, part: str) -
     problems = readers.Problems(source)
     stats = {"index": index, "source": source, "path": str(path), "format": None, "compression": None,
              "fingerprint": {"bytes": 0, "mtime_ns": 0}, "documents_read": 0, "documents": 0, "sentences": 0,
-             "replaced_bytes": 0, "dropped": {}, "removed_lines": {}, "pii": {}, "error": None}
+             "replaced_bytes": 0, "dropped": {}, "removed_lines": {}, "pii": {}, "languages": {}, "error": None}
     writer = _PartWriter(part)
     reported = [0, 0, time.monotonic()]  # bytes, docs, time of the last progress report
 
@@ -271,6 +282,13 @@ def _documents(path: Path, config: CorpusConfig, stats: dict, problems, decode) 
 def _keep_or_drop(raw, config: CorpusConfig, stats: dict, writer: "_PartWriter", source: str) -> None:
     """A document's sentences to the part, or its reason for being dropped counted."""
     sentences = build_sentences(raw, config.language, config.splitter, stats["removed_lines"])
+    found_language = None
+    if config.languages and sentences:
+        found_language, score = language.identify(" ".join(sentences))
+        stats["languages"][found_language] = stats["languages"].get(found_language, 0) + 1
+        if found_language not in config.languages or score < config.language_score:
+            stats["dropped"]["language"] = stats["dropped"].get("language", 0) + 1
+            return
     if config.filters != "none" and sentences:
         lines = [line for line in (clean_text(x) for x in raw.lines) if line]
         rule = quality.failed_rule(quality.signals(lines, "\n".join(lines)), quality.load_rules(config.filters))
@@ -293,7 +311,7 @@ def _keep_or_drop(raw, config: CorpusConfig, stats: dict, writer: "_PartWriter",
         return
     title = clean_text(raw.title) if raw.title else None
     nbytes = sum(len(x.encode("utf-8")) for x in sentences) + 4 * len(sentences)
-    writer.add(document_id(sentences), source, title or None, sentences, nbytes)
+    writer.add(document_id(sentences), source, title or None, sentences, found_language, nbytes)
     stats["documents"] += 1
     stats["sentences"] += len(sentences)
 
@@ -344,7 +362,8 @@ def _prepare_corpus(inputs, out: Path, config: CorpusConfig) -> CorpusManifest:
     whole = clean is not None and config.decontaminate_mode == "documents"
     merger = Merger(out, config.holdout, config.shard_size, duplicates + ([near[0]] if near else []), work,
                     cluster_sizes=near[1] if near else None,
-                    drop_sentences=clean[0] if clean and not whole else None, contaminated=clean[0] if whole else None)
+                    drop_sentences=clean[0] if clean and not whole else None, contaminated=clean[0] if whole else None,
+                    languages=bool(config.languages))
     for part in parts:
         merger.add_part(part)
     entries = merger.close()
@@ -358,13 +377,24 @@ def _prepare_corpus(inputs, out: Path, config: CorpusConfig) -> CorpusManifest:
         settings = config.near_dedup_settings()
         manifest.totals["near_dedup"] = {"threshold": settings.threshold, "ngram": settings.ngram,
                                          "bands": settings.bands, "rows": settings.rows, **near[2]}
-        manifest.schema = {f.name: str(f.type) for f in CORPUS_SCHEMA_CLUSTERED}
+
+    manifest.schema = {f.name: str(f.type) for f in corpus_schema(near is not None, bool(config.languages))}
+    if config.languages:
+        manifest.totals["languages_identified"] = dict(sorted(_summed(results, "languages").items()))
     if clean:
         manifest.dropped["contaminated"] = contaminated
         manifest.totals["decontamination"] = {"mode": config.decontaminate_mode,
                                               "max_docs": config.decontaminate_max_docs,
                                               "sentence_bytes_removed": merger.dropped_bytes, **clean[1]}
     return finish(out, manifest, entries, config)
+
+
+def _summed(results: dict, key: str) -> dict:
+    total = {}
+    for s in results.values():
+        for k, v in s.get(key, {}).items():
+            total[k] = total.get(k, 0) + v
+    return total
 
 
 def find_inputs(inputs, out: Path) -> tuple:

@@ -42,6 +42,12 @@ from bertkit.pipelines.engine import ENGINE_HELP, ENGINES, RAY_ADDRESS_HELP
                    "English: Gopher's and its line rules), fineweb2 (FineWeb2's per-language thresholds: Korean's for "
                    "Korean documents, FineWeb's for the rest; the choice for a crawl), or a TOML/JSON file of "
                    "{signal: {min, max}} (by language: [ko], [en]). Each drop is counted by the rule it broke.")
+@click.option("--languages", default="", metavar="ko,en,...",
+              help="Keep only documents in these languages (ISO 639-1), identified offline (py3langid, on each "
+                   "document's first 2,000 characters); each document's language goes in a `language` column. "
+                   "[default: every language, none identified]")
+@click.option("--language-score", default=0.5, show_default=True, type=Real(0, 1),
+              help="With --languages: the least probability of the language identified for a document kept.")
 @click.option("--pii", type=click.Choice(["keep", "redact", "drop"]), default="keep", show_default=True,
               help="Personal data (e-mail and IP addresses, phone numbers, Korean resident registration numbers, "
                    "Luhn-checked card numbers): redact puts [EMAIL], [PHONE], [RRN], [CARD], [IP] in their place, "

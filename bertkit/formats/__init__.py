@@ -122,6 +122,7 @@ class CorpusColumns:
     TITLE = "title"           # WikiExtractor title (or a title field/column), else null
     SENTENCES = "sentences"   # cleaned, NFC-normalised sentences in document order
     CLUSTER_SIZE = "cluster_size"   # --near-dedup only: documents in this one's near-duplicate cluster (1: none)
+    LANGUAGE = "language"     # --languages only: the language identified (ISO 639-1)
 
 
 CORPUS_SCHEMA = pa.schema([
@@ -130,8 +131,17 @@ CORPUS_SCHEMA = pa.schema([
     pa.field(CorpusColumns.TITLE, pa.string(), nullable=True),
     pa.field(CorpusColumns.SENTENCES, pa.list_(pa.string()), nullable=False),
 ])
-# with --near-dedup: the cluster size a later stage may upsample by (FineWeb2's rehydration)
-CORPUS_SCHEMA_CLUSTERED = CORPUS_SCHEMA.append(pa.field(CorpusColumns.CLUSTER_SIZE, pa.int32(), nullable=False))
+
+
+def corpus_schema(cluster_size: bool = False, language: bool = False) -> pa.Schema:
+    """The shards' schema: with --near-dedup the cluster size a later stage may upsample by (FineWeb2's
+    rehydration), with --languages each document's language."""
+    schema = CORPUS_SCHEMA
+    if cluster_size:
+        schema = schema.append(pa.field(CorpusColumns.CLUSTER_SIZE, pa.int32(), nullable=False))
+    if language:
+        schema = schema.append(pa.field(CorpusColumns.LANGUAGE, pa.string(), nullable=False))
+    return schema
 
 
 CORPUS_FIX = ("`bertkit verify {folder}` checks every file; the same prepare-corpus command with --overwrite rebuilds "
