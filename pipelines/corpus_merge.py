@@ -10,7 +10,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from bertkit.fileio import checksum_file
-from bertkit.formats import CORPUS_SCHEMA, CorpusColumns as C, ShardEntry, corpus_file_name, corpus_schema
+from bertkit.formats import (
+    CORPUS_SCHEMA,
+    REMOVED_SCHEMA,
+    CorpusColumns as C,
+    ShardEntry,
+    corpus_file_name,
+    corpus_schema,
+)
 
 
 def is_holdout(doc_id: str, fraction: float) -> bool:
@@ -55,7 +62,7 @@ class ShardWriter:
             raise OSError(e.errno, e.strerror or str(e), str(self._temp())) from e
 
     def _temp(self) -> Path:
-        return self.work / f"{corpus_file_name(self.split, len(self.entries))}.tmp"
+        return self.work / f"{Path(corpus_file_name(self.split, len(self.entries))).name}.tmp"
 
     def _write(self, table: pa.Table):
         if self.writer is None:
@@ -75,6 +82,7 @@ class ShardWriter:
         name, tmp = corpus_file_name(self.split, len(self.entries)), self._temp()
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
+        (self.out / name).parent.mkdir(exist_ok=True)
         os.replace(tmp, self.out / name)
         self.entries.append(ShardEntry(name, self.split, self.shard_rows, (self.out / name).stat().st_size,
                                        checksum_file(self.out / name)))
@@ -94,7 +102,8 @@ class Merger:
 
     def __init__(self, out: Path, holdout: float, shard_size: int, duplicates: list[Path], work: Path,
                  cluster_sizes: Path | None = None, drop_sentences: Path | None = None,
-                 contaminated: Path | None = None, languages: bool = False):
+                 contaminated: Path | None = None, languages: bool = False, near: Path | None = None,
+                 keep_removed: bool = False):
         self.holdout_fraction = holdout
         self.duplicates = [np.load(p, mmap_mode="r") for p in duplicates]  # sorted row positions, one per partition
         # --near-dedup: each position's cluster size (0 where removed), added as a column
@@ -105,6 +114,9 @@ class Merger:
         # --decontaminate documents: sorted positions that go (counted apart from the duplicates)
         self.contaminated = np.load(contaminated, mmap_mode="r") if contaminated else np.zeros(0, np.int64)
         self.contaminated_rows = 0
+        # --near-dedup's removed positions, apart from the exact duplicates only to say the reason with --keep-removed
+        self.near = np.load(near, mmap_mode="r") if near else np.zeros(0, np.int64)
+        self.removed = ShardWriter(out, "removed", shard_size, work, REMOVED_SCHEMA) if keep_removed else None
         self.position = 0  # rows of the parts merged so far
         schema = corpus_schema(cluster_sizes is not None, languages)
         self.train = ShardWriter(out, "train", shard_size, work, schema)
@@ -124,17 +136,27 @@ class Merger:
                 keep, held = [], []
                 start = self.position
                 skip = self._skipped(batch.num_rows)
+                exact = skip.copy()
+                gone = self._within(self.near, start, batch.num_rows)
+                skip[gone] = True
                 c = self.contaminated
                 gone = np.asarray(c[np.searchsorted(c, start): np.searchsorted(c, start + batch.num_rows)]) - start
                 self.contaminated_rows += int((~skip[gone]).sum())
+                reasons = np.where(exact, "duplicate", np.where(skip, "near_duplicate", ""))
                 skip[gone] = True
+                reasons = np.where(skip & (reasons == ""), "contaminated", reasons)
                 for i, doc_id in enumerate(batch.column(C.ID).to_pylist()):
                     if skip[i]:
                         continue  # exact duplicate of an earlier document
                     (held if is_holdout(doc_id, self.holdout_fraction) else keep).append(i)
                 table = pa.Table.from_batches([batch])
+                if self.removed is not None and skip.any():
+                    self.keep_removed(table.take(np.flatnonzero(skip)), reasons[skip])
                 if len(self.drops):
+                    whole = table
                     table, emptied = self._drop_sentences(table, start, set(keep) | set(held))
+                    if self.removed is not None and emptied:
+                        self.keep_removed(whole.take(sorted(emptied)), ["contaminated"] * len(emptied))
                     keep, held = [i for i in keep if i not in emptied], [i for i in held if i not in emptied]
                 if self.sizes is not None:
                     table = table.append_column(C.CLUSTER_SIZE, pa.array(
@@ -143,6 +165,21 @@ class Merger:
                     self.train.add(table.take(keep))
                 if held:
                     self.holdout.add(table.take(held))
+
+    @staticmethod
+    def _within(positions: np.ndarray, start: int, rows: int) -> np.ndarray:
+        lo, hi = np.searchsorted(positions, start), np.searchsorted(positions, start + rows)
+        return np.asarray(positions[lo:hi]) - start
+
+    def keep_removed(self, table: pa.Table, reasons) -> None:
+        """Documents taken out, with why, to the removed/ shards (--keep-removed)."""
+        self.removed.add(table.append_column(C.REASON, pa.array([str(r) for r in reasons], pa.string())))
+
+    def add_removed_part(self, part: Path) -> None:
+        """A part of the documents an input file's own steps took out (process_file), in input order."""
+        with pa.memory_map(str(part), "r") as source:
+            for batch in pa.ipc.open_stream(source):
+                self.removed.add(pa.Table.from_batches([batch]))
 
     def _drop_sentences(self, table: pa.Table, start: int, kept: set) -> tuple[pa.Table, set]:
         """The batch with the listed sentences of its kept rows removed (their byte counts with them); the rows
@@ -172,4 +209,6 @@ class Merger:
     def close(self) -> list[ShardEntry]:
         self.train.close()
         self.holdout.close()
-        return self.train.entries + self.holdout.entries
+        if self.removed is not None:
+            self.removed.close()
+        return self.train.entries + self.holdout.entries + (self.removed.entries if self.removed is not None else [])

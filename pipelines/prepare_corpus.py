@@ -30,6 +30,7 @@ from bertkit.fileio import FolderNotOwnedError, atomic_write_json, disk_errors, 
 from bertkit.formats import (
     CORPUS_SCHEMA,
     MANIFEST,
+    REMOVED_SCHEMA,
     CorpusColumns as C,
     CorpusError,
     CorpusManifest,
@@ -49,6 +50,8 @@ from bertkit.pipelines.sentences import build_sentences, check_splitter, clean_t
 # the shards' columns, the language identified (--languages) and the text's bytes (for shard cuts)
 PART_SCHEMA = CORPUS_SCHEMA.append(pa.field(C.LANGUAGE, pa.string(), nullable=True)).append(
     pa.field("nbytes", pa.int64(), nullable=False))
+# --keep-removed: what an input file's own steps took out, and why
+REMOVED_PART_SCHEMA = REMOVED_SCHEMA.append(pa.field("nbytes", pa.int64(), nullable=False))
 PART_BATCH_ROWS = 1000
 SHARD_NAME = re.compile(r"^(shard|holdout)-\d{5}\.arrow$")
 
@@ -71,6 +74,7 @@ class CorpusConfig:
     near_dedup_threshold: float = 0.8   # Jaccard of word 5-gram sets at which two documents are one
     near_dedup_bands: str | None = None  # "BxR" (e.g. datatrove's 14x8); None: chosen for the threshold
     pii: str = "keep"              # keep | redact | drop: personal data (pipelines/pii.py)
+    keep_removed: bool = False     # the documents taken out, with why, in OUT/removed/ (never read by a stage)
     filters: str = "none"          # none | gopher | fineweb | fineweb2 | a rules file (pipelines/quality.py)
     languages: list = field(default_factory=list)   # keep only these (ISO 639-1: ko, en); [] keeps all, unjudged
     language_score: float = 0.5    # the identifier's least probability for a document kept (pipelines/language.py)
@@ -137,6 +141,8 @@ class CorpusConfig:
             skip.add("filters")
         if not self.languages:
             skip |= {"languages", "language_score"}
+        if not self.keep_removed:
+            skip.add("keep_removed")
         if not self.decontaminate:
             skip |= {"decontaminate", "decontaminate_mode", "decontaminate_max_docs"}
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
@@ -170,32 +176,37 @@ def _init_worker(queue):
 class _PartWriter:
     """Streams one file's documents to an Arrow IPC stream file; renamed into place only when complete."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, schema: pa.Schema = PART_SCHEMA):
         # a per-process temp name: two processes on the same part (a straggler of a killed run, a Ray retry on
         # another node) never mix bytes
-        self.path = path
+        self.path, self.schema = path, schema
         self.tmp = path.with_name(f"{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
         self.sink = pa.OSFile(str(self.tmp), "wb")
-        self.writer = pa.ipc.new_stream(self.sink, PART_SCHEMA)
-        self.rows = {name: [] for name in PART_SCHEMA.names}
+        self.writer = pa.ipc.new_stream(self.sink, schema)
+        self.rows = {name: [] for name in schema.names}
 
-    def add(self, doc_id, source, title, sentences, language, nbytes):
-        for name, value in zip(PART_SCHEMA.names, (doc_id, source, title, sentences, language, nbytes)):
+    def add(self, *values):
+        """One document: the schema's columns' values, in order."""
+        for name, value in zip(self.schema.names, values):
             self.rows[name].append(value)
         if len(self.rows[C.ID]) >= PART_BATCH_ROWS:
             self.flush()
 
     def flush(self):
         if self.rows[C.ID]:
-            arrays = [pa.array(self.rows[f.name], type=f.type) for f in PART_SCHEMA]  # (pa.record_batch(dict)
-            self.writer.write_batch(pa.RecordBatch.from_arrays(arrays, schema=PART_SCHEMA))  # imports pandas)
-            self.rows = {name: [] for name in PART_SCHEMA.names}
+            arrays = [pa.array(self.rows[f.name], type=f.type) for f in self.schema]  # (pa.record_batch(dict)
+            self.writer.write_batch(pa.RecordBatch.from_arrays(arrays, schema=self.schema))  # imports pandas)
+            self.rows = {name: [] for name in self.schema.names}
 
     def close(self):
         self.flush()
         self.writer.close()
         self.sink.close()
         os.replace(self.tmp, self.path)
+
+
+def removed_part(part: Path) -> Path:
+    return part.with_name(part.stem + ".removed.arrow")
 
 
 def file_fingerprint(path: Path) -> dict:
@@ -212,6 +223,7 @@ def process_file(index: int, path: str, source: str, options: dict, part: str) -
              "fingerprint": {"bytes": 0, "mtime_ns": 0}, "documents_read": 0, "documents": 0, "sentences": 0,
              "replaced_bytes": 0, "dropped": {}, "removed_lines": {}, "pii": {}, "languages": {}, "error": None}
     writer = _PartWriter(part)
+    removed = _PartWriter(removed_part(part), REMOVED_PART_SCHEMA) if config.keep_removed else None
     reported = [0, 0, time.monotonic()]  # bytes, docs, time of the last progress report
 
     def report(position: int, final: bool = False):
@@ -228,7 +240,7 @@ def process_file(index: int, path: str, source: str, options: dict, part: str) -
         docs, raw_file = _documents(path, config, stats, problems, decode)
         for raw in docs:
             stats["documents_read"] += 1
-            _keep_or_drop(raw, config, stats, writer, source)
+            _keep_or_drop(raw, config, stats, writer, source, removed)
             if raw_file is not None and stats["documents_read"] % 64 == 0:
                 report(raw_file.tell())
     except readers.InputError as e:
@@ -248,6 +260,8 @@ def process_file(index: int, path: str, source: str, options: dict, part: str) -
         if raw_file is not None:
             raw_file.close()
     writer.close()
+    if removed is not None:
+        removed.close()
     for kind, n in problems.counts.items():
         if kind in ("bad_json", "missing_field", "outside_doc", "bad_row"):
             stats["dropped"][kind] = stats["dropped"].get(kind, 0) + n
@@ -279,41 +293,49 @@ def _documents(path: Path, config: CorpusConfig, stats: dict, problems, decode) 
     return readers.read_blocks(lines, "lines" if fmt == "lines" else "join", problems, decode), raw_file
 
 
-def _keep_or_drop(raw, config: CorpusConfig, stats: dict, writer: "_PartWriter", source: str) -> None:
-    """A document's sentences to the part, or its reason for being dropped counted."""
+def _keep_or_drop(raw, config: CorpusConfig, stats: dict, writer: "_PartWriter", source: str,
+                  removed: "_PartWriter | None" = None) -> None:
+    """A document's sentences to the part, or its reason for being dropped counted (and with --keep-removed the
+    document kept apart, with its reason)."""
     sentences = build_sentences(raw, config.language, config.splitter, stats["removed_lines"])
+    sentences, found_language, reason = _cleaned(raw, sentences, config, stats)
+    if reason is None:
+        reason = "empty" if not sentences else "too_short" if sum(len(x) for x in sentences) < config.min_chars \
+            else "too_few_sentences" if len(sentences) < config.min_sentences else None
+    title = clean_text(raw.title) if raw.title else None
+    nbytes = sum(len(x.encode("utf-8")) for x in sentences) + 4 * len(sentences)
+    if reason:
+        stats["dropped"][reason] = stats["dropped"].get(reason, 0) + 1
+        if removed is not None and sentences:
+            removed.add(document_id(sentences), source, title or None, sentences, reason, nbytes)
+        return
+    writer.add(document_id(sentences), source, title or None, sentences, found_language, nbytes)
+    stats["documents"] += 1
+    stats["sentences"] += len(sentences)
+
+
+def _cleaned(raw, sentences: list, config: CorpusConfig, stats: dict) -> tuple[list, str | None, str | None]:
+    """(sentences, language identified, reason to drop or None) after --languages, --filters and --pii, each
+    counted; a document dropped for its personal data keeps them redacted, even in removed/."""
     found_language = None
     if config.languages and sentences:
         found_language, score = language.identify(" ".join(sentences))
         stats["languages"][found_language] = stats["languages"].get(found_language, 0) + 1
         if found_language not in config.languages or score < config.language_score:
-            stats["dropped"]["language"] = stats["dropped"].get("language", 0) + 1
-            return
+            return sentences, found_language, "language"
     if config.filters != "none" and sentences:
         lines = [line for line in (clean_text(x) for x in raw.lines) if line]
         rule = quality.failed_rule(quality.signals(lines, "\n".join(lines)), quality.load_rules(config.filters))
         if rule:
-            stats["dropped"][f"quality_{rule}"] = stats["dropped"].get(f"quality_{rule}", 0) + 1
-            return
+            return sentences, found_language, f"quality_{rule}"
     if config.pii != "keep" and sentences:
         redacted, hits = pii.redact(sentences)
         for kind, n in hits.items():
             stats["pii"][kind] = stats["pii"].get(kind, 0) + n
         if hits and (config.pii == "drop" or sum(hits.values()) > pii.MANY):
-            reason = "pii" if config.pii == "drop" else "pii_many"
-            stats["dropped"][reason] = stats["dropped"].get(reason, 0) + 1
-            return
+            return redacted, found_language, "pii" if config.pii == "drop" else "pii_many"
         sentences = redacted
-    reason = "empty" if not sentences else "too_short" if sum(len(x) for x in sentences) < config.min_chars else \
-        "too_few_sentences" if len(sentences) < config.min_sentences else None
-    if reason:
-        stats["dropped"][reason] = stats["dropped"].get(reason, 0) + 1
-        return
-    title = clean_text(raw.title) if raw.title else None
-    nbytes = sum(len(x.encode("utf-8")) for x in sentences) + 4 * len(sentences)
-    writer.add(document_id(sentences), source, title or None, sentences, found_language, nbytes)
-    stats["documents"] += 1
-    stats["sentences"] += len(sentences)
+    return sentences, found_language, None
 
 
 # ------------------------------------------------------------------------------------------ the stage
@@ -360,12 +382,16 @@ def _prepare_corpus(inputs, out: Path, config: CorpusConfig) -> CorpusManifest:
     parts = [work / f"part-{i:05d}.arrow" for i in range(len(files))]
     results, duplicates, near, clean = process_files(files, parts, config, work)
     whole = clean is not None and config.decontaminate_mode == "documents"
-    merger = Merger(out, config.holdout, config.shard_size, duplicates + ([near[0]] if near else []), work,
+    merger = Merger(out, config.holdout, config.shard_size, duplicates, work, near=near[0] if near else None,
                     cluster_sizes=near[1] if near else None,
                     drop_sentences=clean[0] if clean and not whole else None, contaminated=clean[0] if whole else None,
-                    languages=bool(config.languages))
+                    languages=bool(config.languages), keep_removed=config.keep_removed)
     for part in parts:
         merger.add_part(part)
+    if config.keep_removed:   # the merge's removals first, then each file's own, in input order
+        for part in parts:
+            if removed_part(part).is_file():
+                merger.add_removed_part(removed_part(part))
     entries = merger.close()
     manifest = _manifest(files, results, merger, entries, config, fingerprint, input_problems, skipped, started)
     gone = manifest.dropped["duplicate"]   # every document the merge left out, by reason below
@@ -430,6 +456,7 @@ def start_or_resume(out: Path, config: CorpusConfig, fingerprint: dict) -> bool:
         for p in out.glob("*.arrow") if out.is_dir() else []:
             if SHARD_NAME.match(p.name):
                 p.unlink()
+        _remove_removed(out)
         manifest_path.unlink(missing_ok=True)
     else:
         unfinished = read_json_or_none(work / "state.json")
@@ -446,6 +473,17 @@ def start_or_resume(out: Path, config: CorpusConfig, fingerprint: dict) -> bool:
     return True
 
 
+def _remove_removed(out: Path) -> None:
+    """OUT/removed/'s shards of an earlier run (--keep-removed), by their names; the folder if that empties it."""
+    folder = out / "removed"
+    if folder.is_dir() and not folder.is_symlink():
+        for p in folder.glob("removed-*.arrow"):
+            if re.fullmatch(r"removed-\d{5}\.arrow", p.name) and p.is_file() and not p.is_symlink():
+                p.unlink()
+        if _empty_folder(folder):
+            folder.rmdir()
+
+
 def _is_our_work(work: Path) -> bool:
     """OUT/.work as start_or_resume makes it: a real folder whose state.json (written first) holds a fingerprint."""
     if work.is_symlink() or not work.is_dir():
@@ -459,7 +497,7 @@ def _empty_folder(path: Path) -> bool:
 
 
 # every name prepare-corpus writes in OUT/.work: its state, per-file parts, dedup partitions, temporary files
-WORK_FILE = re.compile(r"state\.json|part-\d{5}\.(arrow|json)|dedup-\d{5}-\d{5}\.(npy|json)|.+\.tmp")
+WORK_FILE = re.compile(r"state\.json|part-\d{5}\.(arrow|json|removed\.arrow)|dedup-\d{5}-\d{5}\.(npy|json)|.+\.tmp")
 # and in OUT/.work/near-dedup/ (pipelines/near_dedup.py)
 WORK_FOLDERS = {   # and in its subfolders (pipelines/near_dedup.py, pipelines/decontaminate.py)
     "near-dedup": re.compile(r"(signatures-\d{5}|pairs-band\d{3}|checked-\d{12}|candidates|removed|cluster_sizes)"
@@ -655,8 +693,9 @@ def _manifest(files, results, merger, entries, config, fingerprint, input_proble
 def _summary(m: CorpusManifest, out: Path) -> str:
     t = m.totals
     drops = ", ".join(f"{k} {v:,}" for k, v in m.dropped.items() if v) or "none"
+    shards = sum(s.split != "removed" for s in m.shards)
     lines = [f"prepare-corpus: {t['documents']:,} documents ({t['train_documents']:,} train, "
-             f"{t['holdout_documents']:,} holdout), {t['sentences']:,} sentences in {len(m.shards)} shard(s) "
+             f"{t['holdout_documents']:,} holdout), {t['sentences']:,} sentences in {shards} shard(s) "
              f"-> {out}",
              f"  read {t['input_files']} file(s), {t['input_bytes'] / 1e6:,.1f} MB, {t['documents_read']:,} documents "
              f"in {m.elapsed_seconds:.1f} s; dropped: {drops}"]

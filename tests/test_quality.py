@@ -77,3 +77,30 @@ def test_prepare_corpus_counts_each_drop_by_its_rule(tmp_path):
     quality = {k: v for k, v in manifest.dropped.items() if k.startswith("quality_")}
     assert sum(quality.values()) == len(JUNK) and manifest.totals["documents"] == 2
     assert manifest.options["filters"] == "fineweb2"
+
+
+def test_keep_removed_holds_every_document_taken_out_with_its_reason(tmp_path):
+    import pyarrow as pa
+
+    from bertkit.formats import corpus_shards, read_corpus_manifest
+
+    docs = [KOREAN, ENGLISH, KOREAN] + list(JUNK.values())   # a duplicate, and junk
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps({"text": d}, ensure_ascii=False) + "\n" for d in docs))
+    runs = {}
+    for workers in (1, 2):
+        out = tmp_path / f"out{workers}"
+        manifest = prepare_corpus([tmp_path / "in.jsonl"], out, CorpusConfig(
+            filters="fineweb2", keep_removed=True, holdout=0, min_chars=10, workers=workers, progress=False))
+        removed = pa.concat_tables([pa.ipc.open_file(str(p)).read_all() for p in corpus_shards(out, "removed")])
+        reasons = removed.column("reason").to_pylist()
+        assert sorted(set(reasons)) == sorted(k for k, v in manifest.dropped.items() if v)
+        assert all(reasons.count(k) == v for k, v in manifest.dropped.items() if v)
+        assert "".join(removed.column("sentences")[reasons.index("duplicate")].as_py()).replace(" ", "") == \
+            KOREAN.replace(" ", "")
+        assert len(corpus_shards(out, "train")) == 1 and (out / "removed").is_dir()
+        runs[workers] = {p.name: p.read_bytes() for p in sorted(out.rglob("*.arrow"))}
+    assert runs[1] == runs[2]
+    again = prepare_corpus([tmp_path / "in.jsonl"], tmp_path / "out1", CorpusConfig(
+        filters="fineweb2", holdout=0, min_chars=10, progress=False, overwrite=True))
+    assert not (tmp_path / "out1" / "removed").exists() and "removed" not in {s.split for s in again.shards}
+    assert read_corpus_manifest(tmp_path / "out1").totals["documents"] == 2

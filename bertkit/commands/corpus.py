@@ -48,6 +48,9 @@ from bertkit.pipelines.engine import ENGINE_HELP, ENGINES, RAY_ADDRESS_HELP
                    "[default: every language, none identified]")
 @click.option("--language-score", default=0.5, show_default=True, type=Real(0, 1),
               help="With --languages: the least probability of the language identified for a document kept.")
+@click.option("--keep-removed", is_flag=True,
+              help="Write the documents the steps took out, each with its reason (the manifest's names), to "
+                   "OUT/removed/ (Arrow, as the shards; no stage reads them): to look at, or to take back.")
 @click.option("--pii", type=click.Choice(["keep", "redact", "drop"]), default="keep", show_default=True,
               help="Personal data (e-mail and IP addresses, phone numbers, Korean resident registration numbers, "
                    "Luhn-checked card numbers): redact puts [EMAIL], [PHONE], [RRN], [CARD], [IP] in their place, "

@@ -123,6 +123,7 @@ class CorpusColumns:
     SENTENCES = "sentences"   # cleaned, NFC-normalised sentences in document order
     CLUSTER_SIZE = "cluster_size"   # --near-dedup only: documents in this one's near-duplicate cluster (1: none)
     LANGUAGE = "language"     # --languages only: the language identified (ISO 639-1)
+    REASON = "reason"         # removed/ only (--keep-removed): why the document was taken out (the manifest's names)
 
 
 CORPUS_SCHEMA = pa.schema([
@@ -131,6 +132,9 @@ CORPUS_SCHEMA = pa.schema([
     pa.field(CorpusColumns.TITLE, pa.string(), nullable=True),
     pa.field(CorpusColumns.SENTENCES, pa.list_(pa.string()), nullable=False),
 ])
+
+
+REMOVED_SCHEMA = CORPUS_SCHEMA.append(pa.field(CorpusColumns.REASON, pa.string(), nullable=False))
 
 
 def corpus_schema(cluster_size: bool = False, language: bool = False) -> pa.Schema:
@@ -149,6 +153,8 @@ CORPUS_FIX = ("`bertkit verify {folder}` checks every file; the same prepare-cor
 
 
 def corpus_file_name(split: str, index: int) -> str:
+    if split == "removed":   # --keep-removed: what the steps took out, beside the corpus, never read by a stage
+        return f"removed/removed-{index:05d}.arrow"
     return f"{'shard' if split == 'train' else 'holdout'}-{index:05d}.arrow"
 
 
