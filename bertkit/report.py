@@ -259,8 +259,62 @@ def corpus_report(corpus_dir: Path) -> str:
         largest = sorted(rows, key=lambda r: (-r[0], str(r[1])))[:10]
         sections.append(("largest clusters (the kept document)", _table(
             {f"{size} ({title})": first[:200] for size, title, first in largest})))
+    if any(s.split == "removed" for s in manifest.shards):
+        removed = pa.concat_tables([pa.ipc.open_file(str(p)).read_all() for p in corpus_shards(corpus_dir, "removed")])
+        sections.append(("removed documents, three of each reason (seeded)", _removed_examples(removed)))
+        figures += _signal_plots(corpus_dir, removed, manifest.options.get("filters", "none"))
     sections.append(("options", _table(manifest.options)))
     return _page(f"bertkit corpus: {corpus_dir.resolve().name}", figures, sections)
+
+
+def _removed_examples(removed) -> str:
+    import random
+
+    reasons = removed.column("reason").to_pylist()
+    rows = {}
+    for reason in sorted(set(reasons)):
+        at = [i for i, r in enumerate(reasons) if r == reason]
+        for i in random.Random(0).sample(at, min(3, len(at))):
+            first = " ".join(removed.column("sentences")[i].as_py())[:200]
+            rows[f"{reason} ({removed.column('title')[i].as_py() or removed.column('id')[i].as_py()})"] = first
+    return _table(rows)
+
+
+def _signal_plots(corpus_dir: Path, removed, preset: str) -> list:
+    """A few quality signals over a seeded sample of kept and removed documents, the preset's Korean and English
+    thresholds marked (what --filters judged by). The shards keep sentences, not lines: here a document's lines are
+    its sentences, so the line signals are near what the filter saw, not equal."""
+    import random
+
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from bertkit.formats import corpus_shards
+    from bertkit.pipelines.quality import PRESETS, signals
+
+    if preset not in PRESETS:
+        return []
+    kept = pa.concat_tables([pa.ipc.open_file(str(p)).read_all() for p in corpus_shards(corpus_dir)])
+    sample = {"kept": kept, "removed": removed.filter(pc.starts_with(removed.column("reason"), "quality_"))}
+    found = {}
+    for name, table in sample.items():
+        rows = random.Random(0).sample(range(len(table)), min(300, len(table)))
+        texts = ["\n".join(table.column("sentences")[i].as_py()) for i in rows]
+        found[name] = [signals(t.split("\n"), t) for t in texts]
+    plt, figures = _plt(), []
+    for signal in ("words", "mean_word_length", "alpha_words", "stop_words", "dup_line_frac", "line_punct"):
+        fig, ax = plt.subplots(figsize=(6, 3.2))
+        for name, values in found.items():
+            if values:
+                ax.hist([v[signal] for v in values], bins=30, alpha=0.6, label=name)
+        for lang, style in (("ko", "--"), ("en", ":")):
+            for bound in PRESETS[preset][lang].get(signal, (None, None)):
+                if bound is not None:
+                    ax.axvline(bound, color="black", linestyle=style, linewidth=1, label=f"{preset} {lang}")
+        ax.set(title=f"{signal} (a seeded sample)", yscale="log")
+        ax.legend(fontsize=7)
+        figures.append((signal, _png(fig)))
+    return figures
 
 
 def report(run_dir, out=None) -> Path:

@@ -100,6 +100,9 @@ def test_keep_removed_holds_every_document_taken_out_with_its_reason(tmp_path):
         assert len(corpus_shards(out, "train")) == 1 and (out / "removed").is_dir()
         runs[workers] = {p.name: p.read_bytes() for p in sorted(out.rglob("*.arrow"))}
     assert runs[1] == runs[2]
+    r = CliRunner().invoke(main, ["report", str(tmp_path / "out1")])
+    page = (tmp_path / "out1" / "report.html").read_text()
+    assert r.exit_code == 0 and "three of each reason" in page and "quality_" in page and page.count("<img") == 7
     again = prepare_corpus([tmp_path / "in.jsonl"], tmp_path / "out1", CorpusConfig(
         filters="fineweb2", holdout=0, min_chars=10, progress=False, overwrite=True))
     assert not (tmp_path / "out1" / "removed").exists() and "removed" not in {s.split for s in again.shards}
