@@ -65,6 +65,43 @@ LocalPipelineExecutor(pipeline=[JsonlReader(src, text_key="text", id_key="title"
                                 PIIFormatter(), JsonlWriter(f"{work}/kept", compression=None)],
                       tasks=1, workers=1, logging_dir=f"{work}/logs").run()
 '''
+DATATROVE_FILTERS = '''
+import json, os, re, sys
+from datatrove.executor import LocalPipelineExecutor
+from datatrove.pipeline.filters import FineWebQualityFilter, GopherQualityFilter, GopherRepetitionFilter
+from datatrove.pipeline.readers import JsonlReader
+from datatrove.pipeline.writers import JsonlWriter
+from datatrove.utils.word_tokenizers import KiwiTokenizer
+import yaml
+
+src, work, config = sys.argv[1], sys.argv[2], sys.argv[3]   # config: FineWeb2's configs/kor_Hang.yml
+korean = yaml.safe_load(open(config))
+os.makedirs(work, exist_ok=True)
+hangul, latin = re.compile(r"[\\uac00-\\ud7a3]"), re.compile(r"[A-Za-z]")
+files = {"ko": open(f"{work}/ko.jsonl", "w"), "en": open(f"{work}/en.jsonl", "w")}
+for line in open(f"{src}/corpus.jsonl"):   # as FineWeb2 runs it: each language with its own settings
+    text = json.loads(line)["text"][:4000]
+    files["ko" if len(hangul.findall(text)) > len(latin.findall(text)) else "en"].write(line)
+for f in files.values():
+    f.close()
+kiwi = KiwiTokenizer(model_type="cong")   # kiwipiepy >= 0.22 no longer ships the "sbg" model datatrove names
+steps = {"ko": [GopherRepetitionFilter(dup_para_frac=0, dup_line_char_frac=0, dup_para_char_frac=0,
+                                       dup_line_frac=korean["dup_line_frac"], top_n_grams=korean["top_n_grams"],
+                                       dup_n_grams=korean["dup_n_grams"], language=kiwi),
+                FineWebQualityFilter(short_line_thr=999, char_duplicates_ratio=0.1,
+                                     line_punct_thr=korean["line_punct_thr"], new_line_ratio=korean["new_line_ratio"],
+                                     language=kiwi),
+                GopherQualityFilter(max_avg_word_length=korean["max_avg_word_length"],
+                                    min_avg_word_length=korean["min_avg_word_length"], stop_words=korean["stopwords"],
+                                    max_non_alpha_words_ratio=korean["max_non_alpha_words_ratio"], min_stop_words=2,
+                                    language=kiwi)],
+         "en": [GopherRepetitionFilter(), FineWebQualityFilter(), GopherQualityFilter()]}
+for lang, filters in steps.items():
+    LocalPipelineExecutor(pipeline=[JsonlReader(work, text_key="text", id_key="title", glob_pattern=f"{lang}.jsonl"),
+                                    *filters, JsonlWriter(f"{work}/kept", output_filename=f"{lang}.jsonl",
+                                                          compression=None)],
+                          tasks=1, workers=1, logging_dir=f"{work}/logs-{lang}").run()
+'''
 KORQUAD = SHARED / "korquad_v1.0" / "KorQuAD_v1.0_dev.json"
 
 
@@ -122,6 +159,9 @@ def arms(work: Path, dt_python: str | None) -> dict:
         found["datatrove MinHash 14x8 (Kiwi words)"] = lambda: datatrove_arm(work, dt_python, "dt-minhash",
                                                                              DATATROVE_ARM, "kor_Hang")
         found["datatrove PIIFormatter"] = lambda: datatrove_arm(work, dt_python, "dt-pii", DATATROVE_PII)
+        if (work / "kor_Hang.yml").is_file():   # --fineweb2-config
+            found["datatrove FineWeb2 filters (Korean: kor_Hang)"] = lambda: datatrove_arm(
+                work, dt_python, "dt-filters", DATATROVE_FILTERS, str(work / "kor_Hang.yml"))
     return found
 
 
@@ -130,16 +170,23 @@ def main():
     ap.add_argument("--work", type=Path, required=True)
     ap.add_argument("--per-language", type=int, default=1500)
     ap.add_argument("--datatrove-python")
+    ap.add_argument("--fineweb2-config", type=Path, help="FineWeb2's configs/kor_Hang.yml (its datatrove arm)")
+    ap.add_argument("--arms", help="only the arms whose name holds this text")
+    ap.add_argument("--name", default="data_quality", help="results/NAME.json")
     args = ap.parse_args()
     truth = planted_corpus(args.work, {"ko": SHARED / "wikipedia_ko_wikiextractor_more",
                                        "en": SHARED / "wikipedia_en_wikiextractor"}, args.per_language,
                            personal=240, benign=240, passages=passages(40), junk_documents=300)
     plants = json.loads((args.work / "plants.json").read_text(encoding="utf-8"))
-    result = {**run_info("data_quality"), "corpus_mb": round((args.work / "corpus.jsonl").stat().st_size / 1e6, 1),
+    result = {**run_info(args.name), "corpus_mb": round((args.work / "corpus.jsonl").stat().st_size / 1e6, 1),
               "documents": len(truth), "arms": {}}
+    if args.fineweb2_config:
+        (args.work / "kor_Hang.yml").write_bytes(args.fineweb2_config.read_bytes())
     print(f"{'arm':40} {'s':>6} {'near>=0.8':>9} {'below kept':>10} {'lost':>7} {'PII left':>8} {'benign':>7} "
           f"{'passages left':>13} {'junk gone':>9} {'real kept':>10}")
     for name, arm in arms(args.work, args.datatrove_python).items():
+        if args.arms and args.arms not in name:
+            continue
         outcome = arm()
         kept = outcome.pop("kept")
         near, planted, junk = near_dedup_scores(truth, set(kept)), plant_scores(plants, kept), \
@@ -152,7 +199,7 @@ def main():
               f"{planted['benign_kept']:>3}/{planted['benign']:<3} "
               f"{planted['passages_left']:>6}/{planted['passages']:<6} {junk['junk_gone']:>5}/{junk['junk']:<3} "
               f"{junk['real_kept']:>5}/{junk['real']}")
-        write_result("data_quality", result)
+        write_result(args.name, result)
 
 
 if __name__ == "__main__":

@@ -99,10 +99,10 @@ def _letters(raw: np.ndarray) -> np.ndarray:
     return letter
 
 
-def _words(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _words(raw: np.ndarray, letter: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(one 32-bit hash per word: a polynomial over its UTF-8 bytes, the first 64 counting, digits as 0; the byte
     where each word begins) for lowered UTF-8 bytes, in numpy: no Python call per word."""
-    letter = _letters(raw)
+    letter = _letters(raw) if letter is None else letter
     begins = np.flatnonzero(letter & np.r_[True, ~letter[:-1]]) if len(raw) else np.zeros(0, np.int64)
     if len(begins) == 0:
         return np.zeros(0, np.uint64), begins

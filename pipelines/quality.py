@@ -38,7 +38,7 @@ PRESETS = {"gopher": {"ko": GOPHER, "en": GOPHER}, "fineweb": {"ko": FINEWEB, "e
            "fineweb2": {"ko": FINEWEB2_KO, "en": {**FINEWEB, "char_dup": (None, 0.1)}}}
 
 
-_NON_ALPHA_TOKEN = re.compile(r"(?<!\S)(?:[^\w\s]|[\d_])+(?!\S)")   # a token without a letter: 2024, --, 3.5%
+_LETTER = re.compile(r"[^\W\d_]")   # a letter of any script
 _ENGLISH_STOP = re.compile(r"\b(?:the|be|to|of|and|that|have|with)\b", re.I)
 _KOREAN_STOP = re.compile(r"[\uac00-\ud7a3](?:" + "|".join(sorted(KOREAN_ENDINGS, key=len, reverse=True)) + r")(?!\w)")
 
@@ -48,6 +48,11 @@ def language(text: str) -> str:
     thresholds), else en."""
     head = text[:4000]
     return "ko" if len(_HANGUL.findall(head)) > len(_LATIN.findall(head)) else "en"
+
+
+def _tokens_with_a_letter(text: str) -> int:
+    """Whitespace tokens holding a letter of any script (not: 2024, --, 3.5%)."""
+    return sum(1 for t in text.split() if t.isalpha() or _LETTER.search(t) is not None)
 
 
 def _stop_words(text: str, lang: str, enough: int = 10) -> int:
@@ -124,17 +129,17 @@ def signals(lines: list[str], text: str) -> dict:
     n, tokens, lang = max(len(hashed), 1), len(text.split()), language(text)
     return {"language": lang, "words": len(hashed), "mean_word_length": float(lengths.mean()) if len(hashed) else 0.0,
             "hash_ratio": text.count("#") / n, "ellipsis_ratio": (text.count("...") + text.count("…")) / n,
-            "alpha_words": 1 - len(_NON_ALPHA_TOKEN.findall(text)) / max(tokens, 1),
+            "alpha_words": _tokens_with_a_letter(text) / max(tokens, 1),
             "stop_words": _stop_words(text, lang), "new_line_ratio": max(len(lines) - 1, 0) / n,
             **_line_signals(lines), **_top_and_duplicated(hashed, lengths, int(lengths.sum()))}
 
 
 def _word_hashes_and_lengths(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Each word's hash (near_dedup's words) and its length in characters (its bytes that begin a character)."""
-    hashed, begins = _words(raw)
+    letter = _letters(raw)
+    hashed, begins = _words(raw, letter)
     if not len(hashed):
         return hashed, np.zeros(0, np.int64)
-    letter = _letters(raw)
     starts_char = (letter & ((raw & 0xC0) != 0x80)).astype(np.int64)
     runs = np.cumsum(starts_char)
     ends = np.r_[begins[1:], len(raw)] - 1
