@@ -67,7 +67,7 @@ class Problems:
 
 # ---------------------------------------------------------------------------------------------------- discovery
 
-def expand_inputs(inputs, exclude: Path | None = None, skipped: list[Path] | None = None
+def expand_inputs(inputs, exclude: Path | None = None, skipped: list[Path] | None = None, split: str = "train"
                   ) -> tuple[list[InputFile], list[str]]:
     """INPUT arguments -> files in a stable order (argument order; sorted walk inside folders and globs).
 
@@ -90,7 +90,11 @@ def expand_inputs(inputs, exclude: Path | None = None, skipped: list[Path] | Non
         arg = str(arg)
         path = Path(arg)
         if path.is_dir():
-            found = _walk(path, skipped)
+            try:
+                found = _walk(path, skipped, split)
+            except InputError as e:
+                problems.append(str(e))
+                continue
             if not found:
                 problems.append(f"{arg}: folder holds no (non-hidden, non-documentation) files")
             for f in found:
@@ -106,7 +110,7 @@ def expand_inputs(inputs, exclude: Path | None = None, skipped: list[Path] | Non
             fixed = Path(*_fixed_prefix(path.parts))
             for m in matches:
                 m = Path(m)
-                for f in (_walk(m, skipped) if m.is_dir() else [m]):
+                for f in (_walk(m, skipped, split) if m.is_dir() else [m]):
                     add(f, (Path(fixed.resolve().name) / f.relative_to(fixed)).as_posix())
         else:
             problems.append(f"{arg}: no such file or folder")
@@ -157,10 +161,42 @@ def is_documentation(path: Path) -> bool:
     return path.stem.lower() in DOC_STEMS and path.suffix.lower() in DOC_SUFFIXES
 
 
-def _walk(root: Path, skipped: list[Path] | None = None) -> list[Path]:
+def saved_dataset(folder: Path, split: str = "train") -> tuple[list[Path], list[Path]] | None:
+    """(the Arrow files, the metadata files) of a 🤗 datasets `save_to_disk` folder, a DatasetDict's by its `split`;
+    None when the folder is not one. Its JSON files describe the data: read as text they were documents of junk."""
+    if (folder / "dataset_dict.json").is_file():
+        try:
+            splits = json.loads((folder / "dataset_dict.json").read_text(encoding="utf-8"))["splits"]
+        except (ValueError, KeyError, TypeError):
+            raise InputError(f"{folder / 'dataset_dict.json'}: not a 🤗 datasets DatasetDict's file") from None
+        if split not in splits:
+            raise InputError(f"{folder}: a 🤗 DatasetDict without the split {split!r} (its splits: "
+                             f"{', '.join(map(str, splits))}); choose one with --split")
+        found = saved_dataset(folder / split, split)
+        return (found[0], [folder / "dataset_dict.json", *found[1]]) if found else None
+    state, info = folder / "state.json", folder / "dataset_info.json"
+    if not (state.is_file() and info.is_file()):
+        return None
+    try:
+        names = [d["filename"] for d in json.loads(state.read_text(encoding="utf-8"))["_data_files"]]
+    except (ValueError, KeyError, TypeError):
+        return None
+    if any(Path(n).is_absolute() or ".." in Path(n).parts for n in names):
+        raise InputError(f"{state}: lists a data file outside its folder")
+    return [folder / n for n in names], [state, info]
+
+
+def _walk(root: Path, skipped: list[Path] | None = None, split: str = "train") -> list[Path]:
     out = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        dataset = saved_dataset(Path(dirpath), split)
+        if dataset is not None:   # its Arrow files only, in its order; its metadata passed over, said
+            out += dataset[0]
+            if skipped is not None:
+                skipped += dataset[1]
+            dirnames[:] = []
+            continue
         for name in sorted(filenames):
             if name.startswith("."):
                 continue

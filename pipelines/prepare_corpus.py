@@ -60,6 +60,7 @@ SHARD_NAME = re.compile(r"^(shard|holdout)-\d{5}\.arrow$")
 class CorpusConfig:
     format: str = "auto"           # auto | wikiextractor | lines | paragraphs | jsonl | parquet | arrow
     text_field: str = "text"       # JSON Lines field / Parquet or Arrow column holding the text
+    split: str = "train"           # a 🤗 DatasetDict saved with save_to_disk: the split read
     language: str = "auto"         # sentencex language code, or auto (per document: Hangul -> ko, kana -> ja, else en)
     splitter: str = "sentencex"    # sentencex | kss | kiwi (the last two for Korean documents; pipelines/sentences.py)
     min_chars: int = 50            # drop documents with fewer characters (sentences joined)
@@ -143,6 +144,8 @@ class CorpusConfig:
             skip |= {"languages", "language_score"}
         if not self.keep_removed:
             skip.add("keep_removed")
+        if self.split == "train":
+            skip.add("split")
         if not self.decontaminate:
             skip |= {"decontaminate", "decontaminate_mode", "decontaminate_max_docs"}
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
@@ -366,7 +369,7 @@ def prepare_corpus(inputs, out, config: CorpusConfig | None = None) -> CorpusMan
 
 def _prepare_corpus(inputs, out: Path, config: CorpusConfig) -> CorpusManifest:
     started = time.time()
-    files, input_problems, skipped = find_inputs(inputs, out)
+    files, input_problems, skipped = find_inputs(inputs, out, config.split)
     # what the output depends on: options and the input files (path, size, mtime); workers are not part of it
     fingerprint = {"options": config.output_options(),
                    "inputs": [[f.source, str(f.path.resolve()), *file_fingerprint(f.path).values()] for f in files]}
@@ -423,14 +426,17 @@ def _summed(results: dict, key: str) -> dict:
     return total
 
 
-def find_inputs(inputs, out: Path) -> tuple:
-    """(input files, problems with the inputs given, documentation files passed over), each said as found."""
+def find_inputs(inputs, out: Path, split: str = "train") -> tuple:
+    """(input files, problems with the inputs given, documentation and dataset metadata files passed over), each
+    said as found."""
     skipped = []
-    files, input_problems = readers.expand_inputs(inputs, exclude=out, skipped=skipped)
+    files, input_problems = readers.expand_inputs(inputs, exclude=out, skipped=skipped, split=split)
     for message in input_problems:
         _say(f"warning: {message}")
     for path in skipped:
-        _say(f"skipped {path}: a documentation file, not corpus text (give it by name to read it)")
+        what = "a 🤗 dataset's metadata" if path.name in ("state.json", "dataset_info.json", "dataset_dict.json") \
+            else "a documentation file"
+        _say(f"skipped {path}: {what}, not corpus text (give it by name to read it)")
     if not files:
         raise CorpusError("no input files to read: " + "; ".join(input_problems or ["no INPUT given"]))
     return files, input_problems, skipped

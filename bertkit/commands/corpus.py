@@ -16,6 +16,9 @@ from bertkit.pipelines.engine import ENGINE_HELP, ENGINES, RAY_ADDRESS_HELP
                    "text counts as paragraphs).")
 @click.option("--text-field", default="text", show_default=True,
               help="JSON Lines field / CSV-TSV column (named by the header row) / Parquet-Arrow column with the text.")
+@click.option("--split", default="train", show_default=True,
+              help="An INPUT that is a 🤗 DatasetDict saved with save_to_disk: the split read (a saved Dataset's "
+                   "Arrow files are read as they are, its metadata files never as text).")
 @click.option("--language", default="auto", show_default=True,
               help="sentencex language code (en, ko, ja, de, ...); auto: Hangul -> ko, kana -> ja, else en, "
                    "per document.")

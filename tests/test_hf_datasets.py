@@ -1,0 +1,74 @@
+"""🤗 datasets in and out: a save_to_disk folder (a Dataset, a DatasetDict's split) becomes a corpus from its Arrow
+files, its metadata never read as text; every stage's Arrow output loads with datasets as it is."""
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from bertkit.cli import main
+from bertkit.formats import corpus_shards, read_corpus_manifest
+
+datasets = pytest.importorskip("datasets", reason="datasets (the dev extra) is not installed")
+
+TEXTS = [f"문서 {i}번은 여러 문장으로 되어 있다. 두 번째 문장도 충분히 길게 쓴다. The third sentence is English {i}."
+         for i in range(60)]
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    root = tmp_path_factory.mktemp("saved")
+    data = datasets.Dataset.from_dict({"text": TEXTS, "title": [f"t{i}" for i in range(60)], "n": list(range(60))})
+    data.save_to_disk(str(root / "ds"), num_shards=2)
+    datasets.DatasetDict({"train": data.select(range(40)), "test": data.select(range(40, 60))}).save_to_disk(
+        str(root / "dd"))
+    return root
+
+
+def prepare(args, out):
+    return CliRunner().invoke(main, ["prepare-corpus", *map(str, args), "--out", str(out), "--holdout", "0",
+                                     "--min-chars", "10", "--no-progress"])
+
+
+def titles(out) -> list:
+    import pyarrow as pa
+
+    return [t for p in corpus_shards(out) for t in pa.ipc.open_file(str(p)).read_all().column("title").to_pylist()]
+
+
+def test_a_saved_dataset_is_its_rows_in_order(saved, tmp_path):
+    r = prepare([saved / "ds"], tmp_path / "out")
+    assert r.exit_code == 0, r.output
+    assert titles(tmp_path / "out") == [f"t{i}" for i in range(60)]
+    manifest = read_corpus_manifest(tmp_path / "out")
+    assert not any(v for k, v in manifest.dropped.items()), manifest.dropped   # no metadata line read as text
+    assert {p.rsplit("/", 1)[-1] for p in manifest.skipped_files} == {"state.json", "dataset_info.json"}
+    assert "a 🤗 dataset's metadata" in r.output
+
+
+def test_a_dataset_dicts_split(saved, tmp_path):
+    assert prepare([saved / "dd"], tmp_path / "train").exit_code == 0
+    assert titles(tmp_path / "train") == [f"t{i}" for i in range(40)]
+    assert prepare([saved / "dd", "--split", "test"], tmp_path / "test").exit_code == 0
+    assert titles(tmp_path / "test") == [f"t{i}" for i in range(40, 60)]
+    bad = prepare([saved / "dd", "--split", "dev"], tmp_path / "dev")
+    assert bad.exit_code != 0 and "without the split 'dev' (its splits: train, test)" in bad.output
+
+
+def test_outputs_load_with_datasets(saved, tmp_path):
+    from bertkit.formats import read_instances_manifest
+    from bertkit.pipelines.make_instances import InstancesConfig, make_instances
+    from bertkit.pipelines.train_tokenizer import TokenizerConfig, train_tokenizer
+
+    assert prepare([saved / "ds", "--near-dedup", "--languages", "ko,en"], tmp_path / "corpus").exit_code == 0
+    corpus = datasets.load_dataset("arrow", data_files=[str(p) for p in corpus_shards(tmp_path / "corpus")],
+                                   split="train")
+    # the 60 texts differ only in their numbers, which near-duplicates ignore: few clusters, holding them all
+    assert sum(corpus["cluster_size"]) == 60 and set(corpus.column_names) >= {"id", "sentences", "language"}
+    train_tokenizer(tmp_path / "corpus", tmp_path / "tok", TokenizerConfig(vocab_size=300, progress=False,
+                                                                           pretokenize="none"))
+    make_instances(tmp_path / "corpus", tmp_path / "tok", tmp_path / "inst", InstancesConfig(max_seq_length=32),
+                   progress=False)
+    files = [str(tmp_path / "inst" / f) for f in read_instances_manifest(tmp_path / "inst").shard_files("train")]
+    instances = datasets.load_dataset("arrow", data_files=files, split="train")
+    assert instances.num_rows > 0 and "input_ids" in instances.column_names
+    assert json.loads((tmp_path / "corpus" / "manifest.json").read_text())["complete"]
