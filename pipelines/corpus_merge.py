@@ -103,7 +103,7 @@ class Merger:
     def __init__(self, out: Path, holdout: float, shard_size: int, duplicates: list[Path], work: Path,
                  cluster_sizes: Path | None = None, drop_sentences: Path | None = None,
                  contaminated: Path | None = None, languages: bool = False, near: Path | None = None,
-                 keep_removed: bool = False):
+                 keep_removed: bool = False, signals: bool = False):
         self.holdout_fraction = holdout
         self.duplicates = [np.load(p, mmap_mode="r") for p in duplicates]  # sorted row positions, one per partition
         # --near-dedup: each position's cluster size (0 where removed), added as a column
@@ -118,7 +118,7 @@ class Merger:
         self.near = np.load(near, mmap_mode="r") if near else np.zeros(0, np.int64)
         self.removed = ShardWriter(out, "removed", shard_size, work, REMOVED_SCHEMA) if keep_removed else None
         self.position = 0  # rows of the parts merged so far
-        schema = corpus_schema(cluster_sizes is not None, languages)
+        schema = corpus_schema(cluster_sizes is not None, languages, signals)
         self.train = ShardWriter(out, "train", shard_size, work, schema)
         self.holdout = ShardWriter(out, "holdout", shard_size, work, schema)
 

@@ -45,6 +45,7 @@ class RawDoc:
     lines: list[str]    # raw (uncleaned) text lines
     line: int           # 1-based line (or row) where the document starts, for messages
     kind: str = "split"  # how lines become sentences: "wiki" or "split" each line; "join" then split; keep "lines"
+    signals: dict | None = None   # a bertkit corpus given as INPUT: the quality signals it was judged by
 
 
 class Problems:
@@ -186,11 +187,27 @@ def saved_dataset(folder: Path, split: str = "train") -> tuple[list[Path], list[
     return [folder / n for n in names], [state, info]
 
 
+def corpus_folder(folder: Path) -> tuple[list[Path], list[Path]] | None:
+    """(the shards, the manifest) of a bertkit corpus (a prepare-corpus output) given as INPUT: its documents as
+    they were kept, and with --keep-removed those --filters took out, are judged again by other rules (the stored
+    signals: no raw text read, no sentence split); None when the folder is not one."""
+    try:
+        manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(manifest, dict) or manifest.get("stage") != "prepare-corpus" or not manifest.get("complete"):
+        return None
+    names = [s.get("file") for s in manifest.get("shards", []) if isinstance(s, dict)]
+    if any(not isinstance(n, str) or Path(n).is_absolute() or ".." in Path(n).parts for n in names):
+        raise InputError(f"{folder / 'manifest.json'}: lists a shard outside its folder")
+    return [folder / n for n in names], [folder / "manifest.json"]
+
+
 def _walk(root: Path, skipped: list[Path] | None = None, split: str = "train") -> list[Path]:
     out = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        dataset = saved_dataset(Path(dirpath), split)
+        dataset = saved_dataset(Path(dirpath), split) or corpus_folder(Path(dirpath))
         if dataset is not None:   # its Arrow files only, in its order; its metadata passed over, said
             out += dataset[0]
             if skipped is not None:
@@ -516,6 +533,36 @@ def read_delimited(lines, problems: Problems, decode: LineDecoder, text_field: s
         yield RawDoc(row[title] if title is not None else None, row[text].split("\n"), decode.line, "split")
 
 
+def _signal_names(shard: Path) -> list[str]:
+    """The signals' order, from the manifest of the corpus the shard is in (its folder, or its removed/'s parent)."""
+    for folder in (shard.parent, shard.parent.parent):
+        try:
+            names = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))["totals"]["signal_names"]
+            return [str(n) for n in names]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return []
+
+
+def _corpus_rows(batches, schema, names: list[str]):
+    """A bertkit corpus shard's documents: their sentences kept as they are (kind "lines"), with their stored
+    signals; of a removed/ shard only those --filters took out (the other removals would be made again)."""
+    from bertkit.pipelines.quality import unpack
+
+    row = 0
+    for batch in batches:
+        columns = {name: batch.column(name).to_pylist() for name in ("title", "sentences", "signals", "reason")
+                   if name in schema.names}
+        for i, sentences in enumerate(columns["sentences"]):
+            row += 1
+            reason = columns.get("reason", [None] * (i + 1))[i]
+            if reason is not None and not reason.startswith("quality_"):
+                continue
+            signals = columns.get("signals", [None] * (i + 1))[i]
+            yield RawDoc(columns.get("title", [None] * (i + 1))[i], sentences, row, "lines",
+                         unpack(signals, names) if signals and len(signals) == len(names) else None)
+
+
 def read_table(path: Path, fmt: str, compression: str | None, problems: Problems, text_field: str):
     """Parquet or Arrow (IPC file or stream) with a text column, read batch by batch."""
     import pyarrow as pa
@@ -542,6 +589,10 @@ def read_table(path: Path, fmt: str, compression: str | None, problems: Problems
                 schema, batches = reader.schema, iter(reader)
     except (pa.ArrowInvalid, OSError) as e:
         raise InputError(f"cannot be read as {fmt}: {e}. Is the file complete and really {fmt}?")
+    if text_field not in schema.names and "sentences" in schema.names and "id" in schema.names:
+        yield from _corpus_rows(batches if batches is not None else pf.iter_batches(batch_size=1024), schema,
+                                _signal_names(path))
+        return
     if text_field not in schema.names:
         raise InputError(f"has no column {text_field!r} (columns: {', '.join(schema.names)}). "
                          f"Choose the text column with --text-field")

@@ -47,9 +47,10 @@ from bertkit.pipelines.engine import Engine, check_available, check_engine, chec
 from bertkit.pipelines.near_dedup import run_near_dedup
 from bertkit.pipelines.sentences import build_sentences, check_splitter, clean_text, document_id
 
-# the shards' columns, the language identified (--languages) and the text's bytes (for shard cuts)
+# the shards' columns, the language identified (--languages), the signals judged by (--filters) and the text's bytes
+# (for shard cuts)
 PART_SCHEMA = CORPUS_SCHEMA.append(pa.field(C.LANGUAGE, pa.string(), nullable=True)).append(
-    pa.field("nbytes", pa.int64(), nullable=False))
+    pa.field(C.SIGNALS, pa.list_(pa.float64()), nullable=True)).append(pa.field("nbytes", pa.int64(), nullable=False))
 # --keep-removed: what an input file's own steps took out, and why
 REMOVED_PART_SCHEMA = REMOVED_SCHEMA.append(pa.field("nbytes", pa.int64(), nullable=False))
 PART_BATCH_ROWS = 1000
@@ -301,7 +302,7 @@ def _keep_or_drop(raw, config: CorpusConfig, stats: dict, writer: "_PartWriter",
     """A document's sentences to the part, or its reason for being dropped counted (and with --keep-removed the
     document kept apart, with its reason)."""
     sentences = build_sentences(raw, config.language, config.splitter, stats["removed_lines"])
-    sentences, found_language, reason = _cleaned(raw, sentences, config, stats)
+    sentences, found_language, signals, reason = _cleaned(raw, sentences, config, stats)
     if reason is None:
         reason = "empty" if not sentences else "too_short" if sum(len(x) for x in sentences) < config.min_chars \
             else "too_few_sentences" if len(sentences) < config.min_sentences else None
@@ -310,35 +311,40 @@ def _keep_or_drop(raw, config: CorpusConfig, stats: dict, writer: "_PartWriter",
     if reason:
         stats["dropped"][reason] = stats["dropped"].get(reason, 0) + 1
         if removed is not None and sentences:
-            removed.add(document_id(sentences), source, title or None, sentences, reason, nbytes)
+            removed.add(document_id(sentences), source, title or None, sentences, reason, signals, nbytes)
         return
-    writer.add(document_id(sentences), source, title or None, sentences, found_language, nbytes)
+    writer.add(document_id(sentences), source, title or None, sentences, found_language, signals, nbytes)
     stats["documents"] += 1
     stats["sentences"] += len(sentences)
 
 
-def _cleaned(raw, sentences: list, config: CorpusConfig, stats: dict) -> tuple[list, str | None, str | None]:
-    """(sentences, language identified, reason to drop or None) after --languages, --filters and --pii, each
-    counted; a document dropped for its personal data keeps them redacted, even in removed/."""
-    found_language = None
+def _cleaned(raw, sentences: list, config: CorpusConfig, stats: dict) -> tuple:
+    """(sentences, language identified, signals as JSON, reason to drop or None) after --languages, --filters and
+    --pii, each counted; a document dropped for its personal data keeps them redacted, even in removed/. A
+    document read from a bertkit corpus brings its signals: judged by them, not recomputed from its sentences."""
+    found_language = signals = None
     if config.languages and sentences:
         found_language, score = language.identify(" ".join(sentences))
         stats["languages"][found_language] = stats["languages"].get(found_language, 0) + 1
         if found_language not in config.languages or score < config.language_score:
-            return sentences, found_language, "language"
+            return sentences, found_language, None, "language"
     if config.filters != "none" and sentences:
-        lines = [line for line in (clean_text(x) for x in raw.lines) if line]
-        rule = quality.failed_rule(quality.signals(lines, "\n".join(lines)), quality.load_rules(config.filters))
+        found = raw.signals
+        if found is None:
+            lines = [line for line in (clean_text(x) for x in raw.lines) if line]
+            found = quality.signals(lines, "\n".join(lines))
+        signals = quality.pack(found)
+        rule = quality.failed_rule(found, quality.load_rules(config.filters))
         if rule:
-            return sentences, found_language, f"quality_{rule}"
+            return sentences, found_language, signals, f"quality_{rule}"
     if config.pii != "keep" and sentences:
         redacted, hits = pii.redact(sentences)
         for kind, n in hits.items():
             stats["pii"][kind] = stats["pii"].get(kind, 0) + n
         if hits and (config.pii == "drop" or sum(hits.values()) > pii.MANY):
-            return redacted, found_language, "pii" if config.pii == "drop" else "pii_many"
+            return redacted, found_language, signals, "pii" if config.pii == "drop" else "pii_many"
         sentences = redacted
-    return sentences, found_language, None
+    return sentences, found_language, signals, None
 
 
 # ------------------------------------------------------------------------------------------ the stage
@@ -388,7 +394,8 @@ def _prepare_corpus(inputs, out: Path, config: CorpusConfig) -> CorpusManifest:
     merger = Merger(out, config.holdout, config.shard_size, duplicates, work, near=near[0] if near else None,
                     cluster_sizes=near[1] if near else None,
                     drop_sentences=clean[0] if clean and not whole else None, contaminated=clean[0] if whole else None,
-                    languages=bool(config.languages), keep_removed=config.keep_removed)
+                    languages=bool(config.languages), keep_removed=config.keep_removed,
+                    signals=config.filters != "none")
     for part in parts:
         merger.add_part(part)
     if config.keep_removed:   # the merge's removals first, then each file's own, in input order
@@ -407,7 +414,10 @@ def _prepare_corpus(inputs, out: Path, config: CorpusConfig) -> CorpusManifest:
         manifest.totals["near_dedup"] = {"threshold": settings.threshold, "ngram": settings.ngram,
                                          "bands": settings.bands, "rows": settings.rows, **near[2]}
 
-    manifest.schema = {f.name: str(f.type) for f in corpus_schema(near is not None, bool(config.languages))}
+    manifest.schema = {f.name: str(f.type) for f in corpus_schema(near is not None, bool(config.languages),
+                                                                   config.filters != "none")}
+    if config.filters != "none":   # what the signals column holds, in order (a corpus given again as INPUT reads it)
+        manifest.totals["signal_names"] = list(quality.SIGNAL_NAMES)
     if config.languages:
         manifest.totals["languages_identified"] = dict(sorted(_summed(results, "languages").items()))
     if clean:

@@ -34,6 +34,10 @@ FINEWEB2_KO = {**GOPHER, "mean_word_length": (1, 6), "alpha_words": (0.791, None
                "dup_7gram": (None, 0.168), "dup_8gram": (None, 0.154), "dup_9gram": (None, 0.14),
                "dup_10gram": (None, 0.127), "line_punct": (0.062, None), "char_dup": (None, 0.1),
                "new_line_ratio": (None, 0.196)}
+SIGNAL_NAMES = ["language", "words", "mean_word_length", "hash_ratio", "ellipsis_ratio", "alpha_words", "stop_words",
+                "new_line_ratio", "bullet_lines", "ellipsis_lines", "dup_line_frac", "dup_line_char_frac", "char_dup",
+                "line_punct", "short_lines", *(f"top_{n}gram" for n in (2, 3, 4)),
+                *(f"dup_{n}gram" for n in range(5, 11))]
 PRESETS = {"gopher": {"ko": GOPHER, "en": GOPHER}, "fineweb": {"ko": FINEWEB, "en": FINEWEB},
            "fineweb2": {"ko": FINEWEB2_KO, "en": {**FINEWEB, "char_dup": (None, 0.1)}}}
 
@@ -147,6 +151,18 @@ def _word_hashes_and_lengths(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     last = np.searchsorted(np.flatnonzero(letter), ends, side="right") - 1
     last_letter = np.flatnonzero(letter)[last]
     return hashed, runs[last_letter] - runs[begins] + starts_char[begins]
+
+
+def pack(found: dict) -> list[float]:
+    """The signals as a corpus stores them (a list of doubles, in SIGNAL_NAMES's order; the language as 1 for ko)."""
+    return [(1.0 if found["language"] == "ko" else 0.0) if name == "language" else float(found[name])
+            for name in SIGNAL_NAMES]
+
+
+def unpack(values: list, names: list[str]) -> dict:
+    found = dict(zip(names, values))
+    found["language"] = "ko" if found.get("language") == 1.0 else "en"
+    return found
 
 
 @functools.cache

@@ -107,3 +107,31 @@ def test_keep_removed_holds_every_document_taken_out_with_its_reason(tmp_path):
         filters="fineweb2", holdout=0, min_chars=10, progress=False, overwrite=True))
     assert not (tmp_path / "out1" / "removed").exists() and "removed" not in {s.split for s in again.shards}
     assert read_corpus_manifest(tmp_path / "out1").totals["documents"] == 2
+
+
+def test_a_corpus_is_judged_again_by_other_rules_without_its_raw_text(tmp_path):
+    """--filters stores each document's signals; the corpus (with --keep-removed) given as INPUT is judged again:
+    the same rules keep the same documents, looser ones take some back, and the raw text is not needed."""
+    import pyarrow as pa
+
+    from bertkit.formats import corpus_shards
+
+    docs = [KOREAN, ENGLISH, KOREAN.replace("세종대왕", "태종")] + list(JUNK.values())
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps({"text": d}, ensure_ascii=False) + "\n" for d in docs))
+
+    def kept(out):
+        return sorted(i for p in corpus_shards(out) for i in pa.ipc.open_file(str(p)).read_all().column("id")
+                      .to_pylist())
+
+    config = dict(holdout=0, min_chars=10, progress=False)
+    first = prepare_corpus([tmp_path / "in.jsonl"], tmp_path / "first", CorpusConfig(filters="fineweb2",
+                                                                                     keep_removed=True, **config))
+    (tmp_path / "in.jsonl").unlink()   # what follows reads the corpus alone
+    same = prepare_corpus([tmp_path / "first"], tmp_path / "same", CorpusConfig(filters="fineweb2", **config))
+    assert kept(tmp_path / "same") == kept(tmp_path / "first") and same.dropped == first.dropped
+    assert same.totals["input_files"] == 2   # the shard and the removed/ one; never the manifest
+    (tmp_path / "loose.json").write_text(json.dumps({"words": {"min": 1}}))   # one rule, nothing else
+    loose = prepare_corpus([tmp_path / "first"], tmp_path / "loose", CorpusConfig(
+        filters=str(tmp_path / "loose.json"), **config))
+    assert loose.totals["documents"] > first.totals["documents"] and not any(
+        k.startswith("quality_") and v for k, v in loose.dropped.items())

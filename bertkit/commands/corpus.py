@@ -44,7 +44,9 @@ from bertkit.pipelines.engine import ENGINE_HELP, ENGINES, RAY_ADDRESS_HELP
               help="Quality rules over each document's signals: none, gopher (Gopher's rules), fineweb (FineWeb's "
                    "English: Gopher's and its line rules), fineweb2 (FineWeb2's per-language thresholds: Korean's for "
                    "Korean documents, FineWeb's for the rest; the choice for a crawl), or a TOML/JSON file of "
-                   "{signal: {min, max}} (by language: [ko], [en]). Each drop is counted by the rule it broke.")
+                   "{signal: {min, max}} (by language: [ko], [en]). Each drop is counted by the rule it broke; the "
+                   "signals are stored, so a corpus made with --keep-removed, given as INPUT, is judged again by "
+                   "other rules without its raw text.")
 @click.option("--languages", default="", metavar="ko,en,...",
               help="Keep only documents in these languages (ISO 639-1), identified offline (py3langid, on each "
                    "document's first 2,000 characters); each document's language goes in a `language` column. "

@@ -124,6 +124,7 @@ class CorpusColumns:
     CLUSTER_SIZE = "cluster_size"   # --near-dedup only: documents in this one's near-duplicate cluster (1: none)
     LANGUAGE = "language"     # --languages only: the language identified (ISO 639-1)
     REASON = "reason"         # removed/ only (--keep-removed): why the document was taken out (the manifest's names)
+    SIGNALS = "signals"       # --filters only: the quality signals judged by, doubles in the order totals.signal_names
 
 
 CORPUS_SCHEMA = pa.schema([
@@ -134,10 +135,11 @@ CORPUS_SCHEMA = pa.schema([
 ])
 
 
-REMOVED_SCHEMA = CORPUS_SCHEMA.append(pa.field(CorpusColumns.REASON, pa.string(), nullable=False))
+REMOVED_SCHEMA = CORPUS_SCHEMA.append(pa.field(CorpusColumns.REASON, pa.string(), nullable=False)).append(
+    pa.field(CorpusColumns.SIGNALS, pa.list_(pa.float64()), nullable=True))
 
 
-def corpus_schema(cluster_size: bool = False, language: bool = False) -> pa.Schema:
+def corpus_schema(cluster_size: bool = False, language: bool = False, signals: bool = False) -> pa.Schema:
     """The shards' schema: with --near-dedup the cluster size a later stage may upsample by (FineWeb2's
     rehydration), with --languages each document's language."""
     schema = CORPUS_SCHEMA
@@ -145,6 +147,8 @@ def corpus_schema(cluster_size: bool = False, language: bool = False) -> pa.Sche
         schema = schema.append(pa.field(CorpusColumns.CLUSTER_SIZE, pa.int32(), nullable=False))
     if language:
         schema = schema.append(pa.field(CorpusColumns.LANGUAGE, pa.string(), nullable=False))
+    if signals:   # with them a corpus given again as INPUT is judged by other rules without its raw text
+        schema = schema.append(pa.field(CorpusColumns.SIGNALS, pa.list_(pa.float64()), nullable=False))
     return schema
 
 
