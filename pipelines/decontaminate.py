@@ -51,10 +51,20 @@ def text_ngrams(text: str) -> tuple[np.ndarray, int]:
     return np.zeros(0, np.uint64), 0
 
 
+class EvaluationFileError(ValueError):
+    """An evaluation file that cannot be read: names it, the line, and what to do."""
+
+
 def evaluation_texts(path: Path) -> list[str]:
     """Every text of an evaluation file as published: JSON (one document, or JSON lines) by its string values at any
     depth; anything else by the fields of its lines (tab-, then comma-separated when the name says .csv)."""
-    raw = path.read_text(encoding="utf-8-sig")
+    try:
+        raw = path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise EvaluationFileError(f"{path}: not UTF-8 text (byte {e.start}); --decontaminate reads evaluation files "
+                                  "as published, in UTF-8 (iconv converts a legacy one)") from None
+    except OSError as e:
+        raise EvaluationFileError(f"{path}: cannot be read ({e.strerror})") from None
     values = []
 
     def walk(node):
@@ -71,9 +81,12 @@ def evaluation_texts(path: Path) -> list[str]:
         try:
             walk(json.loads(raw))
         except json.JSONDecodeError:
-            for line in raw.split("\n"):
-                if line.strip():
-                    walk(json.loads(line))
+            for n, line in enumerate(raw.split("\n"), 1):
+                try:
+                    walk(json.loads(line) if line.strip() else None)
+                except json.JSONDecodeError as e:
+                    raise EvaluationFileError(f"{path}:{n}: neither one JSON document nor JSON lines ({e.msg}); give "
+                                              "the evaluation file as published") from None
         return values
     separator = "," if path.suffix.lower() == ".csv" else "\t"
     return [field for line in raw.split("\n") for field in line.split(separator)]
@@ -155,13 +168,12 @@ def _batch_matches(docs: list[list[str]], hashes: np.ndarray, lengths: list[int]
     return np.concatenate(out) if out else np.zeros((0, 4), np.int64)
 
 
-def run_decontamination(engine: Engine, parts: list[Path], evaluation_files: list[Path], mode: str, max_docs: int,
+def run_decontamination(engine: Engine, parts: list[Path], ev: EvalNgrams, mode: str, max_docs: int,
                         work: Path) -> tuple[Path, dict]:
     """The match tasks (finished ones reused), then what goes: a sorted int64 .npy of positions (documents) or an
     (n, 2) one of (position, sentence) (sentences); and per evaluation file the documents and sentences matched."""
     folder = work / "decontaminate"
     folder.mkdir(exist_ok=True)
-    ev = load_evaluation(evaluation_files)
     save_evaluation(ev, folder / "evaluation.npz")
     outs = [folder / f"matches-{i:05d}.npy" for i in range(len(parts))]
     todo = [(str(p), str(folder / "evaluation.npz"), str(o)) for p, o in zip(parts, outs)

@@ -41,7 +41,7 @@ from bertkit.formats import (
 )
 from bertkit.pipelines import corpus_readers as readers, language, pii, quality
 from bertkit.pipelines.corpus_merge import Merger
-from bertkit.pipelines.decontaminate import run_decontamination
+from bertkit.pipelines.decontaminate import EvaluationFileError, load_evaluation, run_decontamination
 from bertkit.pipelines.dedup import ROWS_PER_PARTITION, run_dedup
 from bertkit.pipelines.engine import Engine, check_available, check_engine, check_shared_path
 from bertkit.pipelines.near_dedup import run_near_dedup
@@ -376,6 +376,10 @@ def prepare_corpus(inputs, out, config: CorpusConfig | None = None) -> CorpusMan
 def _prepare_corpus(inputs, out: Path, config: CorpusConfig) -> CorpusManifest:
     started = time.time()
     files, input_problems, skipped = find_inputs(inputs, out, config.split)
+    try:   # read before OUT is touched: a bad evaluation file is said at once
+        evaluation = load_evaluation([Path(p) for p in config.decontaminate]) if config.decontaminate else None
+    except EvaluationFileError as e:
+        raise CorpusError(str(e)) from None
     # what the output depends on: options and the input files (path, size, mtime); workers are not part of it
     fingerprint = {"options": config.output_options(),
                    "inputs": [[f.source, str(f.path.resolve()), *file_fingerprint(f.path).values()] for f in files]}
@@ -389,7 +393,7 @@ def _prepare_corpus(inputs, out: Path, config: CorpusConfig) -> CorpusManifest:
         return read_corpus_manifest(out)
     work = out / ".work"
     parts = [work / f"part-{i:05d}.arrow" for i in range(len(files))]
-    results, duplicates, near, clean = process_files(files, parts, config, work)
+    results, duplicates, near, clean = process_files(files, parts, config, work, evaluation)
     whole = clean is not None and config.decontaminate_mode == "documents"
     merger = Merger(out, config.holdout, config.shard_size, duplicates, work, near=near[0] if near else None,
                     cluster_sizes=near[1] if near else None,
@@ -569,7 +573,8 @@ class Progress:
         self.bar.set_postfix_str(f"{self.docs:,} docs; {what}")
 
 
-def process_files(files: list, parts: list[Path], config: CorpusConfig, work: Path) -> tuple[dict, list[Path], tuple]:
+def process_files(files: list, parts: list[Path], config: CorpusConfig, work: Path,
+                  evaluation=None) -> tuple[dict, list[Path], tuple]:
     """Step 1 and 2: every input file not already done becomes its part, then the dedup tasks run (and with
     --near-dedup the near-duplicate tasks). Returns ({file index: its counts}, the dedup tasks' files, and
     (removed positions, cluster sizes, counts) or None)."""
@@ -616,10 +621,10 @@ def process_files(files: list, parts: list[Path], config: CorpusConfig, work: Pa
             near = clean = None
             if config.near_dedup:
                 near = run_near_dedup(engine, parts, total_rows, config.near_dedup_settings(), work, progress.now)
-            if config.decontaminate:
+            if evaluation is not None:
                 progress.now(f"decontaminating against {len(config.decontaminate)} evaluation file(s)")
-                clean = run_decontamination(engine, parts, [Path(p) for p in config.decontaminate],
-                                            config.decontaminate_mode, config.decontaminate_max_docs, work)
+                clean = run_decontamination(engine, parts, evaluation, config.decontaminate_mode,
+                                            config.decontaminate_max_docs, work)
         progress.now("merging")
     finally:
         _report = None

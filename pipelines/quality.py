@@ -183,6 +183,11 @@ def load_rules(name: str) -> dict:
         unknown = set(section) - known
         if unknown:
             raise ValueError(f"{path}: no signal {sorted(unknown)[0]!r}; the signals: {', '.join(sorted(known))}")
+        for signal, bounds in section.items():
+            if not isinstance(bounds, dict) or set(bounds) - {"min", "max"} or not all(
+                    isinstance(v, (int, float)) and not isinstance(v, bool) for v in bounds.values()):
+                raise ValueError(f"{path}: {signal} = {bounds!r}; a rule is {{min = NUMBER, max = NUMBER}} (either or "
+                                 "both)")
         rules[lang] = {k: (v.get("min"), v.get("max")) for k, v in section.items()}
     return rules
 

@@ -103,3 +103,22 @@ def test_a_score_says_whether_pretraining_saw_its_file(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(record))
     assert pretraining_corpus(tmp_path, {"predict_file": "x/KorQuAD_v1.0_dev.json"})["scored_file_decontaminated"]
     assert pretraining_corpus(tmp_path, {"dev_file": "ratings_test.txt"})["scored_file_decontaminated"] is False
+
+
+def test_bad_evaluation_and_rules_files_are_said_before_anything_is_written(tmp_path):
+    from click.testing import CliRunner
+
+    from bertkit.cli import main
+
+    (tmp_path / "in.jsonl").write_text(json.dumps({"text": " ".join(FILLER)}, ensure_ascii=False) + "\n")
+    (tmp_path / "bad.json").write_text('{"data": [1, 2')
+    (tmp_path / "legacy.txt").write_bytes("평가 문장".encode("cp949"))
+    (tmp_path / "rules.json").write_text('{"words": {"min": "many"}}')
+    for flags, said in ((["--decontaminate", "bad.json"], "bad.json:1: neither one JSON document nor JSON lines"),
+                        (["--decontaminate", "legacy.txt"], "legacy.txt: not UTF-8 text"),
+                        (["--filters", "rules.json"], "a rule is {min = NUMBER, max = NUMBER}")):
+        args = [str(tmp_path / f) if f.endswith((".json", ".txt")) else f for f in flags]
+        r = CliRunner().invoke(main, ["prepare-corpus", str(tmp_path / "in.jsonl"), "--out", str(tmp_path / "out"),
+                                      "--no-progress", *args])
+        assert r.exit_code != 0 and said in r.output and "Traceback" not in r.output, r.output
+        assert not (tmp_path / "out").exists()
