@@ -408,6 +408,13 @@ def _prepare_corpus(inputs, out: Path, config: CorpusConfig) -> CorpusManifest:
                 merger.add_removed_part(removed_part(part))
     entries = merger.close()
     manifest = _manifest(files, results, merger, entries, config, fingerprint, input_problems, skipped, started)
+    _account_for_steps(manifest, merger, config, duplicates, near, clean, results)
+    return finish(out, manifest, entries, config)
+
+
+def _account_for_steps(manifest: CorpusManifest, merger: Merger, config: CorpusConfig, duplicates: list, near,
+                       clean, results: dict) -> None:
+    """The merge's removals split by reason (exact and near duplicates, contamination) and each step's totals."""
     gone = manifest.dropped["duplicate"]   # every document the merge left out, by reason below
     contaminated = merger.contaminated_rows + merger.emptied
     exact = sum(int(np.load(p, mmap_mode="r").shape[0]) for p in duplicates) if near else gone - contaminated
@@ -417,7 +424,6 @@ def _prepare_corpus(inputs, out: Path, config: CorpusConfig) -> CorpusManifest:
         settings = config.near_dedup_settings()
         manifest.totals["near_dedup"] = {"threshold": settings.threshold, "ngram": settings.ngram,
                                          "bands": settings.bands, "rows": settings.rows, **near[2]}
-
     manifest.schema = {f.name: str(f.type) for f in corpus_schema(near is not None, bool(config.languages),
                                                                    config.filters != "none")}
     if config.filters != "none":   # what the signals column holds, in order (a corpus given again as INPUT reads it)
@@ -429,7 +435,6 @@ def _prepare_corpus(inputs, out: Path, config: CorpusConfig) -> CorpusManifest:
         manifest.totals["decontamination"] = {"mode": config.decontaminate_mode,
                                               "max_docs": config.decontaminate_max_docs,
                                               "sentence_bytes_removed": merger.dropped_bytes, **clean[1]}
-    return finish(out, manifest, entries, config)
 
 
 def _summed(results: dict, key: str) -> dict:
