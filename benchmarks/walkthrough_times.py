@@ -36,11 +36,13 @@ def stage_times(trace: str, end: float) -> list[dict]:
 
 def run_block(name: str, work: Path) -> dict:
     out = work / name
-    env = {**os.environ, "OUT": str(out), "PS4": "+ $EPOCHREALTIME ", "TQDM_DISABLE": "1"}
+    env = {**os.environ, "OUT": str(out), "TQDM_DISABLE": "1"}
     before = list(os.getloadavg())
     start = time.time()
-    done = subprocess.run(["bash", "-x", "-euo", "pipefail", "-c", block(name)], cwd=REPO, env=env,
-                          capture_output=True, text=True)
+    # PS4 set in the script: bash run as root does not take it from the environment
+    script = "PS4='+ $EPOCHREALTIME '\nset -x\n" + block(name)
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=REPO, env=env, capture_output=True,
+                          text=True)
     end = time.time()
     (work / f"{name}.log").write_text(done.stdout + done.stderr)
     if done.returncode:

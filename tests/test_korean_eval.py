@@ -468,3 +468,8 @@ def test_a_sweeps_rate_is_chosen_on_validation_where_every_cell_has_it():
               for k, v in validated.items()}
     summary = korean.sweep_summary(scored)
     assert summary["best_rate"] == "0.0001" and summary["rate_chosen_on"] == "scored set"
+    one = korean.sweep_summary({k: v for k, v in scored.items() if k.startswith("0.001")})
+    assert one["rate_chosen_on"] == "one rate run"   # nothing chosen: the table says no "best", warns of nothing
+    from bertkit.finetune.tables import sweep_table
+
+    assert "<- best" not in sweep_table({"nsmc": one}) and "flatters" not in sweep_table({"nsmc": one})

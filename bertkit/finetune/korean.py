@@ -437,7 +437,7 @@ def sweep_summary(cells: dict) -> dict:
         rates[f"{rate:g}"]["validation_mean"] = sum(runs.values()) / len(runs)
     key = "validation_mean" if validated else "mean"
     return {"metric": metric, "rates": rates, "best_rate": max(rates, key=lambda r: rates[r][key]),
-            "rate_chosen_on": "validation" if validated else "scored set"}
+            "rate_chosen_on": "one rate run" if len(rates) == 1 else "validation" if validated else "scored set"}
 
 
 def compare_sweeps(first: dict, second: dict) -> list[dict]:

@@ -24,7 +24,7 @@ def sweep_table(summary: dict) -> str:
     for task, row in summary.items():
         on = row.get("rate_chosen_on", "scored set")
         for rate, r in row["rates"].items():
-            best = f"  <- best (chosen on the {on})" if rate == row["best_rate"] else ""
+            best = "" if rate != row["best_rate"] or on == "one rate run" else f"  <- best (chosen on the {on})"
             lines.append(f"{task:<9} {row['metric']:<16} {rate:>7}  {r['mean']:8.4f}  {r['min']:8.4f} .. "
                          f"{r['max']:<8.4f} {','.join(map(str, r['seeds']))}{best}")
     if any(row.get("rate_chosen_on", "scored set") == "scored set" for row in summary.values()):
