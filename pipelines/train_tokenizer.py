@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
-from tokenizers import pre_tokenizers
+from tokenizers import AddedToken, pre_tokenizers
 
 from bertkit.fileio import (
     atomic_write_bytes,
@@ -543,6 +543,9 @@ def _train_tokenizer(corpus_dir, out: Path, config: TokenizerConfig) -> Tokenize
         config.sample_bytes, auto_sampled = auto_sample_bytes(corpus_dir, config) if config.vocab_file is None \
             else (None, None)
     settings = _settings(config)
+    placeholders = _placeholders(corpus_dir) if config.vocab_file is None else []
+    if placeholders:
+        settings["placeholders"] = placeholders
     if _already_made(out, settings, corpus, config.overwrite):
         return read_tokenizer_manifest(out)  # re-running a finished stage is a no-op
 
@@ -557,7 +560,11 @@ def _train_tokenizer(corpus_dir, out: Path, config: TokenizerConfig) -> Tokenize
         source = "trained"
     else:
         source = "vocab_file"
+    if placeholders:   # in place of the last (rarest) merges: the vocabulary keeps its size
+        tokens = tokens[: len(tokens) - len(placeholders)] + [p for p in placeholders if p not in tokens]
     tok = build_tokenizer({t: i for i, t in enumerate(tokens)}, config.lowercase, config.strip_accents)
+    if placeholders:   # matched whole in the raw text before any normalising or splitting, as [MASK] is
+        tok.add_tokens([AddedToken(p, normalized=False) for p in placeholders])
 
     stats = _held_out_stats(tok, corpus_dir, config) if corpus_dir is not None else None
     alphabet = [t for t in tokens if len(t) == 1]
@@ -575,6 +582,17 @@ def _train_tokenizer(corpus_dir, out: Path, config: TokenizerConfig) -> Tokenize
     write_manifest(out, manifest)
     drop_scans(out)   # the kept scans: a finished tokenizer needs none
     return manifest
+
+
+def _placeholders(corpus_dir) -> list[str]:
+    """The tokens prepare-corpus --pii redact put in place of personal data, for a corpus made with it: each one
+    token of the vocabulary, kept whole ([EMAIL] would be [, email, ]), so the model sees one thing where a datum
+    was."""
+    from bertkit.pipelines.pii import PLACEHOLDER
+
+    if corpus_dir is None or read_corpus_manifest(corpus_dir).options.get("pii") != "redact":
+        return []
+    return list(PLACEHOLDER.values())
 
 
 def _settle_normalisation(config: TokenizerConfig) -> tuple[list[str] | None, list[str]]:

@@ -100,3 +100,29 @@ def test_planted_personal_data_all_go_and_benign_numbers_all_stay(tmp_path):
     scores = plant_scores(plants, kept)
     assert scores["personal"] == 30 and scores["personal_left"] == 0, scores
     assert scores["benign"] == 30 and scores["benign_kept"] == 30, scores
+
+
+def test_the_placeholders_are_tokens_the_vocabulary_keeps_whole(tmp_path):
+    """A corpus made with --pii redact gives train-tokenizer a vocabulary where [EMAIL], [PHONE] ... are one token
+    each (to bertkit and to transformers alike), in place of the rarest merges; without it nothing changes."""
+    import transformers
+
+    from bertkit.formats import read_tokenizer_manifest
+    from bertkit.pipelines.train_tokenizer import TokenizerConfig, train_tokenizer
+    from bertkit.tokenization import load_tokenizer
+
+    docs = [f"연락처는 010-1234-{i:04d}입니다. 메일은 user{i}@example.com 으로. 서울의 날씨는 맑다." for i in range(30)]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps({"text": d}, ensure_ascii=False) + "\n" for d in docs))
+    for mode in ("redact", "keep"):
+        prepare_corpus([tmp_path / "in.jsonl"], tmp_path / f"c-{mode}", CorpusConfig(pii=mode, holdout=0,
+                                                                                     min_chars=10, progress=False))
+        train_tokenizer(tmp_path / f"c-{mode}", tmp_path / f"t-{mode}",
+                        TokenizerConfig(vocab_size=300, pretokenize="none", progress=False))
+    text = "메일은 [EMAIL] 으로, 전화는 [PHONE]입니다"
+    assert {"[EMAIL]", "[PHONE]"} <= set(load_tokenizer(tmp_path / "t-redact").encode(text).tokens)
+    assert {"[EMAIL]", "[PHONE]"} <= set(transformers.AutoTokenizer.from_pretrained(str(tmp_path / "t-redact"))
+                                         .tokenize(text))
+    settings = read_tokenizer_manifest(tmp_path / "t-redact").settings
+    assert settings["placeholders"] == ["[EMAIL]", "[RRN]", "[CARD]", "[PHONE]", "[IP]"]
+    assert "placeholders" not in read_tokenizer_manifest(tmp_path / "t-keep").settings
+    assert "[EMAIL]" not in load_tokenizer(tmp_path / "t-keep").encode(text).tokens
