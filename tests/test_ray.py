@@ -127,15 +127,23 @@ def test_every_stage_on_ray_writes_the_local_bytes(ray_cluster, raw, local, tmp_
 
 
 @pytest.mark.slow
-def test_near_dedup_on_ray_writes_the_local_bytes(ray_cluster, raw, tmp_path):
-    """--near-dedup's tasks (signatures, buckets, checks) on two Ray nodes: the bytes of two local workers; the copy
-    of an English file is removed, each of its documents a cluster of two."""
-    prepare_corpus([raw], tmp_path / "local", CorpusConfig(workers=2, progress=False, near_dedup=True, **CORPUS))
-    bertkit("prepare-corpus", raw, "--out", tmp_path / "ray", *CORPUS_FLAGS, "--near-dedup", "--engine", "ray",
-            "--ray-address", ray_cluster, "--no-progress")
+def test_the_cleaning_steps_on_ray_write_the_local_bytes(ray_cluster, raw, tmp_path):
+    """Every cleaning step's tasks (near-duplicate signatures, buckets and checks; the filters, languages and
+    personal data inside each file's task; the evaluation-text matches; the removed documents) on two Ray nodes:
+    the bytes of two local workers; the copy of an English file is removed, each of its documents a cluster of two."""
+    line = next(x for x in (raw / "en" / "wiki_00").read_text().splitlines() if len(x.split()) > 30)
+    (tmp_path / "eval.txt").write_text(" ".join(line.split()[:20]) + "\n")   # an evaluation text the corpus holds
+    options = dict(near_dedup=True, filters="fineweb2", pii="redact", languages=["en", "ko"], keep_removed=True,
+                   decontaminate=[str(tmp_path / "eval.txt")])
+    prepare_corpus([raw], tmp_path / "local", CorpusConfig(workers=2, progress=False, **options, **CORPUS))
+    bertkit("prepare-corpus", raw, "--out", tmp_path / "ray", *CORPUS_FLAGS, "--near-dedup", "--filters", "fineweb2",
+            "--pii", "redact", "--languages", "en,ko", "--keep-removed", "--decontaminate", tmp_path / "eval.txt",
+            "--engine", "ray", "--ray-address", ray_cluster, "--no-progress")
     assert outputs(tmp_path / "ray") == outputs(tmp_path / "local")
+    assert outputs(tmp_path / "ray" / "removed") == outputs(tmp_path / "local" / "removed")
     manifest = json.loads((tmp_path / "ray" / "manifest.json").read_text())
     assert manifest["dropped"]["duplicate"] > 10 and manifest["totals"]["near_dedup"]["largest_cluster"] >= 2
+    assert manifest["totals"]["decontamination"]["files"]["eval.txt"]["documents"] >= 1
 
 
 # a driver whose tasks are slow and write "<task>-<pid>" files, so that the test can kill one of them (by its pid)
