@@ -255,7 +255,7 @@ def test_partitioned_dedup_drops_exactly_what_one_set_drops(tmp_path, monkeypatc
     for k, ids in enumerate(parts_ids):
         writer = pc._PartWriter(tmp_path / f"part-{k:05d}.arrow")
         for doc_id in ids:
-            writer.add(doc_id, "s", None, [f"text of {doc_id}"], 10)
+            writer.add(doc_id, "s", None, [f"text of {doc_id}"], None, None, 10)   # no language, no signals
         writer.close()
         paths.append(str(tmp_path / f"part-{k:05d}.arrow"))
     expected = one_set_rule(parts_ids)

@@ -452,11 +452,12 @@ def export(run_dir, out_dir, tag: str | None = None, say=None, overwrite: bool =
     # the old one and swapped in: a kill at any moment leaves one of the two, and only bertkit's files are replaced.
     with folder_lock(out_dir, "export"), disk_errors(out_dir, "free space, then run the same export again"):
         earlier = read_json_or_none(out_dir / MANIFEST)
-        if isinstance(earlier, dict):   # an export from before run_id recorded the run's path
+        if isinstance(earlier, dict):   # the run by name and digest (an export from before recorded its path)
+            run_id_then = earlier.get("run_id") or export_run_id(str(earlier.get("run")))
             earlier = {**earlier, "kind": weights_kind(earlier.get("random_seed")),
-                       "run_id": earlier.get("run_id") or export_run_id(str(earlier.get("run")))}
-        refuse_other_inputs(out_dir, "export", {"run_id": run_id, "kind": weights_kind(random_seed)}, earlier,
-                            overwrite)
+                       "run": f"{Path(str(earlier.get('run'))).name} ({run_id_then})"}
+        refuse_other_inputs(out_dir, "export", {"run": f"{Path(run_dir).resolve().name} ({run_id})",
+                                                "kind": weights_kind(random_seed)}, earlier, overwrite)
         output, staging = Output(out_dir, "export", manifest_files=True), staging_folder(out_dir)
         tokenizer = tok if (tok / "vocab.txt").is_file() else None
         # an ELECTRA pair: the discriminator here, the generator in generator/
@@ -465,8 +466,13 @@ def export(run_dir, out_dir, tag: str | None = None, say=None, overwrite: bool =
         trained_length = min(model.cfg.max_length, run.max_seq_length or model.cfg.max_length)
         if run.objective == "none" and tokenizer is not None:  # read through the mean: a sentence encoder too
             write_sentence_transformers_files(staging, model.cfg.hidden_size, trained_length)
-        config = json.loads((staging / "config.json").read_text(encoding="utf-8"))
-        atomic_write_bytes(staging / "README.md", model_card(run_dir, run, config, tag, random_seed).encode())
+        card = out_dir / "README.md"
+        if (card.exists() or card.is_symlink()) and "README.md" not in output.ours():
+            if say:   # a model card of the user's own: kept, never replaced by bertkit's
+                say(f"export: {card} is yours: kept, and bertkit's model card not written (move it to get one)")
+        else:
+            config = json.loads((staging / "config.json").read_text(encoding="utf-8"))
+            atomic_write_bytes(staging / "README.md", model_card(run_dir, run, config, tag, random_seed).encode())
         files = {name: file_entry(staging / name) for name in staged_files(staging) if name != MANIFEST}
         write_manifest(staging, ExportManifest(stage="export", complete=True, run=Path(run_dir).resolve().name,
                                                run_id=run_id, checkpoint=tag, random_seed=random_seed, files=files))

@@ -58,6 +58,7 @@ def test_a_re_export_keeps_the_users_files_beside_it(run, tmp_path):
     assert (out / "README.md").read_text() == "my model card\n"
     assert (out / "notes" / "eval.txt").read_text() == "dev 0.81\n"
     assert "kept README.md, notes/eval.txt (bertkit did not write them" in r.output
+    assert "is yours: kept, and bertkit's model card not written" in r.output
     assert CliRunner().invoke(main, ["verify", str(out)]).exit_code == 0
 
 
@@ -71,7 +72,7 @@ def test_a_re_export_over_another_run_replaces_only_bertkits_files(run, tmp_path
     r = export_cli(other, out, "--overwrite")
     assert r.exit_code == 0, r.output
     assert (out / "thesis.tex").read_text() == "\\chapter{}\n"
-    assert json.loads((out / "manifest.json").read_text())["run"] == str(other.resolve())
+    assert json.loads((out / "manifest.json").read_text())["run"] == "other"   # its name: no local path
 
 
 def test_the_same_fine_tuning_again_keeps_the_users_analysis(run, tmp_path):
