@@ -68,6 +68,7 @@ def words(text: str) -> list[str]:
 
 _POWERS = np.cumprod(np.full(64, 1_000_003, dtype=np.uint64)) // np.uint64(1_000_003)   # 1, p, p^2 ... mod 2**64
 _MASK32 = np.uint64(0xFFFFFFFF)
+_POWERS32 = (_POWERS & _MASK32).astype(np.uint32)
 
 
 _ASCII_SEPARATOR = np.ones(256, dtype=bool)    # ASCII bytes but a-z, 0-9 separate words; the others: _letters
@@ -107,12 +108,12 @@ def _words(raw: np.ndarray, letter: np.ndarray | None = None) -> tuple[np.ndarra
     if len(begins) == 0:
         return np.zeros(0, np.uint64), begins
     byte = raw[letter]
-    first = np.cumsum(letter)[begins] - 1                 # each word's first byte among the letters
-    place = np.arange(len(byte)) - np.repeat(first, np.diff(np.r_[first, len(byte)]))
-    byte = np.where((byte >= 0x30) & (byte <= 0x39), 0x30, byte).astype(np.uint64)
-    with np.errstate(over="ignore"):
-        values = (byte + np.uint64(1)) * _POWERS[np.minimum(place, 63)]
-        return np.add.reduceat(values, first) & _MASK32, begins
+    first = np.cumsum(letter, dtype=np.int32)[begins] - 1   # each word's first byte among the letters
+    place = np.arange(len(byte), dtype=np.int32) - np.repeat(first, np.diff(np.r_[first, len(byte)]))
+    byte = np.where((byte >= 0x30) & (byte <= 0x39), 0x30, byte).astype(np.uint32)
+    with np.errstate(over="ignore"):   # all mod 2**32 (the same numbers as mod 2**64 then cut: a ring's map)
+        values = (byte + np.uint32(1)) * _POWERS32[np.minimum(place, 63)]
+        return np.add.reduceat(values, first, dtype=np.uint32).astype(np.uint64), begins
 
 
 def word_hashes(text: str) -> np.ndarray:
