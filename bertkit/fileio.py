@@ -148,6 +148,17 @@ def atomic_copy(src, dst, within=None) -> None:
         raise
 
 
+def make_folder(path) -> Path:
+    """path as a real folder, made if missing; a link or a file there is refused, naming it: a write below a link
+    would land outside the folder the user gave."""
+    path = Path(path)
+    if path.is_symlink() or (path.exists() and not path.is_dir()):
+        raise FolderNotOwnedError(f"{path}: a link or a file where bertkit makes a folder of its own; move it away, "
+                                  "then run the same command again")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def open_append(path):
     """A log file opened for appending, never through a link: one found there is replaced by a new file."""
     path = Path(path)

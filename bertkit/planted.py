@@ -9,6 +9,8 @@ import random
 import re
 from pathlib import Path
 
+from bertkit.fileio import atomic_write_bytes, atomic_write_json
+
 DOC = re.compile(r"<doc [^>]*>\n(.*?)\n</doc>", re.S)
 NOT_WORD = re.compile(r"[\W_]+")
 HEADERS = {"ko": ["[서울=연합뉴스] 김민수 기자 = ", "ⓒ 한국일보, 무단 전재 및 재배포 금지", "▶ 네이버에서 구독하기",
@@ -107,12 +109,10 @@ def planted_corpus(out: Path, sources: dict, per_language: int, share: float = 0
         rows.append({"title": f"junk-{i:05d}", "text": text})
         truth[f"junk-{i:05d}"] = {"kind": f"junk:{kind}", "of": None, "jaccard": None, "language": None}
     rng.shuffle(rows)   # a crawl's order: a variant may come before its original
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "corpus.jsonl", "w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    (out / "truth.json").write_text(json.dumps(truth, ensure_ascii=False, indent=0), encoding="utf-8")
-    (out / "plants.json").write_text(json.dumps(plants, ensure_ascii=False, indent=0), encoding="utf-8")
+    atomic_write_bytes(out / "corpus.jsonl", "".join(json.dumps(row, ensure_ascii=False) + "\n"
+                                                     for row in rows).encode("utf-8"))
+    atomic_write_json(out / "truth.json", truth)
+    atomic_write_json(out / "plants.json", plants)
     return truth
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from bertkit.fileio import checksum_file
+from bertkit.fileio import checksum_file, make_folder
 from bertkit.formats import (
     CORPUS_SCHEMA,
     REMOVED_SCHEMA,
@@ -82,7 +82,7 @@ class ShardWriter:
         name, tmp = corpus_file_name(self.split, len(self.entries)), self._temp()
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
-        (self.out / name).parent.mkdir(exist_ok=True)
+        make_folder((self.out / name).parent)   # removed/: never a link to elsewhere
         os.replace(tmp, self.out / name)
         self.entries.append(ShardEntry(name, self.split, self.shard_rows, (self.out / name).stat().st_size,
                                        checksum_file(self.out / name)))
@@ -126,7 +126,7 @@ class Merger:
         lo, hi = self.position, self.position + rows
         skip = np.zeros(rows, dtype=bool)
         for d in self.duplicates:
-            skip[np.asarray(d[np.searchsorted(d, lo): np.searchsorted(d, hi)]) - lo] = True
+            skip[self._within(d, lo, rows)] = True
         self.position = hi
         return skip
 
@@ -137,20 +137,18 @@ class Merger:
                 start = self.position
                 skip = self._skipped(batch.num_rows)
                 exact = skip.copy()
-                gone = self._within(self.near, start, batch.num_rows)
-                skip[gone] = True
-                c = self.contaminated
-                gone = np.asarray(c[np.searchsorted(c, start): np.searchsorted(c, start + batch.num_rows)]) - start
+                skip[self._within(self.near, start, batch.num_rows)] = True
+                near = skip.copy()
+                gone = self._within(self.contaminated, start, batch.num_rows)
                 self.contaminated_rows += int((~skip[gone]).sum())
-                reasons = np.where(exact, "duplicate", np.where(skip, "near_duplicate", ""))
                 skip[gone] = True
-                reasons = np.where(skip & (reasons == ""), "contaminated", reasons)
                 for i, doc_id in enumerate(batch.column(C.ID).to_pylist()):
                     if skip[i]:
                         continue  # exact duplicate of an earlier document
                     (held if is_holdout(doc_id, self.holdout_fraction) else keep).append(i)
                 table = pa.Table.from_batches([batch])
                 if self.removed is not None and skip.any():
+                    reasons = np.where(exact, "duplicate", np.where(near, "near_duplicate", "contaminated"))
                     self.keep_removed(table.take(np.flatnonzero(skip)), reasons[skip])
                 if len(self.drops):
                     whole = table

@@ -551,15 +551,14 @@ def _corpus_rows(batches, schema, names: list[str]):
 
     row = 0
     for batch in batches:
-        columns = {name: batch.column(name).to_pylist() for name in ("title", "sentences", "signals", "reason")
-                   if name in schema.names}
-        for i, sentences in enumerate(columns["sentences"]):
+        def column(name):
+            return batch.column(name).to_pylist() if name in schema.names else [None] * batch.num_rows
+
+        for title, sentences, signals, reason in zip(*map(column, ("title", "sentences", "signals", "reason"))):
             row += 1
-            reason = columns.get("reason", [None] * (i + 1))[i]
             if reason is not None and not reason.startswith("quality_"):
                 continue
-            signals = columns.get("signals", [None] * (i + 1))[i]
-            yield RawDoc(columns.get("title", [None] * (i + 1))[i], sentences, row, "lines",
+            yield RawDoc(title, sentences, row, "lines",
                          unpack(signals, names) if signals and len(signals) == len(names) else None)
 
 

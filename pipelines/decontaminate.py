@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from bertkit.fileio import atomic_write_json, read_json_or_none
+from bertkit.fileio import atomic_write_json, make_folder, read_json_or_none
 from bertkit.formats import CorpusColumns as C
 from bertkit.pipelines.engine import Engine
-from bertkit.pipelines.near_dedup import _MASK32, _save, word_hashes
+from bertkit.pipelines.near_dedup import _save, ngrams64, word_hashes
 
 NGRAM = 13
 SHORTEST = 8          # words: a shorter text is too common to mean a leak
@@ -30,15 +30,6 @@ class EvalNgrams:
     sets: np.ndarray      # for each hash, the index of the first evaluation file that holds it
     lengths: tuple        # the n-gram lengths present (13, and the short texts' own lengths)
     names: tuple          # evaluation files' names, by index
-
-
-def ngrams64(hashed: np.ndarray, n: int) -> np.ndarray:
-    """A 64-bit polynomial over each run of n word hashes (wrapping): few chance matches over billions of n-grams."""
-    acc = np.zeros(max(len(hashed) - n + 1, 0), dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        for k in range(n):
-            acc = acc * np.uint64(0x100000001B3) + (hashed[k: len(hashed) - n + 1 + k] & _MASK32)
-    return acc
 
 
 def text_ngrams(text: str) -> tuple[np.ndarray, int]:
@@ -172,8 +163,7 @@ def run_decontamination(engine: Engine, parts: list[Path], ev: EvalNgrams, mode:
                         work: Path) -> tuple[Path, dict]:
     """The match tasks (finished ones reused), then what goes: a sorted int64 .npy of positions (documents) or an
     (n, 2) one of (position, sentence) (sentences); and per evaluation file the documents and sentences matched."""
-    folder = work / "decontaminate"
-    folder.mkdir(exist_ok=True)
+    folder = make_folder(work / "decontaminate")
     save_evaluation(ev, folder / "evaluation.npz")
     outs = [folder / f"matches-{i:05d}.npy" for i in range(len(parts))]
     todo = [(str(p), str(folder / "evaluation.npz"), str(o)) for p, o in zip(parts, outs)

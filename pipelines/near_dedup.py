@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from bertkit.fileio import atomic_write_bytes, atomic_write_json, read_json_or_none
+from bertkit.fileio import atomic_write_bytes, atomic_write_json, make_folder, read_json_or_none
 from bertkit.formats import CorpusColumns as C
 from bertkit.pipelines.engine import Engine
 
@@ -125,6 +125,15 @@ def _ngrams(hashed: np.ndarray, n: int) -> np.ndarray:
     acc = np.zeros(len(hashed) - n + 1, dtype=np.uint64)
     for k in range(n):
         acc = (acc * np.uint64(1_000_003) + hashed[k: len(hashed) - n + 1 + k]) & _MASK32
+    return acc
+
+
+def ngrams64(hashed: np.ndarray, n: int) -> np.ndarray:
+    """A 64-bit polynomial over each run of n word hashes (wrapping): few chance matches over billions of n-grams."""
+    acc = np.zeros(max(len(hashed) - n + 1, 0), dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for k in range(n):
+            acc = acc * np.uint64(0x100000001B3) + (hashed[k: len(hashed) - n + 1 + k] & _MASK32)
     return acc
 
 
@@ -308,8 +317,7 @@ def run_near_dedup(engine: Engine, parts: list[Path], total_rows: int, settings:
     """The three task steps (finished tasks of a killed run reused), then the clusters. Returns (the removed
     positions, sorted int64 .npy; every position's cluster size, int32 .npy, 0 where removed; counts)."""
     say = say or (lambda message: None)
-    folder = work / "near-dedup"
-    folder.mkdir(exist_ok=True)
+    folder = make_folder(work / "near-dedup")
     options = asdict(settings)
     signatures = [folder / f"signatures-{i:05d}.npy" for i in range(len(parts))]
     todo = [(str(p), options, str(out)) for p, out in zip(parts, signatures) if not _done(out, settings=options)]

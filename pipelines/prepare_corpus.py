@@ -424,8 +424,6 @@ def _account_for_steps(manifest: CorpusManifest, merger: Merger, config: CorpusC
         settings = config.near_dedup_settings()
         manifest.totals["near_dedup"] = {"threshold": settings.threshold, "ngram": settings.ngram,
                                          "bands": settings.bands, "rows": settings.rows, **near[2]}
-    manifest.schema = {f.name: str(f.type) for f in corpus_schema(near is not None, bool(config.languages),
-                                                                   config.filters != "none")}
     if config.filters != "none":   # what the signals column holds, in order (a corpus given again as INPUT reads it)
         manifest.totals["signal_names"] = list(quality.SIGNAL_NAMES)
     if config.languages:
@@ -481,7 +479,7 @@ def start_or_resume(out: Path, config: CorpusConfig, fingerprint: dict) -> bool:
         for p in out.glob("*.arrow") if out.is_dir() else []:
             if SHARD_NAME.match(p.name):
                 p.unlink()
-        _remove_removed(out)
+        _remove_removed(out, previous)
         manifest_path.unlink(missing_ok=True)
     else:
         unfinished = read_json_or_none(work / "state.json")
@@ -498,15 +496,19 @@ def start_or_resume(out: Path, config: CorpusConfig, fingerprint: dict) -> bool:
     return True
 
 
-def _remove_removed(out: Path) -> None:
-    """OUT/removed/'s shards of an earlier run (--keep-removed), by their names; the folder if that empties it."""
-    folder = out / "removed"
-    if folder.is_dir() and not folder.is_symlink():
-        for p in folder.glob("removed-*.arrow"):
-            if re.fullmatch(r"removed-\d{5}\.arrow", p.name) and p.is_file() and not p.is_symlink():
-                p.unlink()
-        if _empty_folder(folder):
-            folder.rmdir()
+def _remove_removed(out: Path, previous: dict | None) -> None:
+    """OUT/removed/'s shards of an earlier run (--keep-removed): only those its manifest lists, each still a plain
+    file of the size it recorded (a file of the user's there stays); the folder if that empties it."""
+    shards = previous.get("shards") if isinstance(previous, dict) else None
+    listed = [s for s in shards or [] if isinstance(s, dict) and s.get("split") == "removed"]
+    for shard in listed:
+        name = str(shard.get("file", ""))
+        path = out / name
+        if re.fullmatch(r"removed/removed-\d{5}\.arrow", name) and path.is_file() and not path.is_symlink() \
+                and not path.parent.is_symlink() and path.stat().st_size == shard.get("bytes"):
+            path.unlink()
+    if _empty_folder(out / "removed"):
+        (out / "removed").rmdir()
 
 
 def _is_our_work(work: Path) -> bool:
@@ -670,7 +672,7 @@ def finish(out: Path, manifest: CorpusManifest, entries: list, config: CorpusCon
 
 def _manifest(files, results, merger, entries, config, fingerprint, input_problems, skipped,
               started) -> CorpusManifest:
-    dropped, removed, inputs, found_pii = {}, {}, [], {}
+    dropped, removed, inputs = {}, {}, []
     errors = list(input_problems)
     for i in range(len(files)):
         s = results[i]
@@ -678,8 +680,6 @@ def _manifest(files, results, merger, entries, config, fingerprint, input_proble
             dropped[k] = dropped.get(k, 0) + v
         for k, v in s["removed_lines"].items():
             removed[k] = removed.get(k, 0) + v
-        for k, v in s.get("pii", {}).items():
-            found_pii[k] = found_pii.get(k, 0) + v
         if s["error"]:
             errors.append(s["error"])
         inputs.append({"path": s["path"], "source": s["source"], "bytes": s["fingerprint"]["bytes"],
@@ -693,7 +693,8 @@ def _manifest(files, results, merger, entries, config, fingerprint, input_proble
         stage="prepare-corpus",
         complete=True,
         bertkit_version=__version__,
-        schema={f.name: str(f.type) for f in CORPUS_SCHEMA},
+        schema={f.name: str(f.type) for f in corpus_schema(config.near_dedup, bool(config.languages),
+                                                           config.filters != "none")},
         options=config.output_options(),
         inputs=inputs,
         totals={
@@ -704,7 +705,7 @@ def _manifest(files, results, merger, entries, config, fingerprint, input_proble
             "text_bytes": merger.train.text_bytes + merger.holdout.text_bytes,
             "replaced_bytes": sum(s["replaced_bytes"] for s in results.values()),
             "files_with_errors": sum(1 for s in results.values() if s["error"]),
-            **({"pii_found": dict(sorted(found_pii.items()))} if config.pii != "keep" else {}),
+            **({"pii_found": dict(sorted(_summed(results, "pii").items()))} if config.pii != "keep" else {}),
         },
         dropped=dict(sorted(dropped.items())),
         removed_lines=dict(sorted(removed.items())),

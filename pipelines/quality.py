@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import tomllib
 
-from bertkit.pipelines.near_dedup import _letters, _words
+from bertkit.pipelines.near_dedup import _letters, _words, ngrams64
 
 TERMINAL = tuple('.!?。！？…"\'”’)」』]')
 # FineWeb2's Korean stop words (kor_Hang.yml) are morphemes; as eojeol endings, the particles and endings among them
@@ -54,9 +54,9 @@ def language(text: str) -> str:
     return "ko" if len(_HANGUL.findall(head)) > len(_LATIN.findall(head)) else "en"
 
 
-def _tokens_with_a_letter(text: str) -> int:
+def _tokens_with_a_letter(tokens: list[str]) -> int:
     """Whitespace tokens holding a letter of any script (not: 2024, --, 3.5%)."""
-    return sum(1 for t in text.split() if t.isalpha() or _LETTER.search(t) is not None)
+    return sum(1 for t in tokens if t.isalpha() or _LETTER.search(t) is not None)
 
 
 def _stop_words(text: str, lang: str, enough: int = 10) -> int:
@@ -71,13 +71,8 @@ def _stop_words(text: str, lang: str, enough: int = 10) -> int:
 
 def _grams(hashed: np.ndarray, lengths: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     """Each n-gram's hash and its characters."""
-    grams = np.zeros(len(hashed) - n + 1, np.uint64)
-    chars = np.zeros(len(hashed) - n + 1, np.int64)
-    with np.errstate(over="ignore"):
-        for k in range(n):
-            grams = grams * np.uint64(0x100000001B3) + hashed[k: len(hashed) - n + 1 + k]
-            chars += lengths[k: len(lengths) - n + 1 + k]
-    return grams, chars
+    chars = np.r_[0, np.cumsum(lengths)]
+    return ngrams64(hashed, n), chars[n:] - chars[:-n]
 
 
 def _top_and_duplicated(hashed: np.ndarray, lengths: np.ndarray, total: int) -> dict:
@@ -130,10 +125,10 @@ def signals(lines: list[str], text: str) -> dict:
     """Every signal of one document: lines are its non-empty lines, text the document as one string."""
     raw = np.frombuffer(text.lower().encode("utf-8"), np.uint8)
     hashed, lengths = _word_hashes_and_lengths(raw)
-    n, tokens, lang = max(len(hashed), 1), len(text.split()), language(text)
+    n, tokens, lang = max(len(hashed), 1), text.split(), language(text)
     return {"language": lang, "words": len(hashed), "mean_word_length": float(lengths.mean()) if len(hashed) else 0.0,
             "hash_ratio": text.count("#") / n, "ellipsis_ratio": (text.count("...") + text.count("…")) / n,
-            "alpha_words": _tokens_with_a_letter(text) / max(tokens, 1),
+            "alpha_words": _tokens_with_a_letter(tokens) / max(len(tokens), 1),
             "stop_words": _stop_words(text, lang), "new_line_ratio": max(len(lines) - 1, 0) / n,
             **_line_signals(lines), **_top_and_duplicated(hashed, lengths, int(lengths.sum()))}
 

@@ -33,3 +33,15 @@ def test_prepare_corpus_keeps_the_languages_asked_for(tmp_path):
     manifest = read_corpus_manifest(tmp_path / "out")
     assert manifest.dropped["language"] == 2 and manifest.totals["languages_identified"]["de"] == 1
     assert manifest.options["languages"] == ["ko", "en"] and manifest.schema["language"] == "string"
+
+
+def test_an_unsure_guess_is_dropped_by_its_score(tmp_path):
+    from bertkit.pipelines.prepare_corpus import CorpusConfig, prepare_corpus
+
+    assert identify(DOCS["laughter"])[1] < 0.5   # ㅋㅋ alone: a weak guess whatever the language
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps({"text": v}, ensure_ascii=False) + "\n"
+                                               for v in DOCS.values()))
+    languages = sorted({identify(v)[0] for v in DOCS.values()})   # every language guessed is asked for
+    manifest = prepare_corpus([tmp_path / "in.jsonl"], tmp_path / "out", CorpusConfig(
+        languages=languages, language_score=0.5, holdout=0, min_chars=10, progress=False))
+    assert manifest.dropped["language"] == 1 and manifest.totals["documents"] == 3
