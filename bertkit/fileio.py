@@ -191,6 +191,17 @@ def atomic_write_json(path, obj, fsync: bool = True) -> None:
     atomic_write_bytes(path, data.encode("utf-8"), fsync)
 
 
+def atomic_write_npy(path, array) -> None:
+    """A numpy array as an .npy file, written as atomic_write_bytes writes (np.load reads it)."""
+    import io
+
+    import numpy as np
+
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    atomic_write_bytes(path, buffer.getvalue())
+
+
 def read_json_or_none(path):
     """The JSON in `path`, or None when it is missing or unreadable (a resume record lost in a crash)."""
     try:

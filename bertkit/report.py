@@ -290,7 +290,7 @@ def _signal_plots(corpus_dir: Path, removed, preset: str) -> list:
     import pyarrow.compute as pc
 
     from bertkit.formats import corpus_shards
-    from bertkit.pipelines.quality import PRESETS, signals
+    from bertkit.pipelines.quality import PRESETS, batch_signals
 
     if preset not in PRESETS:
         return []
@@ -300,7 +300,7 @@ def _signal_plots(corpus_dir: Path, removed, preset: str) -> list:
     for name, table in sample.items():
         rows = random.Random(0).sample(range(len(table)), min(300, len(table)))
         texts = ["\n".join(table.column("sentences")[i].as_py()) for i in rows]
-        found[name] = [signals(t.split("\n"), t) for t in texts]
+        found[name] = batch_signals([t.split("\n") for t in texts])
     plt, figures = _plt(), []
     for signal in ("words", "mean_word_length", "alpha_words", "stop_words", "dup_line_frac", "line_punct"):
         fig, ax = plt.subplots(figsize=(6, 3.2))

@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from bertkit.fileio import atomic_write_json, make_folder, read_json_or_none
+from bertkit.fileio import atomic_write_bytes, atomic_write_json, atomic_write_npy, make_folder, read_json_or_none
 from bertkit.formats import CorpusColumns as C
-from bertkit.pipelines.engine import Engine
-from bertkit.pipelines.near_dedup import _save, ngrams64, word_hashes
+from bertkit.pipelines.engine import Engine, finished
+from bertkit.pipelines.words import VERSION, batch_words, ngrams64
 
 NGRAM = 13
 SHORTEST = 8          # words: a shorter text is too common to mean a leak
@@ -32,14 +32,20 @@ class EvalNgrams:
     names: tuple          # evaluation files' names, by index
 
 
-def text_ngrams(text: str) -> tuple[np.ndarray, int]:
-    """(the text's n-gram hashes, their length): 13-grams, or the whole text of 8-12 words, or none."""
-    hashed = word_hashes(text)
-    if len(hashed) >= NGRAM:
-        return ngrams64(hashed, NGRAM), NGRAM
-    if len(hashed) >= SHORTEST:
-        return ngrams64(hashed, len(hashed)), len(hashed)
-    return np.zeros(0, np.uint64), 0
+def text_ngrams(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(n-gram hashes, each one's length in words) of every text: its 13-grams, or the whole text of 8-12 words, or
+    none (a text of fewer words)."""
+    found = batch_words(texts)
+    text, counts = found.text, np.bincount(found.text, minlength=len(texts))
+    first_word = np.r_[0, np.cumsum(counts)[:-1]]
+    grams = ngrams64(found.hashes, NGRAM)
+    inside = grams[text[: len(grams)] == text[NGRAM - 1:]]
+    hashes, lengths = [inside], [np.full(len(inside), NGRAM)]
+    for n in range(SHORTEST, NGRAM):
+        short = first_word[counts == n]
+        hashes.append(ngrams64(found.hashes, n)[short])
+        lengths.append(np.full(len(short), n))
+    return np.concatenate(hashes), np.concatenate(lengths)
 
 
 class EvaluationFileError(ValueError):
@@ -84,27 +90,21 @@ def evaluation_texts(path: Path) -> list[str]:
 
 
 def load_evaluation(paths: list[Path]) -> EvalNgrams:
-    hashes, sets, lengths = [], [], set()
+    hashes, sets, lengths = [np.zeros(0, np.uint64)], [np.zeros(0, np.int32)], set()
     for index, path in enumerate(paths):
-        for text in evaluation_texts(path):
-            found, n = text_ngrams(text)
-            if n:
-                hashes.append(found)
-                sets.append(np.full(len(found), index, np.int32))
-                lengths.add(n)
-    if not hashes:
-        return EvalNgrams(np.zeros(0, np.uint64), np.zeros(0, np.int32), (), tuple(p.name for p in paths))
+        found, n = text_ngrams(evaluation_texts(path))
+        hashes.append(found)
+        sets.append(np.full(len(found), index, np.int32))
+        lengths.update(int(x) for x in np.unique(n))
     allh, alls = np.concatenate(hashes), np.concatenate(sets)
     order = np.lexsort((alls, allh))
     allh, alls = allh[order], alls[order]
-    first = np.r_[True, allh[1:] != allh[:-1]]
+    first = np.r_[True, allh[1:] != allh[:-1]] if len(allh) else np.zeros(0, bool)
     return EvalNgrams(allh[first], alls[first], tuple(sorted(lengths)), tuple(p.name for p in paths))
 
 
 def save_evaluation(ev: EvalNgrams, path: Path) -> None:
     import io
-
-    from bertkit.fileio import atomic_write_bytes
 
     buffer = io.BytesIO()
     np.savez(buffer, hashes=ev.hashes, sets=ev.sets, lengths=np.array(ev.lengths, np.int64))
@@ -126,33 +126,29 @@ def match_task(part: str, evaluation: str, out: str) -> dict:
                 found.append(_batch_matches(docs, hashes, lengths, row0, present))
             row0 += len(docs)
     matches = np.concatenate(found) if found else np.zeros((0, 4), np.int64)
-    _save(Path(out), matches)
-    record = {"rows": row0, "matches": len(matches)}
+    atomic_write_npy(Path(out), matches)
+    record = {"rows": row0, "matches": len(matches), "words": VERSION}
     atomic_write_json(Path(out).with_suffix(".json"), record)
     return record
 
 
 def _batch_matches(docs: list[list[str]], hashes: np.ndarray, lengths: list[int], row0: int,
                    present: np.ndarray) -> np.ndarray:
-    sentences = [s for d in docs for s in d]
-    encoded = [s.lower().encode("utf-8") for s in sentences]
-    starts = np.r_[0, np.cumsum([len(e) + 1 for e in encoded])[:-1]]
-    from bertkit.pipelines.near_dedup import _words
-
-    hashed, begins = _words(np.frombuffer(b"\n".join(encoded) + b"\n", np.uint8))
-    sentence = np.searchsorted(starts, begins, side="right") - 1            # each word's sentence (in the batch)
+    found = batch_words([s for d in docs for s in d])
+    hashed, sentence = found.hashes, found.text                              # each word's sentence (in the batch)
     owner = np.repeat(np.arange(len(docs)), [len(d) for d in docs])          # each sentence's document
     first_sentence = np.r_[0, np.cumsum([len(d) for d in docs])[:-1]]
     doc = owner[sentence] if len(sentence) else sentence
-    out = []
+    out, grams, previous = [], None, 0
     for n in lengths:
-        grams = ngrams64(hashed, n)
+        grams = ngrams64(hashed, n, grams if previous == n - 1 else None)
+        previous = n
         if not len(grams):
             continue
         maybe = np.flatnonzero(present[(grams & np.uint64(0xFFFFFF)).astype(np.int64)])
         at = np.minimum(np.searchsorted(hashes, grams[maybe]), len(hashes) - 1)
-        found = (hashes[at] == grams[maybe]) & (doc[maybe] == doc[maybe + n - 1])   # inside one document
-        hit, at = maybe[found], at[found]
+        equal = (hashes[at] == grams[maybe]) & (doc[maybe] == doc[maybe + n - 1])   # inside one document
+        hit, at = maybe[equal], at[equal]
         d = doc[hit]
         out.append(np.stack([d + row0, sentence[hit] - first_sentence[d], sentence[hit + n - 1] - first_sentence[d],
                              at], axis=1))
@@ -167,7 +163,7 @@ def run_decontamination(engine: Engine, parts: list[Path], ev: EvalNgrams, mode:
     save_evaluation(ev, folder / "evaluation.npz")
     outs = [folder / f"matches-{i:05d}.npy" for i in range(len(parts))]
     todo = [(str(p), str(folder / "evaluation.npz"), str(o)) for p, o in zip(parts, outs)
-            if not (read_json_or_none(o.with_suffix(".json")) and o.is_file())]
+            if not finished(o, words=VERSION)]
     list(engine.map(match_task, todo))
     starts = np.cumsum([0] + [read_json_or_none(o.with_suffix(".json"))["rows"] for o in outs])
     matches = np.concatenate([np.load(o) + np.array([s, 0, 0, 0]) for o, s in zip(outs, starts)]
@@ -182,7 +178,7 @@ def run_decontamination(engine: Engine, parts: list[Path], ev: EvalNgrams, mode:
         report[name]["documents"] = len(np.unique(mine[:, 0]))
         report[name]["sentences"] = len(_spanned(mine))
     removed = np.unique(kept[:, 0]) if mode == "documents" else sentences
-    _save(folder / "removed.npy", removed.astype(np.int64))
+    atomic_write_npy(folder / "removed.npy", removed.astype(np.int64))
     return folder / "removed.npy", {"files": report, "evaluation_ngrams": len(ev.hashes),
                                     "ngrams_too_common": int((documents_per_ngram > max_docs).sum())}
 

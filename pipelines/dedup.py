@@ -2,15 +2,14 @@
 every part in input order, keeps the ids with id % P == p, and records the rows that repeat an earlier id (first
 occurrence wins). Duplicates share their id, hence their partition, so P never changes which rows are dropped; no
 process holds more than 1/P of the ids."""
-import io
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
-from bertkit.fileio import atomic_write_bytes, atomic_write_json, read_json_or_none
+from bertkit.fileio import atomic_write_json, atomic_write_npy
 from bertkit.formats import CorpusColumns as C
-from bertkit.pipelines.engine import Engine
+from bertkit.pipelines.engine import Engine, finished
 
 ROWS_PER_PARTITION = 4_000_000   # ~100 MB of ids, positions and sort space per dedup task
 
@@ -61,10 +60,8 @@ def find_duplicates(parts: list[str], partition: int, partitions: int, out: str)
     repeat = np.zeros(len(keys), dtype=bool)
     repeat[1:] = ordered[1:] == ordered[:-1]
     duplicates = np.sort(positions[order][repeat])
-    buffer = io.BytesIO()
-    np.save(buffer, duplicates)
     out = Path(out)
-    atomic_write_bytes(out, buffer.getvalue())
+    atomic_write_npy(out, duplicates)
     record = {"partition": partition, "partitions": partitions, "rows": start, "duplicates": len(duplicates)}
     atomic_write_json(out.with_suffix(".json"), record)
     return record
@@ -73,11 +70,7 @@ def find_duplicates(parts: list[str], partition: int, partitions: int, out: str)
 def run_dedup(engine: Engine, parts: list[Path], total_rows: int, partitions: int, work: Path) -> list[Path]:
     """The P dedup tasks (a finished one, from a killed run, is reused); returns their .npy files."""
     files = [dedup_file(work, p, partitions) for p in range(partitions)]
-    todo = []
-    for p, path in enumerate(files):
-        record = read_json_or_none(path.with_suffix(".json"))
-        if not (record and path.is_file() and record.get("rows") == total_rows):
-            todo.append(p)
+    todo = [p for p, path in enumerate(files) if not finished(path, rows=total_rows)]
     for _ in engine.map(find_duplicates, [([str(x) for x in parts], p, partitions, str(files[p])) for p in todo]):
         pass
     return files

@@ -28,6 +28,17 @@ RAY_ADDRESS_HELP = ("--engine ray: the cluster's head node, HOST:PORT (ray://HOS
                     "RAY_ADDRESS, or the cluster `ray start` made on this machine, else a new local one.")
 
 
+def finished(output, **expected) -> bool:
+    """Whether a task's output file and its record (the same name, .json) were written, the record holding the
+    expected values: a task a killed run finished is not run again."""
+    from pathlib import Path
+
+    from bertkit.fileio import read_json_or_none
+
+    record = read_json_or_none(Path(output).with_suffix(".json"))
+    return bool(record) and Path(output).is_file() and all(record.get(k) == v for k, v in expected.items())
+
+
 class EngineError(Exception):
     """The tasks could not run (no Ray, a worker or node lost for good, an object-store path). Says what to do."""
 

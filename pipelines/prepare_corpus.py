@@ -45,7 +45,7 @@ from bertkit.pipelines.decontaminate import EvaluationFileError, load_evaluation
 from bertkit.pipelines.dedup import ROWS_PER_PARTITION, run_dedup
 from bertkit.pipelines.engine import Engine, check_available, check_engine, check_shared_path
 from bertkit.pipelines.near_dedup import run_near_dedup
-from bertkit.pipelines.sentences import build_sentences, check_splitter, clean_text, document_id
+from bertkit.pipelines.sentences import build_sentences, check_splitter, clean_text, cleaned_lines, document_id
 
 # the shards' columns, the language identified (--languages), the signals judged by (--filters) and the text's bytes
 # (for shard cuts)
@@ -242,11 +242,16 @@ def process_file(index: int, path: str, source: str, options: dict, part: str) -
     try:
         stats["fingerprint"] = file_fingerprint(path)
         docs, raw_file = _documents(path, config, stats, problems, decode)
-        for raw in docs:
-            stats["documents_read"] += 1
-            _keep_or_drop(raw, config, stats, writer, source, removed)
-            if raw_file is not None and stats["documents_read"] % 64 == 0:
+
+        def keep_or_drop(batch):
+            lines = [cleaned_lines(raw) for raw in batch]
+            for raw, cleaned, found in zip(batch, lines, _signals_of(batch, lines, config)):
+                _keep_or_drop(raw, cleaned, config, stats, writer, source, removed, found)
+            stats["documents_read"] += len(batch)
+            if raw_file is not None:
                 report(raw_file.tell())
+
+        _in_batches(docs, keep_or_drop)
     except readers.InputError as e:
         stats["error"] = f"{source}: {e}"
     except FileNotFoundError:
@@ -263,6 +268,14 @@ def process_file(index: int, path: str, source: str, options: dict, part: str) -
         stats["replaced_bytes"] = decode.replaced
         if raw_file is not None:
             raw_file.close()
+    _close_part(stats, problems, writer, removed)
+    report(stats["fingerprint"]["bytes"], final=True)
+    atomic_write_json(part.with_suffix(".json"), stats)
+    return stats
+
+
+def _close_part(stats: dict, problems, writer: "_PartWriter", removed: "_PartWriter | None") -> None:
+    """The part (and its removed documents) closed, the file's reading problems counted as drops."""
     writer.close()
     if removed is not None:
         removed.close()
@@ -271,9 +284,6 @@ def process_file(index: int, path: str, source: str, options: dict, part: str) -
             stats["dropped"][kind] = stats["dropped"].get(kind, 0) + n
     stats["problems"] = problems.counts
     stats["messages"] = problems.messages
-    report(stats["fingerprint"]["bytes"], final=True)
-    atomic_write_json(part.with_suffix(".json"), stats)
-    return stats
 
 
 def _documents(path: Path, config: CorpusConfig, stats: dict, problems, decode) -> tuple:
@@ -297,12 +307,40 @@ def _documents(path: Path, config: CorpusConfig, stats: dict, problems, decode) 
     return readers.read_blocks(lines, "lines" if fmt == "lines" else "join", problems, decode), raw_file
 
 
-def _keep_or_drop(raw, config: CorpusConfig, stats: dict, writer: "_PartWriter", source: str,
-                  removed: "_PartWriter | None" = None) -> None:
-    """A document's sentences to the part, or its reason for being dropped counted (and with --keep-removed the
-    document kept apart, with its reason)."""
-    sentences = build_sentences(raw, config.language, config.splitter, stats["removed_lines"])
-    sentences, found_language, signals, reason = _cleaned(raw, sentences, config, stats)
+def _in_batches(docs, handle, size: int = 64) -> None:
+    """handle(batch) for every `size` documents read (the quality signals are found a batch at a time); the
+    documents read before a reading error are handled too, as one at a time would have kept them."""
+    pending = []
+    try:
+        for raw in docs:
+            pending.append(raw)
+            if len(pending) == size:
+                batch, pending = pending, []
+                handle(batch)
+    finally:
+        if pending:
+            handle(pending)
+
+
+def _signals_of(batch: list, lines: list, config: CorpusConfig) -> list:
+    """Each document's quality signals under --filters: brought by a corpus given as input, else found from its
+    cleaned lines (all of the batch's at once); None without --filters."""
+    if config.filters == "none":
+        return [None] * len(batch)
+    todo = [i for i, raw in enumerate(batch) if raw.signals is None]
+    found = quality.batch_signals([lines[i] for i in todo])
+    signals = [raw.signals for raw in batch]
+    for i, one in zip(todo, found):
+        signals[i] = one
+    return signals
+
+
+def _keep_or_drop(raw, lines: list[str], config: CorpusConfig, stats: dict, writer: "_PartWriter", source: str,
+                  removed: "_PartWriter | None" = None, found_signals: dict | None = None) -> None:
+    """A document (its cleaned lines given) to the part as sentences, or its reason for being dropped counted (and
+    with --keep-removed the document kept apart, with its reason)."""
+    sentences = build_sentences(raw, config.language, config.splitter, stats["removed_lines"], lines)
+    sentences, found_language, signals, reason = _cleaned(sentences, found_signals, config, stats)
     if reason is None:
         reason = "empty" if not sentences else "too_short" if sum(len(x) for x in sentences) < config.min_chars \
             else "too_few_sentences" if len(sentences) < config.min_sentences else None
@@ -318,10 +356,10 @@ def _keep_or_drop(raw, config: CorpusConfig, stats: dict, writer: "_PartWriter",
     stats["sentences"] += len(sentences)
 
 
-def _cleaned(raw, sentences: list, config: CorpusConfig, stats: dict) -> tuple:
-    """(sentences, language identified, signals as JSON, reason to drop or None) after --languages, --filters and
-    --pii, each counted; a document dropped for its personal data keeps them redacted, even in removed/. A
-    document read from a bertkit corpus brings its signals: judged by them, not recomputed from its sentences."""
+def _cleaned(sentences: list, found: dict | None, config: CorpusConfig, stats: dict) -> tuple:
+    """(sentences, language identified, signals as stored, reason to drop or None) after --languages, --filters
+    (by the document's signals, `found`) and --pii, each counted; a document dropped for its personal data keeps
+    them redacted, even in removed/."""
     found_language = signals = None
     if config.languages and sentences:
         found_language, score = language.identify(" ".join(sentences))
@@ -329,10 +367,6 @@ def _cleaned(raw, sentences: list, config: CorpusConfig, stats: dict) -> tuple:
         if found_language not in config.languages or score < config.language_score:
             return sentences, found_language, None, "language"
     if config.filters != "none" and sentences:
-        found = raw.signals
-        if found is None:
-            lines = [line for line in (clean_text(x) for x in raw.lines) if line]
-            found = quality.signals(lines, "\n".join(lines))
         signals = quality.pack(found)
         rule = quality.failed_rule(found, quality.load_rules(config.filters))
         if rule:

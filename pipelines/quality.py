@@ -12,13 +12,11 @@ from pathlib import Path
 import numpy as np
 import tomllib
 
-from bertkit.pipelines.near_dedup import _letters, _words, ngrams64
+from bertkit.pipelines.words import HANGUL, LETTER, SPACE, WORD, WordBatch, batch_words, ngrams64
 
 TERMINAL = tuple('.!?。！？…"\'”’)」』]')
 # FineWeb2's Korean stop words (kor_Hang.yml) are morphemes; as eojeol endings, the particles and endings among them
 KOREAN_ENDINGS = ("의", "다", "는", "에", "을", "은", "를", "에서", "가", "으로", "로", "고", "이", "한", "했")
-_HANGUL = re.compile(r"[\uac00-\ud7a3]")
-_LATIN = re.compile(r"[A-Za-z]")
 
 GOPHER = {"words": (50, 100_000), "mean_word_length": (3, 10), "hash_ratio": (None, 0.1),
           "ellipsis_ratio": (None, 0.1), "bullet_lines": (None, 0.9), "ellipsis_lines": (None, 0.3),
@@ -42,21 +40,8 @@ PRESETS = {"gopher": {"ko": GOPHER, "en": GOPHER}, "fineweb": {"ko": FINEWEB, "e
            "fineweb2": {"ko": FINEWEB2_KO, "en": {**FINEWEB, "char_dup": (None, 0.1)}}}
 
 
-_LETTER = re.compile(r"[^\W\d_]")   # a letter of any script
 _ENGLISH_STOP = re.compile(r"\b(?:the|be|to|of|and|that|have|with)\b", re.I)
 _KOREAN_STOP = re.compile(r"[\uac00-\ud7a3](?:" + "|".join(sorted(KOREAN_ENDINGS, key=len, reverse=True)) + r")(?!\w)")
-
-
-def language(text: str) -> str:
-    """ko when Hangul letters outnumber Latin ones in the first 4,000 characters (the presets' two sets of
-    thresholds), else en."""
-    head = text[:4000]
-    return "ko" if len(_HANGUL.findall(head)) > len(_LATIN.findall(head)) else "en"
-
-
-def _tokens_with_a_letter(tokens: list[str]) -> int:
-    """Whitespace tokens holding a letter of any script (not: 2024, --, 3.5%)."""
-    return sum(1 for t in tokens if t.isalpha() or _LETTER.search(t) is not None)
 
 
 def _stop_words(text: str, lang: str, enough: int = 10) -> int:
@@ -69,83 +54,140 @@ def _stop_words(text: str, lang: str, enough: int = 10) -> int:
     return count
 
 
-def _grams(hashed: np.ndarray, lengths: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Each n-gram's hash and its characters."""
-    chars = np.r_[0, np.cumsum(lengths)]
-    return ngrams64(hashed, n), chars[n:] - chars[:-n]
-
-
-def _top_and_duplicated(hashed: np.ndarray, lengths: np.ndarray, total: int) -> dict:
-    """Gopher's repetition signals over the word hashes: the most frequent n-gram's share of the characters (n 2-4),
-    and the share of characters inside n-grams seen before (n 5-10), both over the words' characters. A text with
-    no repeated 5-gram has no repeated longer one: most prose stops there."""
-    out = {f"{'top' if n < 5 else 'dup'}_{n}gram": 0.0 for n in range(2, 11)}
-    for n in range(2, 11):
-        if len(hashed) < n or total == 0:
-            break
-        grams, chars = _grams(hashed, lengths, n)
-        ordered = np.sort(grams)
-        repeated = ordered[1:] == ordered[:-1]
-        if not repeated.any():
-            if n >= 5:
-                break
-            continue
-        if n < 5:   # the most frequent n-gram: the longest run of equal hashes
-            edges = np.flatnonzero(np.r_[True, ~repeated, True])
-            run = int(np.diff(edges).argmax())
-            count, value = int(edges[run + 1] - edges[run]), ordered[edges[run]]
-            out[f"top_{n}gram"] = float(chars[np.flatnonzero(grams == value)[0]] * count) / total
-            continue
-        order = np.argsort(grams, kind="stable")   # the words of every later occurrence, each word once
-        later = order[np.r_[False, grams[order][1:] == grams[order][:-1]]]
-        covered = np.zeros(len(hashed), bool)
-        for k in range(n):
-            covered[later + k] = True
-        out[f"dup_{n}gram"] = float(lengths[covered].sum()) / total
-    return out
-
-
 def _line_signals(lines: list[str]) -> dict:
-    count = max(len(lines), 1)
-    seen, duplicated, duplicated_chars = set(), 0, 0
+    count, chars = max(len(lines), 1), sum(map(len, lines)) or 1
+    seen, duplicated, duplicated_chars, bullets, ellipses, punctuated = set(), 0, 0, 0, 0, 0
     for line in lines:
         if line in seen:
             duplicated, duplicated_chars = duplicated + 1, duplicated_chars + len(line)
         seen.add(line)
-    chars = sum(len(line) for line in lines) or 1
-    return {"bullet_lines": sum(line.lstrip().startswith(("•", "-", "*", "·")) for line in lines) / count,
-            "ellipsis_lines": sum(line.rstrip().endswith(("...", "…")) for line in lines) / count,
-            "dup_line_frac": duplicated / count, "dup_line_char_frac": duplicated_chars / chars,
-            "char_dup": duplicated_chars / chars,
-            "line_punct": sum(line.rstrip().endswith(TERMINAL) for line in lines) / count,
-            "short_lines": sum(len(line) <= 30 for line in lines) / count}
+        end = line.rstrip()
+        bullets += line.lstrip().startswith(("•", "-", "*", "·"))
+        ellipses += end.endswith(("...", "…"))
+        punctuated += end.endswith(TERMINAL)
+    return {"bullet_lines": bullets / count, "ellipsis_lines": ellipses / count, "dup_line_frac": duplicated / count,
+            "dup_line_char_frac": duplicated_chars / chars, "char_dup": duplicated_chars / chars,
+            "line_punct": punctuated / count, "short_lines": sum(len(line) <= 30 for line in lines) / count}
 
 
-def signals(lines: list[str], text: str) -> dict:
-    """Every signal of one document: lines are its non-empty lines, text the document as one string."""
-    raw = np.frombuffer(text.lower().encode("utf-8"), np.uint8)
-    hashed, lengths = _word_hashes_and_lengths(raw)
-    n, tokens, lang = max(len(hashed), 1), text.split(), language(text)
-    return {"language": lang, "words": len(hashed), "mean_word_length": float(lengths.mean()) if len(hashed) else 0.0,
-            "hash_ratio": text.count("#") / n, "ellipsis_ratio": (text.count("...") + text.count("…")) / n,
-            "alpha_words": _tokens_with_a_letter(tokens) / max(len(tokens), 1),
-            "stop_words": _stop_words(text, lang), "new_line_ratio": max(len(lines) - 1, 0) / n,
-            **_line_signals(lines), **_top_and_duplicated(hashed, lengths, int(lengths.sum()))}
+def signals(lines: list[str]) -> dict:
+    """Every signal of one document, given its non-empty lines."""
+    return batch_signals([lines])[0]
 
 
-def _word_hashes_and_lengths(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Each word's hash (near_dedup's words) and its length in characters (its bytes that begin a character)."""
-    letter = _letters(raw)
-    hashed, begins = _words(raw, letter)
-    if not len(hashed):
-        return hashed, np.zeros(0, np.int64)
-    starts_char = (letter & ((raw & 0xC0) != 0x80)).astype(np.int64)
-    runs = np.cumsum(starts_char)
-    ends = np.r_[begins[1:], len(raw)] - 1
-    # characters from each word's first byte to the last letter byte before the next word
-    last = np.searchsorted(np.flatnonzero(letter), ends, side="right") - 1
-    last_letter = np.flatnonzero(letter)[last]
-    return hashed, runs[last_letter] - runs[begins] + starts_char[begins]
+def batch_signals(documents: list[list[str]]) -> list[dict]:
+    """Every signal of each document (its non-empty lines; the text is the lines joined by newlines), the words,
+    tokens and scripts of all of them found in one numpy pass."""
+    if not documents:
+        return []
+    texts = ["\n".join(lines) for lines in documents]
+    found = batch_words(texts)
+    n = len(texts)
+    counts = np.bincount(found.text, minlength=n)
+    lengths = _word_lengths(found)
+    chars = np.bincount(found.text, weights=lengths, minlength=n)
+    repetition = _repetition(found, lengths, chars)
+    alpha, tokens = _tokens_with_a_letter(found)
+    hangul, latin = _scripts(found)
+    out = []
+    for d, (lines, text) in enumerate(zip(documents, texts)):
+        words, lang = max(int(counts[d]), 1), "ko" if hangul[d] > latin[d] else "en"
+        out.append({"language": lang, "words": int(counts[d]),
+                    "mean_word_length": float(chars[d] / counts[d]) if counts[d] else 0.0,
+                    "hash_ratio": text.count("#") / words,
+                    "ellipsis_ratio": (text.count("...") + text.count("…")) / words,
+                    "alpha_words": float(alpha[d] / max(tokens[d], 1)), "stop_words": _stop_words(text, lang),
+                    "new_line_ratio": max(len(lines) - 1, 0) / words, **_line_signals(lines),
+                    **{name: float(values[d]) for name, values in repetition.items()}})
+    return out
+
+
+def _word_lengths(found: WordBatch) -> np.ndarray:
+    """Each word's length in characters."""
+    word = (found.classes & WORD).astype(bool)
+    ends = np.flatnonzero(word & ~np.r_[word[1:], False]) + 1
+    return ends - found.begins
+
+
+def _tokens_with_a_letter(found: WordBatch) -> tuple[np.ndarray, np.ndarray]:
+    """Per text: whitespace tokens holding a letter of any script (not: 2024, --, 3.5%), and all tokens."""
+    space = (found.classes & SPACE).astype(bool)
+    begins = ~space & np.r_[True, space[:-1]]
+    token = np.cumsum(begins) - 1   # each character's token (a space: the one before it)
+    holding = np.zeros(int(begins.sum()), bool)
+    holding[token[(found.classes & LETTER).astype(bool)]] = True
+    owner = np.searchsorted(found.starts, np.flatnonzero(begins), side="right") - 1
+    n = len(found.starts) - 1
+    return np.bincount(owner, weights=holding, minlength=n), np.bincount(owner, minlength=n)
+
+
+def _scripts(found: WordBatch) -> tuple[np.ndarray, np.ndarray]:
+    """Per text: its Hangul syllables and its Latin letters."""
+    owner = np.repeat(np.arange(len(found.starts) - 1), np.diff(found.starts))
+    hangul = (found.classes & HANGUL).astype(bool)
+    latin = (found.points < 128) & (found.classes & LETTER).astype(bool)
+    n = len(found.starts) - 1
+    return np.bincount(owner[hangul], minlength=n), np.bincount(owner[latin], minlength=n)
+
+
+def _repetition(found: WordBatch, lengths: np.ndarray, chars: np.ndarray) -> dict:
+    """Gopher's repetition signals per text, over its words: the most frequent n-gram's share of the characters
+    (n 2-4; of equally frequent ones, the first in the text, as datatrove's Counter finds it), and the share of
+    characters inside n-grams seen before (n 5-10). An n-gram is keyed by its text (16 bits) and hash (48 bits): one
+    sort a batch. A repeated n-gram begins with a repeated (n-1)-gram, so from n = 5 only their places are sorted."""
+    n_texts = len(found.starts) - 1
+    out = {f"{'top' if n < 5 else 'dup'}_{n}gram": np.zeros(n_texts) for n in range(2, 11)}
+    cumulative, grams = np.r_[0, np.cumsum(lengths)], None
+    at = np.flatnonzero(chars[found.text] > 0)
+    for n in range(2, 11):
+        grams = ngrams64(found.hashes, n, grams)
+        text = found.text[: len(grams)]
+        at = at[at < len(grams)]
+        at = at[text[at] == found.text[at + n - 1]]
+        if len(at) == 0:
+            break
+        keys = (text[at].astype(np.uint64) << np.uint64(48)) | (grams[at] & np.uint64(2 ** 48 - 1))
+        ordered = np.sort(keys)
+        repeated_key = ordered[1:][ordered[1:] == ordered[:-1]]
+        if n < 5:
+            _top(out[f"top_{n}gram"], keys, at, ordered, cumulative, n, chars)
+            continue
+        again = _among(keys, repeated_key)
+        at, keys = at[again], keys[again]
+        if len(at) == 0:
+            break
+        order = np.argsort(keys, kind="stable")   # equal n-grams in text order: all but the first come again
+        later = at[order][np.r_[False, keys[order][1:] == keys[order][:-1]]]
+        covered = np.zeros(len(lengths), bool)
+        for k in range(n):
+            covered[later + k] = True
+        out[f"dup_{n}gram"] = np.bincount(found.text[covered], weights=lengths[covered], minlength=n_texts) / \
+            np.maximum(chars, 1)
+    return out
+
+
+def _among(keys: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Which keys are among the values (few of them: a binary search each)."""
+    values = np.unique(values)
+    if len(values) == 0:
+        return np.zeros(len(keys), bool)
+    place = np.minimum(np.searchsorted(values, keys), len(values) - 1)
+    return values[place] == keys
+
+
+def _top(out: np.ndarray, keys: np.ndarray, at: np.ndarray, ordered: np.ndarray, cumulative: np.ndarray, n: int,
+         chars: np.ndarray) -> None:
+    """The most frequent n-gram's characters x its count over the text's characters, for texts with a repeat."""
+    edges = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1], True])
+    run, value = np.diff(edges), ordered[edges[:-1]]
+    owner = (value >> np.uint64(48)).astype(np.int64)
+    best = np.zeros(len(out), np.int64)
+    np.maximum.at(best, owner, run)
+    top = value[(run == best[owner]) & (run > 1)]   # every text's most frequent n-grams (ties: all of them)
+    first = np.flatnonzero(_among(keys, top))
+    texts, where = np.unique((keys[first] >> np.uint64(48)).astype(np.int64), return_index=True)
+    place = at[first[where]]   # each text's first place of a most frequent n-gram
+    out[texts] = (cumulative[place + n] - cumulative[place]) * best[texts] / chars[texts]
 
 
 def pack(found: dict) -> list[float]:

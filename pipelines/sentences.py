@@ -108,11 +108,15 @@ def _is_heading(line: str) -> bool:
             and not re.search(r"[.!?]", line[:-1]) and not line.endswith(_KO_SENTENCE_END))
 
 
-def build_sentences(raw, language: str, splitter: str, removed: dict) -> list[str]:
+def cleaned_lines(raw) -> list[str]:
+    return [line for line in map(clean_text, raw.lines) if line]
+
+
+def build_sentences(raw, language: str, splitter: str, removed: dict, lines: list[str] | None = None) -> list[str]:
     """A raw document (corpus_readers.RawDoc) as cleaned sentences; WikiExtractor leftovers, repeated titles and
-    empty sections removed and counted in `removed`. language "auto": detected per document."""
-    lines = [clean_text(line) for line in raw.lines]
-    lines = [line for line in lines if line]
+    empty sections removed and counted in `removed`. language "auto": detected per document. lines: its
+    cleaned_lines, when found already."""
+    lines = cleaned_lines(raw) if lines is None else lines
     if raw.kind == "wiki":
         if lines and raw.title is not None and lines[0] == clean_text(raw.title):
             lines.pop(0)

@@ -78,10 +78,12 @@ def test_evaluation_files_are_read_as_published(tmp_path):
     assert evaluation_texts(tmp_path / "nli.json") == ["x", "a b", "c"]
     assert evaluation_texts(tmp_path / "lines.jsonl") == ["one", "two", "three"]
     assert "four five" in evaluation_texts(tmp_path / "t.tsv")
-    assert text_ngrams("one two three four five six seven")[1] == 0          # 7 words: nothing
-    assert text_ngrams("one two three four five six seven eight")[1] == 8    # 8: the whole text
-    grams, n = text_ngrams(" ".join(f"w{i}" for i in range(20)))
-    assert n == 13 and len(grams) == 8
+    seven, eight, twenty = "one two three four five six seven", "one two three four five six seven eight", \
+        " ".join(f"w{i}" for i in range(20))
+    grams, n = text_ngrams([seven, eight, twenty, eight + " nine"])
+    assert list(n) == [13] * 8 + [8, 9]    # 7 words: nothing; 8-12: the whole text; 20: eight 13-grams
+    one = lambda text: list(text_ngrams([text])[0])   # noqa: E731
+    assert list(grams) == one(twenty) + one(eight) + one(eight + " nine") and one(seven) == []
 
 
 def test_a_corpus_made_before_the_quality_steps_keeps_its_fingerprint():

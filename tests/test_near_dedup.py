@@ -14,15 +14,15 @@ from bertkit.cli import main
 from bertkit.formats import CorpusColumns as C, corpus_shards, read_corpus_manifest
 from bertkit.pipelines.near_dedup import (
     NearDedupSettings,
+    batch_shingles,
     candidate_probability,
     choose_bands,
     clusters,
-    jaccard,
+    pair_jaccard,
     shingles,
-    word_hashes,
-    words,
 )
 from bertkit.pipelines.prepare_corpus import CorpusConfig, prepare_corpus
+from bertkit.pipelines.words import word_hashes, words
 from bertkit.planted import near_dedup_scores, true_jaccard, variant
 
 SYLLABLES = "가나다라마바사아자차카타파하거너더러머버서어저처커터퍼허고노도로모보소오조초코토포호"
@@ -147,10 +147,44 @@ def test_lsh_arithmetic_by_hand():
     assert choose_bands(0.8) == (18, 6) and candidate_probability(0.8, 18, 6) > 0.995
     assert NearDedupSettings.for_threshold(0.8) == NearDedupSettings()
     # one word changed in 13: 5 of the 9 five-word shingles differ, so 4 / (9 + 9 - 4)
-    a = shingles("the quick brown fox jumps over the lazy dog and runs away fast", 5)
-    b = shingles("the quick brown fox jumps over the lazy cat and runs away fast", 5)
-    assert jaccard(a, b) == pytest.approx(4 / 14)
-    assert jaccard(shingles("A, b; C 1990.", 5), shingles("a b c 2024", 5)) == 1.0   # case, punctuation, digits
+    assert jaccard("the quick brown fox jumps over the lazy dog and runs away fast",
+                   "the quick brown fox jumps over the lazy cat and runs away fast") == pytest.approx(4 / 14)
+    assert jaccard("A, b; C 1990.", "a b c 2024") == 1.0   # case, punctuation, digits
+    assert jaccard("", "...") == 0.0   # no words on either side: not duplicates
+
+
+def jaccard(first: str, second: str) -> float:
+    owner, x = batch_shingles([first, second], 5)
+    return pair_jaccard(owner, x, np.array([[0, 1]]), 2)[0]
+
+
+def test_pair_jaccard_equals_python_sets_of_word_5grams():
+    """A batch of pairs, sets of many sizes (short texts are one shingle), against sets of words() tuples."""
+    rng = random.Random(5)
+    texts = [" ".join(rng.choice("abcdefgh") for _ in range(rng.randint(0, 30))) for _ in range(40)]
+    pairs = np.array([[rng.randrange(40), rng.randrange(40)] for _ in range(300)])
+    owner, x = batch_shingles(texts, 5)
+    found = pair_jaccard(owner, x, pairs, len(texts))
+
+    def grams(text):
+        w = words(text)
+        return {tuple(w[i:i + 5]) for i in range(len(w) - 4)} or ({tuple(w)} if w else set())
+
+    for (i, j), value in zip(pairs, found):
+        a, b = grams(texts[i]), grams(texts[j])
+        assert value == pytest.approx(len(a & b) / len(a | b) if a | b else 0.0), (texts[i], texts[j])
+
+
+def test_character_classes_are_pythons_own():
+    """The table words.py looks characters up in, against str's own predicates over every code point."""
+    from bertkit.pipelines.words import HANGUL, LETTER, SPACE, WORD, _classes
+
+    table = _classes()
+    for c in list(range(0x40000)) + list(range(0x40000, 0x110000, 97)):
+        ch = chr(c)
+        expected = ((WORD if ch.isalnum() else 0) | (LETTER if ch.isalnum() and not ch.isdecimal() else 0)
+                    | (SPACE if ch.isspace() else 0) | (HANGUL if "가" <= ch <= "힣" else 0))
+        assert table[c] == expected, hex(c)
 
 
 def test_word_hashes_split_as_words_do():

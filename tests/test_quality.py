@@ -28,20 +28,67 @@ JUNK = {"keywords": "노트북 추천 노트북 가격 노트북 할인 최저�
 
 def judge(text: str, preset: str = "fineweb2") -> str | None:
     lines = [line for line in text.split("\n") if line.strip()]
-    return failed_rule(signals(lines, text), PRESETS[preset])
+    return failed_rule(signals(lines), PRESETS[preset])
 
 
 def test_signals_by_hand():
-    s = signals(["a b a b", "a b a b", "end."], "a b a b\na b a b\nend.")
+    s = signals(["a b a b", "a b a b", "end."])
     assert s["dup_line_frac"] == pytest.approx(1 / 3) and s["line_punct"] == pytest.approx(1 / 3)
     assert s["words"] == 9 and s["mean_word_length"] == pytest.approx((8 + 3) / 9)
     # "a b" is 4 of the 8 two-word windows: 4 x 2 characters of the 11
     assert s["top_2gram"] == pytest.approx(8 / 11)
     assert s["short_lines"] == 1.0 and s["new_line_ratio"] == pytest.approx(2 / 9)
-    assert signals(["the cat and the dog"], "the cat and the dog")["stop_words"] == 3
-    assert signals(["서울의 봄은 왔다"], "서울의 봄은 왔다")["stop_words"] == 3 and \
-        signals(["서울의 봄은 왔다"], "서울의 봄은 왔다")["language"] == "ko"
-    assert signals(["2024 -- 3.5% ok"], "2024 -- 3.5% ok")["alpha_words"] == pytest.approx(1 / 4)
+    assert signals(["the cat and the dog"])["stop_words"] == 3
+    assert signals(["서울의 봄은 왔다"])["stop_words"] == 3 and \
+        signals(["서울의 봄은 왔다"])["language"] == "ko"
+    assert signals(["2024 -- 3.5% ok"])["alpha_words"] == pytest.approx(1 / 4)
+
+
+def reference_signals(lines: list[str]) -> dict:
+    """The word signals by plain Python over words() (datatrove's way: a Counter's most common n-gram, the first
+    of equally frequent ones; the words of n-grams seen before), independent of the numpy batch."""
+    import collections
+    import re
+
+    from bertkit.pipelines.words import words
+
+    text = "\n".join(lines)
+    w = words(text)
+    total = sum(map(len, w))
+    found = {"words": len(w), "mean_word_length": total / len(w) if w else 0.0,
+             "alpha_words": sum(bool(re.search(r"[^\W\d_]", t)) for t in text.split()) / max(len(text.split()), 1),
+             "language": "ko" if len(re.findall("[가-힣]", text)) > len(re.findall("[A-Za-z]", text)) else "en"}
+    for n in range(2, 11):
+        grams = [tuple(w[i:i + n]) for i in range(len(w) - n + 1)]
+        if n < 5:
+            top = collections.Counter(grams).most_common(1)
+            found[f"top_{n}gram"] = sum(map(len, top[0][0])) * top[0][1] / total if top and top[0][1] > 1 else 0.0
+            continue
+        seen, covered = set(), set()
+        for i, gram in enumerate(grams):
+            if gram in seen:
+                covered.update(range(i, i + n))
+            seen.add(gram)
+        found[f"dup_{n}gram"] = sum(len(w[i]) for i in covered) / total if total else 0.0
+    return found
+
+
+def test_the_batched_signals_equal_plain_pythons_over_words():
+    """Texts of few distinct words (many repeats and ties among the most frequent n-grams), Korean and English, one
+    batch and one at a time."""
+    import random
+
+    from bertkit.pipelines.quality import batch_signals
+
+    rng = random.Random(3)
+    vocabulary = ["the", "cat", "sat", "on", "mat", "서울의", "봄은", "왔다", "2024", "3.5%", "e-mail", "ㅋㅋ"]
+    documents = [[" ".join(rng.choice(vocabulary[:rng.randint(3, 12)]) for _ in range(rng.randint(0, 14)))
+                  for _ in range(rng.randint(1, 6))] for _ in range(60)] + [[KOREAN], [ENGLISH], ["a"], [""]]
+    together = batch_signals(documents)
+    for lines, found in zip(documents, together):
+        assert found == signals(lines)
+        for name, value in reference_signals(lines).items():
+            assert found[name] == (value if name == "language" else pytest.approx(value)), (lines, name)
 
 
 @pytest.mark.parametrize("kind", sorted(JUNK))
@@ -60,8 +107,8 @@ def test_a_rules_file_and_its_errors(tmp_path):
     rules = load_rules(str(tmp_path / "rules.toml"))
     assert rules == {"ko": {"words": (500, None)}}
     lines = [KOREAN]
-    assert failed_rule(signals(lines, KOREAN), rules) == "words"
-    assert failed_rule(signals([ENGLISH], ENGLISH), rules) is None   # no [en] section: no rule
+    assert failed_rule(signals(lines), rules) == "words"
+    assert failed_rule(signals([ENGLISH]), rules) is None   # no [en] section: no rule
     (tmp_path / "bad.json").write_text(json.dumps({"wordz": {"min": 1}}))
     with pytest.raises(ValueError, match="no signal 'wordz'"):
         load_rules(str(tmp_path / "bad.json"))
