@@ -36,7 +36,10 @@ GB = 1e9
 SOURCES = {"ko": ["wikipedia_ko_wikiextractor", "wikipedia_ko_wikiextractor_more", "boddari"],
            "en": ["wikipedia_en_wikiextractor", "gutenberg"]}
 STAGES = ("prepare-corpus", "train-tokenizer", "make-instances")
-OUTPUT = {"prepare-corpus": "corpus", "train-tokenizer": "tokenizer", "make-instances": "instances"}
+CLEANED = "prepare-corpus, cleaned"   # --cleaned: with all four cleaning steps (issue 82)
+OUTPUT = {"prepare-corpus": "corpus", "train-tokenizer": "tokenizer", "make-instances": "instances",
+          CLEANED: "corpus-cleaned"}
+EVALUATION = {"ko": DATA / "korquad_v1.0" / "KorQuAD_v1.0_dev.json", "en": DATA / "squad_v1.1" / "dev-v1.1.json"}
 
 
 # ---------------------------------------------------------------- the made corpus
@@ -111,6 +114,10 @@ def du(folder: Path) -> int:
 
 def stage_command(stage: str, work: Path, engine: list[str] = ()) -> list[str]:
     bertkit = [str(BIN / "bertkit")]
+    if stage == CLEANED:
+        return bertkit + ["prepare-corpus", str(work / "input"), "--out", str(work / OUTPUT[stage]), "--no-progress",
+                          "--near-dedup", "--filters", "fineweb2", "--pii", "redact", "--decontaminate",
+                          str(EVALUATION[work.name.split("-")[0]]), *engine]
     if stage == "prepare-corpus":
         return bertkit + ["prepare-corpus", str(work / "input"), "--out", str(work / "corpus"), "--no-progress",
                           *engine]
@@ -286,7 +293,7 @@ def table(rows: list) -> None:
     base = {(r["language"], r["stage"]): r for r in rows if r["gb"] == 1}
     print(f"{'lang':>4} {'GB':>5} {'stage':>16} {'wall s':>8} {'CPU s':>8} {'MB/s/core':>9} {'CPU s/GB':>9} "
           f"{'vs 1GB':>6} {'RSS max MB':>10} {'RSS all MB':>10} {'private max':>11} {'written MB':>10} {'load':>5}")
-    for r in sorted(rows, key=lambda r: (r["language"], r["gb"], STAGES.index(r["stage"]))):
+    for r in sorted(rows, key=lambda r: (r["language"], r["gb"], (*STAGES, CLEANED).index(r["stage"]))):
         per_gb = r["cpu_seconds"] / (r["text_bytes"] / GB)
         one = base.get((r["language"], r["stage"]))
         ratio = f"{per_gb / (one['cpu_seconds'] / (one['text_bytes'] / GB)):.2f}" if one else "-"
@@ -303,8 +310,10 @@ def main():
     ap.add_argument("--langs", nargs="+", default=["en", "ko"], choices=list(SOURCES))
     ap.add_argument("--work", type=Path, default=REPO / "bench_scale", help="where the corpora and outputs go")
     ap.add_argument("--report", action="store_true", help="print the table of what has finished; run nothing")
-    ap.add_argument("--redo", choices=STAGES, help="measure this stage again at --sizes/--langs from scratch (its "
-                                                   "output removed; the earlier rows kept under earlier_rows)")
+    ap.add_argument("--cleaned", action="store_true", help="measure prepare-corpus with --near-dedup, --filters "
+                    "fineweb2, --pii redact and --decontaminate (KorQuAD / SQuAD dev) beside it; nothing else")
+    ap.add_argument("--redo", choices=(*STAGES, CLEANED), help="measure this stage again at --sizes/--langs from "
+                    "scratch (its output removed; the earlier rows kept under earlier_rows)")
     ap.add_argument("--result", default="scale", help="results/NAME.json (another name for a trial run)")
     ap.add_argument("--alphabet", type=Path, nargs="+", help="measure train-tokenizer's alphabet pass alone on "
                                                                "these sizes' folders (bench_scale/ko-4gb) or corpora")
@@ -340,7 +349,7 @@ def main():
             for lang in args.langs:
                 work = args.work / f"{lang}-{gb:g}gb"
                 made = make_corpus(lang, gb, work / "input")
-                for stage in STAGES:
+                for stage in ("prepare-corpus", CLEANED) if args.cleaned else STAGES:
                     commit = run_info("scale")["commit"]  # a redo is done once per commit (a killed one resumes)
                     if stage == args.redo and not any(r.get("redone") == commit
                                                        for r in rows_of(result, lang, gb, stage)):
@@ -354,9 +363,10 @@ def main():
                            "documents_made": made["documents"], **measure(stage, work, made["text_bytes"]),
                            "commit": run_info("scale")["commit"], "date": time.strftime("%Y-%m-%d %H:%M")}
                     row["redone"] = commit if stage == args.redo else False
-                    if stage == "prepare-corpus":
-                        totals = json.loads((work / "corpus" / "manifest.json").read_text())["totals"]
-                        row["documents_kept"] = totals["documents"]
+                    if stage in ("prepare-corpus", CLEANED):
+                        manifest = json.loads((work / OUTPUT[stage] / "manifest.json").read_text())
+                        row["documents_kept"] = manifest["totals"]["documents"]
+                        row["dropped"] = manifest.get("dropped")
                     result["rows"].append(row)
                     write_result(args.result, result)
     table(result["rows"])
