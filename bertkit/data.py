@@ -220,10 +220,15 @@ class EpochBatches:
     def per_epoch(self) -> int:
         return self.num_rows // (self.world_size * self.micro_batch)
 
-    def epoch_indices(self, epoch: int) -> np.ndarray:
+    def dealt(self, epoch: int) -> np.ndarray:
+        """The rows every rank takes in the epoch, in the order dealt: the first k micro batches of every rank are
+        its first k x micro_batch x world_size."""
         order = (np.random.default_rng([self.seed, epoch]).permutation(self.num_rows) if self.shuffle
                  else np.arange(self.num_rows))
-        mine = order[self.rank::self.world_size][: self.per_epoch * self.micro_batch]
+        return order[: self.per_epoch * self.micro_batch * self.world_size]
+
+    def epoch_indices(self, epoch: int) -> np.ndarray:
+        mine = self.dealt(epoch)[self.rank::self.world_size]
         return mine.reshape(self.per_epoch, self.micro_batch)
 
     def __iter__(self):

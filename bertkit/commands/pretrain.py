@@ -27,6 +27,13 @@ class Duration(click.ParamType):
 @click.command("pretrain")
 @click.option("--instances", default="instances", show_default=True, type=click.Path(file_okay=False),
               help="make-instances output folder.")
+@click.option("--mixture", type=str, default=None,
+              help="Several instance folders trained on as one, in proportions: DIR=WEIGHT,DIR=WEIGHT (weights "
+                   "relative), or DIR,DIR with --mixture-temperature. One vocabulary, --max-seq-length and objective; "
+                   "every epoch holds each in its share; the shares drawn so far go to RUN/mixture.json.")
+@click.option("--mixture-temperature", type=click.FloatRange(min=0),
+              help="--mixture without weights: each folder sampled in proportion to its rows raised to this (1: by "
+                   "size, 0: evenly; multilingual encoders take 0.3-0.7)  [default: 1].")
 @click.option("--out", default="runs/pretrain", show_default=True, type=click.Path(file_okay=False),
               help="Run folder (checkpoints, metrics).")
 @click.option("--model", default=None,
@@ -142,6 +149,7 @@ def pretrain(**flags):
 
     ctx = click.get_current_context()
     given = {k for k in flags if ctx.get_parameter_source(k) is not click.core.ParameterSource.DEFAULT}
+    flags["mixture"] = tuple(x.strip() for x in flags["mixture"].split(",") if x.strip()) if flags["mixture"] else ()
     try:
         result = run(PretrainConfig(**flags), given=given)  # on --resume, a flag not given is the run's own
     except (FormatError, FolderError, ConfigError, TrainingError) as e:

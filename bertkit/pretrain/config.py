@@ -68,6 +68,9 @@ class PretrainConfig:
     compile: bool = False                 # the model under torch.compile (the first steps compile: minutes on a CPU)
     token_budget: int | None = None       # packed micro batches filled to this many tokens by best fit (ModernBERT's
                                           # fixed budget); None: --micro-batch sequences each
+    mixture: tuple = ()                   # several instance folders as one: "DIR=WEIGHT" (or "DIR" with
+                                          # mixture_temperature) items; instances is then the first (bertkit.mixture)
+    mixture_temperature: float | None = None   # no weights: each folder's rows raised to this (1: by size)
     kernels: str = "auto"                 # attention/LayerNorm backend (bertkit.kernels): auto|triton|torch|reference
     threads: int | None = None            # torch threads per rank; None: the free cores / ranks (bertkit.threads)
     report_to: str | None = None          # tensorboard, wandb (offline), both "tensorboard,wandb", or none;
@@ -136,6 +139,30 @@ class PretrainConfig:
             raise ConfigError("--generator-size must be in (0, 1] and --disc-weight above 0")
         if self.max_steps is not None and self.max_steps < 1:
             raise ConfigError(f"--max-steps {self.max_steps}: give at least 1")
+        if self.mixture and self.token_budget is not None:
+            raise ConfigError("--token-budget packs rows by their lengths, which a mixture's rows change every epoch; "
+                              "train a --mixture with --micro-batch")
+        if self.mixture_temperature is not None and not (self.mixture and self.mixture_temperature >= 0):
+            raise ConfigError("--mixture-temperature goes with a --mixture of folders without weights, at 0 or above")
+
+    def with_mixture(self, given: set | None = None) -> "PretrainConfig":
+        """--mixture's folders resolved (recorded so, a resume finds them from anywhere) and --instances its first
+        (whose manifest describes the model's inputs)."""
+        from pathlib import Path
+
+        from bertkit.mixture import parse_mixture, read_manifests
+
+        try:
+            sources = parse_mixture(self.mixture)
+            read_manifests(sources)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        first = Path(sources[0].folder).resolve()
+        if given is not None and "instances" in given and Path(self.instances).resolve() != first:
+            raise ConfigError("--instances and --mixture: name the folders in --mixture only (the first is the "
+                              "run's --instances)")
+        items = tuple(f"{Path(s.folder).resolve()}" + ("" if s.weight is None else f"={s.weight!r}") for s in sources)
+        return replace(self, instances=str(first), mixture=items)
     progress: bool = True
 
     def effective_objective(self, instances_objective: str) -> str:

@@ -15,12 +15,12 @@ from bertkit.pretrain.config import ConfigError, DeepSpeedSettings, PretrainConf
 
 # flags (PretrainConfig) and resolved settings (DeepSpeedSettings) a resume cannot change
 KEPT_FLAGS = ("seed", "time_budget", "schedule_from", "betas", "eps", "norm", "pad_vocab_to", "model", "init_from",
-              "token_budget")
+              "token_budget", "mixture", "mixture_temperature")
 KEPT_SETTINGS = ("micro_batch", "global_batch", "zero_stage", "precision", "optimizer")
 APPLIED_SETTINGS = ("lr", "weight_decay", "grad_clip")
 NOT_COMPARED = ("instances", "out", "resume", "progress", "deepspeed_config", "recipe", "objective")
 WHY_KEPT = {"seed": "the data order", "micro_batch": "the data order", "global_batch": "the data order",
-            "token_budget": "the data order",
+            "token_budget": "the data order", "mixture": "the data order", "mixture_temperature": "the data order",
             "time_budget": "the schedule", "schedule_from": "the schedule", "model": "the weights",
             "norm": "the weights", "pad_vocab_to": "the weights", "init_from": "the weights (the run's own checkpoint "
             "continues it)", "zero_stage": "the optimizer state", "precision": "the optimizer state",
@@ -54,7 +54,7 @@ def inherit(cfg: PretrainConfig, run: RunConfig, given: set | None = None) -> Pr
     for f in fields(PretrainConfig):
         if f.name in ("resume", "out", "progress") or f.name not in run.pretrain:
             continue
-        unset = getattr(cfg, f.name) is None or (given is not None and f.name not in given)
+        unset = getattr(cfg, f.name) in (None, ()) or (given is not None and f.name not in given)
         if unset:
             values[f.name] = run.pretrain[f.name]
     if values.get("precision", cfg.precision) in (None, "auto") and run.resolved.get("precision"):
@@ -64,8 +64,9 @@ def inherit(cfg: PretrainConfig, run: RunConfig, given: set | None = None) -> Pr
         values["instances"] = run.instances  # recorded resolved: the run can be resumed from any folder
     if values.get("deepspeed_config"):  # the run's own copy, never the path its config.json names
         values["deepspeed_config"] = str(own_deepspeed_config(cfg.out, values["deepspeed_config"]))
-    if isinstance(values.get("betas"), list):
-        values["betas"] = tuple(values["betas"])
+    for name in ("betas", "mixture"):
+        if isinstance(values.get(name), list):
+            values[name] = tuple(values[name])
     return replace(cfg, **values)
 
 

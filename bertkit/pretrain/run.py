@@ -16,6 +16,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from bertkit import kernels
 from bertkit.data import EpochBatches, InstanceDataset, TokenBudgetBatches, batch_loader, close_loader
 from bertkit.errors import regular_file
+from bertkit.fileio import atomic_write_json
 from bertkit.formats import USER_DEEPSPEED_CONFIG, InstancesError, InstancesManifest
 from bertkit.kernel_guard import kernel_uses, resolve_guarded
 from bertkit.models import Family, describe, family_of
@@ -54,8 +55,8 @@ class Run:
     backend: str                 # the kernels' backend actually used
     budget: BudgetSchedule | None
     max_steps: int | None
-    train: InstanceDataset
-    holdout: InstanceDataset
+    train: InstanceDataset       # or a bertkit.mixture.Mixture
+    holdout: InstanceDataset     # or a bertkit.mixture.Joined
     sampler: EpochBatches | TokenBudgetBatches
     split_at: int | None         # ModernBERT: packed rows attend within each [SEP]-ended document
     log: MetricsLog
@@ -76,6 +77,7 @@ class Run:
     clock0: float = 0.0          # perf_counter at the run's start, less the time a resumed run had used
     throughput: Throughput = field(default_factory=Throughput)   # the log interval's clock and batch counts
     steps_in_interval: int = 0
+    mixture: dict | None = None  # --mixture: what each folder has given so far (mixture.json)
 
     @property
     def run_dir(self) -> Path:
@@ -133,6 +135,35 @@ def sampler_for(cfg: PretrainConfig, train: InstanceDataset, micro_batch: int, r
     return sampler
 
 
+def training_data(cfg: PretrainConfig, manifest: InstancesManifest) -> tuple:
+    """(training rows, held-out rows): of --instances, or --mixture's folders in their proportions (their held-out
+    splits joined)."""
+    if not cfg.mixture:
+        return InstanceDataset(cfg.instances, "train", cfg.seed, manifest), \
+            InstanceDataset(cfg.instances, "holdout", cfg.seed, manifest)
+    from bertkit.mixture import open_mixture, parse_mixture
+
+    try:
+        return open_mixture(parse_mixture(cfg.mixture), cfg.mixture_temperature, cfg.seed)
+    except (ValueError, InstancesError) as e:
+        raise ConfigError(str(e)) from None
+
+
+def record_mixture(run: Run) -> dict:
+    """mixture.json in the run folder: each source's target share and the rows and tokens it has given so far (all
+    ranks' micro batches drawn); returned too."""
+    mixture = run.train
+    realised = mixture.realised(run.sampler, run.consumed())
+    rows, tokens = max(sum(realised["rows"]), 1), max(sum(realised["tokens"]), 1)
+    found = {"step": run.step, "sources": [
+        {"folder": str(d.dir), "target": round(float(p), 6), "slots_per_epoch": int(c), "training_rows": len(d),
+         "rows": r, "tokens": t, "share_of_rows": round(r / rows, 6), "share_of_tokens": round(t / tokens, 6)}
+        for d, p, c, r, t in zip(mixture.datasets, mixture.probabilities, mixture.slots, realised["rows"],
+                                 realised["tokens"])]}
+    atomic_write_json(run.run_dir / "mixture.json", found)
+    return found
+
+
 def start_run(cfg: PretrainConfig, manifest: InstancesManifest, rank: int, world: int, device) -> Run:
     """Settings, model, engine, run folder, resumed state and data: everything the loop needs, on every rank."""
     threads, budget, max_steps = threads_backend_schedule(cfg, rank, device)
@@ -168,16 +199,15 @@ def start_run(cfg: PretrainConfig, manifest: InstancesManifest, rank: int, world
     torch.distributed.barrier()
 
     step, skipped, last_ckpt = resume_or_seed(cfg, engine, scheduler, chosen, changes, settings, ds_config, rank)
-    train = InstanceDataset(cfg.instances, "train", cfg.seed, manifest)
+    train, holdout = training_data(cfg, manifest)
     sampler = sampler_for(cfg, train, settings.micro_batch, rank, world)
     flops = functools.partial(training_flops, sum(p.numel() for p in model.parameters()), model.cfg.num_layers,
                               model.cfg.hidden_size)
     log = MetricsLog(Path(cfg.out), rank == 0, max_steps, step, cfg.progress, cfg.report_to or default_report_to(),
                      config={"pretrain": asdict(cfg), "resolved": asdict(settings), "model": bert_cfg.to_dict()})
-    run = Run(cfg, rank, world, device, engine, settings, objective, backend, budget, max_steps, train,
-              InstanceDataset(cfg.instances, "holdout", cfg.seed, manifest), sampler,
-              train.sep_id if family_of(model).splits_documents else None, log, Meter(device, train.mask_id), flops,
-              step, skipped, last_ckpt)
+    run = Run(cfg, rank, world, device, engine, settings, objective, backend, budget, max_steps, train, holdout,
+              sampler, train.sep_id if family_of(model).splits_documents else None, log, Meter(device, train.mask_id),
+              flops, step, skipped, last_ckpt)
     begin(run, chosen, changes)
     return run
 

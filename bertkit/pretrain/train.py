@@ -27,7 +27,7 @@ from bertkit.pretrain.config import ConfigError, PretrainConfig, TrainingError
 from bertkit.pretrain.divergence import injected_fault, roll_back
 from bertkit.pretrain.metrics import Meter, as_float, current_lr, peak_flops, say
 from bertkit.pretrain.resume import inherit
-from bertkit.pretrain.run import Run, read_user_deepspeed_config, start_run
+from bertkit.pretrain.run import Run, read_user_deepspeed_config, record_mixture, start_run
 from bertkit.pretrain.start import spec_family
 from bertkit.runlog import ReportError, parse_report_to
 
@@ -39,6 +39,8 @@ def pretrain(cfg: PretrainConfig, given: set | None = None) -> dict:
     resuming = cfg.resume and (Path(cfg.out) / RUN_CONFIG).is_file()
     if resuming:
         cfg = inherit(cfg, read_run_config(cfg.out), given)
+    if cfg.mixture:
+        cfg = cfg.with_mixture(None if resuming else given)
     manifest = read_instances_manifest(cfg.instances)
     cfg = cfg.with_recipe(read_user_deepspeed_config(cfg), lambda model: spec_family(model, cfg.init_from), resuming)
     cfg.check()
@@ -90,6 +92,8 @@ def _pretrain(cfg: PretrainConfig, manifest, rank: int, world: int, device) -> d
                                                 seconds)
                 if run.budget and rank == 0:
                     run.budget.record(run.run_dir, run.step)
+                if cfg.mixture and rank == 0:
+                    run.mixture = record_mixture(run)
                 run.throughput.restart()   # checkpoint time is not training's
             if stopping:
                 if rank == 0:
@@ -104,7 +108,8 @@ def _pretrain(cfg: PretrainConfig, manifest, rank: int, world: int, device) -> d
     finally:
         run.close()
     return {**run.record, "step": run.step, "checkpoint": str(run.last_ckpt) if run.last_ckpt else None,
-            "stopped_by_signal": run.stop.signal, "held_out": getattr(run, "held_out", None)}
+            "stopped_by_signal": run.stop.signal, "held_out": getattr(run, "held_out", None),
+            "mixture": run.mixture}
 
 
 def train_step(run: Run) -> tuple[float, float, bool]:
