@@ -187,6 +187,26 @@ def saved_dataset(folder: Path, split: str = "train") -> tuple[list[Path], list[
     return [folder / n for n in names], [state, info]
 
 
+def hub_dataset_files(name: str, config: str | None = None, split: str = "train") -> list[Path]:
+    """The Arrow files 🤗 datasets keeps in its cache for a dataset (a Hub name, or a dataset folder of data files),
+    made by `load_dataset` if they are not there yet (from the cache alone with HF_DATASETS_OFFLINE=1): read in
+    place, memory-mapped, like any Arrow input, so the run resumes and fingerprints as with files given."""
+    try:
+        import datasets
+    except ImportError:
+        raise InputError("--hf-dataset needs 🤗 datasets: pip install datasets") from None
+    try:
+        found = datasets.load_dataset(name, config, split=split)
+    except Exception as e:   # the library says what is missing: the split, the config, the network, the cache
+        raise InputError(f"--hf-dataset {name}{f' --hf-config {config}' if config else ''} --split {split}: "
+                         f"{type(e).__name__}: {e}") from None
+    files = [Path(f["filename"]) for f in found.cache_files]
+    if not files:
+        raise InputError(f"--hf-dataset {name}: 🤗 datasets holds it in memory, with no cache file to read; save it "
+                         "with save_to_disk and give that folder as INPUT")
+    return files
+
+
 def corpus_folder(folder: Path) -> tuple[list[Path], list[Path]] | None:
     """(the shards, the manifest) of a bertkit corpus (a prepare-corpus output) given as INPUT: its documents as
     they were kept, and with --keep-removed those --filters took out, are judged again by other rules (the stored

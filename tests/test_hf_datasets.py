@@ -54,6 +54,34 @@ def test_a_dataset_dicts_split(saved, tmp_path):
     assert bad.exit_code != 0 and "without the split 'dev' (its splits: train, test)" in bad.output
 
 
+def test_a_hub_dataset_is_read_from_the_cache_load_dataset_keeps(tmp_path, monkeypatch):
+    """--hf-dataset: a dataset repository (here a local one: a folder of Parquet files, as the Hub lays them out) read
+    through load_dataset into a cache of our own, then from that cache alone (HF_DATASETS_OFFLINE=1); its rows in
+    order, its split by --split, a missing one said with the library's words."""
+    repo = tmp_path / "korean-webtext" / "data"
+    repo.mkdir(parents=True)
+    datasets.Dataset.from_dict({"text": TEXTS[:30], "title": [f"t{i}" for i in range(30)]}).to_parquet(
+        str(repo / "train-00000-of-00001.parquet"))
+    datasets.Dataset.from_dict({"text": TEXTS[30:], "title": [f"t{i}" for i in range(30, 60)]}).to_parquet(
+        str(repo / "test-00000-of-00001.parquet"))
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "cache")
+    name = str(tmp_path / "korean-webtext")
+    r = prepare(["--hf-dataset", name], tmp_path / "train")
+    assert r.exit_code == 0, r.output
+    assert titles(tmp_path / "train") == [f"t{i}" for i in range(30)]
+    inputs = read_corpus_manifest(tmp_path / "train").inputs
+    assert inputs and all(str(tmp_path / "cache") in str(i) for i in inputs)   # read in place, from the cache
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    r = prepare(["--hf-dataset", name, "--split", "test"], tmp_path / "test")
+    assert r.exit_code == 0, r.output
+    assert titles(tmp_path / "test") == [f"t{i}" for i in range(30, 60)]
+    bad = prepare(["--hf-dataset", name, "--split", "dev"], tmp_path / "dev")
+    assert bad.exit_code != 0 and "--hf-dataset" in bad.output and "dev" in bad.output
+    none = prepare([], tmp_path / "none")
+    assert none.exit_code == 2 and "or --hf-dataset NAME" in none.output
+
+
 def test_outputs_load_with_datasets(saved, tmp_path):
     from bertkit.formats import read_instances_manifest
     from bertkit.pipelines.make_instances import InstancesConfig, make_instances

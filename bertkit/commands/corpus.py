@@ -6,7 +6,7 @@ from bertkit.pipelines.engine import ENGINE_HELP, ENGINES, RAY_ADDRESS_HELP
 
 
 @click.command("prepare-corpus")
-@click.argument("inputs", nargs=-1, required=True, metavar="INPUT...")
+@click.argument("inputs", nargs=-1, metavar="INPUT...")
 @click.option("--out", "-o", default="corpus", show_default=True, type=click.Path(file_okay=False),
               help="Output folder (the default is where train-tokenizer and make-instances look).")
 @click.option("--format", default="auto", show_default=True,
@@ -19,6 +19,11 @@ from bertkit.pipelines.engine import ENGINE_HELP, ENGINES, RAY_ADDRESS_HELP
 @click.option("--split", default="train", show_default=True,
               help="An INPUT that is a 🤗 DatasetDict saved with save_to_disk: the split read (a saved Dataset's "
                    "Arrow files are read as they are, its metadata files never as text).")
+@click.option("--hf-dataset", metavar="NAME",
+              help="A 🤗 dataset by its Hub name (or a folder of its data files), read from the cache load_dataset "
+                   "keeps (made there first if need be; HF_DATASETS_OFFLINE=1: the cache alone), --split and "
+                   "--text-field as for any input; with or without INPUT.")
+@click.option("--hf-config", metavar="NAME", help="--hf-dataset's configuration (a language, a subset).")
 @click.option("--language", default="auto", show_default=True,
               help="sentencex language code (en, ko, ja, de, ...); auto: Hangul -> ko, kana -> ja, else en, "
                    "per document.")
@@ -89,13 +94,25 @@ def prepare_corpus(inputs, out, **flags):
       bertkit prepare-corpus wiki/ --out corpus/
       bertkit prepare-corpus 'dumps/*.jsonl.zst' --text-field content --out corpus/ --workers 8
       bertkit prepare-corpus books.txt --format lines --holdout 0.05 --out corpus/
+      bertkit prepare-corpus --hf-dataset HAERAE-HUB/KOREAN-WEBTEXT --out corpus/
       bertkit prepare-corpus /shared/wiki/ --out /shared/corpus/ --engine ray --ray-address 10.0.0.1:6379
     """
     from bertkit.fileio import FolderError
     from bertkit.formats import FormatError
+    from bertkit.pipelines.corpus_readers import InputError, hub_dataset_files
     from bertkit.pipelines.engine import EngineError
     from bertkit.pipelines.prepare_corpus import CorpusConfig, prepare_corpus as run
 
+    hf_dataset, hf_config = flags.pop("hf_dataset"), flags.pop("hf_config")
+    if not inputs and not hf_dataset:
+        raise click.UsageError("give INPUT files or folders, or --hf-dataset NAME")
+    if hf_config and not hf_dataset:
+        raise click.UsageError("--hf-config goes with --hf-dataset")
+    if hf_dataset:
+        try:
+            inputs = (*inputs, *map(str, hub_dataset_files(hf_dataset, hf_config, flags["split"])))
+        except InputError as e:
+            raise click.ClickException(str(e)) from None
     try:
         config = CorpusConfig(**flags)   # the flags are named as its fields
     except ValueError as e:
