@@ -177,18 +177,29 @@ def bucket_task(signatures: list[str], band: int, out: str) -> dict:
 
 
 class PartTexts:
-    """Documents by position (their row in the parts in input order), read from the memory-mapped parts."""
+    """Documents by position (their row in the parts in input order), read from the memory-mapped parts. Each call
+    maps the parts it needs and lets them go: a task's memory does not grow with the corpus as it reads."""
 
     def __init__(self, parts: list[str]):
-        self.tables = []
+        self.parts, rows = parts, []
         for part in parts:
             with pa.memory_map(part, "r") as source:
-                self.tables.append(pa.ipc.open_stream(source).read_all())
-        self.starts = np.cumsum([0] + [len(t) for t in self.tables])
+                rows.append(sum(batch.num_rows for batch in pa.ipc.open_stream(source)))
+        self.starts = np.cumsum([0] + rows)
 
-    def sentences(self, position: int) -> list[str]:
-        part = int(np.searchsorted(self.starts, position, side="right")) - 1
-        return self.tables[part].column(C.SENTENCES)[int(position - self.starts[part])].as_py()
+    def texts(self, positions: np.ndarray) -> list[str]:
+        """The documents at these sorted positions, each as one text."""
+        part_of = np.searchsorted(self.starts, positions, side="right") - 1
+        found = []
+        for part in np.unique(part_of).tolist():
+            wanted, start = positions[part_of == part] - self.starts[part], 0
+            with pa.memory_map(self.parts[part], "r") as source:
+                for batch in pa.ipc.open_stream(source):   # each batch's rows taken from it: nothing else copied
+                    mine = wanted[(wanted >= start) & (wanted < start + batch.num_rows)] - start
+                    if len(mine):
+                        found += [_text(x) for x in batch.column(C.SENTENCES).take(mine).to_pylist()]
+                    start += batch.num_rows
+        return found
 
 
 def check_task(parts: list[str], pairs_file: str, lo: int, hi: int, settings: dict, out: str) -> dict:
@@ -200,7 +211,7 @@ def check_task(parts: list[str], pairs_file: str, lo: int, hi: int, settings: di
     for start in range(0, len(pairs), 1024):   # a batch of pairs: their documents' shingles found at once
         chunk = pairs[start:start + 1024]
         positions = np.unique(chunk)
-        owner, x = batch_shingles([_text(texts.sentences(int(p))) for p in positions], s.ngram)
+        owner, x = batch_shingles(texts.texts(positions), s.ngram)
         keep[start:start + len(chunk)] = pair_jaccard(owner, x, np.searchsorted(positions, chunk),
                                                       len(positions)) >= s.threshold
     atomic_write_npy(Path(out), pairs[keep] if len(pairs) else np.zeros((0, 2), np.int64))
