@@ -80,6 +80,21 @@ class InstanceDataset:
             # masked as make-instances would have, its reference-behaviour switches included
             self.spec = MaskingSpec.from_vocab(vocab, m.masking)
 
+    def masked_at(self, rate: float) -> "InstanceDataset":
+        """This dynamic split masked at another rate (pretrain --masked-lm-prob): its masking otherwise as
+        make-instances chose, with room for the predictions the rate makes at the instances' length."""
+        import dataclasses
+        import math
+
+        if not self.dynamic:
+            raise InstancesError(f"{self.dir}: static instances (masked on disk by make-instances) keep their rate; "
+                                 "make them with --mode dynamic to mask at another rate as pretraining goes")
+        options = self.spec.options
+        room = max(options.max_predictions, math.ceil(self.manifest.max_seq_length * rate))
+        self.spec = dataclasses.replace(self.spec, options=dataclasses.replace(options, masked_lm_prob=rate,
+                                                                               max_predictions=room))
+        return self
+
     def lengths(self) -> np.ndarray:
         """Tokens of every row, in index order (from the Arrow offsets: nothing is read)."""
         return np.concatenate([np.diff(o) for o in self.input_ids.offsets]) if self.input_ids.offsets else \

@@ -194,7 +194,7 @@ def hub_dataset_files(name: str, config: str | None = None, split: str = "train"
     try:
         import datasets
     except ImportError:
-        raise InputError("--hf-dataset needs 🤗 datasets: pip install datasets") from None
+        raise InputError("--hf-dataset needs 🤗 datasets: pip install 'bertkit[hf]'") from None
     try:
         found = datasets.load_dataset(name, config, split=split)
     except Exception as e:   # the library says what is missing: the split, the config, the network, the cache

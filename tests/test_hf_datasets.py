@@ -100,3 +100,42 @@ def test_outputs_load_with_datasets(saved, tmp_path):
     instances = datasets.load_dataset("arrow", data_files=files, split="train")
     assert instances.num_rows > 0 and "input_ids" in instances.column_names
     assert json.loads((tmp_path / "corpus" / "manifest.json").read_text())["complete"]
+
+
+def test_finetune_and_embed_read_a_saved_dataset_as_they_read_its_file(tmp_path):
+    """finetune classify on a save_to_disk folder scores as on the same rows in a TSV; embed's pairs read alike; a
+    DatasetDict folder names its splits' folders; a bad hf: name says how to write one."""
+    from bertkit.embeddings.data import read_pairs
+    from bertkit.errors import DataError
+    from bertkit.finetune.classify import finetune_classify, read_table
+    from bertkit.finetune.train import TrainConfig
+    from tests.helpers import tiny_model_folder
+
+    model = tiny_model_folder(tmp_path)
+    rows = [{"sentence": f"w{i % 9} w{(i * 7) % 11} w{(i * 3) % 5}", "label": str(i % 2)} for i in range(40)]
+    (tmp_path / "train.tsv").write_text("sentence\tlabel\n" + "".join(f"{r['sentence']}\t{r['label']}\n"
+                                                                      for r in rows))
+    datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "saved"))
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(rows)}).save_to_disk(str(tmp_path / "dict"))
+    def texts(source):
+        return [(e.text_a, e.text_b, e.label) for e in read_table(source, "sentence", label="label")]
+
+    assert texts(tmp_path / "saved") == texts(tmp_path / "train.tsv")
+
+    def scores(source, name):
+        summary = finetune_classify(model, source, source, TrainConfig(out_dir=str(tmp_path / name), epochs=1,
+                                                                       batch_size=8, save_model=False),
+                                    text_a="sentence", label="label", max_seq_length=16)
+        return {k: v for k, v in summary["best"].items() if isinstance(v, float) and "second" not in k}
+
+    from_dataset = scores(str(tmp_path / "saved"), "a")
+    assert "accuracy" in from_dataset and from_dataset == scores(tmp_path / "train.tsv", "b")
+    pairs = [{"anchor": r["sentence"], "positive": r["sentence"][::-1]} for r in rows]
+    (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(p) + "\n" for p in pairs))
+    datasets.Dataset.from_list(pairs).save_to_disk(str(tmp_path / "pairs"))
+    assert read_pairs(tmp_path / "pairs") == read_pairs(tmp_path / "pairs.jsonl")
+    with pytest.raises(DataError, match="a 🤗 DatasetDict; give one of its splits' folders: .*dict/train"):
+        read_table(tmp_path / "dict", "sentence", label="label")
+    assert read_table(tmp_path / "dict" / "train", "sentence", label="label")[0].text_a == rows[0]["sentence"]
+    with pytest.raises(DataError, match="hf:NAME:SPLIT"):
+        read_table("hf:klue", "sentence", label="label")

@@ -147,3 +147,28 @@ def test_folders_that_cannot_be_mixed_are_refused(folders, tmp_path, clean_dist_
         mixed(folders, tmp_path / "b", token_budget=64, unpadded=True)
     with pytest.raises(ConfigError, match="--mixture-temperature goes with"):
         mixed(folders, tmp_path / "c", mixture=(), instances=str(folders / "ko"), mixture_temperature=0.5)
+
+
+def test_masked_lm_prob_masks_training_at_its_rate_and_leaves_the_held_out_as_made(folders, tmp_path,
+                                                                                      clean_dist_env):
+    """--masked-lm-prob 0.3 (ModernBERT's): every training row of every folder masks round(0.3 n) of its n tokens
+    (BERT's count rule), the held-out rows keep the instances' 0.15, so held-out curves compare; a run records it;
+    static instances are refused."""
+    from bertkit.formats import read_instances_manifest
+    from bertkit.pretrain.run import training_data
+
+    def counts(dataset):
+        return [(len(r["input_ids"]), len(r["mlm_positions"])) for r in (dataset[(0, i)] for i in range(len(dataset)))]
+
+    for mixture in ((), (f"{folders / 'ko'}=0.7", f"{folders / 'en'}=0.3")):
+        cfg = PretrainConfig(instances=str(folders / "ko"), out=str(tmp_path / "r"), masked_lm_prob=0.3,
+                             mixture=mixture)
+        train, holdout = training_data(cfg, read_instances_manifest(folders / "ko"))
+        assert all(k == min(10, max(1, round(n * 0.3))) for n, k in counts(train))
+        assert all(k == min(10, max(1, round(n * 0.15))) for n, k in counts(holdout))
+    result = mixed(folders, tmp_path / "run", masked_lm_prob=0.3, max_steps=2)
+    assert result["step"] == 2 and json.loads((tmp_path / "run" / "config.json").read_text())["pretrain"][
+        "masked_lm_prob"] == 0.3
+    make_instances_dir(tmp_path / "static", n=40, holdout=8, max_len=32, mode="static")
+    with pytest.raises(ConfigError, match="--masked-lm-prob: .*static instances"):
+        mixed(folders, tmp_path / "s", mixture=(), instances=str(tmp_path / "static"), masked_lm_prob=0.3)

@@ -43,6 +43,25 @@ def count(minimum: int = 1) -> click.IntRange:
     return click.IntRange(min=minimum)
 
 
+class RowsSource(click.ParamType):
+    """A file of rows, or a 🤗 dataset: a save_to_disk folder, or hf:NAME:SPLIT (bertkit.hf_rows)."""
+    name = "FILE|DATASET"
+
+    def convert(self, value, param, ctx):
+        from pathlib import Path
+
+        text = str(value)
+        if text.startswith("hf:") or Path(text).is_file():
+            return text
+        if Path(text).is_dir():
+            from bertkit.hf_rows import is_dataset
+
+            if is_dataset(text):
+                return text
+            self.fail(f"{text}: a folder, but not one 🤗 datasets' save_to_disk wrote (no state.json)", param, ctx)
+        self.fail(f"{text}: no such file (or a save_to_disk folder, or hf:NAME:SPLIT)", param, ctx)
+
+
 class Size(click.ParamType):
     """A number of bytes as 64MB, 512KB, 1GB or 100000, or one of `words` (kept as given)."""
     name = "size"

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import click
 
-from bertkit.commands import PROBABILITY, SEED, Real, count
+from bertkit.commands import PROBABILITY, SEED, Real, RowsSource, count
 from bertkit.commands.finetune import friendly_errors
 from bertkit.embeddings import LEARNING_RATE, TEMPERATURE, WEIGHT_DECAY
 
@@ -57,9 +57,10 @@ def _is_embeddings(path: Path) -> bool:
               help="A bertkit export, or a transformers BERT / RoBERTa / ModernBERT folder.")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Writes OUT/model/ (transformers + sentence-transformers), metrics.jsonl, summary.json.")
-@click.option("--pairs", type=click.Path(exists=True, dir_okay=False),
-              help="Training rows: .csv (quoted as RFC 4180), .tsv (no quoting: a text holds no tab) or .jsonl "
-                   "(texts as JSON strings) with an anchor and a positive column (and a hard negative).")
+@click.option("--pairs", type=RowsSource(),
+              help="Training rows: .csv (quoted as RFC 4180), .tsv (no quoting: a text holds no tab), .jsonl "
+                   "(texts as JSON strings) or a 🤗 dataset (a save_to_disk folder, hf:NAME:SPLIT) with an anchor "
+                   "and a positive column (and a hard negative).")
 @click.option("--nli", help="Or an NLI file (KLUE-NLI .json, KorNLI-style .tsv) or klue-nli under --data-dir: "
                             "each premise, its entailment the positive, its contradiction the hard negative "
                             "(KoSimCSE's supervised recipe).")

@@ -16,6 +16,7 @@ from bertkit.commands import (
     SEED,
     NumberList,
     Real,
+    RowsSource,
     count,
     kernels_option,
     report_to_option,
@@ -344,9 +345,10 @@ def _korean_task(task: str, kw: dict) -> dict:
 
 @finetune.command("classify")
 @common_options(default_lr=2e-5, default_epochs=3.0, default_batch=32, default_max_len=128)
-@click.option("--train-file", required=True, type=click.Path(exists=True, dir_okay=False),
-              help=".csv, .tsv or .jsonl")
-@click.option("--dev-file", required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--train-file", required=True, type=RowsSource(),
+              help=".csv, .tsv or .jsonl, or a 🤗 dataset: a save_to_disk folder (a DatasetDict's split: its "
+                   "subfolder) or hf:NAME:SPLIT (hf:NAME:CONFIG:SPLIT), from the cache load_dataset keeps")
+@click.option("--dev-file", required=True, type=RowsSource())
 @click.option("--text-a", required=True, help="Column (header name or 0-based index) or JSON key of the text.")
 @click.option("--text-b", default=None, help="Second text, for sentence pairs.")
 @click.option("--label", default="label", show_default=True)

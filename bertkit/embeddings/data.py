@@ -10,14 +10,20 @@ from bertkit.finetune.classify import jsonl_objects, read_utf8, table_rows
 
 
 def read_pairs(path, anchor: str = "anchor", positive: str = "positive", negative: str | None = None) -> list:
-    """[(anchor, positive[, negative]), ...] from .csv (RFC 4180 quoting), .tsv (tab-separated, no quoting) or
-    .jsonl, whose header (or keys) names the columns; an empty text or a missing column names the file and line."""
-    path = Path(path)
+    """[(anchor, positive[, negative]), ...] from .csv (RFC 4180 quoting), .tsv (tab-separated, no quoting),
+    .jsonl or a 🤗 dataset (bertkit.hf_rows), whose header (or keys, or columns) names the columns; an empty text or a
+    missing column names the file and line."""
+    from bertkit.hf_rows import dataset_records, is_dataset
+
     names = [anchor, positive] + ([negative] if negative else [])
-    fmt = {".csv": "csv", ".jsonl": "jsonl", ".json": "jsonl"}.get(path.suffix.lower(), "tsv")
-    text = read_utf8(path)
-    records = jsonl_objects(path, text, "an object of named texts") if fmt == "jsonl" else \
-        _table_records(path, text, fmt)
+    if is_dataset(path):
+        records = dataset_records(path)
+    else:
+        path = Path(path)
+        fmt = {".csv": "csv", ".jsonl": "jsonl", ".json": "jsonl"}.get(path.suffix.lower(), "tsv")
+        text = read_utf8(path)
+        records = jsonl_objects(path, text, "an object of named texts") if fmt == "jsonl" else \
+            _table_records(path, text, fmt)
     rows = []
     for line, record in records:
         missing = [n for n in names if n not in record]

@@ -76,8 +76,13 @@ def table_rows(text: str, fmt: str, path=None) -> list[list[str]]:
 
 
 def read_table(path, text_a, text_b=None, label=None, header: bool = True, fmt: str | None = None) -> list:
-    """Read TextExamples from .tsv (tab-separated, no quoting, as GLUE), .csv (RFC 4180 quoting) or .jsonl.
-    Columns are header names or 0-based indices; label=None reads unlabeled rows."""
+    """Read TextExamples from .tsv (tab-separated, no quoting, as GLUE), .csv (RFC 4180 quoting) or .jsonl, or a 🤗
+    dataset (bertkit.hf_rows: a save_to_disk folder, hf:NAME:SPLIT). Columns are header names or 0-based indices
+    (a dataset's and a JSON line's: names); label=None reads unlabeled rows."""
+    from bertkit.hf_rows import dataset_records, is_dataset
+
+    if is_dataset(path):
+        return _from_records(path, dataset_records(path), text_a, text_b, label)
     path = Path(path)
     fmt = fmt or {".tsv": "tsv", ".csv": "csv", ".jsonl": "jsonl", ".json": "jsonl"}.get(path.suffix.lower(), "tsv")
     text = read_utf8(path)
@@ -127,8 +132,14 @@ def jsonl_objects(path: Path, text: str, shape: str):
 
 
 def _read_jsonl(path: Path, text: str, text_a, text_b, label) -> list:
+    return _from_records(path, jsonl_objects(path, text, f"one example's {{\"{text_a}\": ..., ...}}"), text_a,
+                         text_b, label)
+
+
+def _from_records(path, records, text_a, text_b, label) -> list:
+    """TextExamples from (line, {key: value}) records: a JSON-lines file's, or a dataset's rows."""
     examples = []
-    for i, obj in jsonl_objects(path, text, f"one example's {{\"{text_a}\": ..., ...}}"):
+    for i, obj in records:
         for key in (text_a, text_b, label):
             if key is not None and key not in obj:
                 raise DataError(f"{path}:{i}: no key {key!r}; this line has {sorted(obj)}")

@@ -71,6 +71,8 @@ class PretrainConfig:
     mixture: tuple = ()                   # several instance folders as one: "DIR=WEIGHT" (or "DIR" with
                                           # mixture_temperature) items; instances is then the first (bertkit.mixture)
     mixture_temperature: float | None = None   # no weights: each folder's rows raised to this (1: by size)
+    masked_lm_prob: float | None = None   # dynamic instances masked at this rate in training (ModernBERT: 0.3); the
+                                          # held-out split keeps the instances' own, so curves compare
     kernels: str = "auto"                 # attention/LayerNorm backend (bertkit.kernels): auto|triton|torch|reference
     threads: int | None = None            # torch threads per rank; None: the free cores / ranks (bertkit.threads)
     report_to: str | None = None          # tensorboard, wandb (offline), both "tensorboard,wandb", or none;
@@ -139,6 +141,8 @@ class PretrainConfig:
             raise ConfigError("--generator-size must be in (0, 1] and --disc-weight above 0")
         if self.max_steps is not None and self.max_steps < 1:
             raise ConfigError(f"--max-steps {self.max_steps}: give at least 1")
+        if self.masked_lm_prob is not None and not 0 < self.masked_lm_prob < 1:
+            raise ConfigError(f"--masked-lm-prob {self.masked_lm_prob}: must be between 0 and 1")
         if self.mixture and self.token_budget is not None:
             raise ConfigError("--token-budget packs rows by their lengths, which a mixture's rows change every epoch; "
                               "train a --mixture with --micro-batch")

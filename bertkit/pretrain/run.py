@@ -137,16 +137,21 @@ def sampler_for(cfg: PretrainConfig, train: InstanceDataset, micro_batch: int, r
 
 def training_data(cfg: PretrainConfig, manifest: InstancesManifest) -> tuple:
     """(training rows, held-out rows): of --instances, or --mixture's folders in their proportions (their held-out
-    splits joined)."""
-    if not cfg.mixture:
-        return InstanceDataset(cfg.instances, "train", cfg.seed, manifest), \
-            InstanceDataset(cfg.instances, "holdout", cfg.seed, manifest)
+    splits joined); the training rows masked at --masked-lm-prob where given, the held-out ones as made."""
     from bertkit.mixture import open_mixture, parse_mixture
 
     try:
-        return open_mixture(parse_mixture(cfg.mixture), cfg.mixture_temperature, cfg.seed)
+        if cfg.mixture:
+            train, holdout = open_mixture(parse_mixture(cfg.mixture), cfg.mixture_temperature, cfg.seed)
+        else:
+            train, holdout = InstanceDataset(cfg.instances, "train", cfg.seed, manifest), \
+                InstanceDataset(cfg.instances, "holdout", cfg.seed, manifest)
+        if cfg.masked_lm_prob is not None:
+            for dataset in getattr(train, "datasets", [train]):
+                dataset.masked_at(cfg.masked_lm_prob)
     except (ValueError, InstancesError) as e:
-        raise ConfigError(str(e)) from None
+        raise ConfigError(f"--masked-lm-prob: {e}" if "static instances" in str(e) else str(e)) from None
+    return train, holdout
 
 
 def record_mixture(run: Run) -> dict:
