@@ -1,5 +1,6 @@
 """`bertkit pretrain` (also `deepspeed cli.py pretrain`) and `bertkit export`: flags onto bertkit.pretrain."""
 import os
+from pathlib import Path
 
 import click
 
@@ -27,6 +28,10 @@ class Duration(click.ParamType):
 @click.command("pretrain")
 @click.option("--instances", default="instances", show_default=True, type=click.Path(file_okay=False),
               help="make-instances output folder.")
+@click.option("--plan", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="A run in phases from one TOML file (bertkit/pretrain/plan.py): each phase its own instances or "
+                   "mixture, steps, schedule, masking rate, rope theta...; the second and later from the one "
+                   "before; RUN/NN-NAME per phase, RUN/plan.json; run again to resume. Settings go in the file.")
 @click.option("--mixture", type=str, default=None,
               help="Several instance folders trained on as one, in proportions: DIR=WEIGHT,DIR=WEIGHT (weights "
                    "relative), or DIR,DIR with --mixture-temperature. One vocabulary, --max-seq-length and objective; "
@@ -153,6 +158,9 @@ def pretrain(**flags):
 
     ctx = click.get_current_context()
     given = {k for k in flags if ctx.get_parameter_source(k) is not click.core.ParameterSource.DEFAULT}
+    if flags.get("plan"):
+        return _run_plan(flags, given)
+    flags.pop("plan")
     flags["mixture"] = tuple(x.strip() for x in flags["mixture"].split(",") if x.strip()) if flags["mixture"] else ()
     try:
         result = run(PretrainConfig(**flags), given=given)  # on --resume, a flag not given is the run's own
@@ -170,6 +178,28 @@ def pretrain(**flags):
             click.echo(f"next: bertkit export {flags['out']} --out model/", err=True)
     if result.get("stopped_by_signal"):  # saved, but not finished: 130 / 143 as shells expect, so `&& export` waits
         raise SystemExit(128 + int(result["stopped_by_signal"]))
+
+
+def _run_plan(flags: dict, given: set) -> None:
+    from bertkit.pretrain import ConfigError, TrainingError
+    from bertkit.pretrain.plan import run_plan
+
+    extra = sorted(given - {"plan", "out", "progress"})
+    if extra:
+        raise click.UsageError(f"--{extra[0].replace('_', '-')} with --plan: put the setting in the plan (for every "
+                               "phase at its top level, or in a [[phase]])")
+    try:
+        record = run_plan(flags["plan"], flags["out"], flags["progress"])
+    except ConfigError as e:
+        raise click.ClickException(str(e)) from e
+    except TrainingError as e:
+        raise click.ClickException(str(e)) from e
+    for phase in record["phases"]:
+        click.echo(f"phase {phase['name']}: step {phase['step']}, {'done' if phase['done'] else 'stopped'}: "
+                   f"{phase['checkpoint']}", err=True)
+    if record.get("stopped_by_signal"):
+        raise SystemExit(128 + int(record["stopped_by_signal"]))
+    click.echo(f"next: bertkit export {Path(flags['out']) / record['phases'][-1]['folder']} --out model/", err=True)
 
 
 def closing_summary(result: dict) -> str:

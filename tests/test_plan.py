@@ -1,0 +1,112 @@
+"""pretrain --plan: phases in one file, each a run of its own started from the one before; a plan stopped inside a
+phase resumes there with the same losses as one never stopped; a finished plan run again trains nothing; a plan
+that cannot be run says which phase and setting."""
+import json
+import signal
+
+import pytest
+from click.testing import CliRunner
+
+from bertkit.cli import main
+from bertkit.pretrain import ConfigError
+from bertkit.pretrain.plan import read_plan, run_plan
+from bertkit.testing import make_instances_dir
+from tests.helpers import TINY
+
+
+@pytest.fixture(scope="module")
+def plan(tmp_path_factory):
+    root = tmp_path_factory.mktemp("plan")
+    make_instances_dir(root / "ko", n=96, holdout=8, max_len=32, seed=0)
+    make_instances_dir(root / "en", n=40, holdout=8, max_len=32, seed=1)
+    (root / "model.json").write_text(json.dumps(TINY))
+    (root / "plan.toml").write_text(f"""
+model = "{root / 'model.json'}"
+micro_batch = 8
+optimizer = "adamw"
+num_workers = 0
+log_every = 1
+eval_every = 2
+eval_batches = 1
+save_every = 2
+report_to = "none"
+
+[[phase]]
+name = "stable"
+mixture = ["{root / 'ko'}=0.7", "{root / 'en'}=0.3"]
+max_steps = 4
+masked_lm_prob = 0.3
+schedule = "wsd"
+decay = 0.0
+
+[[phase]]
+name = "decay"
+instances = "{root / 'ko'}"
+max_steps = 4
+lr = 5e-4
+schedule = "wsd"
+warmup = 0
+decay = 1.0
+""")
+    return root
+
+
+def records(run):
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def losses(run):
+    return [r["loss"] for r in records(run) if "loss" in r]
+
+
+def test_a_plan_runs_its_phases_in_order_and_resumes_inside_one(plan, tmp_path, clean_dist_env, monkeypatch):
+    whole = run_plan(plan / "plan.toml", tmp_path / "whole", progress=False)
+    assert [(p["name"], p["folder"], p["step"], p["done"]) for p in whole["phases"]] == \
+        [("stable", "01-stable", 4, True), ("decay", "02-decay", 4, True)]
+    stable, decay = (json.loads((tmp_path / "whole" / f / "config.json").read_text())["pretrain"]
+                     for f in ("01-stable", "02-decay"))
+    assert stable["masked_lm_prob"] == 0.3 and len(stable["mixture"]) == 2 and stable["seed"] == 42
+    assert decay["init_from"] == str(tmp_path / "whole" / "01-stable") and decay["seed"] == 43
+    assert decay["masked_lm_prob"] is None and decay["lr"] == 5e-4
+    lrs = [r["lr"] for r in records(tmp_path / "whole" / "02-decay") if "lr" in r]
+    # its own clock: 1 - sqrt of its own progress from the peak it sets, down to 0 at its own end
+    assert lrs == pytest.approx([5e-4 * (1 - (step / 4) ** 0.5) for step in (1, 2, 3, 4)])
+    assert (tmp_path / "whole" / "01-stable" / "mixture.json").is_file()
+
+    from bertkit.pretrain import train as loop
+
+    real_step = loop.train_step
+
+    def stopped_in_the_decay(run):   # a SIGTERM two steps into the second phase: it saves and stops
+        if run.cfg.out.endswith("02-decay") and run.step == 1:
+            run.stop.signal = signal.SIGTERM
+        return real_step(run)
+
+    monkeypatch.setattr(loop, "train_step", stopped_in_the_decay)
+    stopped = run_plan(plan / "plan.toml", tmp_path / "halves", progress=False)
+    assert stopped["stopped_by_signal"] == signal.SIGTERM and stopped["phases"][-1]["step"] == 2
+    monkeypatch.setattr(loop, "train_step", real_step)
+    resumed = run_plan(plan / "plan.toml", tmp_path / "halves", progress=False)
+    assert [p["done"] for p in resumed["phases"]] == [True, True]
+    for folder in ("01-stable", "02-decay"):
+        assert losses(tmp_path / "halves" / folder) == losses(tmp_path / "whole" / folder)
+    before = (tmp_path / "halves" / "02-decay" / "metrics.jsonl").read_text()
+    run_plan(plan / "plan.toml", tmp_path / "halves", progress=False)   # finished: nothing trains
+    assert (tmp_path / "halves" / "02-decay" / "metrics.jsonl").read_text() == before
+
+
+def test_plans_that_cannot_run_say_which_phase_and_setting(plan, tmp_path):
+    def refused(text, message):
+        (tmp_path / "p.toml").write_text(text)
+        with pytest.raises(ConfigError, match=message):
+            read_plan(tmp_path / "p.toml")
+
+    refused('max_steps = 3\n', "no \\[\\[phase\\]\\] tables")
+    refused('[[phase]]\nmax_step = 3\n', "phase 1 sets 'max_step', not a pretrain setting")
+    refused('lr_peak = 1\n[[phase]]\nmax_steps = 3\n', "the top level sets 'lr_peak'")
+    refused('[[phase]]\nname = "a"\n[[phase]]\nname = "a"\n', "phase 2's name 'a'")
+    refused('[[phase]]\n[[phase]]\ninit_from = "x"\n', "phase 2 sets init_from")
+    refused('[[phase]]\nout = "x"\n', "phase 1 sets 'out'")
+    r = CliRunner().invoke(main, ["pretrain", "--plan", str(plan / "plan.toml"), "--out", str(tmp_path / "r"),
+                                  "--lr", "1e-3"])
+    assert r.exit_code == 2 and "--lr with --plan: put the setting in the plan" in r.output
