@@ -15,7 +15,7 @@ from bertkit.commands.corpus import prepare_corpus
 from bertkit.commands.embed import embed, encode, evaluate_embeddings
 from bertkit.commands.finetune import finetune
 from bertkit.commands.instances import make_instances
-from bertkit.commands.model import fill_mask, predict
+from bertkit.commands.model import fill_mask, merge, predict
 from bertkit.commands.pretrain import export, pretrain
 from bertkit.commands.report import report
 from bertkit.commands.tokenizer import train_tokenizer
@@ -51,8 +51,8 @@ def main():
     """
 
 
-for command in (prepare_corpus, train_tokenizer, make_instances, fill_mask, predict, pretrain, export, finetune, report,
-                verify, check_gpu, evaluate_embeddings, encode):
+for command in (prepare_corpus, train_tokenizer, make_instances, fill_mask, predict, pretrain, export, merge, finetune,
+                report, verify, check_gpu, evaluate_embeddings, encode):
     main.add_command(command)
 finetune.add_command(embed)
 

@@ -1,9 +1,10 @@
-"""`bertkit fill-mask`: the top-k predictions of a model's MLM head at each [MASK] (a quick sanity check)."""
+"""`bertkit fill-mask` (the top-k predictions of a model's MLM head at each [MASK]: a quick sanity check),
+`bertkit predict` and `bertkit merge`."""
 import unicodedata
 
 import click
 
-from bertkit.commands import kernels_option
+from bertkit.commands import POSITIVE, NumberList, kernels_option
 
 
 @click.command("fill-mask")
@@ -106,3 +107,27 @@ def predict(model_dir, file, out, text_a, text_b, no_header, max_seq_length, bat
     click.echo(f"predicted {result['rows']:,} {'words' if 'words_cut' in result else 'rows'}"
                f"{f' ({counts})' if counts else ''}: {out}" + (f" (n-best: {result['nbest']})" if "nbest" in result
                                                                else ""))
+
+
+@click.command("merge")
+@click.argument("models", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="A new (or empty) folder to write.")
+@click.option("--method", type=click.Choice(["mean", "ties"]), default="mean", show_default=True,
+              help="mean: the (weighted) mean of the weights; ties: TIES-merging of their differences from --base.")
+@click.option("--weights", type=NumberList(POSITIVE, unique=False, example="0.5,0.3,0.2"),
+              help="--method mean: one weight per model, relative  [default: equal].")
+@click.option("--base", type=click.Path(exists=True, file_okay=False),
+              help="--method ties: the model the others were trained from (a pre-decay export, the pretrained one).")
+@click.option("--density", default=0.2, show_default=True, type=click.FloatRange(0, 1, min_open=True),
+              help="--method ties: the share of each model's largest differences kept.")
+def merge(models, out, method, weights, base, density):
+    """Merge exports of one architecture and vocabulary into one model transformers loads (decay variants, model
+    soups). Score it before use: a merge is not trained."""
+    from bertkit.merge import MergeError, merge as run
+
+    try:
+        path = run(models, out, method, list(weights) if weights else None, base, density)
+    except MergeError as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(f"wrote {path}")
+    click.echo(f"next: bertkit finetune ... --model {path}, or compare it with its inputs", err=True)
