@@ -1,7 +1,8 @@
 """🤗 datasets where a command reads rows from a file (`finetune classify --train-file/--dev-file`, `finetune embed
---pairs`): a `save_to_disk` folder (a DatasetDict's split: its subfolder, `saved/validation`), or `hf:NAME:SPLIT`
-(`hf:NAME:CONFIG:SPLIT`) through `datasets.load_dataset`, from the cache it keeps (HF_DATASETS_OFFLINE=1: the cache
-alone). Each row is a dict of its columns, numbered from 1 as a file's lines are in messages."""
+--pairs`, `encode` with `--text-field`): a `save_to_disk` folder (a DatasetDict's split: its subfolder,
+`saved/validation`), or `hf:NAME:SPLIT` (`hf:NAME:CONFIG:SPLIT`) through `datasets.load_dataset`, from the cache it
+keeps (HF_DATASETS_OFFLINE=1: the cache alone). Each row is a dict of its columns, numbered from 1 as a file's lines
+are in messages."""
 from pathlib import Path
 
 from bertkit.errors import DataError
@@ -45,3 +46,15 @@ def dataset_records(spec):
     """(row number from 1, {column: value}) of every row."""
     for number, row in enumerate(load_rows(spec), 1):
         yield number, row
+
+
+def dataset_texts(spec, column: str) -> list[str]:
+    """One column of texts, every row's (a missing column or a row that is no text: named)."""
+    rows = load_rows(spec)
+    if column not in rows.column_names:
+        raise DataError(f"{spec}: no column {column!r}; its columns: {', '.join(rows.column_names)}")
+    texts = rows[column]
+    bad = next((i for i, t in enumerate(texts, 1) if not isinstance(t, str)), None)
+    if bad is not None:
+        raise DataError(f"{spec}: row {bad}'s {column!r} is {texts[bad - 1]!r}, not a text")
+    return texts

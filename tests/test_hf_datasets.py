@@ -139,3 +139,23 @@ def test_finetune_and_embed_read_a_saved_dataset_as_they_read_its_file(tmp_path)
     assert read_table(tmp_path / "dict" / "train", "sentence", label="label")[0].text_a == rows[0]["sentence"]
     with pytest.raises(DataError, match="hf:NAME:SPLIT"):
         read_table("hf:klue", "sentence", label="label")
+
+
+def test_encode_reads_a_dataset_column_as_it_reads_lines(tmp_path):
+    import pyarrow as pa
+
+    from tests.helpers import tiny_model_folder
+
+    model = tiny_model_folder(tmp_path)
+    texts = [f"w{i % 9} w{(i * 7) % 11}" for i in range(12)]
+    (tmp_path / "lines.txt").write_text("\n".join(texts) + "\n")
+    datasets.Dataset.from_dict({"sentence": texts, "n": list(range(12))}).save_to_disk(str(tmp_path / "saved"))
+    runs = {}
+    for name, args in (("file", [tmp_path / "lines.txt"]), ("dataset", [tmp_path / "saved", "--text-field",
+                                                                       "sentence"])):
+        r = CliRunner().invoke(main, ["encode", str(model), *map(str, args), "--out", str(tmp_path / f"{name}.arrow")])
+        assert r.exit_code == 0, r.output
+        runs[name] = pa.ipc.open_file(str(tmp_path / f"{name}.arrow")).read_all().to_pydict()
+    assert runs["dataset"]["text"] == texts and runs["dataset"] == runs["file"]
+    r = CliRunner().invoke(main, ["encode", str(model), str(tmp_path / "saved"), "--out", str(tmp_path / "x.arrow")])
+    assert r.exit_code != 0 and "no column 'text'; its columns: sentence, n" in r.output

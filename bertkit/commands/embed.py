@@ -183,26 +183,29 @@ def evaluate_embeddings(model_path, sts, retrieval, data_dir, eval_batch_size, m
 
 @click.command("encode")
 @click.argument("model_path", type=click.Path(exists=True, file_okay=False))
-@click.argument("text_file", type=click.Path(exists=True, dir_okay=False))
+@click.argument("text_file", type=RowsSource())
 @click.option("--out", "out_file", required=True, type=click.Path(dir_okay=False),
               help="An Arrow file: columns text and embedding (float32), one row per line of TEXT_FILE.")
+@click.option("--text-field", default="text", show_default=True,
+              help="TEXT_FILE as a 🤗 dataset (a save_to_disk folder, hf:NAME:SPLIT): the column of texts.")
 @click.option("--batch-size", default=64, show_default=True, type=count(1))
 @click.option("--normalize/--no-normalize", default=None, help="Unit-length vectors (default: as the folder says).")
 @click.option("--max-seq-length", type=click.IntRange(8, 8192),
               help="Cut each text to this many tokens (default: as the folder records, else 128).")
 @friendly_errors
-def encode(model_path, text_file, out_file, batch_size, normalize, max_seq_length):
-    """Embed each line of TEXT_FILE (UTF-8, lines end at \\n or \\r\\n only; empty lines kept as empty texts) with
-    MODEL_PATH."""
+def encode(model_path, text_file, out_file, batch_size, normalize, max_seq_length, text_field):
+    """Embed each line of TEXT_FILE (UTF-8, lines end at \\n or \\r\\n only; empty lines kept as empty texts), or
+    each row's --text-field of a 🤗 dataset, with MODEL_PATH."""
     from bertkit.embeddings.encoder import write_embeddings
     from bertkit.fileio import disk_errors
     from bertkit.finetune.classify import read_utf8, text_lines
+    from bertkit.hf_rows import dataset_texts, is_dataset
     from bertkit.progress import tqdm
 
     if Path(out_file).resolve() == Path(text_file).resolve():
         raise click.UsageError("--out names TEXT_FILE itself; give the vectors another file")
     refuse_to_replace(Path(out_file), _is_embeddings)
-    texts = text_lines(read_utf8(text_file))
+    texts = dataset_texts(text_file, text_field) if is_dataset(text_file) else text_lines(read_utf8(text_file))
     encoder = _encoder(model_path, max_seq_length)
     with tqdm(total=len(texts), desc="encode", unit="text") as bar:
         vectors = encoder.encode(texts, batch_size, normalize, progress=bar.update)
