@@ -114,6 +114,10 @@ def test_a_mixed_run_records_its_shares_and_resumes_to_the_same_losses(folders, 
     assert ko["folder"] == str((folders / "ko").resolve()) and ko["target"] == 0.7 and en["target"] == 0.3
     assert ko["rows"] + en["rows"] == 6 * 8   # every row of the 6 micro batches
     assert ko["slots_per_epoch"] == 95 and en["slots_per_epoch"] == 41   # 0.7 and 0.3 of 136
+    evals = [json.loads(line) for line in (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in evals if "eval_loss" in r]
+    assert len(evals) == 2 and all({"eval_loss/ko", "eval_loss/en", "eval_mlm_acc/ko", "eval_mlm_acc/en"} <= set(r)
+                                   and r["eval_loss/ko"] != r["eval_loss/en"] for r in evals)   # each folder's own
     config = json.loads((tmp_path / "whole" / "config.json").read_text())
     assert config["pretrain"]["mixture"] == [f"{(folders / 'ko').resolve()}=0.7", f"{(folders / 'en').resolve()}=0.3"]
     from bertkit.pretrain import train as loop

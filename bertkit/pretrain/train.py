@@ -161,8 +161,17 @@ def log_training(run: Run, seconds: float) -> None:
 
 def evaluate_and_log(run: Run, seconds: float) -> None:
     """Held-out metrics, and once per run the note that training sits on the unigram plateau."""
-    ev = evaluate(run.engine, run.holdout, run.settings.micro_batch, run.rank, run.world, run.cfg.eval_batches,
-                  run.device, run.cfg.seed, run.cfg.unpadded, run.objective, run.split_at, run.settings.precision)
+    def scored(dataset, batches):
+        return evaluate(run.engine, dataset, run.settings.micro_batch, run.rank, run.world, batches, run.device,
+                        run.cfg.seed, run.cfg.unpadded, run.objective, run.split_at, run.settings.precision)
+
+    ev = scored(run.holdout, run.cfg.eval_batches)
+    if ev and run.cfg.mixture:   # each folder's own held-out score: which one the model finds hard
+        sources = run.holdout.datasets
+        for name, dataset in zip(source_names(sources), sources):
+            one = scored(dataset, max(1, run.cfg.eval_batches // len(sources))) if len(dataset) else None
+            ev.update({f"{k}/{name}": v for k, v in (one or {}).items()
+                       if k in ("eval_loss", "eval_mlm_acc", "eval_mlm_mask_acc")})
     if ev:
         run.log.write({"step": run.step, "elapsed_s": seconds, **ev})
         run.held_out = {"step": run.step, **ev}   # the run's closing summary says the last one
@@ -173,6 +182,14 @@ def evaluate_and_log(run: Run, seconds: float) -> None:
             run.log.write({"step": run.step, "plateau": {"baseline": run.plateau.baseline,
                                                          "token": run.plateau.token}})
     run.throughput.restart()   # evaluation time is not training's
+
+
+def source_names(datasets) -> list[str]:
+    """Each mixed folder's name as a metric's suffix (letters, digits, . - _), numbered where two share one."""
+    import re
+
+    names = [re.sub(r"[^\w.-]", "_", Path(d.dir).name) or "source" for d in datasets]
+    return [f"{n}{i + 1}" if names.count(n) > 1 else n for i, n in enumerate(names)]
 
 
 def train_record(run: Run, m: dict, rates: dict, elapsed_s: float) -> dict:
