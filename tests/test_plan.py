@@ -110,3 +110,29 @@ def test_plans_that_cannot_run_say_which_phase_and_setting(plan, tmp_path):
     r = CliRunner().invoke(main, ["pretrain", "--plan", str(plan / "plan.toml"), "--out", str(tmp_path / "r"),
                                   "--lr", "1e-3"])
     assert r.exit_code == 2 and "--lr with --plan: put the setting in the plan" in r.output
+
+
+def test_a_phase_given_in_tokens_runs_the_steps_they_make(plan, tmp_path):
+    """tokens / (micro batch x the mean row length, a mixture's weighted by its targets), rounded up."""
+    import math
+
+    import pyarrow as pa
+
+    from bertkit.pretrain.plan import phase_config
+
+    def mean_length(folder):
+        shards = sorted(folder.glob("train-*.arrow")) or sorted(p for p in folder.glob("*.arrow") if "holdout" not in
+                                                                 p.name)
+        lengths = [len(x) for s in shards for x in pa.ipc.open_file(str(s)).read_all().column("input_ids").to_pylist()]
+        return sum(lengths) / len(lengths)
+
+    defaults, phases = read_plan(plan / "plan.toml")
+    one = {"name": "long", "instances": str(plan / "ko"), "tokens": 5000}
+    assert phase_config(defaults, one, 0, tmp_path, None, False).max_steps == math.ceil(5000 / (8 * mean_length(
+        plan / "ko")))
+    mixed = {"name": "mixed", "mixture": [f"{plan / 'ko'}=0.7", f"{plan / 'en'}=0.3"], "tokens": 5000}
+    per_row = 0.7 * mean_length(plan / "ko") + 0.3 * mean_length(plan / "en")
+    assert phase_config(defaults, mixed, 0, tmp_path, None, False).max_steps == math.ceil(5000 / (8 * per_row))
+    (tmp_path / "both.toml").write_text('[[phase]]\ntokens = 5\nmax_steps = 3\n')
+    with pytest.raises(ConfigError, match="both tokens and max_steps"):
+        read_plan(tmp_path / "both.toml")

@@ -24,7 +24,8 @@ Each phase is a pretraining run of its own in RUN/NN-NAME (its checkpoints, metr
 started from the one before (its last checkpoint's weights, --init-from: the optimizer state starts anew), so each
 phase has its own schedule clock and data order (seed + the phase's index). RUN/plan.json records the plan and each
 phase's end (steps, checkpoint). Running the same command again skips the finished phases and resumes the unfinished
-one from its last checkpoint, with the same losses as a run never stopped."""
+one from its last checkpoint, with the same losses as a run never stopped. A phase's length is `max_steps`, or
+`tokens` (as steps: tokens / (sequences a step x the mean tokens of its data's rows))."""
 from dataclasses import fields
 from pathlib import Path
 
@@ -52,11 +53,13 @@ def read_plan(path) -> tuple[dict, list[dict]]:
     known = {f.name for f in fields(PretrainConfig)} - set(NOT_IN_A_PLAN)
     names = []
     for where, settings in [("the top level", data)] + [(f"phase {i + 1}", p) for i, p in enumerate(phases)]:
-        unknown = set(settings) - known - ({"name"} if where != "the top level" else set())
+        unknown = set(settings) - known - ({"name", "tokens"} if where != "the top level" else set())
         if unknown:
             raise ConfigError(f"--plan {path}: {where} sets {sorted(unknown)[0]!r}, not a pretrain setting (the "
                               "flags' names with _ for -, e.g. max_steps)")
     for i, phase in enumerate(phases):
+        if "tokens" in phase and "max_steps" in phase:
+            raise ConfigError(f"--plan {path}: phase {i + 1} gives both tokens and max_steps; its length is one")
         if i and any(k in phase for k in FIRST_PHASE_ONLY):
             raise ConfigError(f"--plan {path}: phase {i + 1} sets init_from; a later phase starts from the one "
                               "before it")
@@ -69,7 +72,7 @@ def read_plan(path) -> tuple[dict, list[dict]]:
 
 def phase_config(defaults: dict, phase: dict, index: int, out: Path, previous: Path | None,
                  progress: bool) -> PretrainConfig:
-    settings = {**defaults, **{k: v for k, v in phase.items() if k != "name"}}
+    settings = {**defaults, **{k: v for k, v in phase.items() if k not in ("name", "tokens")}}
     if "mixture" in settings:
         settings["mixture"] = tuple(settings["mixture"])
         settings.setdefault("instances", "instances")
@@ -78,12 +81,33 @@ def phase_config(defaults: dict, phase: dict, index: int, out: Path, previous: P
     settings["seed"] = int(settings.get("seed", 42)) + index   # a data order of its own
     if previous is not None:
         settings["init_from"], settings["model"] = str(previous), None
+    if "tokens" in phase:
+        settings["max_steps"] = steps_for_tokens(settings, float(phase["tokens"]))
     folder = out / f"{index + 1:02d}-{phase['name']}"
     try:
         return PretrainConfig(**settings, out=str(folder), progress=progress,
                               resume=(folder / "checkpoints" / "latest").is_file())
     except TypeError as e:   # a required setting missing (instances)
         raise ConfigError(f"--plan: phase {phase['name']}: {e}") from None
+
+
+def steps_for_tokens(settings: dict, tokens: float) -> int:
+    """A phase's length in tokens as steps: tokens / (sequences a step x the mean tokens of a row its data holds,
+    a mixture's weighted by its targets), at least 1."""
+    import math
+    import os
+
+    from bertkit.data import InstanceDataset
+    from bertkit.mixture import open_mixture, parse_mixture
+
+    if settings.get("mixture"):
+        train, _ = open_mixture(parse_mixture(settings["mixture"]), settings.get("mixture_temperature"), 0)
+        per_row = sum(p * float(d.lengths().mean()) for p, d in zip(train.probabilities, train.datasets))
+    else:
+        per_row = float(InstanceDataset(settings["instances"], "train").lengths().mean())
+    sequences = settings.get("global_batch") or \
+        (settings.get("micro_batch") or 32) * int(os.environ.get("WORLD_SIZE", "1"))
+    return max(1, math.ceil(tokens / (sequences * per_row)))
 
 
 def _finished(cfg: PretrainConfig) -> bool:
@@ -113,7 +137,7 @@ def run_plan(plan_path, out, progress: bool = True, train=None) -> dict:
             continue
         out.mkdir(parents=True, exist_ok=True)
         result = train(cfg)
-        entry = {"name": phase["name"], "folder": previous.name, "step": result.get("step"),
+        entry = {"name": phase["name"], "folder": previous.name, "max_steps": cfg.max_steps, "step": result.get("step"),
                  "checkpoint": result.get("checkpoint"), "done": not result.get("stopped_by_signal")}
         record["phases"] = record["phases"][:index] + [entry]
         atomic_write_json(out / PLAN, record)
