@@ -2,7 +2,9 @@
 placeholder), or the document dropped. Kinds: e-mail addresses, IPv4 addresses, phone numbers (Korean mobile and
 landline numbers, +82 and other international numbers), Korean resident registration numbers (a real birth date and
 sex digit) and card numbers (13-19 digits passing the Luhn check). Dates, ISBNs, prices and version numbers are not
-personal data: the patterns and their guards are written against them (tests/test_pii.py counts false redactions).
+personal data: the patterns and their guards are written against them (tests/test_pii.py counts false redactions),
+and against what Korean Wikipedia holds that looks like them (enzyme numbers, decimals, archive timestamps, network
+ranges, part numbers; docs/studies/2026-12-02-near-duplicates.md).
 
 A document with more than MANY hits is dropped whatever the mode (dolma's rule: such a page is a directory or a
 leak, not prose)."""
@@ -15,17 +17,19 @@ PLACEHOLDER = {"email": "[EMAIL]", "rrn": "[RRN]", "card": "[CARD]", "phone": "[
 _EMAIL = re.compile(r"(?<![\w.+-])[A-Za-z0-9][\w.+-]*@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,24}(?![\w@])")
 # a number ends where no digit follows, nor a separator and a digit (a sentence's full stop may follow)
 _RRN = re.compile(r"(?<![\d-])(\d{2})(0[1-9]|1[0-2])(0[1-9]|[12]\d|3[01])\s?-?\s?([1-8])\d{6}(?!\d|-\d)")
-_CARD = re.compile(r"(?<![\d-])\d(?:[ -]?\d){12,18}(?!\d|[ -]\d)")
+# not after a decimal point or a path's slash (6.241509074460763, web.archive.org/web/20171223160453/...)
+_CARD = re.compile(r"(?<![\d.,/-])\d(?:[ -]?\d){12,18}(?!\d|[ -]\d|/)")
 _PHONE = re.compile(
     r"(?<![\d+])(?<!\d[.-])(?:"
     r"\+82[ -]?\(?0?\)?(?:1[016789]|2|[3-6][1-5]|70)[ .-]?\d{3,4}[ .-]?\d{4}"      # +82 10 1234 5678, +82-2-...
     r"|\(?0(?:1[016789]|2|[3-6][1-5]|70)\)?[ .-]?\d{3,4}[ .-]\d{4}"                 # 010-1234-5678, 02-123-4567
     r"|01[016789]\d{7,8}"                                                           # 01012345678
     r"|\+(?:[13-79]\d{0,2})[ -]?\(?\d{1,4}\)?[ -]?\d{3,4}[ -]?\d{3,4}"              # +1 555 123 4567, +44 20 ...
-    r")(?!\d|[.-]\d)")
+    r")(?!\d|[.-]\d|[A-Za-z])")   # a letter right after: a part number (KONAMI 051649 2212P003)
 _OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
 _IP = re.compile(rf"(?<![\w.])(?:{_OCTET}\.){{3}}{_OCTET}(?!\w|\.\d)")
-_VERSION_BEFORE = re.compile(r"(?:\bv|\bver\.?|version|버전|release|릴리스)\s*$", re.I)
+_VERSION_BEFORE = re.compile(r"(?:\bv|\bver\.?|version|버전[은는이:]?|release|릴리스|/|\bEC(?: number)?)\s*$", re.I)
+_VERSION_AFTER = re.compile(r"^\s*(?:버전|version|release|릴리스|판)", re.I)
 _ISBN_BEFORE = re.compile(r"ISBN(?:-1[03])?:?\s*$", re.I)
 
 
@@ -52,7 +56,12 @@ def _card(m: re.Match, text: str) -> bool:
 
 
 def _ip(m: re.Match, text: str) -> bool:
-    return not _VERSION_BEFORE.search(text[max(0, m.start() - 12):m.start()])
+    """Not a version (v1.5.0.4, Apache/1.3.3.7, 1.5.0.4 버전), an enzyme (EC 2.7.1.1), numbers of one digit each
+    (4.4.4.4: a tiling, a citation), or a network's own address or broadcast (10.0.0.0, x.x.x.255): none of these
+    names a machine someone uses."""
+    octets = [int(x) for x in m[0].split(".")]
+    return not (_VERSION_BEFORE.search(text[max(0, m.start() - 12):m.start()]) or
+                _VERSION_AFTER.search(text[m.end():m.end() + 10]) or max(octets) < 10 or octets[3] in (0, 255))
 
 
 # quick tests that most sentences (a year, a count) fail: seven digits close together (phones, resident registration
