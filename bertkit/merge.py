@@ -71,7 +71,7 @@ def merge(folders, out, method: str = "mean", weights: list[float] | None = None
     """Write the merged model to `out` (absent or empty); returns it."""
     from safetensors.torch import save_file
 
-    from bertkit.fileio import atomic_write_bytes, atomic_write_json, checksum_file
+    from bertkit.fileio import FolderNotOwnedError, atomic_write_bytes, atomic_write_json, checksum_file, make_folder
     from bertkit.models.bert_hf import read_weights
 
     folders, out = [Path(f) for f in folders], Path(out)
@@ -85,14 +85,17 @@ def merge(folders, out, method: str = "mean", weights: list[float] | None = None
         raise MergeError("--method ties takes --base (the model the others were tuned from) and a --density in "
                          "(0, 1]; mean takes neither base")
     check_mergeable(folders + ([Path(base)] if base is not None else []))
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise MergeError(f"{out}: exists and is not empty; give a new --out")
+    if out.is_symlink() or (out.exists() and (not out.is_dir() or any(out.iterdir()))):
+        raise MergeError(f"{out}: exists and is not empty (or is a link); give a new --out")
     states = [read_weights(f) for f in folders]
     if any(set(s) != set(states[0]) or any(s[k].shape != states[0][k].shape for k in s) for s in states[1:]):
         raise MergeError("the models' tensors differ in names or shapes; merge exports of one architecture")
     merged = ties(read_weights(base), states, density) if method == "ties" else \
         mean(states, weights or [1.0] * len(folders))
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        make_folder(out)
+    except FolderNotOwnedError as e:
+        raise MergeError(str(e)) from None
     for path in sorted(folders[0].iterdir()):
         if path.is_file() and not path.is_symlink() and path.name not in NOT_COPIED:
             shutil.copyfile(path, out / path.name)

@@ -85,4 +85,9 @@ def test_models_that_cannot_be_merged_are_refused(tmp_path):
     (tmp_path / "full" / "notes.txt").write_text("mine")
     with pytest.raises(MergeError, match="not empty"):
         merge([a, b], tmp_path / "full")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "empty")
+    with pytest.raises(MergeError, match="is a link"):   # it would write where the link points
+        merge([a, b], tmp_path / "link")
+    assert not any((tmp_path / "empty").iterdir())
     assert merge([a, b], tmp_path / "t", method="ties", base=a, density=0.5).is_dir()

@@ -4,7 +4,7 @@ import unicodedata
 
 import click
 
-from bertkit.commands import POSITIVE, NumberList, kernels_option
+from bertkit.commands import POSITIVE, NumberList, Real, kernels_option
 
 
 @click.command("fill-mask")
@@ -118,7 +118,7 @@ def predict(model_dir, file, out, text_a, text_b, no_header, max_seq_length, bat
               help="--method mean: one weight per model, relative  [default: equal].")
 @click.option("--base", type=click.Path(exists=True, file_okay=False),
               help="--method ties: the model the others were trained from (a pre-decay export, the pretrained one).")
-@click.option("--density", default=0.2, show_default=True, type=click.FloatRange(0, 1, min_open=True),
+@click.option("--density", default=0.2, show_default=True, type=Real(0, 1, min_open=True),
               help="--method ties: the share of each model's largest differences kept.")
 def merge(models, out, method, weights, base, density):
     """Merge exports of one architecture and vocabulary into one model transformers loads (decay variants, model

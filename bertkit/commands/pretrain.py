@@ -36,11 +36,11 @@ class Duration(click.ParamType):
               help="Several instance folders trained on as one, in proportions: DIR=WEIGHT,DIR=WEIGHT (weights "
                    "relative), or DIR,DIR with --mixture-temperature. One vocabulary, --max-seq-length and objective; "
                    "every epoch holds each in its share; the shares drawn so far go to RUN/mixture.json.")
-@click.option("--masked-lm-prob", type=click.FloatRange(0, 1, min_open=True, max_open=True),
+@click.option("--masked-lm-prob", type=Real(0, 1, min_open=True, max_open=True),
               help="Mask this share of tokens in training (dynamic instances; ModernBERT's 0.3), in place of the "
                    "instances' rate; the held-out split keeps theirs, so held-out curves compare across runs and "
                    "phases  [default: the instances' rate].")
-@click.option("--mixture-temperature", type=click.FloatRange(min=0),
+@click.option("--mixture-temperature", type=Real(0),
               help="--mixture without weights: each folder sampled in proportion to its rows raised to this (1: by "
                    "size, 0: evenly; multilingual encoders take 0.3-0.7)  [default: 1].")
 @click.option("--out", default="runs/pretrain", show_default=True, type=click.Path(file_okay=False),
