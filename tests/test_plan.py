@@ -136,3 +136,81 @@ def test_a_phase_given_in_tokens_runs_the_steps_they_make(plan, tmp_path):
     (tmp_path / "both.toml").write_text('[[phase]]\ntokens = 5\nmax_steps = 3\n')
     with pytest.raises(ConfigError, match="both tokens and max_steps"):
         read_plan(tmp_path / "both.toml")
+
+
+def test_three_phases_of_a_tiny_modernbert_as_the_issue_measures_them(tmp_path, clean_dist_env, monkeypatch):
+    """A ModernBERT plan on CPU: a mixture of a Korean and an English folder at 0.7 / 0.3 with 30 % masking and RoPE
+    theta 10k for one epoch (the realised shares within 1 %), then a longer length with theta 160k, then a decay at
+    15 %; each boundary's checkpoint written; the export has the last phase's theta; a stop in phase 2 resumes to
+    the same losses."""
+    from bertkit.pretrain import export
+
+    root = tmp_path
+    make_instances_dir(root / "ko64", n=96, holdout=8, max_len=32, seed=0)
+    make_instances_dir(root / "en64", n=40, holdout=8, max_len=32, seed=1)
+    make_instances_dir(root / "ko128", n=48, holdout=8, max_len=64, seed=2)
+    (root / "plan.toml").write_text(f"""
+model = "modernbert-tiny"
+objective = "mlm"
+micro_batch = 8
+optimizer = "adamw"
+num_workers = 0
+log_every = 1
+eval_every = 100
+eval_batches = 1
+save_every = 100
+report_to = "none"
+schedule = "wsd"
+
+[[phase]]
+name = "stable"
+mixture = ["{root / 'ko64'}=0.7", "{root / 'en64'}=0.3"]
+max_steps = 17
+masked_lm_prob = 0.3
+rope_theta = 10000.0
+decay = 0.0
+
+[[phase]]
+name = "extend"
+instances = "{root / 'ko128'}"
+max_steps = 3
+masked_lm_prob = 0.3
+rope_theta = 160000.0
+decay = 0.0
+warmup = 0
+
+[[phase]]
+name = "decay"
+instances = "{root / 'ko128'}"
+max_steps = 3
+masked_lm_prob = 0.15
+warmup = 0
+decay = 1.0
+""")
+    whole = run_plan(root / "plan.toml", root / "whole", progress=False)
+    assert [p["step"] for p in whole["phases"]] == [17, 3, 3]
+    shares = json.loads((root / "whole" / "01-stable" / "mixture.json").read_text())["sources"]
+    assert [abs(s["share_of_rows"] - s["target"]) <= 0.01 for s in shares] == [True, True]   # one whole epoch
+    for folder, theta, rate in (("01-stable", 10000.0, 0.3), ("02-extend", 160000.0, 0.3), ("03-decay", None, 0.15)):
+        config = json.loads((root / "whole" / folder / "config.json").read_text())
+        assert config["pretrain"]["rope_theta"] == theta and config["pretrain"]["masked_lm_prob"] == rate
+        assert (root / "whole" / folder / "checkpoints" / "latest").is_file()   # the boundary's checkpoint
+    assert json.loads((root / "whole" / "02-extend" / "config.json").read_text())["max_seq_length"] == 64
+    exported = json.loads((export(root / "whole" / "03-decay", root / "model") / "config.json").read_text())
+    assert exported["global_rope_theta"] == 160000.0 and exported["model_type"] == "modernbert"
+
+    from bertkit.pretrain import train as loop
+
+    real_step = loop.train_step
+
+    def stopped_in_the_extension(run):
+        if run.cfg.out.endswith("02-extend") and run.step == 1:
+            run.stop.signal = signal.SIGTERM
+        return real_step(run)
+
+    monkeypatch.setattr(loop, "train_step", stopped_in_the_extension)
+    assert run_plan(root / "plan.toml", root / "halves", progress=False)["stopped_by_signal"] == signal.SIGTERM
+    monkeypatch.setattr(loop, "train_step", real_step)
+    run_plan(root / "plan.toml", root / "halves", progress=False)
+    for folder in ("01-stable", "02-extend", "03-decay"):
+        assert losses(root / "halves" / folder) == losses(root / "whole" / folder)
