@@ -4,7 +4,6 @@
 summed differences, the differences that agree with it averaged, added to the base). The folder written is the first
 input's (config, vocabulary, tokenizer files) with the merged weights, a manifest and a card naming the inputs."""
 import json
-import shutil
 from pathlib import Path
 
 METHODS = ("mean", "ties")
@@ -69,7 +68,7 @@ def ties(base: dict, states: list[dict], density: float) -> dict:
 def merge(folders, out, method: str = "mean", weights: list[float] | None = None, base=None,
           density: float = 0.2) -> Path:
     """Write the merged model to `out` (absent or empty); returns it."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     from bertkit.fileio import FolderNotOwnedError, atomic_write_bytes, atomic_write_json, checksum_file, make_folder
     from bertkit.models.bert_hf import read_weights
@@ -96,10 +95,11 @@ def merge(folders, out, method: str = "mean", weights: list[float] | None = None
         make_folder(out)
     except FolderNotOwnedError as e:
         raise MergeError(str(e)) from None
-    for path in sorted(folders[0].iterdir()):
+    for path in sorted(folders[0].iterdir()):   # a folder from someone else: its plain files only, never a link
         if path.is_file() and not path.is_symlink() and path.name not in NOT_COPIED:
-            shutil.copyfile(path, out / path.name)
-    save_file({k: v.contiguous() for k, v in merged.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+            atomic_write_bytes(out / path.name, path.read_bytes())
+    atomic_write_bytes(out / "model.safetensors", save({k: v.contiguous() for k, v in merged.items()},
+                                                         metadata={"format": "pt"}))
     sources = [{"folder": f.name, "weights_checksum": checksum_file(f / "model.safetensors")
                 if (f / "model.safetensors").is_file() else None} for f in folders]
     recipe = {"method": method, "weights": weights, "density": density if method == "ties" else None,

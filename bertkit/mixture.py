@@ -115,10 +115,6 @@ class Mixture:
         source, passes, row = (int(x[0]) for x in self.rows_of(int(epoch), [slot]))
         return self.datasets[source][(passes, row)]
 
-    def lengths(self):
-        raise ValueError("--token-budget packs rows by their lengths, which a mixture's slots change every epoch; "
-                         "train a mixture with --micro-batch")
-
     def realised(self, sampler, micro_batches: int) -> dict:
         """Rows and tokens of each source in the first `micro_batches` micro batches every rank drew from `sampler`
         (bertkit.data.EpochBatches over this mixture)."""

@@ -26,7 +26,14 @@ import numpy as np
 import pyarrow as pa
 
 from bertkit import __version__
-from bertkit.fileio import FolderNotOwnedError, atomic_write_json, disk_errors, folder_lock, read_json_or_none
+from bertkit.fileio import (
+    FolderNotOwnedError,
+    atomic_write_json,
+    disk_errors,
+    file_matches,
+    folder_lock,
+    read_json_or_none,
+)
 from bertkit.formats import (
     CORPUS_SCHEMA,
     MANIFEST,
@@ -55,6 +62,7 @@ PART_SCHEMA = CORPUS_SCHEMA.append(pa.field(C.LANGUAGE, pa.string(), nullable=Tr
 REMOVED_PART_SCHEMA = REMOVED_SCHEMA.append(pa.field("nbytes", pa.int64(), nullable=False))
 PART_BATCH_ROWS = 1000
 SHARD_NAME = re.compile(r"^(shard|holdout)-\d{5}\.arrow$")
+LISTED_SHARD = re.compile(r"(?:shard|holdout)-\d{5}\.arrow|removed/removed-\d{5}\.arrow")   # a manifest's names
 
 
 @dataclass
@@ -510,10 +518,7 @@ def start_or_resume(out: Path, config: CorpusConfig, fingerprint: dict) -> bool:
         return False
     if config.overwrite:
         remove_work(work)
-        for p in out.glob("*.arrow") if out.is_dir() else []:
-            if SHARD_NAME.match(p.name):
-                p.unlink()
-        _remove_removed(out, previous)
+        _remove_listed(out, previous)
         manifest_path.unlink(missing_ok=True)
     else:
         unfinished = read_json_or_none(work / "state.json")
@@ -530,16 +535,17 @@ def start_or_resume(out: Path, config: CorpusConfig, fingerprint: dict) -> bool:
     return True
 
 
-def _remove_removed(out: Path, previous: dict | None) -> None:
-    """OUT/removed/'s shards of an earlier run (--keep-removed): only those its manifest lists, each still a plain
-    file of the size it recorded (a file of the user's there stays); the folder if that empties it."""
+def _remove_listed(out: Path, previous: dict | None) -> None:
+    """An earlier run's shards (train, holdout, and --keep-removed's removed/): only those its manifest lists, each
+    still the file it recorded (size and checksum: a user's file of that name, or one changed since, stays; the new
+    run's shards replace theirs by name); removed/ too if that empties it."""
     shards = previous.get("shards") if isinstance(previous, dict) else None
-    listed = [s for s in shards or [] if isinstance(s, dict) and s.get("split") == "removed"]
-    for shard in listed:
-        name = str(shard.get("file", ""))
+    for shard in shards or []:
+        name = str(shard.get("file", "")) if isinstance(shard, dict) else ""
         path = out / name
-        if re.fullmatch(r"removed/removed-\d{5}\.arrow", name) and path.is_file() and not path.is_symlink() \
-                and not path.parent.is_symlink() and path.stat().st_size == shard.get("bytes"):
+        if LISTED_SHARD.fullmatch(name) and path.is_file() and not path.is_symlink() and \
+                not path.parent.is_symlink() and path.stat().st_size == shard.get("bytes") and \
+                isinstance(shard.get("checksum"), str) and file_matches(path, shard["checksum"]):
             path.unlink()
     if _empty_folder(out / "removed"):
         (out / "removed").rmdir()
@@ -686,9 +692,6 @@ def finish(out: Path, manifest: CorpusManifest, entries: list, config: CorpusCon
         errors = "; ".join(manifest.errors[:5])
         raise CorpusError(f"no documents were kept (dropped by reason: {reasons}). "
                           f"{'Errors: ' + errors if errors else 'Check --format, --text-field, --min-chars.'}")
-    for p in out.glob("*.arrow"):  # shards of an earlier, longer attempt with the same options cannot exist,
-        if SHARD_NAME.match(p.name) and p.name not in {e.file for e in entries}:  # but be safe
-            p.unlink()
     write_manifest(out, manifest)
     remove_work(work)
     _say(_summary(manifest, out))

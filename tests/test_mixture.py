@@ -176,3 +176,20 @@ def test_masked_lm_prob_masks_training_at_its_rate_and_leaves_the_held_out_as_ma
     make_instances_dir(tmp_path / "static", n=40, holdout=8, max_len=32, mode="static")
     with pytest.raises(ConfigError, match="--masked-lm-prob: .*static instances"):
         mixed(folders, tmp_path / "s", mixture=(), instances=str(tmp_path / "static"), masked_lm_prob=0.3)
+
+
+def test_the_command_line_mixture_by_temperature(folders, tmp_path, clean_dist_env):
+    """`--mixture ko,en --mixture-temperature 0.5`: each folder by the square root of its rows (96 and 40)."""
+    from click.testing import CliRunner
+
+    from bertkit.cli import main
+
+    out = tmp_path / "cli"
+    r = CliRunner().invoke(main, [
+        "pretrain", "--mixture", f"{folders / 'ko'},{folders / 'en'}", "--mixture-temperature", "0.5", "--model",
+        str(folders / "model.json"), "--out", str(out), "--max-steps", "2", "--micro-batch", "8", "--save-every", "2",
+        "--eval-every", "0", "--num-workers", "0", "--report-to", "none", "--no-progress"])
+    assert r.exit_code == 0, r.output
+    targets = [s["target"] for s in json.loads((out / "mixture.json").read_text())["sources"]]
+    root_sum = 96 ** 0.5 + 40 ** 0.5
+    assert targets == pytest.approx([96 ** 0.5 / root_sum, 40 ** 0.5 / root_sum], abs=1e-6)

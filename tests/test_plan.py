@@ -13,6 +13,15 @@ from bertkit.pretrain.plan import read_plan, run_plan
 from bertkit.testing import make_instances_dir
 from tests.helpers import TINY
 
+# what every test plan sets for all its phases: tiny steps, a log line and a record each step
+EVERY_PHASE = """micro_batch = 8
+optimizer = "adamw"
+num_workers = 0
+log_every = 1
+eval_batches = 1
+report_to = "none"
+"""
+
 
 @pytest.fixture(scope="module")
 def plan(tmp_path_factory):
@@ -22,14 +31,8 @@ def plan(tmp_path_factory):
     (root / "model.json").write_text(json.dumps(TINY))
     (root / "plan.toml").write_text(f"""
 model = "{root / 'model.json'}"
-micro_batch = 8
-optimizer = "adamw"
-num_workers = 0
-log_every = 1
-eval_every = 2
-eval_batches = 1
+{EVERY_PHASE}eval_every = 2
 save_every = 2
-report_to = "none"
 
 [[phase]]
 name = "stable"
@@ -152,14 +155,8 @@ def test_three_phases_of_a_tiny_modernbert_as_the_issue_measures_them(tmp_path, 
     (root / "plan.toml").write_text(f"""
 model = "modernbert-tiny"
 objective = "mlm"
-micro_batch = 8
-optimizer = "adamw"
-num_workers = 0
-log_every = 1
-eval_every = 100
-eval_batches = 1
+{EVERY_PHASE}eval_every = 100
 save_every = 100
-report_to = "none"
 schedule = "wsd"
 
 [[phase]]

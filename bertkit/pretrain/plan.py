@@ -31,7 +31,7 @@ from pathlib import Path
 
 import tomllib
 
-from bertkit.fileio import atomic_write_json, read_json_or_none
+from bertkit.fileio import atomic_write_json, make_folder, read_json_or_none
 from bertkit.pretrain.config import ConfigError, PretrainConfig
 
 PLAN = "plan.json"
@@ -111,18 +111,19 @@ def steps_for_tokens(settings: dict, tokens: float) -> int:
 
 
 def _finished(cfg: PretrainConfig) -> bool:
-    """A phase whose run reached its steps (stopped before plan.json said so)."""
-    latest = Path(cfg.out) / "checkpoints" / "latest"
-    tag = latest.read_text().strip() if latest.is_file() else ""
-    return cfg.max_steps is not None and tag.startswith("global_step") and tag[11:].isdigit() and \
-        int(tag[11:]) >= cfg.max_steps
+    """A phase whose run reached its steps (stopped before plan.json said so): its newest complete checkpoint's."""
+    from bertkit.pretrain.checkpoints import find_checkpoint
+
+    if cfg.max_steps is None or not (Path(cfg.out) / "checkpoints").is_dir():
+        return False
+    marker = find_checkpoint(cfg.out).marker
+    return marker is not None and marker.step >= cfg.max_steps
 
 
-def run_plan(plan_path, out, progress: bool = True, train=None) -> dict:
+def run_plan(plan_path, out, progress: bool = True) -> dict:
     """Every phase not finished yet, in order; returns the plan's record (plan.json)."""
     from bertkit.pretrain.train import pretrain
 
-    train = train or pretrain
     out = Path(out)
     defaults, phases = read_plan(plan_path)
     record = read_json_or_none(out / PLAN) or {}
@@ -135,8 +136,8 @@ def run_plan(plan_path, out, progress: bool = True, train=None) -> dict:
         previous = Path(cfg.out)
         if index < len(record["phases"]) and record["phases"][index].get("done") or _finished(cfg):
             continue
-        out.mkdir(parents=True, exist_ok=True)
-        result = train(cfg)
+        make_folder(out)   # never a link: the phases' folders and plan.json go below it
+        result = pretrain(cfg)
         entry = {"name": phase["name"], "folder": previous.name, "max_steps": cfg.max_steps, "step": result.get("step"),
                  "checkpoint": result.get("checkpoint"), "done": not result.get("stopped_by_signal")}
         record["phases"] = record["phases"][:index] + [entry]

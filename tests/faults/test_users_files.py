@@ -340,8 +340,8 @@ def test_a_full_disk_in_report_is_one_line(run, tmp_path, monkeypatch):
 
 
 def test_a_corpus_overwrite_removes_only_the_removed_shards_it_listed(tmp_path):
-    """prepare-corpus --overwrite takes away an earlier --keep-removed's shards by its manifest (a user's file of
-    that name, or one changed since, stays); the cleaning steps' folders are never links."""
+    """prepare-corpus --overwrite takes away an earlier run's shards (--keep-removed's too) by its manifest (a user's
+    file of such a name, or one changed since, stays); the cleaning steps' folders are never links."""
     from bertkit.pipelines.prepare_corpus import CorpusConfig, prepare_corpus
 
     docs = ["A sentence of some length here. Another one follows it.", "x", "A sentence of some length here. "
@@ -350,6 +350,8 @@ def test_a_corpus_overwrite_removes_only_the_removed_shards_it_listed(tmp_path):
     config = dict(holdout=0, min_chars=10, progress=False, keep_removed=True)
     prepare_corpus([tmp_path / "in.jsonl"], tmp_path / "out", CorpusConfig(**config))
     (tmp_path / "out" / "removed" / "removed-00007.arrow").write_text("mine\n")   # the user's, of that name
+    (tmp_path / "out" / "holdout-00009.arrow").write_text("mine too\n")            # not in the manifest either
     prepare_corpus([tmp_path / "in.jsonl"], tmp_path / "out", CorpusConfig(**{**config, "keep_removed": False},
                                                                           overwrite=True))
     assert [p.name for p in (tmp_path / "out" / "removed").iterdir()] == ["removed-00007.arrow"]
+    assert (tmp_path / "out" / "holdout-00009.arrow").read_text() == "mine too\n"
