@@ -211,3 +211,60 @@ decay = 1.0
     run_plan(root / "plan.toml", root / "halves", progress=False)
     for folder in ("01-stable", "02-extend", "03-decay"):
         assert losses(root / "halves" / folder) == losses(root / "whole" / folder)
+
+
+def adam_state(engine):
+    """(each tensor's Adam step count, every first moment as one vector): the torch optimizer under DeepSpeed's."""
+    import torch
+
+    inner = getattr(engine.optimizer, "optimizer", engine.optimizer)
+    states = [inner.state[p] for group in inner.param_groups for p in group["params"] if p in inner.state]
+    if not states:
+        return [], None
+    return [float(s["step"]) for s in states], torch.cat([s["exp_avg"].flatten().clone() for s in states])
+
+
+def test_a_later_phase_carries_the_optimizer_state_unless_the_plan_drops_it(plan, tmp_path, clean_dist_env,
+                                                                           monkeypatch):
+    """ModernBERT's handoff: phase 2 begins with phase 1's Adam moments and step counts (exactly), at its own
+    learning rate; init_optimizer = false starts them anew."""
+    import torch
+
+    from bertkit.pretrain import train as loop
+
+    real_step, seen = loop.train_step, {}
+
+    def watched(run):
+        name = run.cfg.out.rsplit("/", 1)[-1]
+        if run.step == 0:
+            seen[(name, 0)] = adam_state(run.engine)
+        result = real_step(run)
+        seen[(name, run.step)] = adam_state(run.engine)
+        return result
+
+    monkeypatch.setattr(loop, "train_step", watched)
+    run_plan(plan / "plan.toml", tmp_path / "kept", progress=False)
+    steps, moments = seen[("01-stable", 4)]
+    assert set(steps) == {4.0}
+    carried_steps, carried = seen[("02-decay", 0)]
+    assert set(carried_steps) == {4.0} and torch.equal(carried, moments)
+    assert set(seen[("02-decay", 1)][0]) == {5.0}
+    lrs = [r["lr"] for r in records(tmp_path / "kept" / "02-decay") if "lr" in r]
+    assert lrs[0] == pytest.approx(5e-4 * (1 - 0.25 ** 0.5))   # its own peak, not phase 1's loaded groups'
+
+    text = (plan / "plan.toml").read_text().replace('name = "decay"', 'name = "decay"\ninit_optimizer = false')
+    (tmp_path / "fresh.toml").write_text(text)
+    seen.clear()
+    run_plan(tmp_path / "fresh.toml", tmp_path / "fresh", progress=False)
+    assert seen[("02-decay", 0)] == ([], None) and set(seen[("02-decay", 1)][0]) == {1.0}
+
+
+def test_init_optimizer_needs_a_run_folder(tmp_path):
+    from bertkit.pretrain import PretrainConfig
+
+    make_instances_dir(tmp_path / "inst", n=16, holdout=0, max_len=16, seed=0)
+    (tmp_path / "export").mkdir()
+    cfg = PretrainConfig(instances=str(tmp_path / "inst"), out=str(tmp_path / "r"), init_from=str(tmp_path / "export"),
+                         init_optimizer=True)
+    with pytest.raises(ConfigError, match="holds no optimizer state"):
+        cfg.check()

@@ -89,6 +89,9 @@ class Duration(click.ParamType):
               help="A DeepSpeed JSON config; it wins where the flags are silent, a contradiction is an error.")
 @click.option("--init-from", type=click.Path(exists=True),
               help="Start from these weights (phase 2): an export folder or a run folder (its latest checkpoint).")
+@click.option("--init-optimizer", is_flag=True,
+              help="With --init-from a run folder: its optimizer state too (Adam's moments; ModernBERT's phases "
+                   "carry it), the schedule's clock starting anew at this run's settings.")
 @click.option("--resume", is_flag=True, help="Continue the run in --out from its latest checkpoint, exactly.")
 @click.option("--save-every", default=1000, show_default=True, type=count(1))
 @click.option("--keep-last", default=3, show_default=True, type=count(1), help="Checkpoints kept.")

@@ -345,6 +345,32 @@ def load_checkpoint(engine, run_dir: Path, chosen: Chosen) -> tuple[int, int, Pa
     return int(client["global_step"]), int(client.get("skipped_micro_batches", 0)), ckpt / chosen.tag
 
 
+def carry_optimizer(engine, run_dir: Path) -> str:
+    """--init-optimizer: the optimizer state (moments, step counts) of run_dir's newest complete checkpoint, loaded
+    into a new run's engine; the new run's own learning rate, weight decay and betas stay (the loaded groups would
+    bring the old run's), and DeepSpeed's step counters restart with its schedule. Returns the checkpoint's tag."""
+    chosen = find_checkpoint(run_dir)
+    chosen.refuse_unsafe()
+    if chosen.tag is None:
+        raise ConfigError(f"--init-optimizer: {run_dir} has no complete checkpoint that verifies")
+    own = [{k: v for k, v in group.items() if k != "params"} for group in engine.optimizer.param_groups]
+    try:
+        with refusing_code(), contextlib.redirect_stdout(io.StringIO()):
+            path, _ = engine.load_checkpoint(str(Path(run_dir) / CHECKPOINTS), tag=chosen.tag,
+                                             load_optimizer_states=True, load_lr_scheduler_states=False)
+    except (RuntimeError, KeyError, ValueError, AssertionError) as e:
+        raise ConfigError(f"--init-optimizer: the optimizer state of {run_dir} ({chosen.tag}) does not fit this run "
+                          f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else 'no detail'}); the same "
+                          "model, optimizer, ZeRO stage and ranks carry it, else start the state anew without "
+                          "--init-optimizer (a plan: init_optimizer = false)") from None
+    if path is None:
+        raise ConfigError(f"--init-optimizer: DeepSpeed could not load {run_dir / CHECKPOINTS / chosen.tag}")
+    for group, settings in zip(engine.optimizer.param_groups, own):
+        group.update(settings)
+    engine.global_steps = engine.global_samples = engine.skipped_steps = 0
+    return chosen.tag
+
+
 def restore_rng(checkpoint: Path, rank: int) -> None:
     set_rng_state(safe_load(checkpoint / f"rng_rank{rank}.pt"))
 

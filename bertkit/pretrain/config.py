@@ -48,6 +48,7 @@ class PretrainConfig:
     recipe: str | None = None             # a RECIPES name: its settings where the flags are silent
     deepspeed_config: str | None = None
     init_from: str | None = None          # phase 2: start from an export or a run folder's latest checkpoint
+    init_optimizer: bool = False          # with init_from a run folder: its optimizer state too (a new schedule)
     resume: bool = False
     save_every: int = 1000
     keep_last: int = 3
@@ -119,6 +120,8 @@ class PretrainConfig:
                               ", or give a config.json or model folder")
 
     def check(self) -> None:
+        from pathlib import Path
+
         from bertkit.models.bert_config import SIZE_LIMITS
 
         top = SIZE_LIMITS["vocab_pad_multiple"]
@@ -141,6 +144,9 @@ class PretrainConfig:
             raise ConfigError("--generator-size must be in (0, 1] and --disc-weight above 0")
         if self.max_steps is not None and self.max_steps < 1:
             raise ConfigError(f"--max-steps {self.max_steps}: give at least 1")
+        if self.init_optimizer and not (self.init_from and (Path(self.init_from) / "checkpoints").is_dir()):
+            raise ConfigError(f"--init-optimizer: {self.init_from or '--init-from'} holds no optimizer state; it "
+                              "carries the state of a run folder's checkpoint (an export holds weights only)")
         if self.masked_lm_prob is not None and not 0 < self.masked_lm_prob < 1:
             raise ConfigError(f"--masked-lm-prob {self.masked_lm_prob}: must be between 0 and 1")
         if self.mixture and self.token_budget is not None:

@@ -21,8 +21,9 @@ a context extension, a decay, each with its own data, masking rate and schedule)
     masked_lm_prob = 0.15
 
 Each phase is a pretraining run of its own in RUN/NN-NAME (its checkpoints, metrics and config), the second and later
-started from the one before (its last checkpoint's weights, --init-from: the optimizer state starts anew), so each
-phase has its own schedule clock and data order (seed + the phase's index). RUN/plan.json records the plan and each
+started from the one before: its last checkpoint's weights (--init-from) and optimizer state (--init-optimizer, as
+ModernBERT hands over; `init_optimizer = false` in a phase starts the moments anew), while each phase has its own
+schedule clock, peak and data order (seed + the phase's index). RUN/plan.json records the plan and each
 phase's end (steps, checkpoint). Running the same command again skips the finished phases and resumes the unfinished
 one from its last checkpoint, with the same losses as a run never stopped. A phase's length is `max_steps`, or
 `tokens` (as steps: tokens / (sequences a step x the mean tokens of its data's rows))."""
@@ -81,6 +82,7 @@ def phase_config(defaults: dict, phase: dict, index: int, out: Path, previous: P
     settings["seed"] = int(settings.get("seed", 42)) + index   # a data order of its own
     if previous is not None:
         settings["init_from"], settings["model"] = str(previous), None
+        settings.setdefault("init_optimizer", True)   # ModernBERT's handoff: the moments go on
     if "tokens" in phase:
         settings["max_steps"] = steps_for_tokens(settings, float(phase["tokens"]))
     folder = out / f"{index + 1:02d}-{phase['name']}"

@@ -18,7 +18,8 @@ KEPT_FLAGS = ("seed", "time_budget", "schedule_from", "betas", "eps", "norm", "p
               "token_budget", "mixture", "mixture_temperature")
 KEPT_SETTINGS = ("micro_batch", "global_batch", "zero_stage", "precision", "optimizer")
 APPLIED_SETTINGS = ("lr", "weight_decay", "grad_clip")
-NOT_COMPARED = ("instances", "out", "resume", "progress", "deepspeed_config", "recipe", "objective")
+NOT_COMPARED = ("instances", "out", "resume", "progress", "deepspeed_config", "recipe", "objective",
+                "init_optimizer")   # read only when a run begins
 WHY_KEPT = {"seed": "the data order", "micro_batch": "the data order", "global_batch": "the data order",
             "token_budget": "the data order", "mixture": "the data order", "mixture_temperature": "the data order",
             "time_budget": "the schedule", "schedule_from": "the schedule", "model": "the weights",

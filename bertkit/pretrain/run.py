@@ -24,6 +24,7 @@ from bertkit.optim import build_optimizer, build_scheduler, param_groups
 from bertkit.precision import bf16_units, slow_bf16_note
 from bertkit.pretrain.budget import BudgetSchedule, plan_schedule
 from bertkit.pretrain.checkpoints import (
+    carry_optimizer,
     choose_checkpoint,
     load_checkpoint,
     prepare_run_dir,
@@ -261,6 +262,10 @@ def resume_or_seed(cfg: PretrainConfig, engine, scheduler, chosen, changes, sett
     changes applied; a new run seeds this rank's generators."""
     if not cfg.resume:
         seed_rank(cfg.seed, rank)
+        if cfg.init_optimizer:
+            tag = carry_optimizer(engine, Path(cfg.init_from))
+            if rank == 0:
+                say(f"--init-optimizer: the optimizer state of {cfg.init_from} ({tag}); the schedule starts anew")
         return 0, 0, None
     step, skipped, last_ckpt = load_checkpoint(engine, Path(cfg.out), chosen)
     apply_resume_changes(changes, scheduler, settings, ds_config)
