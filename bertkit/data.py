@@ -127,6 +127,10 @@ class InstanceDataset:
     def __len__(self) -> int:
         return int(self.starts[-1])
 
+    def tokens(self, index: int) -> np.ndarray:
+        """Row `index`'s token ids as made (unmasked for dynamic instances, masked on disk for static ones)."""
+        return self.input_ids.get(*self._locate(index))
+
     def _locate(self, index: int):
         chunk = int(np.searchsorted(self.starts, index, side="right") - 1)
         return chunk, index - int(self.starts[chunk])

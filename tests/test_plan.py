@@ -143,9 +143,9 @@ def test_a_phase_given_in_tokens_runs_the_steps_they_make(plan, tmp_path):
 
 def test_three_phases_of_a_tiny_modernbert_as_the_issue_measures_them(tmp_path, clean_dist_env, monkeypatch):
     """A ModernBERT plan on CPU: a mixture of a Korean and an English folder at 0.7 / 0.3 with 30 % masking and RoPE
-    theta 10k for one epoch (the realised shares within 1 %), then a longer length with theta 160k, then a decay at
-    15 %; each boundary's checkpoint written; the export has the last phase's theta; a stop in phase 2 resumes to
-    the same losses."""
+    theta 10k for one epoch (the realised shares within 1 %), then a longer length with theta 160k at the same tokens
+    a step (its data's reach said), then a decay at 15 %; each boundary's checkpoint written; the export has the
+    last phase's theta; a stop in phase 2 resumes to the same losses."""
     from bertkit.pretrain import export
 
     root = tmp_path
@@ -158,6 +158,7 @@ objective = "mlm"
 {EVERY_PHASE}eval_every = 100
 save_every = 100
 schedule = "wsd"
+batch_tokens = 256
 
 [[phase]]
 name = "stable"
@@ -186,6 +187,9 @@ decay = 1.0
 """)
     whole = run_plan(root / "plan.toml", root / "whole", progress=False)
     assert [p["step"] for p in whole["phases"]] == [17, 3, 3]
+    assert [p["global_batch"] for p in whole["phases"]] == [8, 4, 4]   # 256 tokens a step at 32 and at 64
+    reach = whole["phases"][1]["reach"]   # the extension says how much of its data is longer than 32
+    assert [(r["length"], r["previous_length"]) for r in reach] == [(64, 32)] and "reach" not in whole["phases"][2]
     shares = json.loads((root / "whole" / "01-stable" / "mixture.json").read_text())["sources"]
     assert [abs(s["share_of_rows"] - s["target"]) <= 0.01 for s in shares] == [True, True]   # one whole epoch
     for folder, theta, rate in (("01-stable", 10000.0, 0.3), ("02-extend", 160000.0, 0.3), ("03-decay", None, 0.15)):
@@ -268,3 +272,68 @@ def test_init_optimizer_needs_a_run_folder(tmp_path):
                          init_optimizer=True)
     with pytest.raises(ConfigError, match="holds no optimizer state"):
         cfg.check()
+
+
+def test_a_longer_phase_says_how_much_of_its_data_reaches_the_new_length(tmp_path):
+    """long_reach against a count by hand over the Arrow rows (split at [SEP]): long documents give tokens beyond the
+    earlier length, a corpus of short ones none."""
+    import pyarrow as pa
+
+    from bertkit.pretrain.plan import long_reach
+    from tests.helpers import write_corpus
+
+    tok = make_instances_dir(tmp_path / "tok", n=8, holdout=2, max_len=16)   # the toy vocab.txt
+    short = [[f"w{i} w{i + 1} w{i + 2}."] for i in range(60)]
+    long = [[" ".join(f"w{(5 * i + j) % 100}" for j in range(12)) + "." for i in range(k, k + 12)] for k in range(8)]
+    for name, docs in (("short", short), ("mixed", short + long)):
+        write_corpus(tmp_path / f"{name}-corpus", [docs])
+        r = CliRunner().invoke(main, ["make-instances", str(tmp_path / f"{name}-corpus"), "--tokenizer", str(tok),
+                                      "--out", str(tmp_path / name), "--max-seq-length", "128", "--objective", "none",
+                                      "--mode", "dynamic", "--no-progress"])
+        assert r.exit_code == 0, r.output
+
+    sep = (tok / "vocab.txt").read_text().splitlines().index("[SEP]")
+    rows = [row for shard in sorted((tmp_path / "mixed").glob("*.arrow")) if "holdout" not in shard.name
+            for row in pa.ipc.open_file(str(shard)).read_all().column("input_ids").to_pylist()]
+    spans, span = [], 0
+    for row in rows:
+        for token in row:
+            span += 1
+            if token == sep:
+                spans.append(span)
+                span = 0
+    beyond = sum(s for s in spans if s > 32) / sum(spans)
+    full = sum(s for s in spans if s >= 0.9 * 128) / sum(spans)
+    found = long_reach(tmp_path / "mixed", 32)
+    assert found["rows_measured"] == len(rows) and found["length"] == 128
+    assert found["share_beyond_previous"] == pytest.approx(beyond, abs=1e-4) and beyond > 0.5
+    assert found["share_reaching_length"] == pytest.approx(full, abs=1e-4) and full > 0
+    assert long_reach(tmp_path / "short", 32)["share_beyond_previous"] == 0.0
+
+
+def test_batch_tokens_keeps_a_step_s_tokens_at_any_length(plan, tmp_path):
+    from bertkit.pretrain.plan import phase_config
+
+    make_instances_dir(tmp_path / "long", n=16, holdout=0, max_len=64, seed=3)
+    defaults, _ = read_plan(plan / "plan.toml")
+    at32 = phase_config(defaults, {"name": "a", "instances": str(plan / "ko"), "batch_tokens": 512}, 0, tmp_path,
+                        None, False)
+    at64 = phase_config(defaults, {"name": "b", "instances": str(tmp_path / "long"), "batch_tokens": 512}, 1,
+                        tmp_path, None, False)
+    assert (at32.global_batch, at32.micro_batch) == (16, 8) and (at64.global_batch, at64.micro_batch) == (8, 8)
+    with pytest.raises(ConfigError, match="batch_tokens 100 is not a whole number of sequences of 64"):
+        phase_config(defaults, {"name": "c", "instances": str(tmp_path / "long"), "batch_tokens": 100}, 0, tmp_path,
+                     None, False)
+
+
+def test_the_readme_s_plan_and_the_reference_s_read(tmp_path):
+    """The plans README.md and plans.md show are plans read_plan takes (their three phases, in order)."""
+    import re
+
+    from tests.helpers import REPO
+
+    for doc in (REPO / "README.md", REPO / "bertkit" / "pretrain" / "plans.md"):
+        block = re.search(r"```toml\n(.*?)```", doc.read_text(encoding="utf-8"), re.S).group(1)
+        (tmp_path / "plan.toml").write_text(block)
+        _, phases = read_plan(tmp_path / "plan.toml")
+        assert [p["name"] for p in phases] == ["stable", "extend", "decay"], doc

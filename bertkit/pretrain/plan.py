@@ -26,7 +26,10 @@ ModernBERT hands over; `init_optimizer = false` in a phase starts the moments an
 schedule clock, peak and data order (seed + the phase's index). RUN/plan.json records the plan and each
 phase's end (steps, checkpoint). Running the same command again skips the finished phases and resumes the unfinished
 one from its last checkpoint, with the same losses as a run never stopped. A phase's length is `max_steps`, or
-`tokens` (as steps: tokens / (sequences a step x the mean tokens of its data's rows))."""
+`tokens` (as steps: tokens / (sequences a step x the mean tokens of its data's rows)); `batch_tokens` keeps a step's
+tokens at every length; a phase longer than the one before says how much of its data reaches the new length
+(long_reach). The reference: plans.md."""
+import os
 from dataclasses import fields
 from pathlib import Path
 
@@ -34,6 +37,7 @@ import tomllib
 
 from bertkit.fileio import atomic_write_json, make_folder, read_json_or_none
 from bertkit.pretrain.config import ConfigError, PretrainConfig
+from bertkit.pretrain.metrics import say
 
 PLAN = "plan.json"
 NOT_IN_A_PLAN = ("out", "resume", "progress")   # the command's, for every phase
@@ -54,7 +58,7 @@ def read_plan(path) -> tuple[dict, list[dict]]:
     known = {f.name for f in fields(PretrainConfig)} - set(NOT_IN_A_PLAN)
     names = []
     for where, settings in [("the top level", data)] + [(f"phase {i + 1}", p) for i, p in enumerate(phases)]:
-        unknown = set(settings) - known - ({"name", "tokens"} if where != "the top level" else set())
+        unknown = set(settings) - known - {"batch_tokens"} - ({"name", "tokens"} if where != "the top level" else set())
         if unknown:
             raise ConfigError(f"--plan {path}: {where} sets {sorted(unknown)[0]!r}, not a pretrain setting (the "
                               "flags' names with _ for -, e.g. max_steps)")
@@ -83,6 +87,8 @@ def phase_config(defaults: dict, phase: dict, index: int, out: Path, previous: P
     if previous is not None:
         settings["init_from"], settings["model"] = str(previous), None
         settings.setdefault("init_optimizer", True)   # ModernBERT's handoff: the moments go on
+    if "batch_tokens" in settings:
+        settings.update(batch_for_tokens(settings, int(settings.pop("batch_tokens")), phase["name"]))
     if "tokens" in phase:
         settings["max_steps"] = steps_for_tokens(settings, float(phase["tokens"]))
     folder = out / f"{index + 1:02d}-{phase['name']}"
@@ -93,11 +99,58 @@ def phase_config(defaults: dict, phase: dict, index: int, out: Path, previous: P
         raise ConfigError(f"--plan: phase {phase['name']}: {e}") from None
 
 
+def phase_folders(settings: dict) -> list[str]:
+    """The instance folders a phase reads: its mixture's, else its instances."""
+    from bertkit.mixture import parse_mixture
+
+    return [m.folder for m in parse_mixture(settings["mixture"])] if settings.get("mixture") else \
+        [settings["instances"]]
+
+
+def batch_for_tokens(settings: dict, batch_tokens: int, name: str) -> dict:
+    """`batch_tokens`: the same tokens a step at any length (a context extension keeps its step's size): sequences
+    a step = batch_tokens / the instances' length, micro batches the largest that divide them (at most the plan's)."""
+    from bertkit.formats import read_instances_manifest
+
+    length = read_instances_manifest(phase_folders(settings)[0]).max_seq_length
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    sequences = batch_tokens // length
+    if sequences < world or sequences % world or batch_tokens % length:
+        raise ConfigError(f"--plan: phase {name}: batch_tokens {batch_tokens} is not a whole number of sequences of "
+                          f"{length} tokens on each of {world} rank(s); give a multiple of {length * world}")
+    per_rank = sequences // world
+    micro = max(m for m in range(1, min(per_rank, int(settings.get("micro_batch") or 32)) + 1) if per_rank % m == 0)
+    return {"global_batch": sequences, "micro_batch": micro}
+
+
+def long_reach(folder, previous_length: int, rows: int = 20_000) -> dict:
+    """How much of a longer phase's data uses its new length: of up to `rows` training rows (evenly spaced), the
+    share of tokens in document spans longer than the phase before's length (context it never saw), and in spans
+    filling nine tenths of a row (the new length reached). MLM-only rows are split at [SEP] into their documents; a
+    sentence-pair row is one span."""
+    import numpy as np
+
+    from bertkit.data import InstanceDataset
+
+    data = InstanceDataset(folder, "train")
+    length, split = data.manifest.max_seq_length, data.manifest.objective == "none"
+    picked = np.unique(np.linspace(0, len(data) - 1, num=min(rows, len(data))).astype(np.int64)) if len(data) else []
+    spans = []
+    for index in picked:
+        ids = data.tokens(int(index))
+        cuts = np.flatnonzero(ids == data.sep_id) + 1 if split and data.sep_id is not None else [len(ids)]
+        spans.append(np.diff(np.concatenate([[0], cuts, [len(ids)]]))[:len(cuts) if len(cuts) else 1])
+    spans = np.concatenate(spans) if spans else np.zeros(0, np.int64)
+    total = max(int(spans.sum()), 1)
+    return {"folder": str(folder), "length": length, "previous_length": previous_length, "rows_measured": len(picked),
+            "share_beyond_previous": round(float(spans[spans > previous_length].sum()) / total, 4),
+            "share_reaching_length": round(float(spans[spans >= 0.9 * length].sum()) / total, 4)}
+
+
 def steps_for_tokens(settings: dict, tokens: float) -> int:
     """A phase's length in tokens as steps: tokens / (sequences a step x the mean tokens of a row its data holds,
     a mixture's weighted by its targets), at least 1."""
     import math
-    import os
 
     from bertkit.data import InstanceDataset
     from bertkit.mixture import open_mixture, parse_mixture
@@ -110,6 +163,23 @@ def steps_for_tokens(settings: dict, tokens: float) -> int:
     sequences = settings.get("global_batch") or \
         (settings.get("micro_batch") or 32) * int(os.environ.get("WORLD_SIZE", "1"))
     return max(1, math.ceil(tokens / (sequences * per_row)))
+
+
+def max_length(cfg: PretrainConfig) -> int:
+    from bertkit.formats import read_instances_manifest
+
+    return read_instances_manifest(folders(cfg)[0]).max_seq_length
+
+
+def folders(cfg: PretrainConfig) -> list[str]:
+    return phase_folders({"mixture": cfg.mixture, "instances": cfg.instances})
+
+
+def extension(cfg: PretrainConfig, before: int | None) -> list[dict]:
+    """A phase longer than the one before: long_reach of each folder it reads; [] otherwise."""
+    if before is None or max_length(cfg) <= before:
+        return []
+    return [long_reach(folder, before) for folder in folders(cfg)]
 
 
 def _finished(cfg: PretrainConfig) -> bool:
@@ -132,16 +202,21 @@ def run_plan(plan_path, out, progress: bool = True) -> dict:
     if record and record.get("phases_planned") != phases and any(p.get("done") for p in record.get("phases", [])):
         raise ConfigError(f"{out}: began with another plan (see its {PLAN}); give that plan, or another --out")
     record = {"defaults": defaults, "phases_planned": phases, "phases": record.get("phases", [])}
-    previous = None
+    previous, length = None, None
     for index, phase in enumerate(phases):
         cfg = phase_config(defaults, phase, index, out, previous, progress)
-        previous = Path(cfg.out)
+        previous, length, reach = Path(cfg.out), max_length(cfg), extension(cfg, length)
         if index < len(record["phases"]) and record["phases"][index].get("done") or _finished(cfg):
             continue
         make_folder(out)   # never a link: the phases' folders and plan.json go below it
+        for r in reach if int(os.environ.get("RANK", "0")) == 0 else []:
+            say(f"{phase['name']}: {r['length']} tokens after {r['previous_length']}: in {r['folder']}, "
+                f"{r['share_beyond_previous']:.1%} of the tokens lie in documents longer than {r['previous_length']}, "
+                f"{r['share_reaching_length']:.1%} in ones filling a row ({r['rows_measured']} rows measured)")
         result = pretrain(cfg)
         entry = {"name": phase["name"], "folder": previous.name, "max_steps": cfg.max_steps, "step": result.get("step"),
-                 "checkpoint": result.get("checkpoint"), "done": not result.get("stopped_by_signal")}
+                 "checkpoint": result.get("checkpoint"), "done": not result.get("stopped_by_signal"),
+                 "global_batch": cfg.global_batch, "max_seq_length": length, **({"reach": reach} if reach else {})}
         record["phases"] = record["phases"][:index] + [entry]
         atomic_write_json(out / PLAN, record)
         if result.get("stopped_by_signal"):
