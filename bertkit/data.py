@@ -246,6 +246,15 @@ class EpochBatches:
                  else np.arange(self.num_rows))
         return order[: self.per_epoch * self.micro_batch * self.world_size]
 
+    def tokens_drawn(self, lengths: np.ndarray, micro_batches: int) -> int:
+        """Tokens of the rows in the first `micro_batches` micro batches of every rank (over epochs, one epoch's
+        order in memory at a time)."""
+        per_epoch, total = max(self.per_epoch, 1), 0
+        for epoch in range(-(-micro_batches // per_epoch)):
+            take = min(micro_batches - epoch * per_epoch, per_epoch) * self.micro_batch * self.world_size
+            total += int(lengths[self.dealt(epoch)[:take]].sum())
+        return total
+
     def epoch_indices(self, epoch: int) -> np.ndarray:
         mine = self.dealt(epoch)[self.rank::self.world_size]
         return mine.reshape(self.per_epoch, self.micro_batch)
@@ -313,6 +322,16 @@ class TokenBudgetBatches:
     @property
     def per_epoch(self) -> int:
         return int(self.lengths.sum()) // (self.budget * self.world_size)
+
+    def tokens_drawn(self, lengths: np.ndarray, micro_batches: int) -> int:
+        """Tokens of the first `micro_batches` micro batches of every rank (over epochs): the bins are dealt in turn,
+        so they are each epoch's first micro batches x ranks bins."""
+        per_epoch, total = max(self.per_epoch, 1), 0
+        for epoch in range(-(-micro_batches // per_epoch)):
+            order = np.random.default_rng([self.seed, epoch]).permutation(len(self.lengths))
+            take = min(micro_batches - epoch * per_epoch, per_epoch) * self.world_size
+            total += sum(int(lengths[b].sum()) for b in best_fit(self.lengths, order, self.budget)[:take])
+        return total
 
     def epoch_bins(self, epoch: int) -> list[list[int]]:
         order = np.random.default_rng([self.seed, epoch]).permutation(len(self.lengths))

@@ -1,4 +1,5 @@
-"""`bertkit report RUN_DIR`: one self-contained HTML page for a pretraining or fine-tuning run.
+"""`bertkit report RUN_DIR`: one self-contained HTML page for a pretraining run, a plan of them, a fine-tuning run or
+a corpus.
 
 Plots (matplotlib, embedded as PNG data URIs, so the page is one file that opens anywhere): losses and accuracies,
 training and held-out; the learning-rate schedule; throughput and padding efficiency; for pretraining the instances'
@@ -44,9 +45,10 @@ def _series(records: list[dict], key: str):
     return [p[0] for p in points], [p[1] for p in points]
 
 
-def _line_plot(records, title, keys, ylabel=None, logy=False, level=None):
+def _line_plot(records, title, keys, ylabel=None, logy=False, level=None, marks=()):
     """A figure of the keys against steps, or None when no record has any of them; level = (value, label) draws a
-    dashed horizontal line (the unigram baseline on the accuracy plot)."""
+    dashed horizontal line (the unigram baseline on the accuracy plot), marks = [(step, label)] vertical ones (a
+    plan's phase boundaries)."""
     plt = _plt()
     drawn = [(k, *_series(records, k)) for k in keys]
     drawn = [d for d in drawn if d[1]]
@@ -58,6 +60,9 @@ def _line_plot(records, title, keys, ylabel=None, logy=False, level=None):
                 label=key.replace("eval_", "held-out ").replace("_", " ").replace("$", r"\$"))  # text, not math
     if level is not None:
         ax.axhline(level[0], linestyle="--", color="grey", linewidth=1, label=level[1])
+    for step, label in marks:
+        ax.axvline(step, linestyle=":", color="grey", linewidth=1)
+        ax.annotate(label, (step, 1), xycoords=("data", "axes fraction"), fontsize=7, va="top")
     ax.set(title=title, xlabel="step", ylabel=ylabel or "")
     if logy:
         ax.set_yscale("log")
@@ -200,6 +205,50 @@ def pretrain_report(run_dir: Path) -> str:
     return _page(f"bertkit pretraining run: {run_dir.resolve().name}", figures, sections)
 
 
+def _rows(rows: list[dict]) -> str:
+    """A table with a column per key of the rows."""
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    head = "".join(f"<th>{html.escape(k)}</th>" for k in keys)
+    cells = ["".join(f"<td>{html.escape(json.dumps(r[k]) if k in r else '')}</td>" for k in keys) for r in rows]
+    return f"<table><tr>{head}</tr>" + "".join(f"<tr>{c}</tr>" for c in cells) + "</table>"
+
+
+def plan_report(plan_dir: Path) -> str:
+    """A `pretrain --plan` folder: its phases' curves on one step axis (each boundary marked), then each phase's
+    steps, tokens, batch, length, masking, RoPE theta, reach and sources, and the plan as given."""
+    record = json.loads((plan_dir / "plan.json").read_text(encoding="utf-8"))
+    records, marks, rows, offset = [], [], [], 0
+    for planned, phase in zip(record.get("phases_planned", []), record.get("phases", [])):
+        if Path(str(phase.get("folder"))).name != phase.get("folder"):   # a plan.json from elsewhere: below it only
+            raise ReportError(f"{plan_dir / 'plan.json'}: phase folder {phase.get('folder')!r} is not a folder name")
+        folder = plan_dir / phase["folder"]
+        settings = read_run_config(folder).pretrain if (folder / RUN_CONFIG).is_file() else {}
+        marks.append((offset, phase["name"]))
+        records += [{**r, "step": r["step"] + offset} for r in read_metrics(folder) if "step" in r]
+        rows.append({"phase": phase["name"], "first step": offset + 1, "steps": phase.get("step"),
+                     "tokens": phase.get("tokens"), "sequences a step": phase.get("global_batch"),
+                     "length": phase.get("max_seq_length"), "masked_lm_prob": settings.get("masked_lm_prob"),
+                     "rope_theta": settings.get("rope_theta"), "optimizer state": (
+                         "carried" if settings.get("init_optimizer") else "new"),
+                     "done": phase.get("done"), "last checkpoint": Path(phase.get("checkpoint") or "").name})
+        offset += phase.get("step") or 0
+    figures = [f for f in (
+        _line_plot(records, "loss (held-out at one fixed masking rate)", ["loss", "eval_loss"], marks=marks),
+        _line_plot(records, "learning rate", ["lr"], marks=marks),
+        _line_plot(records, "held-out per source", sorted({k for r in records for k in r
+                                                           if k.startswith("eval_loss/")}), marks=marks),
+    ) if f]
+    sections = [("phases", _rows(rows))]
+    for phase in record.get("phases", []):
+        if phase.get("reach"):
+            sections.append((f"{phase['name']}: how much reaches the new length", _rows(phase["reach"])))
+        if phase.get("sources"):
+            sections.append((f"{phase['name']}: tokens per source", _rows(phase["sources"])))
+    sections += [("every phase's settings", _table(record.get("defaults", {}))),
+                 ("the phases as planned", _rows(record.get("phases_planned", [])))]
+    return _page(f"bertkit plan: {plan_dir.resolve().name}", figures, sections)
+
+
 def finetune_report(run_dir: Path) -> str:
     summary = json.loads((run_dir / "metrics.json").read_text(encoding="utf-8"))
     records = read_metrics(run_dir)
@@ -324,11 +373,14 @@ def report(run_dir, out=None) -> Path:
         page = pretrain_report(run_dir)
     elif (run_dir / "metrics.json").is_file():
         page = finetune_report(run_dir)
+    elif (run_dir / "plan.json").is_file():
+        page = plan_report(run_dir)
     elif folder_kind(run_dir) == "prepare-corpus":
         page = corpus_report(run_dir)
     else:
-        raise ReportError(f"{run_dir}: neither a pretraining run (config.json + metrics.jsonl), a fine-tuning run "
-                          "(metrics.json) nor a corpus (prepare-corpus); pass the folder given as --out to one")
+        raise ReportError(f"{run_dir}: neither a pretraining run (config.json + metrics.jsonl), a plan (plan.json), a "
+                          "fine-tuning run (metrics.json) nor a corpus (prepare-corpus); pass the folder given as "
+                          "--out to one")
     from bertkit.fileio import atomic_write_bytes, disk_errors
 
     out = Path(out) if out else run_dir / "report.html"

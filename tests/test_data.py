@@ -203,3 +203,18 @@ def test_token_budget_batches_are_the_same_count_on_every_rank_and_resume_in_pla
     assert resumed == whole[consumed:consumed + 10]
     with pytest.raises(InstancesError, match="--token-budget 64: an instance has 99 tokens"):
         TokenBudgetBatches(np.array([10, 99]), 64, seed=0)
+
+
+@pytest.mark.parametrize("kind", ["sequences", "token budget"])
+def test_tokens_drawn_are_the_tokens_every_rank_s_micro_batches_held(kind):
+    """Over an epoch's end, on two ranks: the count equals the lengths of the rows each rank's iterator gave."""
+    import itertools
+
+    lengths = np.random.default_rng(0).integers(5, 40, size=53)
+    total = 0
+    for rank in (0, 1):
+        sampler = EpochBatches(53, 4, 7, rank, 2) if kind == "sequences" else \
+            TokenBudgetBatches(lengths, 64, 7, rank, 2)
+        batches = list(itertools.islice(iter(sampler), sampler.per_epoch + 2))   # into the second epoch
+        total += sum(int(lengths[row]) for batch in batches for _, row in batch)
+    assert sampler.tokens_drawn(lengths, sampler.per_epoch + 2) == total

@@ -236,7 +236,7 @@ def test_a_later_phase_carries_the_optimizer_state_unless_the_plan_drops_it(plan
 
     from bertkit.pretrain import train as loop
 
-    real_step, seen = loop.train_step, {}
+    real_step, seen, tokens = loop.train_step, {}, {}
 
     def watched(run):
         name = run.cfg.out.rsplit("/", 1)[-1]
@@ -244,6 +244,7 @@ def test_a_later_phase_carries_the_optimizer_state_unless_the_plan_drops_it(plan
             seen[(name, 0)] = adam_state(run.engine)
         result = real_step(run)
         seen[(name, run.step)] = adam_state(run.engine)
+        tokens[name] = tokens.get(name, 0) + int(run.batch["attention_mask"].sum())   # one micro batch a step
         return result
 
     monkeypatch.setattr(loop, "train_step", watched)
@@ -255,6 +256,16 @@ def test_a_later_phase_carries_the_optimizer_state_unless_the_plan_drops_it(plan
     assert set(seen[("02-decay", 1)][0]) == {5.0}
     lrs = [r["lr"] for r in records(tmp_path / "kept" / "02-decay") if "lr" in r]
     assert lrs[0] == pytest.approx(5e-4 * (1 - 0.25 ** 0.5))   # its own peak, not phase 1's loaded groups'
+
+    # plan.json: the tokens each phase's batches held (counted here from the batches), the mixture's per source
+    phases = json.loads((tmp_path / "kept" / "plan.json").read_text())["phases"]
+    assert [p["tokens"] for p in phases] == [tokens["01-stable"], tokens["02-decay"]]
+    assert sum(s["tokens"] for s in phases[0]["sources"]) == tokens["01-stable"] and "sources" not in phases[1]
+    from bertkit.report import report
+
+    page = report(tmp_path / "kept").read_text()
+    assert "bertkit plan: kept" in page and page.count("<img") >= 2 and "carried" in page
+    assert f"<td>{tokens['02-decay']}</td>" in page
 
     text = (plan / "plan.toml").read_text().replace('name = "decay"', 'name = "decay"\ninit_optimizer = false')
     (tmp_path / "fresh.toml").write_text(text)

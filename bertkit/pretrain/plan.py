@@ -36,6 +36,7 @@ from pathlib import Path
 import tomllib
 
 from bertkit.fileio import atomic_write_json, make_folder, read_json_or_none
+from bertkit.formats import read_run_config
 from bertkit.pretrain.config import ConfigError, PretrainConfig
 from bertkit.pretrain.metrics import say
 
@@ -175,11 +176,24 @@ def folders(cfg: PretrainConfig) -> list[str]:
     return phase_folders({"mixture": cfg.mixture, "instances": cfg.instances})
 
 
-def extension(cfg: PretrainConfig, before: int | None) -> list[dict]:
-    """A phase longer than the one before: long_reach of each folder it reads; [] otherwise."""
+def extension(cfg: PretrainConfig, before: int | None, name: str) -> list[dict]:
+    """A phase longer than the one before: long_reach of each folder it reads, said; [] otherwise."""
     if before is None or max_length(cfg) <= before:
         return []
-    return [long_reach(folder, before) for folder in folders(cfg)]
+    reach = [long_reach(folder, before) for folder in folders(cfg)]
+    for r in reach if int(os.environ.get("RANK", "0")) == 0 else []:
+        say(f"{name}: {r['length']} tokens after {r['previous_length']}: in {r['folder']}, "
+            f"{r['share_beyond_previous']:.1%} of the tokens lie in documents longer than {r['previous_length']}, "
+            f"{r['share_reaching_length']:.1%} in ones filling a row ({r['rows_measured']} rows measured)")
+    return reach
+
+
+def sources(mixture: dict | None) -> dict:
+    """A mixture phase's realised tokens per source (its mixture.json), for plan.json."""
+    if not mixture:
+        return {}
+    return {"sources": [{k: s[k] for k in ("folder", "target", "tokens", "share_of_tokens", "share_of_rows")}
+                        for s in mixture["sources"]]}
 
 
 def _finished(cfg: PretrainConfig) -> bool:
@@ -205,18 +219,17 @@ def run_plan(plan_path, out, progress: bool = True) -> dict:
     previous, length = None, None
     for index, phase in enumerate(phases):
         cfg = phase_config(defaults, phase, index, out, previous, progress)
-        previous, length, reach = Path(cfg.out), max_length(cfg), extension(cfg, length)
+        previous, before, length = Path(cfg.out), length, max_length(cfg)
         if index < len(record["phases"]) and record["phases"][index].get("done") or _finished(cfg):
             continue
         make_folder(out)   # never a link: the phases' folders and plan.json go below it
-        for r in reach if int(os.environ.get("RANK", "0")) == 0 else []:
-            say(f"{phase['name']}: {r['length']} tokens after {r['previous_length']}: in {r['folder']}, "
-                f"{r['share_beyond_previous']:.1%} of the tokens lie in documents longer than {r['previous_length']}, "
-                f"{r['share_reaching_length']:.1%} in ones filling a row ({r['rows_measured']} rows measured)")
+        reach = extension(cfg, before, phase["name"])
         result = pretrain(cfg)
         entry = {"name": phase["name"], "folder": previous.name, "max_steps": cfg.max_steps, "step": result.get("step"),
                  "checkpoint": result.get("checkpoint"), "done": not result.get("stopped_by_signal"),
-                 "global_batch": cfg.global_batch, "max_seq_length": length, **({"reach": reach} if reach else {})}
+                 "global_batch": read_run_config(previous).resolved.get("global_batch"), "max_seq_length": length,
+                 "tokens": result.get("tokens"), **({"reach": reach} if reach else {}),
+                 **sources(result.get("mixture"))}
         record["phases"] = record["phases"][:index] + [entry]
         atomic_write_json(out / PLAN, record)
         if result.get("stopped_by_signal"):

@@ -96,6 +96,12 @@ class Run:
         """Micro batches this rank has drawn from the data (over epochs), skipped ones included."""
         return self.step * self.settings.grad_accum + self.skipped
 
+    def tokens_drawn(self) -> int:
+        """Tokens of every rank's micro batches drawn so far (a mixture's from its sources)."""
+        if self.cfg.mixture:
+            return sum(self.train.realised(self.sampler, self.consumed())["tokens"])
+        return self.sampler.tokens_drawn(self.train.lengths(), self.consumed())
+
     def reopen_loader(self) -> None:
         """This rank's batches from the first micro batch not yet consumed."""
         if self.loader is not None:

@@ -109,7 +109,7 @@ def _pretrain(cfg: PretrainConfig, manifest, rank: int, world: int, device) -> d
         run.close()
     return {**run.record, "step": run.step, "checkpoint": str(run.last_ckpt) if run.last_ckpt else None,
             "stopped_by_signal": run.stop.signal, "held_out": getattr(run, "held_out", None),
-            "mixture": run.mixture}
+            "mixture": run.mixture, "tokens": run.tokens_drawn()}
 
 
 def train_step(run: Run) -> tuple[float, float, bool]:
