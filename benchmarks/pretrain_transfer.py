@@ -175,7 +175,8 @@ def curves(run: Path) -> dict:
             "seq_per_s": statistics.median(by_step[s]["seq_per_s"] for s in steps if "seq_per_s" in by_step[s])}
 
 
-def masked_only_accuracy(model_dir: Path, instances: Path, rows: int = 400, seed: int = 0) -> dict:
+def masked_only_accuracy(model_dir: Path, instances: Path, rows: int = 400, seed: int = 0,
+                         split: str = "holdout") -> dict:
     """The held-out MLM accuracy that training reports counts the 10% of chosen tokens left unchanged, which a model
     predicts by copying; here every chosen token is [MASK] (15% of each row), against the unigram baseline (always
     the most frequent token): the number that says whether pretraining has left the unigram plateau. "loss" is the
@@ -190,7 +191,7 @@ def masked_only_accuracy(model_dir: Path, instances: Path, rows: int = 400, seed
     model = load_pretrained(model_dir, head="pretraining").eval()
     tok = load_tokenizer(model_dir)
     special = {tok.token_to_id(t) for t in ("[CLS]", "[SEP]", "[PAD]")}
-    table = read_arrow(next(instances.glob("holdout-*.arrow")))
+    table = read_arrow(next(instances.glob(f"{split}-*.arrow")))
     ids_rows = table.column("input_ids").to_pylist()[:rows]
     b_starts = table.column("b_start").to_pylist()[:rows] if "b_start" in table.column_names else [0] * rows
     counts = {}

@@ -8,7 +8,8 @@
 # instances), cpu_bf16.py and cpu_bf16_quality.py (any instances), threads.py, finetune_parity.py (with
 # finetune_peer.py, transformers' side), finetune_lockstep.py, finetune_memory.py, embedding_parity.py
 # (sentence-transformers' trainer beside finetune embed), korean_embeddings.py, walkthrough_times.py (README.ko.md's
-# walk-throughs as written, timed), data_quality.py (the data-quality steps on a planted corpus, beside datatrove). record.py: what every result
+# walk-throughs as written, timed), data_quality.py (the data-quality steps on a planted corpus, beside datatrove),
+# cleaning_pays.py (pretraining on a dirty and a cleaned crawl at one budget). record.py: what every result
 # records (imported by all).
 set -euo pipefail
 cd "$(dirname "$0")/.."

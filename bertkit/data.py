@@ -63,7 +63,7 @@ class InstanceDataset:
         if not self.dynamic:
             self.masked_positions = _ListColumn([b.column(C.MASKED_POSITIONS) for b in chunks])
             self.masked_ids = _ListColumn([b.column(C.MASKED_IDS) for b in chunks])
-        self.spec = None
+        self.spec, self._at_rate = None, {}
         if self.dynamic:
             from bertkit.masking import MaskingSpec
             from bertkit.tokenization import read_vocab
@@ -93,7 +93,18 @@ class InstanceDataset:
         room = max(options.max_predictions, math.ceil(self.manifest.max_seq_length * rate))
         self.spec = dataclasses.replace(self.spec, options=dataclasses.replace(options, masked_lm_prob=rate,
                                                                                max_predictions=room))
+        self._at_rate = {}
         return self
+
+    def _spec_at(self, rate: float):
+        """The spec at another rate (a key's third element: a rate scheduled as training goes), its room for
+        predictions the one masked_at made (for the schedule's highest rate)."""
+        import dataclasses
+
+        if rate not in self._at_rate:
+            self._at_rate[rate] = dataclasses.replace(
+                self.spec, options=dataclasses.replace(self.spec.options, masked_lm_prob=rate))
+        return self._at_rate[rate]
 
     def lengths(self) -> np.ndarray:
         """Tokens of every row, in index order (from the Arrow offsets: nothing is read)."""
@@ -136,7 +147,7 @@ class InstanceDataset:
         return chunk, index - int(self.starts[chunk])
 
     def __getitem__(self, key):
-        epoch, index = key
+        epoch, index, *rate = key   # (epoch, index), or with the rate this row is masked at (RateSchedule)
         if not 0 <= index < len(self):
             raise IndexError(f"instance {index} out of range ({len(self)} in {self.dir} {self.split})")
         chunk, row = self._locate(int(index))
@@ -145,7 +156,7 @@ class InstanceDataset:
             from bertkit.masking import mask_instance
 
             rng = np.random.default_rng([self.seed, int(epoch), int(index)])
-            ids, positions, labels = mask_instance(ids, rng, self.spec)
+            ids, positions, labels = mask_instance(ids, rng, self._spec_at(rate[0]) if rate else self.spec)
         else:
             positions = self.masked_positions.get(chunk, row).astype(np.int64)
             labels = self.masked_ids.get(chunk, row).astype(np.int64)
@@ -264,6 +275,27 @@ class EpochBatches:
             raise InstancesError(f"{self.num_rows} instances cannot fill one micro batch of {self.micro_batch} on "
                                  f"each of {self.world_size} rank(s); lower --micro-batch or make more instances.")
         yield from _epoch_after_epoch(self.epoch_indices, self.start_epoch, self.start)
+
+
+@dataclass
+class RateSchedule:
+    """A sampler's micro batches with each key's masking rate: linear from `first` at optimizer step 0 to `last` at
+    the run's last step (`steps` of `grad_accum` micro batches), counted from micro batch `start` of the run, so a
+    resumed run masks as one never stopped."""
+    batches: object
+    first: float
+    last: float
+    steps: int
+    grad_accum: int = 1
+    start: int = 0
+
+    def rate(self, step: int) -> float:
+        return round(self.first + (self.last - self.first) * min(step, self.steps - 1) / max(self.steps - 1, 1), 6)
+
+    def __iter__(self):
+        for k, keys in enumerate(self.batches, start=self.start):
+            rate = self.rate(k // self.grad_accum)
+            yield [(*key, rate) for key in keys]
 
 
 def _epoch_after_epoch(batches_of, epoch: int, start: int):

@@ -109,11 +109,11 @@ class Mixture:
         return kept[1]
 
     def __getitem__(self, key):
-        epoch, slot = key
+        epoch, slot, *rate = key   # a scheduled masking rate passes through to the source
         if not 0 <= slot < len(self):
             raise IndexError(f"slot {slot} out of range ({len(self)} in the mixture)")
         source, passes, row = (int(x[0]) for x in self.rows_of(int(epoch), [slot]))
-        return self.datasets[source][(passes, row)]
+        return self.datasets[source][(passes, row, *rate)]
 
     def realised(self, sampler, micro_batches: int) -> dict:
         """Rows and tokens of each source in the first `micro_batches` micro batches every rank drew from `sampler`

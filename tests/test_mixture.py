@@ -193,3 +193,47 @@ def test_the_command_line_mixture_by_temperature(folders, tmp_path, clean_dist_e
     targets = [s["target"] for s in json.loads((out / "mixture.json").read_text())["sources"]]
     root_sum = 96 ** 0.5 + 40 ** 0.5
     assert targets == pytest.approx([96 ** 0.5 / root_sum, 40 ** 0.5 / root_sum], abs=1e-6)
+
+
+def test_a_masking_rate_scheduled_inside_a_run(folders, tmp_path, clean_dist_env, monkeypatch):
+    """--masked-lm-prob 0.4 --masked-lm-prob-end 0.1 over 6 steps (mmBERT lowers its rate): each step's rows, counted
+    from the batches the loop trained on, mask BERT's count at that step's rate (0.4, 0.34, ... 0.1); the log says the
+    rate; a run stopped at step 3 and resumed masks and scores as one never stopped."""
+    import math
+
+    from bertkit.pretrain import train as loop
+
+    real_step, seen = loop.train_step, {}
+
+    def counted(run, stop_at=None):
+        if stop_at is not None and run.step == stop_at:
+            run.stop.signal = signal.SIGTERM
+        result = real_step(run)
+        lengths = run.batch["attention_mask"].sum(1).tolist()
+        masked = (run.batch["mlm_labels"] != -100).sum(1).tolist()
+        seen.setdefault(run.cfg.out, {})[run.step] = (lengths, masked)
+        return result
+
+    schedule = dict(masked_lm_prob=0.4, masked_lm_prob_end=0.1)
+    monkeypatch.setattr(loop, "train_step", counted)
+    mixed(folders, tmp_path / "whole", **schedule)
+    room = max(10, math.ceil(32 * 0.4))
+    for step, (lengths, masked) in seen[str(tmp_path / "whole")].items():
+        rate = round(0.4 - 0.3 * (step - 1) / 5, 6)   # the schedule states its rate to six places
+        assert masked == [min(room, max(1, round(n * rate))) for n in lengths], step
+    logged = [r["masked_lm_prob"] for r in map(json.loads, (tmp_path / "whole" / "metrics.jsonl").read_text()
+                                                 .splitlines()) if "loss" in r]
+    assert logged == pytest.approx([0.4, 0.34, 0.28, 0.22, 0.16, 0.1])
+
+    monkeypatch.setattr(loop, "train_step", lambda run: counted(run, stop_at=2))
+    assert mixed(folders, tmp_path / "halves", **schedule)["step"] == 3
+    monkeypatch.setattr(loop, "train_step", counted)
+    mixed(folders, tmp_path / "halves", resume=True, mixture=(), **schedule)
+    assert seen[str(tmp_path / "halves")] == seen[str(tmp_path / "whole")]
+
+    def losses(run):
+        return [r["loss"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+
+    assert losses(tmp_path / "halves") == losses(tmp_path / "whole")
+    with pytest.raises(ConfigError, match="--masked-lm-prob-end 0.1: .*give both"):
+        mixed(folders, tmp_path / "x", masked_lm_prob_end=0.1)

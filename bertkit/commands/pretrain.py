@@ -40,6 +40,9 @@ class Duration(click.ParamType):
               help="Mask this share of tokens in training (dynamic instances; ModernBERT's 0.3), in place of the "
                    "instances' rate; the held-out split keeps theirs, so held-out curves compare across runs and "
                    "phases  [default: the instances' rate].")
+@click.option("--masked-lm-prob-end", type=Real(0, 1, min_open=True, max_open=True),
+              help="Move the training rate linearly from --masked-lm-prob at the first step to this at the last "
+                   "(mmBERT lowers it: 0.3 to 0.15 to 0.05 over its phases); the held-out split keeps its own.")
 @click.option("--mixture-temperature", type=Real(0),
               help="--mixture without weights: each folder sampled in proportion to its rows raised to this (1: by "
                    "size, 0: evenly; multilingual encoders take 0.3-0.7)  [default: 1].")

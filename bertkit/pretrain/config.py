@@ -74,6 +74,8 @@ class PretrainConfig:
     mixture_temperature: float | None = None   # no weights: each folder's rows raised to this (1: by size)
     masked_lm_prob: float | None = None   # dynamic instances masked at this rate in training (ModernBERT: 0.3); the
                                           # held-out split keeps the instances' own, so curves compare
+    masked_lm_prob_end: float | None = None   # the rate moves linearly from masked_lm_prob at the first step to this
+                                              # at the last (mmBERT lowers it as training goes)
     kernels: str = "auto"                 # attention/LayerNorm backend (bertkit.kernels): auto|triton|torch|reference
     threads: int | None = None            # torch threads per rank; None: the free cores / ranks (bertkit.threads)
     report_to: str | None = None          # tensorboard, wandb (offline), both "tensorboard,wandb", or none;
@@ -149,6 +151,11 @@ class PretrainConfig:
                               "carries the state of a run folder's checkpoint (an export holds weights only)")
         if self.masked_lm_prob is not None and not 0 < self.masked_lm_prob < 1:
             raise ConfigError(f"--masked-lm-prob {self.masked_lm_prob}: must be between 0 and 1")
+        if self.masked_lm_prob_end is not None and not (self.masked_lm_prob is not None and self.time_budget is None
+                                                        and 0 < self.masked_lm_prob_end < 1):
+            raise ConfigError(f"--masked-lm-prob-end {self.masked_lm_prob_end}: a rate between 0 and 1 that the "
+                              "training rate moves to from --masked-lm-prob (give both) over --max-steps (not a "
+                              "--time-budget)")
         if self.mixture and self.token_budget is not None:
             raise ConfigError("--token-budget packs rows by their lengths, which a mixture's rows change every epoch; "
                               "train a --mixture with --micro-batch")

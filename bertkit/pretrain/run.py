@@ -14,7 +14,7 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR
 
 from bertkit import kernels
-from bertkit.data import EpochBatches, InstanceDataset, TokenBudgetBatches, batch_loader, close_loader
+from bertkit.data import EpochBatches, InstanceDataset, RateSchedule, TokenBudgetBatches, batch_loader, close_loader
 from bertkit.errors import regular_file
 from bertkit.fileio import atomic_write_json
 from bertkit.formats import USER_DEEPSPEED_CONFIG, InstancesError, InstancesManifest
@@ -107,7 +107,10 @@ class Run:
         if self.loader is not None:
             close_loader(self.loader)
         self.sampler.start_epoch, self.sampler.start = divmod(self.consumed(), self.sampler.per_epoch)
-        self.loader = iter(batch_loader(self.train, self.sampler, self.cfg.num_workers, unpadded=self.cfg.unpadded,
+        batches = self.sampler if self.cfg.masked_lm_prob_end is None else \
+            RateSchedule(self.sampler, self.cfg.masked_lm_prob, self.cfg.masked_lm_prob_end, self.max_steps,
+                         self.settings.grad_accum, self.consumed())
+        self.loader = iter(batch_loader(self.train, batches, self.cfg.num_workers, unpadded=self.cfg.unpadded,
                                         split_at=self.split_at))
 
     def interval_started(self) -> None:
@@ -153,9 +156,9 @@ def training_data(cfg: PretrainConfig, manifest: InstancesManifest) -> tuple:
         else:
             train, holdout = InstanceDataset(cfg.instances, "train", cfg.seed, manifest), \
                 InstanceDataset(cfg.instances, "holdout", cfg.seed, manifest)
-        if cfg.masked_lm_prob is not None:
+        if cfg.masked_lm_prob is not None:   # room for the highest rate a schedule reaches
             for dataset in getattr(train, "datasets", [train]):
-                dataset.masked_at(cfg.masked_lm_prob)
+                dataset.masked_at(max(cfg.masked_lm_prob, cfg.masked_lm_prob_end or 0))
     except (ValueError, InstancesError) as e:
         raise ConfigError(f"--masked-lm-prob: {e}" if "static instances" in str(e) else str(e)) from None
     return train, holdout
