@@ -40,6 +40,9 @@ class Duration(click.ParamType):
               help="Mask this share of tokens in training (dynamic instances; ModernBERT's 0.3), in place of the "
                    "instances' rate; the held-out split keeps theirs, so held-out curves compare across runs and "
                    "phases  [default: the instances' rate].")
+@click.option("--ema", type=Real(0, 1, min_open=True, max_open=True),
+              help="Keep a moving average of the weights at this decay (0.999: about the last 1,000 steps) in every "
+                   "checkpoint; `bertkit export RUN --ema` writes it as the model. Not with ZeRO stage 3.")
 @click.option("--masked-lm-prob-end", type=Real(0, 1, min_open=True, max_open=True),
               help="Move the training rate linearly from --masked-lm-prob at the first step to this at the last "
                    "(mmBERT lowers it: 0.3 to 0.15 to 0.05 over its phases); the held-out split keeps its own.")
@@ -242,7 +245,9 @@ def closing_summary(result: dict) -> str:
 @click.option("--seed", type=SEED,
               help="With --random-weights  [default: the run's own seed: the weights a run begun from random "
                    "started from].")
-def export(run_dir, out, tag, overwrite, random_weights, seed):
+@click.option("--ema", is_flag=True,
+              help="The checkpoint's moving average of the weights (a run trained with --ema) as the model.")
+def export(run_dir, out, tag, overwrite, random_weights, seed, ema):
     """Write a pretrain run's checkpoint (any ZeRO stage) as a folder transformers loads: BertForPreTraining
     (BertForMaskedLM for an MLM-only run, MegatronBert* for pre-LN, ElectraForPreTraining with generator/ for ELECTRA,
     ModernBertForMaskedLM for ModernBERT)."""
@@ -253,13 +258,15 @@ def export(run_dir, out, tag, overwrite, random_weights, seed):
 
     if seed is not None and not random_weights:
         raise click.UsageError("--seed goes with --random-weights")
+    if random_weights and ema:
+        raise click.UsageError("--random-weights reads no checkpoint, --ema a checkpoint's average: give one")
     if random_weights and tag:
         raise click.UsageError("--random-weights reads no checkpoint: leave out --checkpoint")
     try:
         if random_weights and seed is None:
             seed = read_run_config(run_dir).pretrain["seed"]
         path = run(run_dir, out, tag, say=lambda message: click.echo(message, err=True), overwrite=overwrite,
-                   random_seed=seed if random_weights else None)
+                   random_seed=seed if random_weights else None, ema=ema)
     except (FormatError, FolderError, ConfigError, TrainingError) as e:
         raise click.ClickException(str(e)) from e
     click.echo(f"wrote {path}")

@@ -456,6 +456,7 @@ class ExportManifest:
     files: dict                 # file -> {"bytes", "checksum"}
     random_seed: int | None = None   # `export --random-weights`: fresh weights at this seed, no checkpoint read
     run_id: str | None = None        # a digest of the run folder's full path (bertkit.pretrain.checkpoints)
+    ema: bool = False                # `export --ema`: the checkpoint's moving average of the weights
 
 
 def read_export_manifest(folder) -> ExportManifest:

@@ -272,7 +272,7 @@ def seed_rank(seed: int, rank: int) -> None:
 # ---------------------------------------------------------------- save and load
 
 def save_checkpoint(engine, run_dir: Path, step: int, rank: int, keep_last: int,
-                    skipped_micro_batches: int = 0, elapsed_s: float = 0.0) -> Path:
+                    skipped_micro_batches: int = 0, elapsed_s: float = 0.0, extra_files: dict | None = None) -> Path:
     """Every rank writes its files into global_stepN.partial; after a barrier, global rank 0 alone finalizes it
     (finalize_checkpoint). One finalizer, not one per node: on a shared folder a second one could rmtree the folder
     the first had just renamed. The other ranks wait for rank 0's outcome, so a failure there stops every rank."""
@@ -285,6 +285,8 @@ def save_checkpoint(engine, run_dir: Path, step: int, rank: int, keep_last: int,
         buffer = io.BytesIO()
         torch.save(rng_state(), buffer)
         atomic_write_bytes(ckpt / tmp / f"rng_rank{rank}.pt", buffer.getvalue())
+        for name, data in (extra_files or {}).items():   # this rank's own files (rank 0's moving average)
+            atomic_write_bytes(ckpt / tmp / name, data)
     except BaseException:
         shutil.rmtree(ckpt / tmp, ignore_errors=True)  # never complete; and a full disk gets its space back
         raise
@@ -449,19 +451,21 @@ def check_run_model(run_dir, run, state: dict | None) -> None:
                            f"{tuple(have.shape)}; the two do not belong together")
 
 
-def weights_kind(random_seed: int | None) -> str:
+def weights_kind(random_seed: int | None, ema: bool = False) -> str:
+    if ema:
+        return "the moving average of the trained weights"
     return "trained weights" if random_seed is None else f"random weights (seed {random_seed})"
 
 
 def export(run_dir, out_dir, tag: str | None = None, say=None, overwrite: bool = False,
-           random_seed: int | None = None) -> Path:
+           random_seed: int | None = None, ema: bool = False) -> Path:
     """Write the HF format (config.json, model.safetensors, tokenizer files) of a run's checkpoint (`tag`, or the
     newest one that verifies), and manifest.json with every file's checksum, written last. An ELECTRA run: the
     discriminator (ElectraForPreTraining) in out_dir, the generator (ElectraForMaskedLM) in out_dir/generator.
     random_seed: the run's architecture and tokenizer with fresh weights drawn as `pretrain --seed` draws them (at
     the run's own seed: the weights a run begun from random started from), the baseline its pretraining is judged
-    against; no checkpoint is read."""
-    model, run, tag = model_to_export(run_dir, tag, say, random_seed)
+    against; no checkpoint is read. ema: the checkpoint's moving average of the weights (pretrain --ema)."""
+    model, run, tag = model_to_export(run_dir, tag, say, random_seed, ema)
     tok = Path(run_dir) / RUN_TOKENIZER
     for name in TOKENIZER_FILES:  # a folder from someone else: no link in it is followed, none copied out
         if (tok / name).exists() or (tok / name).is_symlink():
@@ -480,10 +484,10 @@ def export(run_dir, out_dir, tag: str | None = None, say=None, overwrite: bool =
         earlier = read_json_or_none(out_dir / MANIFEST)
         if isinstance(earlier, dict):   # the run by name and digest (an export from before recorded its path)
             run_id_then = earlier.get("run_id") or export_run_id(str(earlier.get("run")))
-            earlier = {**earlier, "kind": weights_kind(earlier.get("random_seed")),
+            earlier = {**earlier, "kind": weights_kind(earlier.get("random_seed"), bool(earlier.get("ema"))),
                        "run": f"{Path(str(earlier.get('run'))).name} ({run_id_then})"}
         refuse_other_inputs(out_dir, "export", {"run": f"{Path(run_dir).resolve().name} ({run_id})",
-                                                "kind": weights_kind(random_seed)}, earlier, overwrite)
+                                                "kind": weights_kind(random_seed, ema)}, earlier, overwrite)
         output, staging = Output(out_dir, "export", manifest_files=True), staging_folder(out_dir)
         tokenizer = tok if (tok / "vocab.txt").is_file() else None
         # an ELECTRA pair: the discriminator here, the generator in generator/
@@ -501,7 +505,8 @@ def export(run_dir, out_dir, tag: str | None = None, say=None, overwrite: bool =
             atomic_write_bytes(staging / "README.md", model_card(run_dir, run, config, tag, random_seed).encode())
         files = {name: file_entry(staging / name) for name in staged_files(staging) if name != MANIFEST}
         write_manifest(staging, ExportManifest(stage="export", complete=True, run=Path(run_dir).resolve().name,
-                                               run_id=run_id, checkpoint=tag, random_seed=random_seed, files=files))
+                                               run_id=run_id, checkpoint=tag, random_seed=random_seed, files=files,
+                                               ema=ema))
         swap_in(output, staging, last=MANIFEST)
         if (note := output.finish()) and say:
             say(note)
@@ -513,11 +518,28 @@ def export_run_id(run_dir) -> str:
     return hashlib.sha256(str(Path(run_dir).resolve()).encode()).hexdigest()[:16]
 
 
-def model_to_export(run_dir, tag: str | None, say, random_seed: int | None):
-    """(model, run config, tag): the checkpoint's weights in the run's model (or fresh ones drawn at random_seed),
-    with the dropout and the classifier pooling an export writes."""
+def averaged(checkpoint: Path, state: dict) -> dict:
+    """The moving average a checkpoint keeps (pretrain --ema), each tensor one of the weights' own shape."""
+    from bertkit.pretrain.ema import EMA_FILE, read_ema
+
+    if not (checkpoint / EMA_FILE).is_file():
+        raise ConfigError(f"{checkpoint}: keeps no moving average of the weights; pretrain with --ema DECAY (a "
+                          "--resume may add it), or export without --ema")
+    average = read_ema(checkpoint)
+    wrong = [k for k, v in average.items() if k not in state or state[k].shape != v.shape]
+    if wrong:
+        raise DamagedFileError(checkpoint / EMA_FILE, f"holds {wrong[0]!r}, not a weight of the run's model",
+                               "choose another --checkpoint, or export without --ema")
+    return {k: v.float() for k, v in average.items()}
+
+
+def model_to_export(run_dir, tag: str | None, say, random_seed: int | None, ema: bool = False):
+    """(model, run config, tag): the checkpoint's weights (or their moving average) in the run's model (or fresh
+    ones drawn at random_seed), with the dropout and the classifier pooling an export writes."""
     if random_seed is None:
         state, run, tag = load_run_state_dict(run_dir, tag, say)
+        if ema:
+            state = {**state, **averaged(Path(run_dir) / CHECKPOINTS / tag, state)}
         check_run_model(run_dir, run, state)
         model = build_pretraining(run.model, run.objective)
     else:

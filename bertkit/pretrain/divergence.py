@@ -52,6 +52,8 @@ def roll_back(run, problem: str) -> None:
     if chosen.tag is None:
         raise TrainingError(f"{problem} at step {bad_step}, and no checkpoint verifies to roll back to")
     run.step, _, run.last_ckpt = load_checkpoint(run.engine, run.run_dir, chosen)
+    if run.ema is not None:
+        run.ema.load(run.last_ckpt)
     run.skipped = consumed - run.step * gas
     run.reopen_loader()
     restore_rng(run.last_ckpt, run.rank)

@@ -34,6 +34,7 @@ from bertkit.pretrain.checkpoints import (
 )
 from bertkit.pretrain.config import ConfigError, PretrainConfig, resolve_deepspeed_config
 from bertkit.pretrain.divergence import Divergence
+from bertkit.pretrain.ema import EMA
 from bertkit.pretrain.metrics import Meter, MetricsLog, say, training_flops
 from bertkit.pretrain.plateau import Plateau
 from bertkit.pretrain.resume import apply as apply_resume_changes, check_weights_format, compare as resume_changes
@@ -79,6 +80,7 @@ class Run:
     throughput: Throughput = field(default_factory=Throughput)   # the log interval's clock and batch counts
     steps_in_interval: int = 0
     mixture: dict | None = None  # --mixture: what each folder has given so far (mixture.json)
+    ema: object = None           # --ema: the moving average of the weights (global rank 0)
 
     @property
     def run_dir(self) -> Path:
@@ -191,6 +193,9 @@ def start_run(cfg: PretrainConfig, manifest: InstancesManifest, rank: int, world
             say(f"{family.title} trains on packed batches (--unpadded): each document attends only to itself")
     on_cuda = device.type == "cuda"
     ds_config, settings = resolve_settings(cfg, world, rank, on_cuda)
+    if cfg.ema is not None and settings.zero_stage == 3:
+        raise ConfigError("--ema keeps the whole model beside training, but ZeRO stage 3 partitions it over the ranks; "
+                          "use --zero-stage 2 or leave out --ema")
     objective = cfg.effective_objective(previous_run.objective if previous_run else manifest.objective)
     changes = [] if previous_run is None else \
         resume_changes(previous_run, cfg, settings, world, manifest, objective, chosen.marker and chosen.marker.step)
@@ -223,8 +228,20 @@ def start_run(cfg: PretrainConfig, manifest: InstancesManifest, rank: int, world
     run = Run(cfg, rank, world, device, engine, settings, objective, backend, budget, max_steps, train, holdout,
               sampler, train.sep_id if family_of(model).splits_documents else None, log, Meter(device, train.mask_id),
               flops, step, skipped, last_ckpt)
+    run.ema = moving_average(cfg, model, settings, rank, last_ckpt)
     begin(run, chosen, changes)
     return run
+
+
+def moving_average(cfg: PretrainConfig, model, settings, rank: int, checkpoint: Path | None) -> EMA | None:
+    """--ema's average on global rank 0: a resumed run's from its checkpoint (or from the weights, said, where the
+    checkpoint holds none)."""
+    if cfg.ema is None or rank != 0:
+        return None
+    ema = EMA(model, cfg.ema)
+    if checkpoint is not None and not ema.load(checkpoint):
+        say(f"--ema: {checkpoint.name} holds no moving average; it starts at the resumed weights")
+    return ema
 
 
 def begin(run: Run, chosen, changes: list) -> None:

@@ -25,6 +25,7 @@ from bertkit.precision import autocast
 from bertkit.pretrain.checkpoints import run_folder_lock, save_checkpoint
 from bertkit.pretrain.config import ConfigError, PretrainConfig, TrainingError
 from bertkit.pretrain.divergence import injected_fault, roll_back
+from bertkit.pretrain.ema import EMA_FILE
 from bertkit.pretrain.metrics import Meter, as_float, current_lr, peak_flops, say
 from bertkit.pretrain.resume import inherit
 from bertkit.pretrain.run import Run, read_user_deepspeed_config, record_mixture, start_run
@@ -81,6 +82,8 @@ def _pretrain(cfg: PretrainConfig, manifest, rank: int, world: int, device) -> d
             if problem := run.divergence.check(loss, run.step, run.last_ckpt):  # the same on every rank
                 roll_back(run, problem)
                 continue
+            if run.ema is not None:   # a step that stands
+                run.ema.update()
             last = run.finished()
             if run.step % cfg.log_every == 0 or last:
                 log_training(run, seconds)
@@ -89,7 +92,7 @@ def _pretrain(cfg: PretrainConfig, manifest, rank: int, world: int, device) -> d
                 evaluate_and_log(run, seconds)
             if run.step % cfg.save_every == 0 or last or stopping:
                 run.last_ckpt = save_checkpoint(run.engine, run.run_dir, run.step, rank, cfg.keep_last, run.skipped,
-                                                seconds)
+                                                seconds, {EMA_FILE: run.ema.to_bytes()} if run.ema else None)
                 if run.budget and rank == 0:
                     run.budget.record(run.run_dir, run.step)
                 if cfg.mixture and rank == 0:
