@@ -15,7 +15,7 @@ from bertkit.commands.corpus import prepare_corpus
 from bertkit.commands.embed import embed, encode, evaluate_embeddings
 from bertkit.commands.finetune import finetune
 from bertkit.commands.instances import make_instances
-from bertkit.commands.model import fill_mask, merge, predict
+from bertkit.commands.model import extend_vocab, fill_mask, merge, predict
 from bertkit.commands.pretrain import export, pretrain
 from bertkit.commands.report import report
 from bertkit.commands.tokenizer import train_tokenizer
@@ -52,7 +52,7 @@ def main():
 
 
 for command in (prepare_corpus, train_tokenizer, make_instances, fill_mask, predict, pretrain, export, merge, finetune,
-                report, verify, check_gpu, evaluate_embeddings, encode):
+                report, verify, check_gpu, evaluate_embeddings, encode, extend_vocab):
     main.add_command(command)
 finetune.add_command(embed)
 

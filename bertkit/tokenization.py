@@ -95,6 +95,26 @@ def finish_tokenizer(tok: Tokenizer) -> Tokenizer:
     return tok
 
 
+def hf_tokenizer_files(lowercase: bool, strip_accents: str, model_max_length: int = 512) -> tuple[dict, dict]:
+    """(tokenizer_config.json, special_tokens_map.json) for transformers' AutoTokenizer over a bertkit tokenizer."""
+    specials = {"unk_token": UNK, "sep_token": SEP, "pad_token": PAD, "cls_token": CLS, "mask_token": MASK}
+    # HF's BertTokenizer rebuilds its normalizer from do_lower_case/strip_accents and has no "Latin accents only"
+    # setting, so a bertkit-normalized tokenizer names the generic class, which uses tokenizer.json as written.
+    hf_equivalent = not lowercase or strip_accents in ("all", "none")
+    cfg = {
+        "tokenizer_class": "BertTokenizer" if hf_equivalent else "PreTrainedTokenizerFast",
+        "do_lower_case": lowercase,
+        "strip_accents": False if lowercase and strip_accents != "all" else None,
+        "bertkit_strip_accents": strip_accents if lowercase else "none",
+        "tokenize_chinese_chars": True,
+        "model_max_length": model_max_length,
+        "clean_up_tokenization_spaces": True,
+        "model_input_names": ["input_ids", "token_type_ids", "attention_mask"],
+        **specials,
+    }
+    return cfg, specials
+
+
 def read_vocab(path) -> list[str]:
     """vocab.txt -> tokens in id order (id = line number). Clear errors for what would silently shift ids."""
     path = Path(path)

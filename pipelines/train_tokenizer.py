@@ -57,12 +57,8 @@ from bertkit.pipelines.korean import (
     training_words,
 )
 from bertkit.tokenization import (
-    CLS,
     CONTINUATION,
-    MASK,
     MAX_CHARS_PER_WORD,
-    PAD,
-    SEP,
     SPECIAL_TOKENS,
     STRIP_ACCENTS,
     UNK,
@@ -70,6 +66,7 @@ from bertkit.tokenization import (
     build_tokenizer,
     guess_lowercase,
     guess_strip_accents,
+    hf_tokenizer_files,
     read_vocab,
     vocab_text,
 )
@@ -427,23 +424,7 @@ def tokenizer_stats(tok, sentence_batches) -> dict:
 
 
 def _hf_files(config: TokenizerConfig) -> tuple[dict, dict]:
-    specials = {"unk_token": UNK, "sep_token": SEP, "pad_token": PAD, "cls_token": CLS, "mask_token": MASK}
-    lower = bool(config.lowercase)
-    # HF's BertTokenizer rebuilds its normalizer from do_lower_case/strip_accents and has no "Latin accents only"
-    # setting, so a bertkit-normalized tokenizer names the generic class, which uses tokenizer.json as written.
-    hf_equivalent = not lower or config.strip_accents in ("all", "none")
-    cfg = {
-        "tokenizer_class": "BertTokenizer" if hf_equivalent else "PreTrainedTokenizerFast",
-        "do_lower_case": lower,
-        "strip_accents": False if lower and config.strip_accents != "all" else None,
-        "bertkit_strip_accents": config.strip_accents if lower else "none",
-        "tokenize_chinese_chars": True,
-        "model_max_length": MODEL_MAX_LENGTH,
-        "clean_up_tokenization_spaces": True,
-        "model_input_names": ["input_ids", "token_type_ids", "attention_mask"],
-        **specials,
-    }
-    return cfg, specials
+    return hf_tokenizer_files(bool(config.lowercase), config.strip_accents, MODEL_MAX_LENGTH)
 
 
 def auto_sample_bytes(corpus_dir, config: TokenizerConfig) -> tuple[int | None, int | None]:

@@ -131,3 +131,30 @@ def merge(models, out, method, weights, base, density):
         raise click.ClickException(str(e)) from None
     click.echo(f"wrote {path}")
     click.echo(f"next: bertkit finetune ... --model {path}, or compare it with its inputs", err=True)
+
+
+@click.command("extend-vocab")
+@click.argument("model", type=click.Path(exists=True, file_okay=False))
+@click.option("--tokenizer", required=True, type=click.Path(exists=True),
+              help="A tokenizer trained on the new text (train-tokenizer's folder, a model folder or a vocab.txt): "
+                   "its tokens that MODEL lacks are added, in its order.")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="A new (or empty) folder to write.")
+@click.option("--max-new", type=click.IntRange(min=1), help="Add at most this many tokens  [default: all].")
+def extend_vocab(model, tokenizer, out, max_new):
+    """Grow a model's WordPiece vocabulary for a new language or domain: new tokens into its unused slots, then
+    appended, to a multiple of 64; each new token's rows the mean of the rows of the pieces MODEL spells it with.
+    Continue pretraining from OUT (`pretrain --init-from OUT`, instances made with OUT's tokenizer)."""
+    from bertkit.extend_vocab import ExtendError, extend_vocab as run
+    from bertkit.tokenization import TokenizerError
+
+    try:
+        found = run(model, tokenizer, out, max_new)
+    except (ExtendError, TokenizerError) as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(f"wrote {out}: {found.old_size:,} -> {found.new_size:,} tokens; {found.added:,} new "
+               f"({found.into_unused:,} into unused slots, {found.appended:,} appended), {found.padding:,} [unused] "
+               f"to a multiple of 64; new rows from the pieces that spell them: {found.from_pieces:,}, from the mean "
+               f"of all rows (only [UNK] before): {found.from_mean:,}; normalisation: strip accents "
+               f"{found.strip_accents}")
+    click.echo(f"next: bertkit make-instances CORPUS --tokenizer {out} ...; bertkit pretrain --init-from {out} ...",
+               err=True)

@@ -171,6 +171,7 @@ WALKED_ELSEWHERE = {   # round 5's tests of these: links in test_links.py, the u
     "finetune compare": "finetune classify's walk",
     "predict": "one --out file, never replaced unless --overwrite (tests/test_predict.py)",
     "merge": "writes only into a new or empty folder, never through a link (tests/test_merge.py)",
+    "extend-vocab": "writes only into a new or empty folder, never through a link (tests/test_extend_vocab.py)",
 }
 WRITES_NOTHING = {"verify": "reads only", "fill-mask": "prints", "check-gpu": "prints"}
 REBUILT = {   # by design, make-instances rebuilds by name a damaged file of its own folder (every file there is one

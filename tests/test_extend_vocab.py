@@ -1,0 +1,103 @@
+"""bertkit extend-vocab: a released model's WordPiece vocabulary grown by a new language's tokens (unused slots
+first, then appended, to a multiple of 64), each new row the mean of the rows of the pieces the old tokenizer spells
+it with (or of all rows where it gave only [UNK]); the folder loads in transformers and starts a pretraining run on
+instances made with its tokenizer."""
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from bertkit.cli import main
+from bertkit.extend_vocab import extended_vocabulary, grow
+
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+def test_new_tokens_fill_unused_slots_then_follow_then_pad_to_64():
+    old = SPECIALS + ["[unused0]", "a", "[unused1]", "b"]
+    tokens, fresh = extended_vocabulary(old, SPECIALS + ["b", "x", "y", "z", "[unused5]"], None)
+    assert tokens[:10] == SPECIALS + ["x", "a", "y", "b", "z"] and len(tokens) == 64
+    assert fresh == [5, 7] + list(range(9, 64)) and tokens[10:12] == ["[unused0]", "[unused1]"]
+    assert extended_vocabulary(old, SPECIALS + ["x", "y", "z"], 1)[0][5] == "x"   # --max-new 1
+    assert extended_vocabulary(old, SPECIALS + ["x", "y", "z"], 1)[0][7] == "[unused1]"
+
+
+def test_grow_keeps_old_rows_and_sets_new_ones_from_their_pieces():
+    state = {"emb": torch.arange(12.0).reshape(4, 3), "bias": torch.tensor([1.0, 2.0, 3.0, 4.0]),
+             "other": torch.ones(3, 3)}
+    grown = grow(state, 4, 6, {1: [2, 3], 4: [0, 1], 5: []})
+    assert torch.equal(grown["emb"][[0, 2, 3]], state["emb"][[0, 2, 3]]) and torch.equal(grown["other"], state["other"])
+    assert torch.equal(grown["emb"][1], (state["emb"][2] + state["emb"][3]) / 2)
+    assert torch.equal(grown["emb"][4], (state["emb"][0] + state["emb"][1]) / 2)
+    assert torch.equal(grown["emb"][5], state["emb"].mean(0)) and grown["bias"][5] == 2.5
+
+
+@pytest.fixture
+def released(tmp_path):
+    """An "English" tiny BERT (uncased, original BERT's accent stripping) with two unused slots."""
+    from bertkit.models import save_pretrained
+    from bertkit.models.bert import BertForPreTraining
+    from bertkit.models.bert_config import BertConfig
+
+    vocab = SPECIALS + ["[unused0]", "[unused1]", "the", "cat", "sat", "##s", "on", "mat"]
+    (tmp_path / "tok").mkdir()
+    (tmp_path / "tok" / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    (tmp_path / "tok" / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}))
+    torch.manual_seed(0)
+    return save_pretrained(BertForPreTraining(BertConfig.preset("tiny", vocab_size=len(vocab))), tmp_path / "en",
+                           tokenizer_dir=tmp_path / "tok")
+
+
+def test_extend_vocab_end_to_end(released, tmp_path, clean_dist_env):
+    from transformers import AutoModelForPreTraining
+
+    from bertkit.models.bert_hf import read_weights
+    from bertkit.tokenization import load_tokenizer
+    from tests.helpers import write_corpus
+
+    (tmp_path / "ko").mkdir()
+    (tmp_path / "ko" / "vocab.txt").write_text("\n".join(SPECIALS + ["cats", "한국", "##어", "the", "##s"]) + "\n")
+    r = CliRunner().invoke(main, ["extend-vocab", str(released), "--tokenizer", str(tmp_path / "ko"), "--out",
+                                  str(tmp_path / "ext")])
+    assert r.exit_code == 0, r.output
+    assert "13 -> 64 tokens; 3 new (2 into unused slots, 1 appended)" in r.output
+    assert "pieces that spell them: 1, from the mean of all rows (only [UNK] before): 2" in r.output
+    vocab = (tmp_path / "ext" / "vocab.txt").read_text().splitlines()
+    assert vocab[5:7] == ["cats", "한국"] and vocab[13] == "##어" and len(vocab) == 64
+
+    old, new = read_weights(released), read_weights(tmp_path / "ext")
+    key = next(k for k in old if k.endswith("word_embeddings.weight"))
+    assert torch.equal(new[key][[0, 1, 2, 3, 4, 7, 8, 9, 10, 11, 12]], old[key][[0, 1, 2, 3, 4, 7, 8, 9, 10, 11, 12]])
+    assert torch.allclose(new[key][5], (old[key][8] + old[key][10]) / 2)   # cats = cat + ##s, as the old one spells
+    assert torch.allclose(new[key][6], old[key].mean(0))                  # 한국: only [UNK] before
+    bias = next(k for k in old if k.endswith("predictions.bias"))
+    assert new[bias].shape == (64,) and torch.allclose(new[bias][5], (old[bias][8] + old[bias][10]) / 2)
+
+    tok = load_tokenizer(tmp_path / "ext")
+    assert tok.encode("The cats 한국", add_special_tokens=False).tokens == ["the", "cats", "한국"]   # Hangul kept whole
+    loaded = AutoModelForPreTraining.from_pretrained(tmp_path / "ext")
+    assert loaded.config.vocab_size == 64 and loaded.bert.embeddings.word_embeddings.weight.shape[0] == 64
+    assert json.loads((tmp_path / "ext" / "manifest.json").read_text())["extension"]["from_pieces"] == 1
+
+    # the decay phase from it: instances made with its tokenizer, pretraining --init-from it
+    docs = [["the cats sat on the mat.", "한국 the cat 한국어."] * 3 for _ in range(40)]
+    write_corpus(tmp_path / "corpus", [docs], holdout=[docs[:4]])
+    r = CliRunner().invoke(main, ["make-instances", str(tmp_path / "corpus"), "--tokenizer", str(tmp_path / "ext"),
+                                  "--out", str(tmp_path / "inst"), "--max-seq-length", "32", "--no-progress"])
+    assert r.exit_code == 0, r.output
+    from bertkit.pretrain import PretrainConfig, pretrain
+
+    result = pretrain(PretrainConfig(instances=str(tmp_path / "inst"), out=str(tmp_path / "run"),
+                                     init_from=str(tmp_path / "ext"), max_steps=2, micro_batch=4, optimizer="adamw",
+                                     num_workers=0, eval_every=0, progress=False, report_to="none"))
+    assert result["step"] == 2
+
+    r = CliRunner().invoke(main, ["extend-vocab", str(released), "--tokenizer", str(tmp_path / "ko"), "--out",
+                                  str(tmp_path / "ext")])
+    assert r.exit_code != 0 and "exists and is not empty" in r.output
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "empty")
+    r = CliRunner().invoke(main, ["extend-vocab", str(released), "--tokenizer", str(tmp_path / "ko"), "--out",
+                                  str(tmp_path / "link")])
+    assert r.exit_code != 0 and "is a link" in r.output and not any((tmp_path / "empty").iterdir())
