@@ -348,3 +348,40 @@ def test_the_readme_s_plan_and_the_reference_s_read(tmp_path):
         (tmp_path / "plan.toml").write_text(block)
         _, phases = read_plan(tmp_path / "plan.toml")
         assert [p["name"] for p in phases] == ["stable", "extend", "decay"], doc
+
+
+def test_shipped_plans_read_and_scale(tmp_path):
+    from bertkit.pretrain.plan import SHIPPED
+
+    assert sorted(p.stem for p in SHIPPED.glob("*.toml")) == ["bert", "budget", "modernbert"]
+    _, phases = read_plan("modernbert", 1e-3, {"model": "modernbert-tiny"})
+    assert [(p["name"], p["tokens"]) for p in phases] == [("stable", 1.7e9), ("extend", 2.5e8), ("decay", 5e7)]
+    defaults, phases = read_plan("bert", 0.01)
+    assert [p["max_steps"] for p in phases] == [71, 16] and defaults["optimizer"] == "lamb"
+    assert read_plan("budget", 4)[1][0]["time_budget"] == 7200
+    with pytest.raises(ConfigError, match="nor a shipped plan \\(bert, budget, modernbert\\)"):
+        read_plan("modernbert-large")
+    with pytest.raises(ConfigError, match="the top level sets 'modell'"):
+        read_plan("modernbert", 1.0, {"modell": "x"})
+
+
+def test_the_shipped_modernbert_plan_scaled_down_runs_on_a_cpu(tmp_path, clean_dist_env, monkeypatch):
+    """`pretrain --plan modernbert --plan-scale 2e-9 --plan-set ...`: its three phases on tiny instances named as it
+    expects, each with the plan's settings (theta, masking, StableAdamW, tokens a step)."""
+    make_instances_dir(tmp_path / "instances-1024", n=96, holdout=8, max_len=32, seed=0)
+    make_instances_dir(tmp_path / "instances-8192", n=48, holdout=8, max_len=64, seed=2)
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(main, ["pretrain", "--plan", "modernbert", "--plan-scale", "2e-9", "--out", "run",
+                                  "--plan-set", 'model="modernbert-tiny"', "--plan-set", "batch_tokens=256",
+                                  "--plan-set", "micro_batch=8", "--plan-set", "num_workers=0",
+                                  "--plan-set", "report_to=none", "--no-progress"])
+    assert r.exit_code == 0, r.output
+    record = json.loads((tmp_path / "run" / "plan.json").read_text())
+    assert [(p["name"], p["done"], p["global_batch"]) for p in record["phases"]] == \
+        [("stable", True, 8), ("extend", True, 4), ("decay", True, 4)]
+    assert record["phases_planned"][0]["tokens"] == pytest.approx(3400)
+    configs = [json.loads((tmp_path / "run" / p["folder"] / "config.json").read_text()) for p in record["phases"]]
+    assert [c["pretrain"]["rope_theta"] for c in configs] == [10000.0, 160000.0, 160000.0]
+    assert {c["pretrain"]["masked_lm_prob"] for c in configs} == {0.3}
+    assert {c["resolved"]["optimizer"] for c in configs} == {"stableadamw"}
+    assert configs[0]["model"]["hidden_size"] == 128 and [c["pretrain"]["lr"] for c in configs] == [8e-4, 3e-4, 3e-4]

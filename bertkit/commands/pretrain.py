@@ -28,10 +28,16 @@ class Duration(click.ParamType):
 @click.command("pretrain")
 @click.option("--instances", default="instances", show_default=True, type=click.Path(file_okay=False),
               help="make-instances output folder.")
-@click.option("--plan", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="A run in phases from one TOML file (bertkit/pretrain/plan.py): each phase its own instances or "
-                   "mixture, steps, schedule, masking rate, rope theta...; the second and later from the one "
-                   "before; RUN/NN-NAME per phase, RUN/plan.json; run again to resume. Settings go in the file.")
+@click.option("--plan", default=None,
+              help="A run in phases from one TOML file (bertkit/pretrain/plans.md), or a shipped plan by name "
+                   "(modernbert, bert, budget): each phase its own instances or mixture, length, schedule, masking "
+                   "rate, rope theta...; the second and later from the one before; RUN/NN-NAME per phase, "
+                   "RUN/plan.json; run again to resume. Settings go in the file.")
+@click.option("--plan-scale", type=Real(0, min_open=True), default=1.0, show_default=True,
+              help="--plan: every phase's length (tokens, steps, seconds) times this.")
+@click.option("--plan-set", multiple=True, metavar="KEY=VALUE",
+              help="--plan: a setting for every phase (a TOML value: model=\"modernbert-tiny\", "
+                   "batch_tokens=4096); a phase's own setting still wins. Repeatable.")
 @click.option("--mixture", type=str, default=None,
               help="Several instance folders trained on as one, in proportions: DIR=WEIGHT,DIR=WEIGHT (weights "
                    "relative), or DIR,DIR with --mixture-temperature. One vocabulary, --max-seq-length and objective; "
@@ -169,7 +175,10 @@ def pretrain(**flags):
     given = {k for k in flags if ctx.get_parameter_source(k) is not click.core.ParameterSource.DEFAULT}
     if flags.get("plan"):
         return _run_plan(flags, given)
-    flags.pop("plan")
+    if given & {"plan_scale", "plan_set"}:
+        raise click.UsageError("--plan-scale and --plan-set go with --plan")
+    for name in ("plan", "plan_scale", "plan_set"):
+        flags.pop(name)
     flags["mixture"] = tuple(x.strip() for x in flags["mixture"].split(",") if x.strip()) if flags["mixture"] else ()
     try:
         result = run(PretrainConfig(**flags), given=given)  # on --resume, a flag not given is the run's own
@@ -193,12 +202,13 @@ def _run_plan(flags: dict, given: set) -> None:
     from bertkit.pretrain import ConfigError, TrainingError
     from bertkit.pretrain.plan import run_plan
 
-    extra = sorted(given - {"plan", "out", "progress"})
+    extra = sorted(given - {"plan", "out", "progress", "plan_scale", "plan_set"})
     if extra:
         raise click.UsageError(f"--{extra[0].replace('_', '-')} with --plan: put the setting in the plan (for every "
-                               "phase at its top level, or in a [[phase]])")
+                               "phase at its top level, or in a [[phase]]), or give it with --plan-set")
     try:
-        record = run_plan(flags["plan"], flags["out"], flags["progress"])
+        record = run_plan(flags["plan"], flags["out"], flags["progress"], flags["plan_scale"],
+                          plan_settings(flags["plan_set"]))
     except ConfigError as e:
         raise click.ClickException(str(e)) from e
     except TrainingError as e:
@@ -209,6 +219,22 @@ def _run_plan(flags: dict, given: set) -> None:
     if record.get("stopped_by_signal"):
         raise SystemExit(128 + int(record["stopped_by_signal"]))
     click.echo(f"next: bertkit export {Path(flags['out']) / record['phases'][-1]['folder']} --out model/", err=True)
+
+
+def plan_settings(pairs) -> dict:
+    """--plan-set KEY=VALUE ...: each value read as TOML (numbers, true, "text", [lists]), else as plain text."""
+    import tomllib
+
+    settings = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise click.UsageError(f"--plan-set {pair}: give KEY=VALUE (e.g. model=modernbert-tiny)")
+        try:
+            settings[key.strip()] = tomllib.loads(f"v = {value}")["v"]
+        except tomllib.TOMLDecodeError:
+            settings[key.strip()] = value
+    return settings
 
 
 def closing_summary(result: dict) -> str:

@@ -40,20 +40,44 @@ from bertkit.formats import read_run_config
 from bertkit.pretrain.config import ConfigError, PretrainConfig
 from bertkit.pretrain.metrics import say
 
-PLAN = "plan.json"
+PLAN = "plan.json"   # shipped plans: plans/*.toml; the reference: plans.md
+SHIPPED = Path(__file__).parent / "plans"        # modernbert, bert, budget: `--plan NAME`
+LENGTHS = ("tokens", "max_steps", "time_budget")  # what --plan-scale multiplies
 NOT_IN_A_PLAN = ("out", "resume", "progress")   # the command's, for every phase
 FIRST_PHASE_ONLY = ("init_from",)                # later phases start from the phase before
 
 
-def read_plan(path) -> tuple[dict, list[dict]]:
-    """(settings for every phase, [each phase's own settings with its "name"]); unknown settings refused, naming
-    the phase and the setting."""
-    path = Path(path)
+def plan_file(plan) -> Path:
+    """A plan's file: the path given, or a shipped plan by name."""
+    if Path(plan).is_file():
+        return Path(plan)
+    if (SHIPPED / f"{plan}.toml").is_file() and "/" not in str(plan):
+        return SHIPPED / f"{plan}.toml"
+    shipped = ", ".join(sorted(p.stem for p in SHIPPED.glob("*.toml")))
+    raise ConfigError(f"--plan {plan}: no such file, nor a shipped plan ({shipped})")
+
+
+def scaled(settings: dict, scale: float) -> dict:
+    """--plan-scale times a length (tokens, steps or seconds; steps rounded up)."""
+    import math
+
+    def length(key, value):
+        return max(1, math.ceil(value * scale)) if key == "max_steps" else value * scale
+
+    return {k: length(k, v) if k in LENGTHS and scale != 1 else v for k, v in settings.items()}
+
+
+def read_plan(path, scale: float = 1.0, overrides: dict | None = None) -> tuple[dict, list[dict]]:
+    """(settings for every phase, [each phase's own settings with its "name"]): `path` a file or a shipped plan's
+    name, `overrides` (--plan-set) over its top level (a phase's own settings still win), every length times
+    `scale` (--plan-scale); unknown settings refused, naming the phase and the setting."""
+    path = plan_file(path)
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
         raise ConfigError(f"--plan {path}: cannot be read as TOML ({e})") from None
     phases = data.pop("phase", None)
+    data = {**data, **(overrides or {})}
     if not isinstance(phases, list) or not phases or not all(isinstance(p, dict) for p in phases):
         raise ConfigError(f"--plan {path}: no [[phase]] tables; a plan lists its phases, each a [[phase]] table")
     known = {f.name for f in fields(PretrainConfig)} - set(NOT_IN_A_PLAN)
@@ -73,7 +97,7 @@ def read_plan(path) -> tuple[dict, list[dict]]:
         if not name.replace("-", "").replace("_", "").isalnum() or name in names:
             raise ConfigError(f"--plan {path}: phase {i + 1}'s name {name!r}: letters, digits, - and _, once each")
         names.append(name)
-    return data, [{**p, "name": n} for p, n in zip(phases, names)]
+    return scaled(data, scale), [scaled({**p, "name": n}, scale) for p, n in zip(phases, names)]
 
 
 def phase_config(defaults: dict, phase: dict, index: int, out: Path, previous: Path | None,
@@ -206,12 +230,12 @@ def _finished(cfg: PretrainConfig) -> bool:
     return marker is not None and marker.step >= cfg.max_steps
 
 
-def run_plan(plan_path, out, progress: bool = True) -> dict:
+def run_plan(plan_path, out, progress: bool = True, scale: float = 1.0, overrides: dict | None = None) -> dict:
     """Every phase not finished yet, in order; returns the plan's record (plan.json)."""
     from bertkit.pretrain.train import pretrain
 
     out = Path(out)
-    defaults, phases = read_plan(plan_path)
+    defaults, phases = read_plan(plan_path, scale, overrides)
     record = read_json_or_none(out / PLAN) or {}
     if record and record.get("phases_planned") != phases and any(p.get("done") for p in record.get("phases", [])):
         raise ConfigError(f"{out}: began with another plan (see its {PLAN}); give that plan, or another --out")
