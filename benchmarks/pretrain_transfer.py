@@ -191,7 +191,9 @@ def masked_only_accuracy(model_dir: Path, instances: Path, rows: int = 400, seed
     model = load_pretrained(model_dir, head="pretraining").eval()
     tok = load_tokenizer(model_dir)
     special = {tok.token_to_id(t) for t in ("[CLS]", "[SEP]", "[PAD]")}
-    table = read_arrow(next(instances.glob(f"{split}-*.arrow")))
+    from bertkit.formats import read_instances_manifest
+
+    table = read_arrow(instances / read_instances_manifest(instances).shard_files(split)[0])
     ids_rows = table.column("input_ids").to_pylist()[:rows]
     b_starts = table.column("b_start").to_pylist()[:rows] if "b_start" in table.column_names else [0] * rows
     counts = {}

@@ -280,13 +280,13 @@ class EpochBatches:
 @dataclass
 class RateSchedule:
     """A sampler's micro batches with each key's masking rate: linear from `first` at optimizer step 0 to `last` at
-    the run's last step (`steps` of `grad_accum` micro batches), counted from micro batch `start` of the run, so a
-    resumed run masks as one never stopped."""
+    the run's last step, micro batch k of the run (counted from `start`) in step `step_of(k)`, so a resumed run
+    masks as one never stopped."""
     batches: object
     first: float
     last: float
     steps: int
-    grad_accum: int = 1
+    step_of: object = None   # micro batch -> its step; None: one micro batch a step
     start: int = 0
 
     def rate(self, step: int) -> float:
@@ -294,7 +294,7 @@ class RateSchedule:
 
     def __iter__(self):
         for k, keys in enumerate(self.batches, start=self.start):
-            rate = self.rate(k // self.grad_accum)
+            rate = self.rate(self.step_of(k) if self.step_of else k)
             yield [(*key, rate) for key in keys]
 
 

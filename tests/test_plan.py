@@ -385,3 +385,51 @@ def test_the_shipped_modernbert_plan_scaled_down_runs_on_a_cpu(tmp_path, clean_d
     assert {c["pretrain"]["masked_lm_prob"] for c in configs} == {0.3}
     assert {c["resolved"]["optimizer"] for c in configs} == {"stableadamw"}
     assert configs[0]["model"]["hidden_size"] == 128 and [c["pretrain"]["lr"] for c in configs] == [8e-4, 3e-4, 3e-4]
+
+
+def test_a_batch_size_warmup_grows_each_step_s_micro_batches_and_resumes_exactly(plan, tmp_path, clean_dist_env,
+                                                                                  monkeypatch):
+    """--batch-warmup-from 0.25 --batch-warmup-steps 4 at 4 micro batches a step: 1, 2, 2, 3, then 4 micro batches
+    (counted from the loader), one optimizer step each (DeepSpeed's own count), the data drawn in order; a run stopped
+    inside the warmup resumes to the same losses."""
+    from bertkit.pretrain import PretrainConfig, pretrain, train as loop
+
+    class Counted:
+        def __init__(self, loader):
+            self.loader, self.count = loader, 0
+
+        def __next__(self):
+            self.count += 1
+            return next(self.loader)
+
+    real_step, seen = loop.train_step, {}
+
+    def watched(run, stop_at=None):
+        if not isinstance(run.loader, Counted):
+            run.loader = Counted(run.loader)
+        before = run.loader.count
+        if stop_at is not None and run.step == stop_at:
+            run.stop.signal = signal.SIGTERM
+        result = real_step(run)
+        seen.setdefault(run.cfg.out, []).append((run.step, run.loader.count - before, run.engine.global_steps,
+                                                 run.consumed()))
+        return result
+
+    args = dict(instances=str(plan / "ko"), model=str(plan / "model.json"), micro_batch=4, global_batch=16,
+                batch_warmup_from=0.25, batch_warmup_steps=4, max_steps=6, optimizer="adamw", num_workers=0,
+                eval_every=0, save_every=2, log_every=1, progress=False, report_to="none", schedule="wsd",
+                decay=0.0, warmup=0)
+    monkeypatch.setattr(loop, "train_step", watched)
+    pretrain(PretrainConfig(out=str(tmp_path / "whole"), **args))
+    whole = seen[str(tmp_path / "whole")]
+    assert [n for _, n, _, _ in whole] == [1, 2, 2, 3, 4, 4]
+    assert [g for _, _, g, _ in whole] == [1, 2, 3, 4, 5, 6]   # one optimizer step a step
+    assert [c for _, _, _, c in whole] == [1, 3, 5, 8, 12, 16]
+
+    monkeypatch.setattr(loop, "train_step", lambda run: watched(run, stop_at=2))
+    pretrain(PretrainConfig(out=str(tmp_path / "halves"), **args))   # stops and saves at step 3
+    monkeypatch.setattr(loop, "train_step", watched)
+    pretrain(PretrainConfig(out=str(tmp_path / "halves"), resume=True, **args))
+    assert losses(tmp_path / "halves") == losses(tmp_path / "whole")
+    with pytest.raises(ConfigError, match="go together"):
+        PretrainConfig(instances="x", out="y", batch_warmup_from=0.5).check()

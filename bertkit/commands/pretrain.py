@@ -46,6 +46,11 @@ class Duration(click.ParamType):
               help="Mask this share of tokens in training (dynamic instances; ModernBERT's 0.3), in place of the "
                    "instances' rate; the held-out split keeps theirs, so held-out curves compare across runs and "
                    "phases  [default: the instances' rate].")
+@click.option("--batch-warmup-from", type=Real(0, 1, min_open=True, max_open=True),
+              help="Start each step at this share of --global-batch (more gradient accumulation as it grows; "
+                   "ModernBERT: 768 of 4,608 sequences, 0.167) ...")
+@click.option("--batch-warmup-steps", type=click.IntRange(min=1),
+              help="... growing linearly to the whole batch over these steps.")
 @click.option("--ema", type=Real(0, 1, min_open=True, max_open=True),
               help="Keep a moving average of the weights at this decay (0.999: about the last 1,000 steps) in every "
                    "checkpoint; `bertkit export RUN --ema` writes it as the model. Not with ZeRO stage 3.")

@@ -74,6 +74,8 @@ class PretrainConfig:
     mixture_temperature: float | None = None   # no weights: each folder's rows raised to this (1: by size)
     masked_lm_prob: float | None = None   # dynamic instances masked at this rate in training (ModernBERT: 0.3); the
                                           # held-out split keeps the instances' own, so curves compare
+    batch_warmup_from: float | None = None   # sequences a step start at this share of global_batch (ModernBERT: 1/6)
+    batch_warmup_steps: int | None = None    # ... and grow linearly to it over these steps
     ema: float | None = None              # decay of a moving average of the weights kept beside training (0.999)
     masked_lm_prob_end: float | None = None   # the rate moves linearly from masked_lm_prob at the first step to this
                                               # at the last (mmBERT lowers it as training goes)
@@ -152,6 +154,11 @@ class PretrainConfig:
                               "carries the state of a run folder's checkpoint (an export holds weights only)")
         if self.masked_lm_prob is not None and not 0 < self.masked_lm_prob < 1:
             raise ConfigError(f"--masked-lm-prob {self.masked_lm_prob}: must be between 0 and 1")
+        if (self.batch_warmup_from is None) != (self.batch_warmup_steps is None) or \
+                self.batch_warmup_from is not None and not (0 < self.batch_warmup_from < 1 and
+                                                            self.batch_warmup_steps >= 1):
+            raise ConfigError("--batch-warmup-from (a share of --global-batch, between 0 and 1) and "
+                              "--batch-warmup-steps (at least 1) go together")
         if self.ema is not None and not 0 < self.ema < 1:
             raise ConfigError(f"--ema {self.ema}: a decay between 0 and 1 (0.999: about the last 1,000 steps)")
         if self.masked_lm_prob_end is not None and not (self.masked_lm_prob is not None and self.time_budget is None

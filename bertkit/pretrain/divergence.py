@@ -47,20 +47,21 @@ class Divergence:
 def roll_back(run, problem: str) -> None:
     """Reload the newest checkpoint that verifies; the data goes on after the bad step (its window is skipped),
     the RNG and the loader from there, and the metrics of the rolled-back steps are dropped."""
-    bad_step, consumed, gas = run.step, run.consumed(), run.settings.grad_accum
+    bad_step, consumed = run.step, run.consumed()
     chosen = choose_checkpoint(run.run_dir, run.rank, say)
     if chosen.tag is None:
         raise TrainingError(f"{problem} at step {bad_step}, and no checkpoint verifies to roll back to")
     run.step, _, run.last_ckpt = load_checkpoint(run.engine, run.run_dir, chosen)
     if run.ema is not None:
         run.ema.load(run.last_ckpt)
-    run.skipped = consumed - run.step * gas
+    run.skipped = consumed - run.micro_batches_before(run.step)
     run.reopen_loader()
     restore_rng(run.last_ckpt, run.rank)
     run.meter.reduce()  # drop the sums of the rolled-back steps
     run.log.write({"step": bad_step, "rollback_to": run.step, "rollback_reason": problem,
                    "skipped_micro_batches": run.skipped})
-    say(f"{problem} at step {bad_step}: rolled back to {chosen.tag} and skipped {(bad_step - run.step) * gas} micro "
+    window = run.micro_batches_before(bad_step) - run.micro_batches_before(run.step)
+    say(f"{problem} at step {bad_step}: rolled back to {chosen.tag} and skipped {window} micro "
         f"batch(es) of data per rank (rollback {run.divergence.rollbacks} of at most {run.cfg.max_rollbacks})")
     run.interval_started()
 

@@ -42,7 +42,7 @@ from bertkit.pretrain.metrics import say
 
 PLAN = "plan.json"   # shipped plans: plans/*.toml; the reference: plans.md
 SHIPPED = Path(__file__).parent / "plans"        # modernbert, bert, budget: `--plan NAME`
-LENGTHS = ("tokens", "max_steps", "time_budget")  # what --plan-scale multiplies
+LENGTHS = ("tokens", "max_steps", "time_budget", "batch_warmup_steps")  # what --plan-scale multiplies
 NOT_IN_A_PLAN = ("out", "resume", "progress")   # the command's, for every phase
 FIRST_PHASE_ONLY = ("init_from",)                # later phases start from the phase before
 
@@ -62,7 +62,7 @@ def scaled(settings: dict, scale: float) -> dict:
     import math
 
     def length(key, value):
-        return max(1, math.ceil(value * scale)) if key == "max_steps" else value * scale
+        return max(1, math.ceil(value * scale)) if key in ("max_steps", "batch_warmup_steps") else value * scale
 
     return {k: length(k, v) if k in LENGTHS and scale != 1 else v for k, v in settings.items()}
 

@@ -15,13 +15,14 @@ from bertkit.pretrain.config import ConfigError, DeepSpeedSettings, PretrainConf
 
 # flags (PretrainConfig) and resolved settings (DeepSpeedSettings) a resume cannot change
 KEPT_FLAGS = ("seed", "time_budget", "schedule_from", "betas", "eps", "norm", "pad_vocab_to", "model", "init_from",
-              "token_budget", "mixture", "mixture_temperature")
+              "token_budget", "mixture", "mixture_temperature", "batch_warmup_from", "batch_warmup_steps")
 KEPT_SETTINGS = ("micro_batch", "global_batch", "zero_stage", "precision", "optimizer")
 APPLIED_SETTINGS = ("lr", "weight_decay", "grad_clip")
 NOT_COMPARED = ("instances", "out", "resume", "progress", "deepspeed_config", "recipe", "objective",
                 "init_optimizer")   # read only when a run begins
 WHY_KEPT = {"seed": "the data order", "micro_batch": "the data order", "global_batch": "the data order",
-            "token_budget": "the data order", "mixture": "the data order", "mixture_temperature": "the data order",
+            "token_budget": "the data order", "mixture": "the data order", "batch_warmup_from": "the data order",
+            "batch_warmup_steps": "the data order", "mixture_temperature": "the data order",
             "time_budget": "the schedule", "schedule_from": "the schedule", "model": "the weights",
             "norm": "the weights", "pad_vocab_to": "the weights", "init_from": "the weights (the run's own checkpoint "
             "continues it)", "zero_stage": "the optimizer state", "precision": "the optimizer state",

@@ -96,7 +96,30 @@ class Run:
 
     def consumed(self) -> int:
         """Micro batches this rank has drawn from the data (over epochs), skipped ones included."""
-        return self.step * self.settings.grad_accum + self.skipped
+        return self.micro_batches_before(self.step) + self.skipped
+
+    def grad_accum_at(self, step: int) -> int:
+        """Micro batches in step `step` (0-based): --batch-warmup-from's share of the full count at step 0, growing
+        linearly to it at --batch-warmup-steps."""
+        full, warmup = self.settings.grad_accum, self.cfg.batch_warmup_steps
+        if warmup is None or step >= warmup:
+            return full
+        first = max(1, round(self.cfg.batch_warmup_from * full))
+        return max(1, round(first + (full - first) * step / warmup))
+
+    def micro_batches_before(self, step: int) -> int:
+        warmup = min(step, self.cfg.batch_warmup_steps or 0)
+        return sum(self.grad_accum_at(s) for s in range(warmup)) + (step - warmup) * self.settings.grad_accum
+
+    def step_of(self, micro_batch: int) -> int:
+        """The step a run's micro batch falls in (rollbacks' skipped ones aside)."""
+        step, seen = 0, 0
+        while self.cfg.batch_warmup_steps and step < self.cfg.batch_warmup_steps:
+            seen += self.grad_accum_at(step)
+            if micro_batch < seen:
+                return step
+            step += 1
+        return step + (micro_batch - seen) // self.settings.grad_accum
 
     def tokens_drawn(self) -> int:
         """Tokens of every rank's micro batches drawn so far (a mixture's from its sources)."""
@@ -111,7 +134,7 @@ class Run:
         self.sampler.start_epoch, self.sampler.start = divmod(self.consumed(), self.sampler.per_epoch)
         batches = self.sampler if self.cfg.masked_lm_prob_end is None else \
             RateSchedule(self.sampler, self.cfg.masked_lm_prob, self.cfg.masked_lm_prob_end, self.max_steps,
-                         self.settings.grad_accum, self.consumed())
+                         self.step_of, self.consumed())
         self.loader = iter(batch_loader(self.train, batches, self.cfg.num_workers, unpadded=self.cfg.unpadded,
                                         split_at=self.split_at))
 

@@ -118,9 +118,13 @@ def _pretrain(cfg: PretrainConfig, manifest, rank: int, world: int, device) -> d
 def train_step(run: Run) -> tuple[float, float, bool]:
     """One optimizer step over grad-accumulation micro batches; returns (loss, seconds since the run's start, stop
     requested), all-reduced so that every rank sees the same values and acts alike."""
-    gas = run.settings.grad_accum
+    gas, warming = run.grad_accum_at(run.step), run.cfg.batch_warmup_steps is not None
+    if warming and gas * run.settings.micro_batch * run.world != run.engine.train_batch_size():
+        run.engine.set_train_batch_size(gas * run.settings.micro_batch * run.world)   # the loss scales by 1/gas
     sums = torch.zeros(3, dtype=torch.float64, device=run.device)  # [loss sum, stop requested, seconds]
     for k in range(gas):
+        if warming:   # DeepSpeed counts its boundary modulo a fixed count; ours moves
+            run.engine.set_gradient_accumulation_boundary(k == gas - 1)
         batch = for_objective(to_device(next(run.loader), run.device), run.objective)
         try:
             with cpu_autocast(run.device, run.settings.precision):
@@ -198,7 +202,7 @@ def source_names(datasets) -> list[str]:
 def train_record(run: Run, m: dict, rates: dict, elapsed_s: float) -> dict:
     """One training log record from the Meter's sums and the Throughput's rates over the interval."""
     step, engine, settings, batch = run.step, run.engine, run.settings, run.batch
-    epoch = step * settings.grad_accum // run.sampler.per_epoch
+    epoch = run.consumed() // run.sampler.per_epoch
     record = {"step": step, "loss": m["loss"], "mlm_loss": m["mlm_loss"], "mlm_acc": m["mlm_acc"],
               **{k: m[k] for k in ("mlm_mask_acc",) if k in m}, **sentence_metrics(m, run.objective),
               "lr": current_lr(engine), "grad_norm": as_float(engine.get_global_grad_norm()) or as_float(run.grad_norm),
