@@ -136,6 +136,12 @@ def test_a_phase_given_in_tokens_runs_the_steps_they_make(plan, tmp_path):
     mixed = {"name": "mixed", "mixture": [f"{plan / 'ko'}=0.7", f"{plan / 'en'}=0.3"], "tokens": 5000}
     per_row = 0.7 * mean_length(plan / "ko") + 0.3 * mean_length(plan / "en")
     assert phase_config(defaults, mixed, 0, tmp_path, None, False).max_steps == math.ceil(5000 / (8 * per_row))
+    in_tokens = {"name": "t", "instances": str(plan / "ko"), "max_steps": 9, "warmup_tokens": 600,
+                 "save_every_tokens": 1000, "eval_every_tokens": 2000, "batch_warmup_tokens": 300}
+    cfg = phase_config(defaults, in_tokens, 0, tmp_path, None, False)
+    per_step = 8 * mean_length(plan / "ko")
+    assert (cfg.warmup, cfg.save_every, cfg.eval_every, cfg.batch_warmup_steps) == tuple(
+        math.ceil(t / per_step) for t in (600, 1000, 2000, 300))
     (tmp_path / "both.toml").write_text('[[phase]]\ntokens = 5\nmax_steps = 3\n')
     with pytest.raises(ConfigError, match="both tokens and max_steps"):
         read_plan(tmp_path / "both.toml")

@@ -26,9 +26,10 @@ ModernBERT hands over; `init_optimizer = false` in a phase starts the moments an
 schedule clock, peak and data order (seed + the phase's index). RUN/plan.json records the plan and each
 phase's end (steps, checkpoint). Running the same command again skips the finished phases and resumes the unfinished
 one from its last checkpoint, with the same losses as a run never stopped. A phase's length is `max_steps`, or
-`tokens` (as steps: tokens / (sequences a step x the mean tokens of its data's rows)); `batch_tokens` keeps a step's
-tokens at every length; a phase longer than the one before says how much of its data reaches the new length
-(long_reach). The reference: plans.md."""
+`tokens` (as steps: tokens / (sequences a step x the mean tokens of its data's rows)), and so are warmup_tokens,
+save_every_tokens, eval_every_tokens and batch_warmup_tokens; `batch_tokens` keeps a step's tokens at every
+length; a phase longer than the one before says how much of its data reaches the new length (long_reach). The
+reference: plans.md."""
 import os
 from dataclasses import fields
 from pathlib import Path
@@ -42,7 +43,10 @@ from bertkit.pretrain.metrics import say
 
 PLAN = "plan.json"   # shipped plans: plans/*.toml; the reference: plans.md
 SHIPPED = Path(__file__).parent / "plans"        # modernbert, bert, budget: `--plan NAME`
-LENGTHS = ("tokens", "max_steps", "time_budget", "batch_warmup_steps")  # what --plan-scale multiplies
+# settings a plan may give in tokens, as steps at its phase's tokens a step
+IN_TOKENS = {"warmup_tokens": "warmup", "save_every_tokens": "save_every", "eval_every_tokens": "eval_every",
+             "batch_warmup_tokens": "batch_warmup_steps"}
+LENGTHS = ("tokens", "max_steps", "time_budget", "batch_warmup_steps", *IN_TOKENS)   # what --plan-scale multiplies
 NOT_IN_A_PLAN = ("out", "resume", "progress")   # the command's, for every phase
 FIRST_PHASE_ONLY = ("init_from",)                # later phases start from the phase before
 
@@ -83,7 +87,8 @@ def read_plan(path, scale: float = 1.0, overrides: dict | None = None) -> tuple[
     known = {f.name for f in fields(PretrainConfig)} - set(NOT_IN_A_PLAN)
     names = []
     for where, settings in [("the top level", data)] + [(f"phase {i + 1}", p) for i, p in enumerate(phases)]:
-        unknown = set(settings) - known - {"batch_tokens"} - ({"name", "tokens"} if where != "the top level" else set())
+        unknown = set(settings) - known - {"batch_tokens", *IN_TOKENS} - \
+            ({"name", "tokens"} if where != "the top level" else set())
         if unknown:
             raise ConfigError(f"--plan {path}: {where} sets {sorted(unknown)[0]!r}, not a pretrain setting (the "
                               "flags' names with _ for -, e.g. max_steps)")
@@ -116,6 +121,9 @@ def phase_config(defaults: dict, phase: dict, index: int, out: Path, previous: P
         settings.update(batch_for_tokens(settings, int(settings.pop("batch_tokens")), phase["name"]))
     if "tokens" in phase:
         settings["max_steps"] = steps_for_tokens(settings, float(phase["tokens"]))
+    for key, setting in IN_TOKENS.items():
+        if key in settings:
+            settings[setting] = steps_for_tokens(settings, float(settings.pop(key)))
     folder = out / f"{index + 1:02d}-{phase['name']}"
     try:
         return PretrainConfig(**settings, out=str(folder), progress=progress,
