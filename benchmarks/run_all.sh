@@ -9,7 +9,8 @@
 # finetune_peer.py, transformers' side), finetune_lockstep.py, finetune_memory.py, embedding_parity.py
 # (sentence-transformers' trainer beside finetune embed), korean_embeddings.py, walkthrough_times.py (README.ko.md's
 # walk-throughs as written, timed), data_quality.py (the data-quality steps on a planted corpus, beside datatrove),
-# cleaning_pays.py (pretraining on a dirty and a cleaned crawl at one budget). record.py: what every result
+# cleaning_pays.py (pretraining on a dirty and a cleaned crawl at one budget), vocab_extension.py (all-MiniLM-L6-v2
+# continued on Korean with and without extend-vocab). record.py: what every result
 # records (imported by all).
 set -euo pipefail
 cd "$(dirname "$0")/.."
