@@ -27,7 +27,7 @@ import random
 import statistics
 from pathlib import Path
 
-from pretrain_transfer import SHARED, done, masked_only_accuracy, say
+from benchlib import SHARED, done, masked_only_accuracy, say
 from record import read_result, run_info, write_result
 
 from bertkit.fileio import atomic_write_bytes

@@ -10,8 +10,8 @@
 # (sentence-transformers' trainer beside finetune embed), korean_embeddings.py, walkthrough_times.py (README.ko.md's
 # walk-throughs as written, timed), data_quality.py (the data-quality steps on a planted corpus, beside datatrove),
 # cleaning_pays.py (pretraining on a dirty and a cleaned crawl at one budget), vocab_extension.py (all-MiniLM-L6-v2
-# continued on Korean with and without extend-vocab). record.py: what every result
-# records (imported by all).
+# continued on Korean with and without extend-vocab). record.py: what every result records, benchlib.py: what the
+# studies share (issue 84: a study imports these two, never another study).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for b in prepare_corpus sentence_splitters korean_splitters make_instances scale_out pretrain_step cpu_backends optimizer_step \

@@ -24,7 +24,7 @@ import json
 import statistics
 from pathlib import Path
 
-from pretrain_transfer import SHARED, done, say
+from benchlib import SHARED, done, say
 from record import read_result, run_info, write_result
 
 from bertkit.testing import minilm_dir

@@ -51,3 +51,28 @@ def test_no_library_function_is_longer_than_60_lines():
                         node.end_lineno - node.lineno + 1 > 60:
                     long.add(f"{path.relative_to(REPO)}:{node.name}")
     assert not long, f"functions over 60 lines: {sorted(long)}; split them"
+
+
+# issue 84: a study imports the benchmark library (benchlib.py, record.py), never another study. These imports
+# predate the rule and are to go (each study's shared parts moved into benchlib); none may be added.
+STUDY_IMPORTS_TO_GO = {
+    ("attention_tiles", "attention"), ("budget", "pretrain_transfer"), ("cpu_bf16", "modernbert_step"),
+    ("finetune_lockstep", "finetune_parity"), ("finetune_lockstep", "finetune_peer"),
+    ("finetune_memory", "finetune_parity"), ("finetune_parity", "finetune_peer"), ("host_overhead", "attention"),
+    ("korean_embeddings", "korean_transfer"), ("korean_transfer", "pretrain_transfer"),
+    ("korean_vocab", "pretrain_transfer"), ("layer_norm", "attention"), ("modernbert_attention", "attention"),
+    ("recipes", "pretrain_step"), ("recipes", "pretrain_transfer"), ("triton_launch", "attention"),
+}
+
+
+def test_no_study_imports_another_study():
+    scripts = {p.stem: p for p in (REPO / "benchmarks").glob("*.py")}
+    library = {"benchlib", "record"}
+    found = set()
+    for name, path in scripts.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            modules = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            found |= {(name, m) for m in modules if m in scripts and m not in library}
+    assert found - STUDY_IMPORTS_TO_GO == set(), "import benchlib (move the shared part there), not another study"
+    assert STUDY_IMPORTS_TO_GO - found == set(), "an import went: take it off STUDY_IMPORTS_TO_GO"
