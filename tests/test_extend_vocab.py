@@ -101,3 +101,29 @@ def test_extend_vocab_end_to_end(released, tmp_path, clean_dist_env):
     r = CliRunner().invoke(main, ["extend-vocab", str(released), "--tokenizer", str(tmp_path / "ko"), "--out",
                                   str(tmp_path / "link")])
     assert r.exit_code != 0 and "is a link" in r.output and not any((tmp_path / "empty").iterdir())
+
+
+def test_a_modernbert_export_extended_loads_in_transformers(tmp_path, clean_dist_env):
+    """A bertkit ModernBERT export (tied decoder, its own decoder bias) grown by two tokens: transformers'
+    ModernBertForMaskedLM loads it with the new rows, the old ones as they were."""
+    from transformers import AutoModelForMaskedLM
+
+    from bertkit.models.bert_hf import read_weights
+    from bertkit.pretrain import export
+    from tests.helpers import tiny_run
+
+    _, run = tiny_run(tmp_path, "mb", model="modernbert-tiny", objective="mlm")
+    export(run, tmp_path / "model")
+    old_vocab = (tmp_path / "model" / "vocab.txt").read_text().splitlines()
+    (tmp_path / "new").mkdir()
+    (tmp_path / "new" / "vocab.txt").write_text("\n".join(SPECIALS + ["w1w2", "##zz", old_vocab[6]]) + "\n")
+    r = CliRunner().invoke(main, ["extend-vocab", str(tmp_path / "model"), "--tokenizer", str(tmp_path / "new"),
+                                  "--out", str(tmp_path / "ext")])
+    assert r.exit_code == 0, r.output
+    vocab = (tmp_path / "ext" / "vocab.txt").read_text().splitlines()
+    assert vocab[:len(old_vocab)] == old_vocab and vocab[len(old_vocab):len(old_vocab) + 2] == ["w1w2", "##zz"]
+    assert len(vocab) % 64 == 0
+    loaded = AutoModelForMaskedLM.from_pretrained(tmp_path / "ext")
+    old, new = read_weights(tmp_path / "model"), loaded.state_dict()
+    key = next(k for k in old if k.endswith("tok_embeddings.weight"))
+    assert new[key].shape[0] == len(vocab) and torch.equal(new[key][:len(old_vocab)], old[key])
