@@ -30,8 +30,10 @@ class ShardWriter:
     file in the work folder batch by batch and renamed into place when full: memory is one batch, whatever the
     shard size or the split's share of the corpus (a buffered shard grew with the holdout split up to shard_size)."""
 
-    def __init__(self, out: Path, split: str, shard_size: int, work: Path, schema: pa.Schema = CORPUS_SCHEMA):
+    def __init__(self, out: Path, split: str, shard_size: int, work: Path, schema: pa.Schema = CORPUS_SCHEMA,
+                 on_shard=None):
         self.out, self.split, self.shard_size, self.work, self.schema = out, split, shard_size, work, schema
+        self.on_shard = on_shard   # told of each shard in place (the unfinished manifest lists it)
         self.file = self.writer = None
         self.buffered, self.entries = 0, []
         self.rows = self.sentences = self.text_bytes = 0
@@ -86,6 +88,8 @@ class ShardWriter:
         os.replace(tmp, self.out / name)
         self.entries.append(ShardEntry(name, self.split, self.shard_rows, (self.out / name).stat().st_size,
                                        checksum_file(self.out / name)))
+        if self.on_shard is not None:
+            self.on_shard(self.entries[-1])
         self.rows += self.shard_rows
         self.file = self.writer = None
         self.shard_rows = 0
@@ -103,7 +107,7 @@ class Merger:
     def __init__(self, out: Path, holdout: float, shard_size: int, duplicates: list[Path], work: Path,
                  cluster_sizes: Path | None = None, drop_sentences: Path | None = None,
                  contaminated: Path | None = None, languages: bool = False, near: Path | None = None,
-                 keep_removed: bool = False, signals: bool = False):
+                 keep_removed: bool = False, signals: bool = False, on_shard=None):
         self.holdout_fraction = holdout
         self.duplicates = [np.load(p, mmap_mode="r") for p in duplicates]  # sorted row positions, one per partition
         # --near-dedup: each position's cluster size (0 where removed), added as a column
@@ -116,11 +120,11 @@ class Merger:
         self.contaminated_rows = 0
         # --near-dedup's removed positions, apart from the exact duplicates only to say the reason with --keep-removed
         self.near = np.load(near, mmap_mode="r") if near else np.zeros(0, np.int64)
-        self.removed = ShardWriter(out, "removed", shard_size, work, REMOVED_SCHEMA) if keep_removed else None
+        self.removed = ShardWriter(out, "removed", shard_size, work, REMOVED_SCHEMA, on_shard) if keep_removed else None
         self.position = 0  # rows of the parts merged so far
         schema = corpus_schema(cluster_sizes is not None, languages, signals)
-        self.train = ShardWriter(out, "train", shard_size, work, schema)
-        self.holdout = ShardWriter(out, "holdout", shard_size, work, schema)
+        self.train = ShardWriter(out, "train", shard_size, work, schema, on_shard)
+        self.holdout = ShardWriter(out, "holdout", shard_size, work, schema, on_shard)
 
     def _skipped(self, rows: int) -> np.ndarray:
         lo, hi = self.position, self.position + rows

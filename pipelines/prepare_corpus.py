@@ -41,6 +41,7 @@ from bertkit.formats import (
     CorpusColumns as C,
     CorpusError,
     CorpusManifest,
+    ShardEntry,
     corpus_schema,
     corpus_shards,
     read_corpus_manifest,
@@ -441,7 +442,7 @@ def _prepare_corpus(inputs, out: Path, config: CorpusConfig) -> CorpusManifest:
                     cluster_sizes=near[1] if near else None,
                     drop_sentences=clean[0] if clean and not whole else None, contaminated=clean[0] if whole else None,
                     languages=bool(config.languages), keep_removed=config.keep_removed,
-                    signals=config.filters != "none")
+                    signals=config.filters != "none", on_shard=unfinished_manifest(out, fingerprint))
     for part in parts:
         merger.add_part(part)
     if config.keep_removed:   # the merge's removals first, then each file's own, in input order
@@ -533,6 +534,18 @@ def start_or_resume(out: Path, config: CorpusConfig, fingerprint: dict) -> bool:
     atomic_write_json(manifest_path, {"stage": "prepare-corpus", "complete": False, "shards": [],
                                       "fingerprint": fingerprint, "bertkit_version": __version__})
     return True
+
+
+def unfinished_manifest(out: Path, fingerprint: dict):
+    """on_shard for the merge: each shard put in place is listed at once in the still unfinished manifest, so an
+    --overwrite after a kill mid-merge removes it (only listed files are ever removed)."""
+    written = []
+
+    def listed(entry: ShardEntry) -> None:
+        written.append(asdict(entry))
+        atomic_write_json(out / MANIFEST, {"stage": "prepare-corpus", "complete": False, "shards": written,
+                                           "fingerprint": fingerprint, "bertkit_version": __version__})
+    return listed
 
 
 def _remove_listed(out: Path, previous: dict | None) -> None:

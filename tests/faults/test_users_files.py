@@ -355,3 +355,32 @@ def test_a_corpus_overwrite_removes_only_the_removed_shards_it_listed(tmp_path):
                                                                           overwrite=True))
     assert [p.name for p in (tmp_path / "out" / "removed").iterdir()] == ["removed-00007.arrow"]
     assert (tmp_path / "out" / "holdout-00009.arrow").read_text() == "mine too\n"
+
+
+def test_an_overwrite_after_a_kill_mid_merge_leaves_no_stale_shard(tmp_path, monkeypatch):
+    """Shards the merge put in place before a kill are listed in the unfinished manifest at once, so --overwrite with
+    other options (fewer shards) takes them away: nothing of the killed run stays beside the new output."""
+    from bertkit.pipelines import corpus_merge
+    from bertkit.pipelines.prepare_corpus import CorpusConfig, prepare_corpus
+
+    docs = [f"Document {i} holds a sentence of some length. And a second sentence {i * 7} here." for i in range(60)]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    real_flush, flushed = corpus_merge.ShardWriter.flush, []
+
+    def killed_on_the_third(self):
+        if self.writer is not None:
+            flushed.append(self.split)
+            if len(flushed) == 3:
+                raise KeyboardInterrupt   # as a kill would stop it
+        return real_flush(self)
+
+    monkeypatch.setattr(corpus_merge.ShardWriter, "flush", killed_on_the_third)
+    with pytest.raises(KeyboardInterrupt):
+        prepare_corpus([tmp_path / "in.jsonl"], tmp_path / "out", CorpusConfig(holdout=0, progress=False,
+                                                                                shard_size=1024))
+    monkeypatch.setattr(corpus_merge.ShardWriter, "flush", real_flush)
+    assert sorted(p.name for p in (tmp_path / "out").glob("*.arrow")) == ["shard-00000.arrow", "shard-00001.arrow"]
+    prepare_corpus([tmp_path / "in.jsonl"], tmp_path / "out", CorpusConfig(holdout=0, progress=False,
+                                                                            shard_size=1 << 20, overwrite=True))
+    assert sorted(p.name for p in (tmp_path / "out").glob("*.arrow")) == ["shard-00000.arrow"]
+    assert json.loads((tmp_path / "out" / "manifest.json").read_text())["complete"] is True
