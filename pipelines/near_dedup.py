@@ -6,6 +6,7 @@ never change a byte): one signature task per part (each document's band hashes),
 (documents sharing a band hash become candidate pairs, each with the bucket's first), one check task per slice of
 the pairs (the pair's true Jaccard over its shingles, recomputed from the text), then the components in the main
 process (scipy's connected components: 4 bytes a document and 16 a checked pair)."""
+import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -180,12 +181,8 @@ class PartTexts:
     """Documents by position (their row in the parts in input order), read from the memory-mapped parts. Each call
     maps the parts it needs and lets them go: a task's memory does not grow with the corpus as it reads."""
 
-    def __init__(self, parts: list[str]):
-        self.parts, rows = parts, []
-        for part in parts:
-            with pa.memory_map(part, "r") as source:
-                rows.append(sum(batch.num_rows for batch in pa.ipc.open_stream(source)))
-        self.starts = np.cumsum([0] + rows)
+    def __init__(self, parts: list[str], rows: list[int]):
+        self.parts, self.starts = parts, np.cumsum([0] + list(rows))   # rows: each part's, as its signatures hold
 
     def texts(self, positions: np.ndarray) -> list[str]:
         """The documents at these sorted positions, each as one text."""
@@ -202,11 +199,12 @@ class PartTexts:
         return found
 
 
-def check_task(parts: list[str], pairs_file: str, lo: int, hi: int, settings: dict, out: str) -> dict:
+def check_task(parts: list[str], rows: list[int], pairs_file: str, lo: int, hi: int, settings: dict,
+               out: str) -> dict:
     """Task: pairs lo..hi of the candidate list, kept when their shingle sets' Jaccard reaches the threshold."""
     s = NearDedupSettings(**settings)
     pairs = np.asarray(np.load(pairs_file, mmap_mode="r")[lo:hi])
-    texts = PartTexts(parts)
+    texts = PartTexts(parts, rows)
     keep = np.zeros(len(pairs), bool)
     for start in range(0, len(pairs), 1024):   # a batch of pairs: their documents' shingles found at once
         chunk = pairs[start:start + 1024]
@@ -258,8 +256,10 @@ def run_near_dedup(engine: Engine, parts: list[Path], total_rows: int, settings:
     slices = [(lo, min(lo + PAIRS_PER_TASK, len(candidates))) for lo in range(0, len(candidates), PAIRS_PER_TASK)]
     checked = [folder / f"checked-{lo:012d}.npy" for lo, _ in slices]
     say(f"near-duplicates: checking {len(candidates):,} candidate pairs' Jaccard")
-    list(engine.map(check_task, [([str(p) for p in parts], str(folder / "candidates.npy"), lo, hi, options, str(out))
-                                 for (lo, hi), out in zip(slices, checked) if not finished(out, lo=lo, hi=hi)]))
+    rows = [int(json.loads(p.with_suffix(".json").read_text())["rows"]) for p in signatures]   # counted once
+    list(engine.map(check_task, [([str(p) for p in parts], rows, str(folder / "candidates.npy"), lo, hi, options,
+                                  str(out)) for (lo, hi), out in zip(slices, checked)
+                                 if not finished(out, lo=lo, hi=hi)]))
     edges = np.concatenate([np.load(p) for p in checked] + [np.zeros((0, 2), np.int64)])
     removed, sizes, counts = clusters(edges, total_rows)
     counts.update(candidate_pairs=len(candidates), checked_pairs=len(edges))
