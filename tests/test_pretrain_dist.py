@@ -206,3 +206,51 @@ def test_one_process_sigterm_saves_then_exits(setup, clean_dist_env):
     model, cfg2, _ = build_model(PretrainConfig(instances=str(inst), out=str(root / "p2"), init_from=str(run),
                                                 dropout=0.0), read_instances_manifest(inst), None)
     assert cfg2.hidden_dropout == 0.0 and model.export_dropout == {"hidden": 0.1, "attention": 0.1}
+
+
+def test_a_plan_on_two_ranks_carries_its_optimizer_state_averages_and_warms_its_batch(setup):
+    """`deepspeed --num_gpus 2 cli.py pretrain --plan`: two ZeRO-2 phases, the first warming its batch from a quarter,
+    the second carrying the first's Adam state (each rank's partition: its step count goes on) and keeping a
+    moving average that `export --ema` writes."""
+    root, inst = setup
+    (root / "plan.toml").write_text(f"""
+model = "{root / 'model.json'}"
+instances = "{inst}"
+micro_batch = 8
+global_batch = 32
+optimizer = "adamw"
+zero_stage = 2
+num_workers = 0
+eval_every = 0
+log_every = 1
+save_every = 100
+report_to = "none"
+
+[[phase]]
+name = "first"
+max_steps = 4
+batch_warmup_from = 0.25
+batch_warmup_steps = 2
+
+[[phase]]
+name = "second"
+max_steps = 3
+ema = 0.9
+""")
+    out = finish(launch(["--plan", root / "plan.toml", "--out", root / "planned", "--no-progress"]))
+    record = json.loads((root / "planned" / "plan.json").read_text())
+    assert [(p["name"], p["step"], p["done"]) for p in record["phases"]] == [("first", 4, True), ("second", 3, True)], \
+        out[-3000:]
+    # the first phase's micro batches a rank: 1, then 2 a step (the whole batch: 32 / (8 x 2 ranks)); 7 on each of
+    # 2 ranks, 8 sequences of at most 48 tokens each; the second's 3 x 2 x 2
+    first, second = (p["tokens"] for p in record["phases"])
+    assert 0 < first <= 7 * 2 * 8 * 48 and 0 < second <= 6 * 2 * 8 * 48
+    for rank in (0, 1):
+        states = torch.load(next((root / "planned" / "02-second" / "checkpoints" / "global_step3").glob(
+            f"*zero_pp_rank_{rank}_*optim_states.pt")), weights_only=False)["optimizer_state_dict"]
+        steps = {float(s["step"]) for s in states["base_optimizer_state"]["state"].values()}
+        assert steps == {7.0}, (rank, steps)   # 4 carried + 3
+    assert (root / "planned" / "02-second" / "checkpoints" / "global_step3" / "ema.pt").is_file()
+    from bertkit.pretrain import export
+
+    assert (export(root / "planned" / "02-second", root / "ema-export", ema=True) / "model.safetensors").is_file()
