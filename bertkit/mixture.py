@@ -24,6 +24,25 @@ def weights_for(sizes: list[int], weights: list[float | None], temperature: floa
     return given / given.sum()
 
 
+def capped(probabilities: np.ndarray, sizes: list[int], rows: int, max_epochs: float) -> np.ndarray:
+    """The probabilities with no source drawn more than max_epochs times over its rows in a run of `rows` draws: a
+    source above it is held at the cap, the others share the rest in their proportions (again, until none is over;
+    Olmo's and mmBERT's cap on repeating a small source). ValueError when even every source at its cap cannot fill
+    the run."""
+    p, sizes = np.asarray(probabilities, dtype=np.float64), np.asarray(sizes, dtype=np.float64)
+    limit = max_epochs * sizes / rows
+    if limit.sum() < 1:
+        raise ValueError(f"--mixture-max-epochs {max_epochs:g}: the run draws {rows:,} rows, more than {max_epochs:g} "
+                         f"passes over the folders' {int(sizes.sum()):,}; raise it, or train fewer steps")
+    held = np.zeros(len(p), bool)
+    while (over := ~held & (p > limit + 1e-12)).any():
+        held |= over
+        free = ~held
+        p = np.where(held, limit, p)
+        p[free] = p[free] / p[free].sum() * (1 - p[held].sum()) if free.any() else p[free]
+    return p / p.sum()
+
+
 def apportion(probabilities: np.ndarray, total: int) -> np.ndarray:
     """Integer shares of `total` in the probabilities' proportions, summing to it (largest remainder; ties to the
     earlier source)."""
@@ -178,12 +197,16 @@ def read_manifests(sources: list[Source]) -> list:
     return manifests
 
 
-def open_mixture(sources: list[Source], temperature: float | None, seed: int) -> tuple[Mixture, Joined]:
-    """(the training mixture, the held-out splits joined) of the sources' folders."""
+def open_mixture(sources: list[Source], temperature: float | None, seed: int,
+                 cap: tuple[float, int] | None = None) -> tuple[Mixture, Joined]:
+    """(the training mixture, the held-out splits joined) of the sources' folders; cap: (max epochs a source, the
+    rows the run draws)."""
     from bertkit.data import InstanceDataset
 
     manifests = read_manifests(sources)
     train = [InstanceDataset(s.folder, "train", seed, m) for s, m in zip(sources, manifests)]
     probabilities = weights_for([len(d) for d in train], [s.weight for s in sources], temperature)
+    if cap is not None:
+        probabilities = capped(probabilities, [len(d) for d in train], cap[1], cap[0])
     return Mixture(train, probabilities, seed), \
         Joined([InstanceDataset(s.folder, "holdout", seed, m) for s, m in zip(sources, manifests)])

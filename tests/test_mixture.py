@@ -237,3 +237,26 @@ def test_a_masking_rate_scheduled_inside_a_run(folders, tmp_path, clean_dist_env
     assert losses(tmp_path / "halves") == losses(tmp_path / "whole")
     with pytest.raises(ConfigError, match="--masked-lm-prob-end 0.1: .*give both"):
         mixed(folders, tmp_path / "x", masked_lm_prob_end=0.1)
+
+
+def test_a_cap_on_epochs_holds_a_small_folder_at_it(folders, tmp_path, clean_dist_env):
+    """--mixture-max-epochs 1 over 10 steps of 8 rows (80 draws): en (40 rows) at 0.8 would be drawn 1.6 times over;
+    held at 0.5 (40 of 80 in expectation), ko gets the rest; the cap's run length
+    cannot change on a resume; a run longer than every folder's cap allows is refused."""
+    from bertkit.mixture import capped
+
+    assert capped(np.array([0.2, 0.8]), [96, 40], 80, 1.0) == pytest.approx([0.5, 0.5])
+    assert capped(np.array([0.5, 0.3, 0.2]), [100, 10, 100], 100, 1.0) == pytest.approx([0.5 / 0.7 * 0.9, 0.1,
+                                                                                          0.2 / 0.7 * 0.9])
+    assert capped(np.array([0.2, 0.8]), [96, 40], 80, 4.0) == pytest.approx([0.2, 0.8])   # under the cap: as given
+    with pytest.raises(ValueError, match="more than 0.5 passes"):
+        capped(np.array([0.5, 0.5]), [96, 40], 80, 0.5)
+    mix = (f"{folders / 'ko'}=0.2", f"{folders / 'en'}=0.8")
+    result = mixed(folders, tmp_path / "run", mixture=mix, max_steps=10, mixture_max_epochs=1.0, eval_every=0)
+    en = result["mixture"]["sources"][1]
+    # held at half the draws; 80 of an epoch's 136 slots are a random sample of it: 40 rows give or take its spread
+    assert en["target"] == pytest.approx(0.5) and 32 <= en["rows"] <= 48
+    with pytest.raises(ConfigError, match="max_steps 10 -> 12"):
+        mixed(folders, tmp_path / "run", mixture=(), resume=True, max_steps=12)
+    with pytest.raises(ConfigError, match="more than 0.2 passes"):
+        mixed(folders, tmp_path / "short", mixture=mix, max_steps=10, mixture_max_epochs=0.2, eval_every=0)

@@ -57,6 +57,9 @@ class Duration(click.ParamType):
 @click.option("--masked-lm-prob-end", type=Real(0, 1, min_open=True, max_open=True),
               help="Move the training rate linearly from --masked-lm-prob at the first step to this at the last "
                    "(mmBERT lowers it: 0.3 to 0.15 to 0.05 over its phases); the held-out split keeps its own.")
+@click.option("--mixture-max-epochs", type=Real(0, min_open=True),
+              help="--mixture: draw no folder more than this many passes over its rows in the run (its share held "
+                   "there, the others' raised in their proportions; a small source repeated less).")
 @click.option("--mixture-temperature", type=Real(0),
               help="--mixture without weights: each folder sampled in proportion to its rows raised to this (1: by "
                    "size, 0: evenly; multilingual encoders take 0.3-0.7)  [default: 1].")

@@ -71,6 +71,7 @@ class PretrainConfig:
                                           # fixed budget); None: --micro-batch sequences each
     mixture: tuple = ()                   # several instance folders as one: "DIR=WEIGHT" (or "DIR" with
                                           # mixture_temperature) items; instances is then the first (bertkit.mixture)
+    mixture_max_epochs: float | None = None    # no folder of a mixture drawn more than this many passes in the run
     mixture_temperature: float | None = None   # no weights: each folder's rows raised to this (1: by size)
     masked_lm_prob: float | None = None   # dynamic instances masked at this rate in training (ModernBERT: 0.3); the
                                           # held-out split keeps the instances' own, so curves compare
@@ -169,6 +170,10 @@ class PretrainConfig:
         if self.mixture and self.token_budget is not None:
             raise ConfigError("--token-budget packs rows by their lengths, which a mixture's rows change every epoch; "
                               "train a --mixture with --micro-batch")
+        if self.mixture_max_epochs is not None and not (self.mixture and self.mixture_max_epochs > 0 and
+                                                        self.time_budget is None):
+            raise ConfigError("--mixture-max-epochs caps a --mixture's folders over the run's --max-steps (not a "
+                              "--time-budget), at a number above 0")
         if self.mixture_temperature is not None and not (self.mixture and self.mixture_temperature >= 0):
             raise ConfigError("--mixture-temperature goes with a --mixture of folders without weights, at 0 or above")
 

@@ -15,14 +15,16 @@ from bertkit.pretrain.config import ConfigError, DeepSpeedSettings, PretrainConf
 
 # flags (PretrainConfig) and resolved settings (DeepSpeedSettings) a resume cannot change
 KEPT_FLAGS = ("seed", "time_budget", "schedule_from", "betas", "eps", "norm", "pad_vocab_to", "model", "init_from",
-              "token_budget", "mixture", "mixture_temperature", "batch_warmup_from", "batch_warmup_steps")
+              "token_budget", "mixture", "mixture_temperature", "batch_warmup_from", "batch_warmup_steps",
+              "mixture_max_epochs")
 KEPT_SETTINGS = ("micro_batch", "global_batch", "zero_stage", "precision", "optimizer")
 APPLIED_SETTINGS = ("lr", "weight_decay", "grad_clip")
 NOT_COMPARED = ("instances", "out", "resume", "progress", "deepspeed_config", "recipe", "objective",
                 "init_optimizer")   # read only when a run begins
 WHY_KEPT = {"seed": "the data order", "micro_batch": "the data order", "global_batch": "the data order",
             "token_budget": "the data order", "mixture": "the data order", "batch_warmup_from": "the data order",
-            "batch_warmup_steps": "the data order", "mixture_temperature": "the data order",
+            "batch_warmup_steps": "the data order", "mixture_max_epochs": "the data order",
+            "mixture_temperature": "the data order", "max_steps": "a --mixture-max-epochs cap's run length",
             "time_budget": "the schedule", "schedule_from": "the schedule", "model": "the weights",
             "norm": "the weights", "pad_vocab_to": "the weights", "init_from": "the weights (the run's own checkpoint "
             "continues it)", "zero_stage": "the optimizer state", "precision": "the optimizer state",
@@ -94,6 +96,8 @@ def compare(run: RunConfig, cfg: PretrainConfig, settings: DeepSpeedSettings, wo
             continue  # another path to the same shape
         if before != after and not (f.name in ("norm", "pad_vocab_to", "init_from") and after is None):
             (refused if f.name in KEPT_FLAGS else applied).append(Change(f.name, before, after))
+    if run.pretrain.get("mixture_max_epochs") is not None and run.pretrain.get("max_steps") != cfg.max_steps:
+        refused.append(Change("max_steps", run.pretrain.get("max_steps"), cfg.max_steps))   # the cap's run length
     if run.objective != objective:
         refused.append(Change("objective", run.objective, objective))
     if run.max_seq_length and manifest.max_seq_length != run.max_seq_length:

@@ -170,14 +170,15 @@ def sampler_for(cfg: PretrainConfig, train: InstanceDataset, micro_batch: int, r
     return sampler
 
 
-def training_data(cfg: PretrainConfig, manifest: InstancesManifest) -> tuple:
+def training_data(cfg: PretrainConfig, manifest: InstancesManifest, rows_planned: int | None = None) -> tuple:
     """(training rows, held-out rows): of --instances, or --mixture's folders in their proportions (their held-out
     splits joined); the training rows masked at --masked-lm-prob where given, the held-out ones as made."""
     from bertkit.mixture import open_mixture, parse_mixture
 
     try:
         if cfg.mixture:
-            train, holdout = open_mixture(parse_mixture(cfg.mixture), cfg.mixture_temperature, cfg.seed)
+            cap = (cfg.mixture_max_epochs, rows_planned) if cfg.mixture_max_epochs is not None else None
+            train, holdout = open_mixture(parse_mixture(cfg.mixture), cfg.mixture_temperature, cfg.seed, cap)
         else:
             train, holdout = InstanceDataset(cfg.instances, "train", cfg.seed, manifest), \
                 InstanceDataset(cfg.instances, "holdout", cfg.seed, manifest)
@@ -242,7 +243,7 @@ def start_run(cfg: PretrainConfig, manifest: InstancesManifest, rank: int, world
     torch.distributed.barrier()
 
     step, skipped, last_ckpt = resume_or_seed(cfg, engine, scheduler, chosen, changes, settings, ds_config, rank)
-    train, holdout = training_data(cfg, manifest)
+    train, holdout = training_data(cfg, manifest, max_steps * settings.global_batch if max_steps else None)
     sampler = sampler_for(cfg, train, settings.micro_batch, rank, world)
     flops = functools.partial(training_flops, sum(p.numel() for p in model.parameters()), model.cfg.num_layers,
                               model.cfg.hidden_size)
