@@ -1,6 +1,6 @@
 """What the studies share, written once (issue 84: a study imports this and record.py, never another study): where
 the shared data is, a timestamped line, whether a stage's folder is finished, and the masked-token score of an
-export on held-out rows."""
+export on held-out rows, a step's median time, a synthetic batch."""
 import os
 import time
 from pathlib import Path
@@ -62,3 +62,46 @@ def masked_only_accuracy(model_dir: Path, instances: Path, rows: int = 400, seed
             total += len(pos)
     return {"masked_only_acc": hit / total, "loss": loss / total, "unigram_acc": top_hit / total,
             "unigram_token": tok.id_to_token(top), "positions": total}
+
+
+def time_steps(step, steps: int, device: str) -> float:
+    """The median seconds of `steps` calls of step() after one warm-up call (a GPU synchronised around each)."""
+    import statistics
+
+    import torch
+
+    step()  # warm-up (and Triton's compiles)
+    times = []
+    for _ in range(steps):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        step()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def make_batch(batch: int, seq: int, vocab: int, seed: int = 0):
+    """A collated synthetic MLM+NSP batch: rows of seq-8..seq tokens (a tenth shorter), 15 % masked."""
+    import numpy as np
+
+    from bertkit.data import collate
+
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(batch):
+        n = int(rng.integers(seq - 8, seq + 1)) if rng.random() < 0.9 else int(rng.integers(8, seq + 1))
+        ids = rng.integers(5, vocab, size=n)
+        ids[0], ids[-1], b = 2, 3, n // 2
+        ids[b - 1] = 3
+        k = min(max(1, round(n * 0.15)), max(1, seq * 20 // 128))
+        pos = np.sort(rng.choice(np.arange(1, n - 1), size=k, replace=False))
+        labels = ids[pos].copy()
+        ids[pos] = 4
+        tt = np.zeros(n, dtype=np.int64)
+        tt[b:] = 1
+        rows.append({"input_ids": ids, "token_type_ids": tt, "mlm_positions": pos, "mlm_labels": labels,
+                     "next_sentence_label": int(rng.integers(0, 2))})
+    return collate(rows)

@@ -13,7 +13,7 @@ import argparse
 import statistics
 
 import torch
-from modernbert_step import time_steps
+from benchlib import time_steps
 from record import run_info, write_result
 
 from bertkit.precision import autocast, cpu_bf16_units

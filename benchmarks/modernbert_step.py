@@ -13,11 +13,10 @@ recorded. On a GPU (--device cuda: bf16 autocast, synchronised timing) bertkit r
 RoPE and the local window inside the attention kernels; torch: SDPA over each layer's padded grid).
 """
 import argparse
-import statistics
-import time
 from pathlib import Path
 
 import torch
+from benchlib import time_steps
 from record import run_info, write_result
 
 from bertkit.models.modernbert import ModernBertConfig, ModernBertForMaskedLM, hf_state_dict
@@ -43,20 +42,6 @@ def masked(ids: torch.Tensor, g: torch.Generator) -> torch.Tensor:
     pick = torch.rand(ids.shape, generator=g) < 0.3
     labels[pick] = ids[pick]
     return labels
-
-
-def time_steps(step, steps: int, device: str) -> float:
-    step()  # warm-up (and Triton's compiles)
-    times = []
-    for _ in range(steps):
-        if device == "cuda":
-            torch.cuda.synchronize()
-        t = time.perf_counter()
-        step()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
 
 
 def main():

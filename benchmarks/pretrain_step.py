@@ -29,32 +29,10 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from benchlib import make_batch
 from record import run_info
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def make_batch(batch: int, seq: int, vocab: int, seed: int = 0):
-    import numpy as np
-
-    from bertkit.data import collate
-
-    rng = np.random.default_rng(seed)
-    rows = []
-    for _ in range(batch):
-        n = int(rng.integers(seq - 8, seq + 1)) if rng.random() < 0.9 else int(rng.integers(8, seq + 1))
-        ids = rng.integers(5, vocab, size=n)
-        ids[0], ids[-1], b = 2, 3, n // 2
-        ids[b - 1] = 3
-        k = min(max(1, round(n * 0.15)), max(1, seq * 20 // 128))
-        pos = np.sort(rng.choice(np.arange(1, n - 1), size=k, replace=False))
-        labels = ids[pos].copy()
-        ids[pos] = 4
-        tt = np.zeros(n, dtype=np.int64)
-        tt[b:] = 1
-        rows.append({"input_ids": ids, "token_type_ids": tt, "mlm_positions": pos, "mlm_labels": labels,
-                     "next_sentence_label": int(rng.integers(0, 2))})
-    return collate(rows)
 
 
 def measure(impl: str, config: str, seq: int, batch: int, device: str, precision: str, steps: int, warmup: int,

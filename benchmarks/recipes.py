@@ -144,7 +144,7 @@ def speed(args):
 def vocab_speed() -> list[dict]:
     """A mini pretraining step with the vocabulary's rows padded to 1, 8 or 64."""
     import torch
-    from pretrain_step import make_batch
+    from benchlib import make_batch
 
     from bertkit.models.bert import BertForPreTraining
     from bertkit.models.bert_config import BertConfig
