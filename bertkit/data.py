@@ -257,14 +257,9 @@ class EpochBatches:
                  else np.arange(self.num_rows))
         return order[: self.per_epoch * self.micro_batch * self.world_size]
 
-    def tokens_drawn(self, lengths: np.ndarray, micro_batches: int) -> int:
-        """Tokens of the rows in the first `micro_batches` micro batches of every rank (over epochs, one epoch's
-        order in memory at a time)."""
-        per_epoch, total = max(self.per_epoch, 1), 0
-        for epoch in range(-(-micro_batches // per_epoch)):
-            take = min(micro_batches - epoch * per_epoch, per_epoch) * self.micro_batch * self.world_size
-            total += int(lengths[self.dealt(epoch)[:take]].sum())
-        return total
+    def first_rows(self, epoch: int, micro_batches: int) -> np.ndarray:
+        """The rows of the epoch's first `micro_batches` micro batches of every rank."""
+        return self.dealt(epoch)[:micro_batches * self.micro_batch * self.world_size]
 
     def epoch_indices(self, epoch: int) -> np.ndarray:
         mine = self.dealt(epoch)[self.rank::self.world_size]
@@ -275,6 +270,24 @@ class EpochBatches:
             raise InstancesError(f"{self.num_rows} instances cannot fill one micro batch of {self.micro_batch} on "
                                  f"each of {self.world_size} rank(s); lower --micro-batch or make more instances.")
         yield from _epoch_after_epoch(self.epoch_indices, self.start_epoch, self.start)
+
+
+def drawn_rows(sampler, micro_batches: int):
+    """(epoch, its rows) of the first `micro_batches` micro batches of every rank of an EpochBatches or
+    TokenBudgetBatches, one epoch in memory at a time."""
+    per_epoch = max(sampler.per_epoch, 1)
+    for epoch in range(-(-micro_batches // per_epoch)):
+        yield epoch, sampler.first_rows(epoch, min(micro_batches - epoch * per_epoch, per_epoch))
+
+
+def tokens_drawn(sampler, lengths: np.ndarray, micro_batches: int) -> int:
+    """Tokens of the rows in the first `micro_batches` micro batches of every rank."""
+    return sum(int(lengths[rows].sum()) for _, rows in drawn_rows(sampler, micro_batches))
+
+
+def scheduled_rate(first: float, last: float, steps: int, step: int) -> float:
+    """A rate linear from `first` at step 0 to `last` at step `steps` - 1 (to six places)."""
+    return round(first + (last - first) * min(step, steps - 1) / max(steps - 1, 1), 6)
 
 
 @dataclass
@@ -289,12 +302,9 @@ class RateSchedule:
     step_of: object = None   # micro batch -> its step; None: one micro batch a step
     start: int = 0
 
-    def rate(self, step: int) -> float:
-        return round(self.first + (self.last - self.first) * min(step, self.steps - 1) / max(self.steps - 1, 1), 6)
-
     def __iter__(self):
         for k, keys in enumerate(self.batches, start=self.start):
-            rate = self.rate(self.step_of(k) if self.step_of else k)
+            rate = scheduled_rate(self.first, self.last, self.steps, self.step_of(k) if self.step_of else k)
             yield [(*key, rate) for key in keys]
 
 
@@ -355,15 +365,12 @@ class TokenBudgetBatches:
     def per_epoch(self) -> int:
         return int(self.lengths.sum()) // (self.budget * self.world_size)
 
-    def tokens_drawn(self, lengths: np.ndarray, micro_batches: int) -> int:
-        """Tokens of the first `micro_batches` micro batches of every rank (over epochs): the bins are dealt in turn,
-        so they are each epoch's first micro batches x ranks bins."""
-        per_epoch, total = max(self.per_epoch, 1), 0
-        for epoch in range(-(-micro_batches // per_epoch)):
-            order = np.random.default_rng([self.seed, epoch]).permutation(len(self.lengths))
-            take = min(micro_batches - epoch * per_epoch, per_epoch) * self.world_size
-            total += sum(int(lengths[b].sum()) for b in best_fit(self.lengths, order, self.budget)[:take])
-        return total
+    def first_rows(self, epoch: int, micro_batches: int) -> np.ndarray:
+        """The rows of the epoch's first `micro_batches` micro batches of every rank: the bins are dealt in turn, so
+        they are the first micro batches x ranks bins."""
+        order = np.random.default_rng([self.seed, epoch]).permutation(len(self.lengths))
+        bins = best_fit(self.lengths, order, self.budget)[:micro_batches * self.world_size]
+        return np.asarray([row for b in bins for row in b], dtype=np.int64)
 
     def epoch_bins(self, epoch: int) -> list[list[int]]:
         order = np.random.default_rng([self.seed, epoch]).permutation(len(self.lengths))

@@ -137,18 +137,15 @@ class Mixture:
     def realised(self, sampler, micro_batches: int) -> dict:
         """Rows and tokens of each source in the first `micro_batches` micro batches every rank drew from `sampler`
         (bertkit.data.EpochBatches over this mixture)."""
+        from bertkit.data import drawn_rows
+
         counts, tokens = np.zeros(len(self.datasets), np.int64), np.zeros(len(self.datasets), np.int64)
         lengths = [d.lengths() for d in self.datasets]
-        rows = micro_batches * sampler.micro_batch * sampler.world_size
-        epoch = 0
-        while rows > 0:
-            slots = sampler.dealt(epoch)[:rows]
+        for epoch, slots in drawn_rows(sampler, micro_batches):
             source, _, row = self.rows_of(epoch, slots)
             counts += np.bincount(source, minlength=len(counts))
             for s in range(len(counts)):
                 tokens[s] += int(lengths[s][row[source == s]].sum())
-            rows -= len(slots)
-            epoch += 1
         return {"rows": counts.tolist(), "tokens": tokens.tolist()}
 
 

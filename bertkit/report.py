@@ -218,7 +218,7 @@ def plan_report(plan_dir: Path) -> str:
     steps, tokens, batch, length, masking, RoPE theta, reach and sources, and the plan as given."""
     record = json.loads((plan_dir / "plan.json").read_text(encoding="utf-8"))
     records, marks, rows, offset = [], [], [], 0
-    for planned, phase in zip(record.get("phases_planned", []), record.get("phases", [])):
+    for phase in record.get("phases", []):
         if Path(str(phase.get("folder"))).name != phase.get("folder"):   # a plan.json from elsewhere: below it only
             raise ReportError(f"{plan_dir / 'plan.json'}: phase folder {phase.get('folder')!r} is not a folder name")
         folder = plan_dir / phase["folder"]

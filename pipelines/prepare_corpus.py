@@ -531,9 +531,14 @@ def start_or_resume(out: Path, config: CorpusConfig, fingerprint: dict) -> bool:
             raise CorpusError(f"{out}: holds shard files but no manifest.json. Use another --out, or --overwrite")
     work.mkdir(parents=True, exist_ok=True)
     atomic_write_json(work / "state.json", {"fingerprint": fingerprint})
-    atomic_write_json(manifest_path, {"stage": "prepare-corpus", "complete": False, "shards": [],
-                                      "fingerprint": fingerprint, "bertkit_version": __version__})
+    write_unfinished(out, fingerprint, [])
     return True
+
+
+def write_unfinished(out: Path, fingerprint: dict, shards: list[dict]) -> None:
+    """OUT's manifest while the run goes on: not complete, the shards already in place listed."""
+    atomic_write_json(out / MANIFEST, {"stage": "prepare-corpus", "complete": False, "shards": shards,
+                                       "fingerprint": fingerprint, "bertkit_version": __version__})
 
 
 def unfinished_manifest(out: Path, fingerprint: dict):
@@ -543,8 +548,7 @@ def unfinished_manifest(out: Path, fingerprint: dict):
 
     def listed(entry: ShardEntry) -> None:
         written.append(asdict(entry))
-        atomic_write_json(out / MANIFEST, {"stage": "prepare-corpus", "complete": False, "shards": written,
-                                           "fingerprint": fingerprint, "bertkit_version": __version__})
+        write_unfinished(out, fingerprint, written)
     return listed
 
 

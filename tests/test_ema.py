@@ -72,3 +72,24 @@ def test_ema_is_refused_where_it_cannot_be(tmp_path, clean_dist_env):
         tiny_run(tmp_path, "z3", ema=0.99, zero_stage=3)
     with pytest.raises(ConfigError, match="--ema 1.0"):
         tiny_run(tmp_path, "one", ema=1.0)
+
+
+def test_a_rollback_takes_the_moving_average_back_to_its_checkpoint(tmp_path, clean_dist_env, monkeypatch):
+    """A non-finite loss at step 6, rolled back to step 4's checkpoint: step 5's update (a step that stood) leaves
+    the average with it, which is again exactly the one step 4's ema.pt holds."""
+    from bertkit.pretrain import divergence, train as loop
+    from bertkit.pretrain.ema import read_ema
+
+    real_roll_back, seen = loop.roll_back, []
+
+    def watched(run, problem):
+        saved = read_ema(run.last_ckpt)
+        moved = any(not torch.equal(v, saved[k]) for k, v in run.ema.state_dict().items())
+        real_roll_back(run, problem)
+        seen.append((moved, all(torch.equal(v, saved[k]) for k, v in run.ema.state_dict().items())))
+
+    monkeypatch.setattr(loop, "roll_back", watched)
+    monkeypatch.setattr(divergence, "_FAULTS_DONE", set())
+    monkeypatch.setenv("BERTKIT_FAULT_STEPS", "6:nan")
+    tiny_run(tmp_path, "rolled", ema=0.5, max_steps=8, save_every=4, on_nonfinite="rollback")
+    assert seen == [(True, True)]

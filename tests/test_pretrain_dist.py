@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from bertkit.safe_load import safe_load
 from tests.helpers import BIN, TINY, env_without_dist as _env, finish, launch, make_instances_dir
 
 pytestmark = pytest.mark.slow  # launches DeepSpeed ranks
@@ -246,8 +247,8 @@ ema = 0.9
     first, second = (p["tokens"] for p in record["phases"])
     assert 0 < first <= 7 * 2 * 8 * 48 and 0 < second <= 6 * 2 * 8 * 48
     for rank in (0, 1):
-        states = torch.load(next((root / "planned" / "02-second" / "checkpoints" / "global_step3").glob(
-            f"*zero_pp_rank_{rank}_*optim_states.pt")), weights_only=False)["optimizer_state_dict"]
+        states = safe_load(next((root / "planned" / "02-second" / "checkpoints" / "global_step3").glob(
+            f"*zero_pp_rank_{rank}_*optim_states.pt")))["optimizer_state_dict"]   # tensors only, never code
         steps = {float(s["step"]) for s in states["base_optimizer_state"]["state"].values()}
         assert steps == {7.0}, (rank, steps)   # 4 carried + 3
     assert (root / "planned" / "02-second" / "checkpoints" / "global_step3" / "ema.pt").is_file()

@@ -38,6 +38,10 @@ class EMA:
         if not (Path(checkpoint) / EMA_FILE).is_file():
             return False
         state = read_ema(checkpoint)
+        if missing := [k for k, i in self.keys.items() if k not in state or state[k].shape != self.average[i].shape]:
+            from bertkit.errors import DamagedFileError
+
+            raise DamagedFileError(Path(checkpoint) / EMA_FILE, f"holds no average for {missing[0]!r} of this model")
         for key, i in self.keys.items():
             self.average[i].copy_(state[key])
         return True

@@ -30,6 +30,7 @@ one from its last checkpoint, with the same losses as a run never stopped. A pha
 save_every_tokens, eval_every_tokens and batch_warmup_tokens; `batch_tokens` keeps a step's tokens at every
 length; a phase longer than the one before says how much of its data reaches the new length (long_reach). The
 reference: plans.md."""
+import math
 import os
 from dataclasses import fields
 from pathlib import Path
@@ -63,8 +64,6 @@ def plan_file(plan) -> Path:
 
 def scaled(settings: dict, scale: float) -> dict:
     """--plan-scale times a length (tokens, steps or seconds; steps rounded up)."""
-    import math
-
     def length(key, value):
         return max(1, math.ceil(value * scale)) if key in ("max_steps", "batch_warmup_steps") else value * scale
 
@@ -119,11 +118,12 @@ def phase_config(defaults: dict, phase: dict, index: int, out: Path, previous: P
         settings.setdefault("init_optimizer", True)   # ModernBERT's handoff: the moments go on
     if "batch_tokens" in settings:
         settings.update(batch_for_tokens(settings, int(settings.pop("batch_tokens")), phase["name"]))
+    in_tokens = {setting: settings.pop(key) for key, setting in IN_TOKENS.items() if key in settings}
     if "tokens" in phase:
-        settings["max_steps"] = steps_for_tokens(settings, float(phase["tokens"]))
-    for key, setting in IN_TOKENS.items():
-        if key in settings:
-            settings[setting] = steps_for_tokens(settings, float(settings.pop(key)))
+        in_tokens["max_steps"] = phase["tokens"]
+    if in_tokens:   # the phase's data read once for all of them
+        per_step = tokens_a_step(settings)
+        settings.update({setting: max(1, math.ceil(float(tokens) / per_step)) for setting, tokens in in_tokens.items()})
     folder = out / f"{index + 1:02d}-{phase['name']}"
     try:
         return PretrainConfig(**settings, out=str(folder), progress=progress,
@@ -132,12 +132,11 @@ def phase_config(defaults: dict, phase: dict, index: int, out: Path, previous: P
         raise ConfigError(f"--plan: phase {phase['name']}: {e}") from None
 
 
-def phase_folders(settings: dict) -> list[str]:
+def data_folders(mixture, instances) -> list[str]:
     """The instance folders a phase reads: its mixture's, else its instances."""
     from bertkit.mixture import parse_mixture
 
-    return [m.folder for m in parse_mixture(settings["mixture"])] if settings.get("mixture") else \
-        [settings["instances"]]
+    return [m.folder for m in parse_mixture(mixture)] if mixture else [instances]
 
 
 def batch_for_tokens(settings: dict, batch_tokens: int, name: str) -> dict:
@@ -145,7 +144,7 @@ def batch_for_tokens(settings: dict, batch_tokens: int, name: str) -> dict:
     a step = batch_tokens / the instances' length, micro batches the largest that divide them (at most the plan's)."""
     from bertkit.formats import read_instances_manifest
 
-    length = read_instances_manifest(phase_folders(settings)[0]).max_seq_length
+    length = read_instances_manifest(data_folders(settings.get("mixture"), settings.get("instances"))[0]).max_seq_length
     world = int(os.environ.get("WORLD_SIZE", "1"))
     sequences = batch_tokens // length
     if sequences < world or sequences % world or batch_tokens % length:
@@ -180,11 +179,9 @@ def long_reach(folder, previous_length: int, rows: int = 20_000) -> dict:
             "share_reaching_length": round(float(spans[spans >= 0.9 * length].sum()) / total, 4)}
 
 
-def steps_for_tokens(settings: dict, tokens: float) -> int:
-    """A phase's length in tokens as steps: tokens / (sequences a step x the mean tokens of a row its data holds,
-    a mixture's weighted by its targets), at least 1."""
-    import math
-
+def tokens_a_step(settings: dict) -> float:
+    """A phase's tokens a step: sequences a step x the mean tokens of a row its data holds (a mixture's weighted by
+    its targets); a length in tokens is that many steps, rounded up."""
     from bertkit.data import InstanceDataset
     from bertkit.mixture import open_mixture, parse_mixture
 
@@ -195,24 +192,20 @@ def steps_for_tokens(settings: dict, tokens: float) -> int:
         per_row = float(InstanceDataset(settings["instances"], "train").lengths().mean())
     sequences = settings.get("global_batch") or \
         (settings.get("micro_batch") or 32) * int(os.environ.get("WORLD_SIZE", "1"))
-    return max(1, math.ceil(tokens / (sequences * per_row)))
+    return sequences * per_row
 
 
 def max_length(cfg: PretrainConfig) -> int:
     from bertkit.formats import read_instances_manifest
 
-    return read_instances_manifest(folders(cfg)[0]).max_seq_length
-
-
-def folders(cfg: PretrainConfig) -> list[str]:
-    return phase_folders({"mixture": cfg.mixture, "instances": cfg.instances})
+    return read_instances_manifest(data_folders(cfg.mixture, cfg.instances)[0]).max_seq_length
 
 
 def extension(cfg: PretrainConfig, before: int | None, name: str) -> list[dict]:
     """A phase longer than the one before: long_reach of each folder it reads, said; [] otherwise."""
     if before is None or max_length(cfg) <= before:
         return []
-    reach = [long_reach(folder, before) for folder in folders(cfg)]
+    reach = [long_reach(folder, before) for folder in data_folders(cfg.mixture, cfg.instances)]
     for r in reach if int(os.environ.get("RANK", "0")) == 0 else []:
         say(f"{name}: {r['length']} tokens after {r['previous_length']}: in {r['folder']}, "
             f"{r['share_beyond_previous']:.1%} of the tokens lie in documents longer than {r['previous_length']}, "

@@ -10,11 +10,20 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import deepspeed
+import numpy as np
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
 from bertkit import kernels
-from bertkit.data import EpochBatches, InstanceDataset, RateSchedule, TokenBudgetBatches, batch_loader, close_loader
+from bertkit.data import (
+    EpochBatches,
+    InstanceDataset,
+    RateSchedule,
+    TokenBudgetBatches,
+    batch_loader,
+    close_loader,
+    tokens_drawn,
+)
 from bertkit.errors import regular_file
 from bertkit.fileio import atomic_write_json
 from bertkit.formats import USER_DEEPSPEED_CONFIG, InstancesError, InstancesManifest
@@ -98,34 +107,36 @@ class Run:
         """Micro batches this rank has drawn from the data (over epochs), skipped ones included."""
         return self.micro_batches_before(self.step) + self.skipped
 
+    @functools.cached_property
+    def warmup_ends(self) -> np.ndarray:
+        """--batch-warmup-*: the micro batches drawn by the end of each warmup step: step s takes
+        --batch-warmup-from's share of the full count at step 0, growing linearly to it at --batch-warmup-steps."""
+        full, warmup = self.settings.grad_accum, self.cfg.batch_warmup_steps or 0
+        first = max(1, round((self.cfg.batch_warmup_from or 1) * full))
+        return np.cumsum([max(1, round(first + (full - first) * s / warmup)) for s in range(warmup)], dtype=np.int64)
+
     def grad_accum_at(self, step: int) -> int:
-        """Micro batches in step `step` (0-based): --batch-warmup-from's share of the full count at step 0, growing
-        linearly to it at --batch-warmup-steps."""
-        full, warmup = self.settings.grad_accum, self.cfg.batch_warmup_steps
-        if warmup is None or step >= warmup:
-            return full
-        first = max(1, round(self.cfg.batch_warmup_from * full))
-        return max(1, round(first + (full - first) * step / warmup))
+        """Micro batches in step `step` (0-based)."""
+        return self.micro_batches_before(step + 1) - self.micro_batches_before(step)
 
     def micro_batches_before(self, step: int) -> int:
-        warmup = min(step, self.cfg.batch_warmup_steps or 0)
-        return sum(self.grad_accum_at(s) for s in range(warmup)) + (step - warmup) * self.settings.grad_accum
+        ends, warmup = self.warmup_ends, len(self.warmup_ends)
+        if step <= warmup:
+            return int(ends[step - 1]) if step else 0
+        return int(ends[-1] if warmup else 0) + (step - warmup) * self.settings.grad_accum
 
     def step_of(self, micro_batch: int) -> int:
         """The step a run's micro batch falls in (rollbacks' skipped ones aside)."""
-        step, seen = 0, 0
-        while self.cfg.batch_warmup_steps and step < self.cfg.batch_warmup_steps:
-            seen += self.grad_accum_at(step)
-            if micro_batch < seen:
-                return step
-            step += 1
-        return step + (micro_batch - seen) // self.settings.grad_accum
+        ends = self.warmup_ends
+        if len(ends) and micro_batch < ends[-1]:
+            return int(np.searchsorted(ends, micro_batch, side="right"))
+        return len(ends) + (micro_batch - int(ends[-1] if len(ends) else 0)) // self.settings.grad_accum
 
     def tokens_drawn(self) -> int:
         """Tokens of every rank's micro batches drawn so far (a mixture's from its sources)."""
         if self.cfg.mixture:
             return sum(self.train.realised(self.sampler, self.consumed())["tokens"])
-        return self.sampler.tokens_drawn(self.train.lengths(), self.consumed())
+        return tokens_drawn(self.sampler, self.train.lengths(), self.consumed())
 
     def reopen_loader(self) -> None:
         """This rank's batches from the first micro batch not yet consumed."""

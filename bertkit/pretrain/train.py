@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
 
-from bertkit.data import EpochBatches, RateSchedule, collate, collate_packed, to_device
+from bertkit.data import EpochBatches, collate, collate_packed, scheduled_rate, to_device
 from bertkit.distributed import destroy_at_exit
 from bertkit.fileio import disk_errors
 from bertkit.formats import RUN_CONFIG, read_instances_manifest, read_run_config
@@ -209,8 +209,8 @@ def train_record(run: Run, m: dict, rates: dict, elapsed_s: float) -> dict:
               **rates, "epoch": epoch,
               "elapsed_s": elapsed_s, "kernels": run.backend}
     if run.cfg.masked_lm_prob_end is not None:   # the scheduled rate this step's rows were masked at
-        record["masked_lm_prob"] = RateSchedule(None, run.cfg.masked_lm_prob, run.cfg.masked_lm_prob_end,
-                                                run.max_steps).rate(step - 1)
+        record["masked_lm_prob"] = scheduled_rate(run.cfg.masked_lm_prob, run.cfg.masked_lm_prob_end, run.max_steps,
+                                                  step - 1)
     if settings.precision == "fp16":
         record["loss_scale"] = as_float(getattr(engine.optimizer, "cur_scale", None)
                                         or getattr(engine.optimizer, "loss_scale", None))
