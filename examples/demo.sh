@@ -43,7 +43,7 @@ bertkit finetune classify --model "$OUT/model" --train-file "$OUT/word_order/tra
 bertkit report "$OUT/finetune" --out "$OUT/finetune/report.html"
 
 step "8. the same corpus and vocabulary to a ModernBERT (RoPE, GeGLU, local/global attention), MLM only"
-# --recipe budget: 64-token MLM-only instances, modernbert-tiny, no dropout, AdamW 3e-3 (benchmarks/README.md);
+# --recipe budget: 64-token MLM-only instances, modernbert-tiny, no dropout, AdamW 3e-3 (docs/studies/2026-11-24-budget.md);
 # the export is a folder transformers' ModernBertForMaskedLM loads unchanged
 bertkit make-instances "$OUT/corpus" --tokenizer "$OUT/tokenizer" --out "$OUT/instances-mlm" --recipe budget
 bertkit pretrain --instances "$OUT/instances-mlm" --recipe budget --out "$OUT/run-modernbert" \

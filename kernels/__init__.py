@@ -23,7 +23,7 @@ Backends, chosen with `use(name)` (the CLI's --kernels) or the BERTKIT_KERNELS e
   torch      PyTorch's own ops: SDPA and F.layer_norm (kernels/torch_backend.py);
   reference  the einsum references (kernels/reference.py): the tests' ground truth, slow;
   auto       (default) triton where it can run (CUDA, or the interpreter), else torch, which is faster than the
-             reference on the CPU (benchmarks/README.md).
+             reference on the CPU (benchmarks/results/gates.md).
 Every backend keeps the same contract: padded query rows are zero, and none reads a value back from the device.
 A model's weights never depend on the backend.
 """

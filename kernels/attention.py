@@ -16,8 +16,8 @@ activation checkpointing (which restores that generator) replays the same mask. 
 dropout code away (a constexpr).
 
 Registers: rows are addressed by 32-bit offsets from a 64-bit pointer to the sequence's first row, and each loop runs
-its whole blocks without masks and the last, partial block separately; `benchmarks/kernel_resources.py` checks that
-no configuration spills on sm_90.
+its whole blocks without masks and the last, partial block separately; `benchmarks/gates/kernel_resources.py` checks
+that no configuration spills on sm_90.
 """
 import contextlib
 import math
@@ -483,7 +483,7 @@ def _dropout_mask_kernel(MASK, SEED, MAX_SEQLEN, threshold, BLOCK: tl.constexpr)
 # the default when autotuning is off. BLOCK_M tiles queries, BLOCK_N keys: the forward and dQ kernels own a query
 # block, the dK/dV kernel a key block. Every entry compiles for sm_90 to wgmma without register spills, with and
 # without dropout, padded and varlen, and fits the 227 KiB of shared memory a block may use
-# (benchmarks/kernel_resources.py; results/kernel_resources*.json). Head dim 256 (beyond BERT's sizes) is the
+# (benchmarks/gates/kernel_resources.py; results/kernel_resources*.json). Head dim 256 (beyond BERT's sizes) is the
 # exception: the forward spills up to 32 bytes with varlen + dropout, and dK/dV spills 140-450 bytes in every tile
 # tried (its two fp32 accumulators alone are 2 x 256 columns). One more exception, measured: dK/dV (32, 128, 4, 3)
 # spills 16 bytes (188 with dropout) yet was the fastest tile of 24 for ModernBERT's global layer at 8,192 tokens on
@@ -768,7 +768,7 @@ torch.library.register_autograd("bertkit::flash_attn_fwd", _backward, setup_cont
 
 class _FlashAttention(torch.autograd.Function):
     """The same forward and backward as the op, without torch.library's dispatch: eager mode's path, where that
-    dispatch was most of the host time of a layer (benchmarks/host_time_cpu.py). torch.compile takes the op."""
+    dispatch was most of the host time of a layer (benchmarks/gates/host_time_cpu.py). torch.compile takes the op."""
 
     @staticmethod
     def forward(ctx, q, k, v, seqinfo, seed, max_seqlen, varlen, dropout_p, softmax_scale, window, rope_theta):
@@ -808,8 +808,8 @@ def _run(q, k, v, seqinfo, max_seqlen, varlen, dropout_p, softmax_scale, window=
 # A global layer's q and k are turned by RoPE in one pass before the kernels (torch_backend.turn_padded /
 # turn_packed). Turning them inside re-reads the cos/sin tables for every tile the loops visit, which a global
 # layer's loops visit all of: on an H200 at 8,192 tokens that made its forward + backward 12.36 ms against 9.09
-# turning once (FlexAttention 11.20; benchmarks/README.md). A local layer's band visits few tiles, so it keeps RoPE
-# inside (0.80 ms against 2.71).
+# turning once (FlexAttention 11.20; benchmarks/results/gates.md). A local layer's band visits few tiles, so it keeps
+# RoPE inside (0.80 ms against 2.71).
 
 
 def attention_triton(q, k, v, lengths, dropout_p=0.0, softmax_scale=None, window=None, rope_theta=None):

@@ -309,7 +309,7 @@ torch.library.register_autograd("bertkit::add_layer_norm_fwd", _backward, setup_
 
 class _AddLayerNorm(torch.autograd.Function):
     """The same forward and backward as the op, without torch.library's dispatch: eager mode's path, where that
-    dispatch was most of the host time of a layer (benchmarks/host_time_cpu.py). torch.compile takes the op."""
+    dispatch was most of the host time of a layer (benchmarks/gates/host_time_cpu.py). torch.compile takes the op."""
 
     @staticmethod
     def forward(ctx, x, residual, weight, bias, seed, eps, dropout_p):

@@ -1,6 +1,6 @@
 """The kernels compiled for a GPU architecture with no GPU here (Triton's ahead-of-time path, with the ptxas Triton
 ships): typing and lowering errors the interpreter never sees, and each kernel's registers and spills at a real
-launch's shapes. The kernel tests and benchmarks/kernel_resources.py both use it."""
+launch's shapes. The kernel tests and benchmarks/gates/kernel_resources.py both use it."""
 import importlib
 
 

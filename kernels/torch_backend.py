@@ -9,7 +9,7 @@ instead ("varlen"); on the CPU a batch whose padded grid would be a quarter padd
 whose window cuts its documents (ModernBERT), attends each document alone ("documents": no padded grid, a local
 layer's long documents in query chunks that see only their window, neighbours of one length in one call);
 `BERTKIT_TORCH_VARLEN=pad|njt|varlen|documents` forces one (njt: SDPA on nested jagged tensors).
-Measured on the CPU (torch 2.13, benchmarks/cpu_backends.py, forward + backward): SDPA is 1.0-3.4x faster than the
+Measured on the CPU (torch 2.13, benchmarks/gates/cpu_backends.py, forward + backward): SDPA is 1.0-3.4x faster than the
 einsum reference on padded batches; on packed ones padding runs at 0.77-1.9x the speed of the reference's
 per-sequence loop (which reads lengths back from the device, so it cannot serve a GPU), nested tensors are 1.5-5.5x
 slower than padding, and flex_attention has no CPU backward: so "pad".
@@ -92,7 +92,7 @@ def turn_packed(q, k, cu_seqlens, table_len: int, theta: float):
 
 def _half_on_cpu(q) -> bool:
     """A bf16 (autocast) step on the CPU attends in fp32: PyTorch's CPU attention backward in bf16 ran 5x slower
-    than in fp32 at pretraining's shapes (modernbert-tiny, 64 tokens; benchmarks/README.md, "bf16 on the CPU")."""
+    than in fp32 at pretraining's shapes (modernbert-tiny, 64 tokens; docs/studies/2026-11-26-cpu-bf16.md)."""
     return q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16)
 
 
@@ -226,7 +226,7 @@ def varlen_impl(device: torch.device, dropout_p: float, grid_share: float = 1.0,
     be `grid_share` >= GRID_LIMIT times the real tokens (fine-tuning's mixed lengths) or a local layer's window cuts
     documents long enough to chunk (`window_cuts`); batches of near-full instances keep the grid, whose one call is
     cheaper than many small ones. (The budget recipe's 64-token MLM batches, grid about 1.3x their tokens, go by
-    document: a pace A/B against the grid was within its noise, benchmarks/README.md.) Else varlen_attn on CUDA
+    document: a pace A/B against the grid was within its noise, benchmarks/results/gates.md.) Else varlen_attn on CUDA
     without dropout, else padding."""
     impl = os.environ.get("BERTKIT_TORCH_VARLEN", "auto")
     if impl not in VARLEN_IMPLS:

@@ -20,7 +20,7 @@ from bertkit.tokenization import TokenizerError
 HANGUL = re.compile(r"[\uac00-\ud7a3]")
 PRETOKENIZERS = ("none", "mecab", "kiwi")
 # `--pretokenize auto`: a corpus whose words are mostly Korean gets kiwi, the vocabulary that fine-tuned best on the
-# Korean tasks at equal budget (benchmarks/README.md, Korean transfer: KLUE-NER and KorQuAD well ahead of plain
+# Korean tasks at equal budget (docs/studies/2026-11-25-korean-transfer.md: KLUE-NER and KorQuAD well ahead of plain
 # WordPiece, no task behind beyond the seeds' spread); other corpora none
 KOREAN_DEFAULT, KOREAN_SHARE = "kiwi", 0.5
 

@@ -2,11 +2,11 @@
 
 Cleaning: Unicode NFC (never NFD: NFD splits Hangul syllables into conjoining jamo), control characters removed,
 whitespace collapsed. Segmentation: sentencex (Wikimedia's rule-based splitter, ~250 languages). We measured it
-against blingfire on the en and ko Wikipedia samples (benchmarks/sentence_splitters.py, pipelines/README.md): it
+against blingfire on the en and ko Wikipedia samples (benchmarks/gates/sentence_splitters.py, pipelines/README.md): it
 is 3-5x faster and blingfire misses most Korean boundaries before digits and Latin words.
 
 Korean documents may instead go to a Korean splitter (--splitter kss|kiwi): on a hand-annotated Korean gold set
-(benchmarks/korean_splitters.py) kss with MeCab makes 3x fewer boundary errors than sentencex (F1 0.960 vs 0.878)
+(benchmarks/gates/korean_splitters.py) kss with MeCab makes 3x fewer boundary errors than sentencex (F1 0.960 vs 0.878)
 but is ~800x slower, so sentencex stays the default.
 """
 import functools

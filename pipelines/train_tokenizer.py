@@ -470,7 +470,8 @@ def _say_korean_default(choice: str, share: float) -> None:
         raise KoreanError(f"{e} (--pretokenize auto chose {choice} for this Korean corpus; --pretokenize none "
                           "trains plain WordPiece without it)") from None
     _say(f"train-tokenizer: {share:.0%} of the corpus' words are Korean, so the vocabulary follows {choice}'s "
-         "morpheme cuts (--pretokenize auto; measured best on Korean tasks, benchmarks/README.md); "
+         "morpheme cuts (--pretokenize auto; measured best on Korean tasks: "
+         "docs/studies/2026-11-25-korean-transfer.md); "
          "--pretokenize none trains plain WordPiece")
 
 

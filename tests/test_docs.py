@@ -33,7 +33,7 @@ def every_command(group, found=None) -> dict:
 
 COMMANDS = every_command(main)
 LAUNCHER = {"--module", "--hostfile", "--include", "--exclude", "--help"}   # deepspeed's own (and --num_gpus ...)
-BENCHMARKS = {f for p in (REPO / "benchmarks").glob("*.py")                 # a study's script, named in prose
+BENCHMARKS = {f for p in (REPO / "benchmarks").glob("*/*.py")                 # a study's script, named in prose
               for f in re.findall(r"add_argument\(\s*\"(--[a-z][a-z0-9-]*)\"", p.read_text(encoding="utf-8"))}
 ALL_FLAGS = set().union(*(options(c) for c in COMMANDS.values()), options(main), LAUNCHER, BENCHMARKS)
 

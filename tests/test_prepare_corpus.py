@@ -297,6 +297,30 @@ def test_one_and_two_workers_write_identical_bytes(tmp_path, request, real):
     assert m1.shards == m2.shards
 
 
+def test_a_stage_folder_is_compared_and_its_text_counted_as_the_benchmarks_do(tmp_path):
+    """bertkit.testing's stage_outputs (what test_ray and benchmarks/studies/scale.py compare) and text_bytes (the
+    per-GB denominator of scale.py and tokenizer_sample.py), against the rows read back and encoded here."""
+    from bertkit.testing import stage_outputs, text_bytes
+
+    docs = synthetic_docs(60) + [["한국어 문장은 글자마다 세 바이트입니다.", "둘째 문장도 그렇습니다."]]
+    source = write(tmp_path / "in.txt", as_paragraphs(docs))
+    options = dict(holdout=0.1, shard_size=parse_size("2KB"))
+    prepare_corpus([source], tmp_path / "a", cfg(workers=1, **options))
+    prepare_corpus([source], tmp_path / "b", cfg(workers=2, **options))
+    a = stage_outputs(tmp_path / "a")
+    assert a == stage_outputs(tmp_path / "b") and "manifest.json" not in a
+    assert set(a) == {p.name for p in (tmp_path / "a").glob("*.arrow")} and len(a) > 2
+    shard = next((tmp_path / "b").glob("*.arrow"))
+    shard.write_bytes(shard.read_bytes()[:-1] + b"\0")
+    assert stage_outputs(tmp_path / "b") != a
+    for split in ("train", "holdout"):
+        encoded = sum(len(s.encode("utf-8")) for r in rows(tmp_path / "a", split) for s in r["sentences"])
+        assert text_bytes(tmp_path / "a", split) == encoded > 0
+    first = corpus_shards(tmp_path / "a", "train")[0]
+    assert text_bytes(tmp_path / "a", shards=1) == sum(len(s.encode("utf-8")) for r in read_arrow(first).to_pylist()
+                                                        for s in r["sentences"])
+
+
 def test_resume_after_interrupt_in_merge_and_in_worker(tmp_path, monkeypatch):
     import bertkit.pipelines.prepare_corpus as pc
     from bertkit.pipelines import corpus_merge

@@ -28,7 +28,15 @@ from bertkit.pipelines.engine import Engine
 from bertkit.pipelines.make_instances import InstancesConfig, make_instances
 from bertkit.pipelines.prepare_corpus import CorpusConfig, prepare_corpus
 from bertkit.pipelines.train_tokenizer import TokenizerConfig, sample_buckets, train_tokenizer
-from bertkit.testing import free_port, kill_session, ray_env, session_alive, start_ray_cluster, stop_ray_cluster
+from bertkit.testing import (
+    free_port,
+    kill_session,
+    ray_env,
+    session_alive,
+    stage_outputs,
+    start_ray_cluster,
+    stop_ray_cluster,
+)
 from tests.helpers import BIN, REPO, write_corpus
 
 # the small settings every run here uses (CI has 2 cores)
@@ -39,12 +47,6 @@ CORPUS_FLAGS = ["--shard-size", "256KB", "--holdout", "0.02"]
 TOKENIZER_FLAGS = ["--vocab-size", "5000"]
 SAMPLE = "400KB"
 INSTANCES_FLAGS = ["--dupe", "2", "--max-seq-length", "64"]
-
-
-def outputs(folder: Path) -> dict:
-    """Every output file of a stage's folder but the manifest (it holds timings and paths), by name."""
-    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())
-            if p.is_file() and p.name != "manifest.json" and not p.name.startswith(".")}
 
 
 run_env = ray_env
@@ -107,23 +109,23 @@ def test_every_stage_on_ray_writes_the_local_bytes(ray_cluster, raw, local, tmp_
     ray_flags = ["--engine", "ray", "--ray-address", ray_cluster, "--no-progress"]
     p = bertkit("prepare-corpus", raw, "--out", tmp_path / "corpus", *CORPUS_FLAGS, *ray_flags)
     assert "ray: 2 node(s), 2 CPU(s)" in p.stderr
-    assert outputs(tmp_path / "corpus") == outputs(local / "corpus")
+    assert stage_outputs(tmp_path / "corpus") == stage_outputs(local / "corpus")
     assert (tmp_path / "corpus" / "manifest.json").read_text().count('"duplicate"') == 1
     # no --ray-address: RAY_ADDRESS names the running cluster
     bertkit("train-tokenizer", tmp_path / "corpus", "--out", tmp_path / "tok", *TOKENIZER_FLAGS, "--engine", "ray",
             "--no-progress", RAY_ADDRESS=ray_cluster)
-    assert outputs(tmp_path / "tok") == outputs(local / "tok")
+    assert stage_outputs(tmp_path / "tok") == stage_outputs(local / "tok")
     bertkit("train-tokenizer", tmp_path / "corpus", "--out", tmp_path / "tok_sample", *TOKENIZER_FLAGS,
             "--sample-bytes", SAMPLE, *ray_flags)
-    assert outputs(tmp_path / "tok_sample") == outputs(local / "tok_sample")
-    assert outputs(local / "tok_sample")["vocab.txt"] != outputs(local / "tok")["vocab.txt"]
+    assert stage_outputs(tmp_path / "tok_sample") == stage_outputs(local / "tok_sample")
+    assert stage_outputs(local / "tok_sample")["vocab.txt"] != stage_outputs(local / "tok")["vocab.txt"]
     # (make-instances' CLI has no --unit-mb: the Python function, with the local run's small units)
     script = (f"from bertkit.pipelines.make_instances import InstancesConfig, make_instances\n"
               f"make_instances({str(tmp_path / 'corpus')!r}, {str(tmp_path / 'tok')!r}, {str(tmp_path / 'inst')!r}, "
               f"InstancesConfig(engine='ray', ray_address={ray_cluster!r}, **{INSTANCES!r}), progress=False)\n")
     subprocess.run([sys.executable, "-c", script], env=run_env(), check=True, timeout=300)
-    assert outputs(tmp_path / "inst") == outputs(local / "inst")
-    assert len(outputs(local / "inst")) > 10
+    assert stage_outputs(tmp_path / "inst") == stage_outputs(local / "inst")
+    assert len(stage_outputs(local / "inst")) > 10
 
 
 @pytest.mark.slow
@@ -139,8 +141,8 @@ def test_the_cleaning_steps_on_ray_write_the_local_bytes(ray_cluster, raw, tmp_p
     bertkit("prepare-corpus", raw, "--out", tmp_path / "ray", *CORPUS_FLAGS, "--near-dedup", "--filters", "fineweb2",
             "--pii", "redact", "--languages", "en,ko", "--keep-removed", "--decontaminate", tmp_path / "eval.txt",
             "--engine", "ray", "--ray-address", ray_cluster, "--no-progress")
-    assert outputs(tmp_path / "ray") == outputs(tmp_path / "local")
-    assert outputs(tmp_path / "ray" / "removed") == outputs(tmp_path / "local" / "removed")
+    assert stage_outputs(tmp_path / "ray") == stage_outputs(tmp_path / "local")
+    assert stage_outputs(tmp_path / "ray" / "removed") == stage_outputs(tmp_path / "local" / "removed")
     manifest = json.loads((tmp_path / "ray" / "manifest.json").read_text())
     assert manifest["dropped"]["duplicate"] > 10 and manifest["totals"]["near_dedup"]["largest_cluster"] >= 2
     assert manifest["totals"]["decontamination"]["files"]["eval.txt"]["documents"] >= 1
@@ -206,7 +208,7 @@ def test_a_killed_ray_worker_has_its_task_rerun(ray_cluster, raw, local, tmp_pat
     _, err = driver.communicate(timeout=300)
     assert driver.returncode == 0, err[-3000:]
     assert len([p for p in pids.iterdir() if p.name.rsplit("-", 1)[0] == task]) >= 2  # Ray ran it again
-    assert outputs(tmp_path / "out") == outputs(reference(stage, local))
+    assert stage_outputs(tmp_path / "out") == stage_outputs(reference(stage, local))
 
 
 @pytest.mark.slow
@@ -228,7 +230,7 @@ def test_a_killed_ray_driver_resumes_from_the_finished_tasks(ray_cluster, raw, l
     assert p.returncode == 0, p.stderr[-3000:]
     if stage == "prepare-corpus":
         assert "resuming:" in p.stderr
-    assert outputs(out) == outputs(reference(stage, local))
+    assert stage_outputs(out) == stage_outputs(reference(stage, local))
 
 
 # ---------------------------------------------------------------- prepare-corpus: partitioned deduplication
@@ -298,7 +300,7 @@ def test_dedup_partitions_never_change_the_output_and_resume(tmp_path, monkeypat
         out = tmp_path / f"p{partitions}"
         runs[partitions] = prepare_corpus([raw], out, CorpusConfig(dedup_partitions=partitions, workers=workers,
                                                                    **options))
-        assert outputs(out) == outputs(tmp_path / "p1")
+        assert stage_outputs(out) == stage_outputs(tmp_path / "p1")
     assert runs[7].dropped["duplicate"] == runs[1].dropped["duplicate"] > 100
     assert runs[7].options == runs[1].options  # dedup_partitions is not an output option
 
@@ -320,7 +322,7 @@ def test_dedup_partitions_never_change_the_output_and_resume(tmp_path, monkeypat
 
     monkeypatch.setattr(dedup, "find_duplicates", must_not_run)
     prepare_corpus([raw], tmp_path / "resumed", CorpusConfig(dedup_partitions=3, **options))
-    assert outputs(tmp_path / "resumed") == outputs(tmp_path / "p1")
+    assert stage_outputs(tmp_path / "resumed") == stage_outputs(tmp_path / "p1")
 
 
 # ---------------------------------------------------------------- train-tokenizer --sample-bytes
@@ -544,4 +546,4 @@ def test_slurm_script_runs_the_stages_on_a_two_node_allocation(shared_data, tmp_
     make_instances(local / "corpus", local / "tokenizer", local / "instances",
                    InstancesConfig(max_seq_length=64, dupe=1), progress=False)
     for stage in ("corpus", "tokenizer", "instances"):
-        assert outputs(tmp_path / "out" / stage) == outputs(local / stage), stage
+        assert stage_outputs(tmp_path / "out" / stage) == stage_outputs(local / stage), stage

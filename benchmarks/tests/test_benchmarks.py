@@ -1,4 +1,4 @@
-"""The benchmarks' own logic: the transfer benchmarks' tables (benchmarks/pretrain_transfer.py, read by
+"""The benchmarks' own logic: the transfer benchmarks' tables (benchmarks/studies/pretrain_transfer.py, read by
 korean_transfer.py too: which rate is each start's best, when the seed-paired verdict shows two starts apart;
 checked against sums done by hand), the runs they record while under way, and the GPU-only scripts on a machine
 without a GPU."""
@@ -172,7 +172,7 @@ def test_a_rerun_never_replaces_the_recorded_run():
 
 
 @pytest.mark.parametrize("script", ["attention", "attention_tiles", "layer_norm", "modernbert_attention",
-                                    "host_overhead", "triton_launch"])
+                                    "host_overhead", "triton_launch", "gpu_compile_check"])
 def test_gpu_only_benchmarks_say_so_on_a_machine_without_one(script, tmp_path):
     """`make bench` on a laptop, or a lease's step run by mistake on the CPU: a sentence and exit 0, no traceback
     and no result file claiming a measurement."""
@@ -185,7 +185,7 @@ def test_gpu_only_benchmarks_say_so_on_a_machine_without_one(script, tmp_path):
         pytest.skip("a CUDA GPU is here: the script would measure")
     root = Path(__file__).resolve().parents[2]
     out = tmp_path / f"{script}.json"
-    r = subprocess.run([sys.executable, str(root / "benchmarks" / f"{script}.py"), "--out", str(out)], cwd=tmp_path,
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, str(root / "benchmarks" / "gates" / f"{script}.py"), "--out", str(out)],
+    cwd=tmp_path,                    capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
-    assert f"benchmarks/{script}.py needs a CUDA GPU" in r.stderr and not out.exists()
+    assert f"benchmarks/gates/{script}.py needs a CUDA GPU" in r.stderr and not out.exists()

@@ -1,12 +1,12 @@
-"""benchmarks/finetune_peer.py, transformers' side of the fine-tuning parity grid: its loop resumes exactly."""
+"""benchmarks/lib/finetune_peer.py, transformers' side of the fine-tuning parity grid: its loop resumes exactly."""
 import pytest
 import torch
 
 
 @pytest.mark.parametrize("killed_at_batch", [6, 12])  # at the second epoch's first batch, in epoch 3
 def test_the_parity_benchmarks_peer_resumes_to_the_weights_of_an_unkilled_run(tmp_path, killed_at_batch):
-    """benchmarks/finetune_peer.py's loop (transformers' side of the parity grid) saves its state and a rerun ends at
-    the same weights as a run never killed: the optimizer, schedule, shuffle and dropout's draws all continue. 37
+    """benchmarks/lib/finetune_peer.py's loop (transformers' side of the parity grid) saves its state and a rerun ends
+    at the same weights as a run never killed: the optimizer, schedule, shuffle and dropout's draws all continue. 37
     rows in batches of 8 make 5 batches an epoch, the last short."""
     pytest.importorskip("transformers")
     import finetune_peer as peer

@@ -104,7 +104,7 @@ class Duration(click.ParamType):
               help="A measured set of settings; the flags you give win over it. budget: the most useful model from "
                    "a short budget on a small machine (" + as_flags(RECIPES["budget"]["pretrain"]) + "; a family may "
                    "take its own measured rate, said at the start; on instances from make-instances --recipe budget; "
-                   "see benchmarks/README.md).")
+                   "see docs/studies/2026-11-24-budget.md).")
 @click.option("--deepspeed-config", type=click.Path(dir_okay=False, exists=True),
               help="A DeepSpeed JSON config; it wins where the flags are silent, a contradiction is an error.")
 @click.option("--init-from", type=click.Path(exists=True),

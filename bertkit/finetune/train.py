@@ -90,7 +90,7 @@ def rate_for_width(hidden_size: int, base: float) -> float:
     """The fine-tuning rate when none is given: `base` (the command's BERT-base rate) for models 768 wide or wider;
     narrower ones take more, geometrically in the width, up to 1e-3 at 128 (preset tiny). Measured: tiny on SST-2
     sits at chance (0.507) at 2e-5 and reaches 0.741 at 1e-3; the transfer benchmark's tiny fine-tunes best at 1e-3
-    on SST-2, STS-B and NER (benchmarks/README.md)."""
+    on SST-2, STS-B and NER (docs/studies/2026-11-23-transfer-benchmark.md)."""
     if hidden_size >= 768 or base >= 1e-3:
         return base
     t = math.log(768 / max(hidden_size, 128)) / math.log(768 / 128)  # 0 at 768, 1 at 128 and below

@@ -559,8 +559,9 @@ def model_to_export(run_dir, tag: str | None, say, random_seed: int | None, ema:
         if say:
             say(f"export: dropout {dropout['hidden']:g} (attention {dropout['attention']:g}) in config.json, the "
                 f"model's own for fine-tuning; pretraining ran with {run.pretrain.get('dropout')}")
-    # no sentence task trained [CLS]: classifiers read the mean (measured: benchmarks/README.md); set either way, as
-    # a run started --init-from such an export inherits its config
+    # no sentence task trained [CLS]: classifiers read the mean (measured:
+    # docs/studies/2026-11-23-transfer-benchmark.md); set either way, as a run started --init-from such an export
+    # inherits its config
     model.cfg.set_pooling("mean" if run.objective == "none" else "cls")
     if run.objective == "none" and say:
         say("export: classifier_pooling mean in config.json (pretrained without NSP/SOP, so [CLS] learnt nothing); "

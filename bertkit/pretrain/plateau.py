@@ -41,4 +41,4 @@ class Plateau:
                 "What usually moves it: a learning rate and batch that fit the model size (tiny models take 1e-3), "
                 "more steps, a corpus without repeated lines (prepare-corpus removes exact duplicates; see its "
                 "manifest), sequences long enough for the objective; on a small budget `--recipe budget` (MLM only, "
-                "no dropout, 64 tokens) leaves it within minutes (benchmarks/README.md)")
+                "no dropout, 64 tokens) leaves it within minutes (docs/studies/2026-11-24-budget.md)")

@@ -2,7 +2,7 @@
 hung at interpreter exit, joining a worker that ignores SIGTERM), and the process group it made is destroyed at exit
 on every way out (a gloo group left to interpreter finalization can abort a finished run: "terminate called without
 an active exception"). Signal stops and their exit codes: tests/test_pretrain_dist.py; many two-rank runs:
-benchmarks/stress_exit.py."""
+benchmarks/studies/stress_exit.py."""
 import json
 import subprocess
 import sys
