@@ -93,6 +93,8 @@ class InstancesConfig:
     unit_mb: float | None = None            # work unit: a run of one shard's documents with about this much text;
                                             # None: corpus text / 32, clamped to 1..16 MB (never depends on workers)
     rows_per_file: int = 250_000            # --compat google only: it writes one shuffled list, cut into files
+    rehydrate: str | None = None            # repeat a training document by its near-duplicate cluster's size
+                                            # ("fineweb2" or "N:W,...": rehydration below); never the holdout
 
     def __post_init__(self):
         if isinstance(self.masking, dict):   # from asdict (the workers' copy) or JSON
@@ -147,6 +149,10 @@ class InstancesConfig:
         if self.workers < 1:
             raise InstancesError(f"--workers {self.workers}: must be at least 1")
         check_engine(self.engine, InstancesError)
+        if self.rehydrate is not None:
+            rehydration(self.rehydrate)   # a bad table stops here, in the flag's words
+            if self.compat == "google":
+                raise InstancesError("--compat google replays the reference, which has no --rehydrate")
         if self.compat == "google" and self.engine != "local":
             raise InstancesError("--compat google replays one random stream in one process, in memory: use "
                                  "--engine local")
@@ -158,7 +164,36 @@ class InstancesConfig:
             d.pop(run_only)
         d["dupe"] = self.passes
         d["masking"]["mask_replace"] = list(self.masking.mask_replace)  # as JSON keeps it
+        if self.rehydrate is None:
+            d.pop("rehydrate")   # as folders made before the option recorded it
         return d
+
+
+# FineWeb2's re-hydration (github.com/huggingface/fineweb-2, README): the document kept from a near-duplicate cluster
+# of N appears as many times as the weight of the largest bound <= N; clusters of 1,000 or more are taken to be
+# boilerplate and kept once. (bound, appearances), bounds rising from 1.
+REHYDRATION = {"fineweb2": ((1, 1), (2, 2), (3, 3), (5, 5), (100, 8), (1000, 1))}
+
+
+def rehydration(spec: str) -> tuple[tuple[int, int], ...]:
+    """--rehydrate's table: a name in REHYDRATION or "N:W,N:W,..." (from cluster size N on, W appearances)."""
+    if spec in REHYDRATION:
+        return REHYDRATION[spec]
+    try:
+        table = tuple((int(n), int(w)) for n, w in (pair.split(":") for pair in spec.split(",")))
+    except ValueError:
+        table = ()
+    bounds = [n for n, _ in table]
+    if not table or bounds[0] != 1 or bounds != sorted(set(bounds)) or not all(1 <= w <= 100 for _, w in table):
+        raise InstancesError(f"--rehydrate {spec!r}: give {' or '.join(REHYDRATION)}, or cluster-size bounds rising "
+                             "from 1 with the appearances from each on (1 to 100), as 1:1,2:2,5:4,1000:1")
+    return table
+
+
+def appearances(cluster_sizes: np.ndarray, spec: str) -> np.ndarray:
+    """How many times each document appears in the training passes, for its cluster's size."""
+    bounds, weights = (np.array(column) for column in zip(*rehydration(spec)))
+    return weights[np.searchsorted(bounds, np.maximum(cluster_sizes, 1), side="right") - 1]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -391,6 +426,9 @@ def process_unit(task: dict) -> list[dict]:
     _, vocab = load_stage_tokenizer(task["tokenizer"])
     spec = masking_spec(vocab, config.masking)
     table = read_arrow(task["path"]).slice(task["row_lo"], task["row_hi"] - task["row_lo"])
+    if config.rehydrate and task["split"] == "train":   # each copy its own document: its own pairs and masks
+        repeat = appearances(table.column(CorpusColumns.CLUSTER_SIZE).to_numpy(), config.rehydrate)
+        table = table.take(np.repeat(np.arange(table.num_rows), repeat))
     dtype = np.uint16 if len(vocab) <= 65536 else np.int32  # ids are 0..len(vocab)-1 (checked where it is read)
     tokens, seg_start, doc_seg = tokenize_documents(word_encoder(task["tokenizer"]),
                                                     table.column(CorpusColumns.SENTENCES))
@@ -565,6 +603,7 @@ def _make_instances(corpus_dir: Path, tokenizer_dir, out: Path, config: Instance
     if not train:
         raise InstancesError(f"{corpus_dir}: the corpus has no training shard; run prepare-corpus on some text")
     vocab, vocab_sha = checked
+    rehydrated = rehydrated_counts(corpus_dir, train, config.rehydrate) if config.rehydrate else None
 
     identity = {"config": config.identity(), "vocab_sha256": vocab_sha,
                 "corpus": _corpus_identity(corpus_manifest)}
@@ -574,7 +613,7 @@ def _make_instances(corpus_dir: Path, tokenizer_dir, out: Path, config: Instance
         previous["config"] = MaskingOptions.gather(previous["config"])   # older records kept the options flat
         if previous != identity:
             before, now = _flat(previous["config"]), _flat(identity["config"])
-            changed = sorted(k for k in now if before.get(k) != now[k])
+            changed = sorted(k for k in now.keys() | before.keys() if before.get(k) != now.get(k))
             what = ", ".join(changed) or ("the tokenizer" if previous["vocab_sha256"] != vocab_sha else "the corpus")
             raise InstancesError(f"{out}: holds instances made with different settings ({what}); "
                                  f"use a new --out folder or delete {out}")
@@ -590,6 +629,8 @@ def _make_instances(corpus_dir: Path, tokenizer_dir, out: Path, config: Instance
         entries = _run_units(train, holdout, tokenizer_dir, out, config, progress)
 
     stats = summarize(entries, config)
+    if rehydrated:
+        stats["rehydrated"] = rehydrated
     if config.objective == "nsp" and stats["not_next_share"] > 0.6:
         tqdm.write(f"warning: {stats['not_next_share']:.0%} of the pairs are NotNext (about 50 % expected): "
                    f"--max-seq-length {config.max_seq_length} leaves {config.max_seq_length - 3} tokens for two "
@@ -613,6 +654,22 @@ def _make_instances(corpus_dir: Path, tokenizer_dir, out: Path, config: Instance
         stats=stats)
     write_manifest(out, manifest)
     return manifest
+
+
+def rehydrated_counts(corpus_dir: Path, train: list[Path], spec: str) -> dict:
+    """{documents, appearances}: the training documents and how many times they appear in each pass with
+    --rehydrate; stops, saying what to do, on a corpus without the near-duplicate cluster sizes."""
+    repeats = []
+    for path in train:
+        table = read_arrow(path)
+        if CorpusColumns.CLUSTER_SIZE not in table.column_names:
+            raise InstancesError(f"{corpus_dir}: --rehydrate repeats documents by the {CorpusColumns.CLUSTER_SIZE} "
+                                 "column prepare-corpus --near-dedup writes, which this corpus has not: run "
+                                 "prepare-corpus --near-dedup, or leave out --rehydrate")
+        repeats.append(appearances(table.column(CorpusColumns.CLUSTER_SIZE).to_numpy(), spec))
+    repeats = np.concatenate(repeats)
+    return {"weights": [list(pair) for pair in rehydration(spec)], "documents": len(repeats),
+            "appearances": int(repeats.sum())}
 
 
 def _run_units(train, holdout, tokenizer_dir, out: Path, config: InstancesConfig, progress: bool) -> list[dict]:

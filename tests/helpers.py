@@ -10,10 +10,10 @@ import pyarrow as pa
 
 from bertkit.fileio import atomic_write_arrow, checksum_file
 from bertkit.formats import (
-    CORPUS_SCHEMA,
     CorpusManifest,
     ShardEntry,
     corpus_file_name,
+    corpus_schema,
     write_manifest,
 )
 from bertkit.testing import (  # noqa: F401  shared with the benchmarks, re-exported for the tests
@@ -46,17 +46,20 @@ def doc_of(token, seg_start, doc_seg):
     return int(np.searchsorted(doc_seg, seg, side="right") - 1)
 
 
-def write_corpus(folder: Path, shards, holdout=()):
+def write_corpus(folder: Path, shards, holdout=(), cluster_sizes=None):
     """A prepare-corpus folder: shards (and holdout) are lists of shards, a shard a list of documents, a document
-    a list of sentences."""
+    a list of sentences; cluster_sizes (one list per shard, train then holdout) adds --near-dedup's column."""
     folder.mkdir(parents=True, exist_ok=True)
-    entries = []
+    entries, sizes = [], iter(cluster_sizes or ())
     for split, groups in (("train", shards), ("holdout", holdout)):
         for i, docs in enumerate(groups):
             name = corpus_file_name(split, i)
-            table = pa.table({"id": [hashlib.sha1(repr(d).encode()).hexdigest()[:16] for d in docs],
-                              "source": ["test.txt"] * len(docs), "title": [None] * len(docs),
-                              "sentences": [list(d) for d in docs]}, schema=CORPUS_SCHEMA)
+            columns = {"id": [hashlib.sha1(repr(d).encode()).hexdigest()[:16] for d in docs],
+                       "source": ["test.txt"] * len(docs), "title": [None] * len(docs),
+                       "sentences": [list(d) for d in docs]}
+            if cluster_sizes is not None:
+                columns["cluster_size"] = next(sizes)
+            table = pa.table(columns, schema=corpus_schema(cluster_size=cluster_sizes is not None))
             atomic_write_arrow(folder / name, table)
             entries.append(ShardEntry(name, split, len(docs), (folder / name).stat().st_size,
                                       checksum_file(folder / name)))

@@ -632,3 +632,67 @@ def test_a_length_with_no_room_for_two_segments_is_warned_about(tmp_path, small_
     make_instances(small_corpus, vocab, tmp_path / "long", InstancesConfig(max_seq_length=128, workers=1),
                    progress=False)
     assert "NotNext" not in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# --rehydrate: documents repeated by their near-duplicate cluster's size
+
+def test_rehydrate_repeats_each_training_document_by_its_cluster_size(tmp_path):
+    """FineWeb2's table (its README: a cluster of 1 once, 2 and 3 that many times, 4 three, 5-99 five, 100-999
+    eight, 1,000 or more once), counted by each document's own word in the instances; the held-out split once."""
+    from bertkit.testing import toy_vocab
+
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(toy_vocab()) + "\n")
+    sizes = [1, 2, 3, 4, 5, 99, 100, 999, 1000, 5000]
+    by_hand = [1, 2, 3, 3, 5, 5, 8, 8, 1, 1]
+    docs = [[" ".join([f"w{d}"] * 5) + ".", " ".join([f"w{d}"] * 5) + "."] for d in range(len(sizes))]
+    corpus = write_corpus(tmp_path / "corpus", [docs[:6], docs[6:]], holdout=[[["w50 w50 w50 w50."]]],
+                          cluster_sizes=[sizes[:6], sizes[6:], [7]])
+    cfg = dict(mode="dynamic", objective="none", max_seq_length=64, unit_mb=0.0001)
+
+    def marker_counts(folder, split):
+        ids = np.concatenate([read_arrow(folder / s["file"]).column("input_ids").combine_chunks().flatten().to_numpy()
+                              for s in json_manifest(folder)["shards"] if s["split"] == split])
+        return np.bincount(ids.astype(np.int64), minlength=len(toy_vocab()))[5:5 + 51]
+
+    make_instances(corpus, vocab, tmp_path / "plain", InstancesConfig(**cfg), progress=False)
+    m = make_instances(corpus, vocab, tmp_path / "r1", InstancesConfig(rehydrate="fineweb2", workers=1, **cfg),
+                       progress=False)
+    make_instances(corpus, vocab, tmp_path / "r2", InstancesConfig(rehydrate="fineweb2", workers=2, **cfg),
+                   progress=False)
+    assert list(marker_counts(tmp_path / "plain", "train")[:10]) == [10] * 10     # the control: each word 10 times
+    assert list(marker_counts(tmp_path / "r1", "train")[:10]) == [10 * n for n in by_hand]
+    assert marker_counts(tmp_path / "r1", "holdout")[50] == 4                      # held out: once
+    assert m.stats["rehydrated"] == {"weights": [[1, 1], [2, 2], [3, 3], [5, 5], [100, 8], [1000, 1]],
+                                     "documents": 10, "appearances": sum(by_hand)}
+    assert files_bytes(tmp_path / "r1") == files_bytes(tmp_path / "r2")            # any number of workers
+    own = make_instances(corpus, vocab, tmp_path / "own", InstancesConfig(rehydrate="1:1,3:2", **cfg), progress=False)
+    assert own.stats["rehydrated"]["appearances"] == 2 + 2 * 8                      # sizes 1, 2 once; 3 and up twice
+    with pytest.raises(InstancesError, match="different settings \\(rehydrate\\)"):
+        make_instances(corpus, vocab, tmp_path / "r1", InstancesConfig(**cfg), progress=False)
+    from bertkit.cli import main
+
+    r = CliRunner().invoke(main, ["make-instances", str(corpus), "--tokenizer", str(vocab), "--out",
+                                  str(tmp_path / "cli"), "--mode", "dynamic", "--objective", "none",
+                                  "--max-seq-length", "64", "--rehydrate", "fineweb2", "--no-progress"])
+    assert r.exit_code == 0 and "rehydrated: 10 training documents appear 37 times a pass" in r.output, r.output
+
+
+def test_rehydrate_refuses_a_corpus_without_cluster_sizes_and_a_bad_table(tmp_path, small_corpus):
+    from bertkit.testing import toy_vocab
+
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(toy_vocab()) + "\n")
+    with pytest.raises(InstancesError, match="run prepare-corpus --near-dedup, or leave out --rehydrate"):
+        make_instances(small_corpus, vocab, tmp_path / "out", InstancesConfig(rehydrate="fineweb2"), progress=False)
+    assert not (tmp_path / "out").exists()
+    for bad in ("2:2", "1:1,5:2,3:1", "1:0", "1:x", "fineweb3"):
+        with pytest.raises(InstancesError, match="--rehydrate"):
+            InstancesConfig(rehydrate=bad).check()
+    with pytest.raises(InstancesError, match="--compat google"):
+        InstancesConfig(rehydrate="fineweb2", compat="google").check()
+
+
+def json_manifest(folder: Path) -> dict:
+    return json.loads((folder / "manifest.json").read_text())

@@ -46,6 +46,12 @@ from bertkit.recipes import RECIPES, as_flags
 @click.option("--same-doc-notnext", is_flag=True,
               help="Reference behaviour: a NotNext B may come from A's own document (always, in a one-document "
                    "corpus) and is still labelled NotNext.")
+@click.option("--rehydrate", default=None, metavar="fineweb2|N:W,...",
+              help="Repeat each training document by the size of its near-duplicate cluster (the cluster_size column "
+                   "of prepare-corpus --near-dedup), each copy with its own pairs and masks. fineweb2: FineWeb2's "
+                   "weights (a cluster of 1: once; 2: twice; 3-4: 3; 5-99: 5; 100-999: 8; 1,000 or more: once, "
+                   "taken to be boilerplate); or your own bounds and appearances, as 1:1,2:2,5:4. The held-out "
+                   "split is never repeated.")
 @click.option("--recipe", type=click.Choice(sorted(RECIPES)),
               help="The instances a pretraining recipe was measured on; the flags you give win over it. budget: "
                    + as_flags(RECIPES["budget"]["make-instances"]) + " (then pretrain --recipe budget).")
@@ -88,6 +94,10 @@ def make_instances(corpus_dir, tokenizer_dir, out, progress, **flags):
     if manifest.mode == "static":
         line += (f", selected {s['selected_fraction']:.2%} of tokens: [MASK] {s['mask_share']:.1%} / "
                  f"random {s['random_share']:.1%} / kept {s['kept_share']:.1%}")
+    if "rehydrated" in s:
+        r = s["rehydrated"]
+        line += (f"\n  rehydrated: {r['documents']:,} training documents appear {r['appearances']:,} times a pass "
+                 f"(--rehydrate {config.rehydrate})")
     click.echo(line, err=True)
     model = "tiny (or modernbert-tiny)" if manifest.objective == "none" else "tiny"
     click.echo(f"next: bertkit pretrain --instances {out} --model {model} --out runs/pretrain (one process), or "
