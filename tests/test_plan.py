@@ -439,3 +439,33 @@ def test_a_batch_size_warmup_grows_each_step_s_micro_batches_and_resumes_exactly
     assert losses(tmp_path / "halves") == losses(tmp_path / "whole")
     with pytest.raises(ConfigError, match="go together"):
         PretrainConfig(instances="x", out="y", batch_warmup_from=0.5).check()
+
+
+def test_the_shipped_bert_and_budget_plans_scaled_down_run_on_a_cpu(tmp_path, clean_dist_env, monkeypatch):
+    """`--plan bert` (NVIDIA's two phases: LAMB, a polynomial decay each, 128 then 512 tokens, LAMB started anew)
+    and `--plan budget` (the budget recipe for a time) on tiny instances named as each expects."""
+    make_instances_dir(tmp_path / "instances-128", n=64, holdout=8, max_len=32, seed=0)
+    make_instances_dir(tmp_path / "instances-512", n=32, holdout=8, max_len=64, seed=1)
+    make_instances_dir(tmp_path / "instances", n=64, holdout=8, max_len=32, seed=2)
+    (tmp_path / "model.json").write_text(json.dumps(TINY))
+    monkeypatch.chdir(tmp_path)
+    common = ["--plan-set", "micro_batch=4", "--plan-set", "num_workers=0", "--plan-set", "report_to=none",
+              "--no-progress"]
+    r = CliRunner().invoke(main, ["pretrain", "--plan", "bert", "--plan-scale", "0.0005", "--out", "bert",
+                                  "--plan-set", 'model="model.json"', "--plan-set", "global_batch=8", *common])
+    assert r.exit_code == 0, r.output
+    record = json.loads((tmp_path / "bert" / "plan.json").read_text())
+    assert [(p["name"], p["done"]) for p in record["phases"]] == [("seq128", True), ("seq512", True)]
+    configs = [json.loads((tmp_path / "bert" / p["folder"] / "config.json").read_text()) for p in record["phases"]]
+    assert [c["pretrain"]["max_steps"] for c in configs] == [round(7038 * 0.0005), round(1563 * 0.0005)]
+    assert {(c["resolved"]["optimizer"], c["pretrain"]["schedule"]) for c in configs} == {("lamb", "poly")}
+    assert [c["pretrain"]["lr"] for c in configs] == [6e-3, 4e-3]
+    assert {(c["pretrain"]["global_batch"], c["pretrain"]["micro_batch"]) for c in configs} == {(8, 4)}  # --plan-set
+    assert configs[1]["pretrain"]["init_optimizer"] is False   # the plan's: NVIDIA's second phase starts LAMB anew
+    r = CliRunner().invoke(main, ["pretrain", "--plan", "budget", "--plan-scale", "0.002", "--out", "budget",
+                                  *common])
+    assert r.exit_code == 0, r.output
+    [phase] = json.loads((tmp_path / "budget" / "plan.json").read_text())["phases"]
+    config = json.loads((tmp_path / "budget" / phase["folder"] / "config.json").read_text())
+    assert phase["done"] and config["pretrain"]["time_budget"] == pytest.approx(3.6)
+    assert config["pretrain"]["recipe"] == "budget" and config["model"]["family"] == "modernbert"

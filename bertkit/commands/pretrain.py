@@ -37,7 +37,7 @@ class Duration(click.ParamType):
               help="--plan: every phase's length (tokens, steps, seconds) times this.")
 @click.option("--plan-set", multiple=True, metavar="KEY=VALUE",
               help="--plan: a setting for every phase (a TOML value: model=\"modernbert-tiny\", "
-                   "batch_tokens=4096); a phase's own setting still wins. Repeatable.")
+                   "batch_tokens=4096), over the plan's own, in every phase. Repeatable.")
 @click.option("--mixture", type=str, default=None,
               help="Several instance folders trained on as one, in proportions: DIR=WEIGHT,DIR=WEIGHT (weights "
                    "relative), or DIR,DIR with --mixture-temperature. One vocabulary, --max-seq-length and objective; "

@@ -72,17 +72,19 @@ def scaled(settings: dict, scale: float) -> dict:
 
 def read_plan(path, scale: float = 1.0, overrides: dict | None = None) -> tuple[dict, list[dict]]:
     """(settings for every phase, [each phase's own settings with its "name"]): `path` a file or a shipped plan's
-    name, `overrides` (--plan-set) over its top level (a phase's own settings still win), every length times
-    `scale` (--plan-scale); unknown settings refused, naming the phase and the setting."""
+    name, `overrides` (--plan-set) over every phase (the command line wins over the file, as a flag wins over a
+    recipe), every length times `scale` (--plan-scale); unknown settings refused, naming the phase and the setting."""
     path = plan_file(path)
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
         raise ConfigError(f"--plan {path}: cannot be read as TOML ({e})") from None
     phases = data.pop("phase", None)
-    data = {**data, **(overrides or {})}
+    overrides = overrides or {}
+    data = {**data, **overrides}
     if not isinstance(phases, list) or not phases or not all(isinstance(p, dict) for p in phases):
         raise ConfigError(f"--plan {path}: no [[phase]] tables; a plan lists its phases, each a [[phase]] table")
+    phases = [{k: v for k, v in p.items() if k not in overrides} for p in phases]
     known = {f.name for f in fields(PretrainConfig)} - set(NOT_IN_A_PLAN)
     names = []
     for where, settings in [("the top level", data)] + [(f"phase {i + 1}", p) for i, p in enumerate(phases)]:
