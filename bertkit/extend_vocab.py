@@ -87,20 +87,18 @@ def grow(state: dict, old_size: int, new_size: int, rows: dict) -> dict:
 
 
 def normalisation(model_dir: Path, tokens: list[str]) -> tuple[bool, str]:
-    """(lowercase, strip_accents) the model's tokenizer used; original BERT's "all" (NFD, every mark dropped: Hangul
-    syllables taken apart into jamo) becomes bertkit's "latin", which normalises Latin text alike and keeps Hangul
-    and kana whole, so a new language's tokens can match."""
-    from bertkit.tokenization import guess_lowercase, guess_strip_accents
+    """(lowercase, strip_accents) the model's tokenizer used (its tokenizer_config.json, else guessed from its
+    vocabulary); original BERT's "all" (NFD, every mark dropped: Hangul syllables taken apart into jamo) becomes
+    bertkit's "latin", which normalises Latin text alike and keeps Hangul and kana whole, so a new language's tokens
+    can match."""
+    from bertkit.tokenization import guess_lowercase, guess_strip_accents, hf_normalisation
 
-    try:
-        settings = json.loads((model_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        settings = {}
-    lowercase = settings.get("do_lower_case", guess_lowercase(tokens))
-    strip = settings.get("bertkit_strip_accents") or (
-        "none" if settings.get("strip_accents") is False or not lowercase else
-        "all" if "do_lower_case" in settings else guess_strip_accents(tokens))
-    return bool(lowercase), "latin" if strip == "all" else strip
+    said = hf_normalisation(model_dir)
+    if said is None:
+        lowercase = guess_lowercase(tokens)
+        said = lowercase, guess_strip_accents(tokens) if lowercase else "none"
+    lowercase, strip = said
+    return lowercase, "latin" if strip == "all" else strip
 
 
 def extend_vocab(model_dir, tokenizer_dir, out, max_new: int | None = None) -> Extension:

@@ -198,6 +198,19 @@ def _hf_config(folder: Path) -> dict:
         raise TokenizerError(f"{cfg}: not valid JSON ({e})") from None
 
 
+def hf_normalisation(folder: Path) -> tuple[bool, str] | None:
+    """(lowercase, strip_accents) of an HF or bertkit folder's tokenizer_config.json, with HF's meaning (strip_accents
+    unset: every accent stripped when lower-casing, as original BERT was trained; bertkit's own setting where it
+    wrote one); None where the folder does not say."""
+    cfg = _hf_config(folder)
+    if not cfg.keys() & {"do_lower_case", "strip_accents", "bertkit_strip_accents"}:
+        return None
+    lowercase = bool(cfg.get("do_lower_case", True))   # HF's BertTokenizer default
+    strip = cfg.get("bertkit_strip_accents") or ("none" if cfg.get("strip_accents") is False or not lowercase
+                                                 else "all")
+    return lowercase, strip
+
+
 def load_tokenizer(path, *, lowercase: bool | None = None, strip_accents: str | None = None) -> Tokenizer:
     """Load a BERT tokenizer from a bertkit tokenizer folder, an HF model folder or a vocab.txt.
 
@@ -217,12 +230,9 @@ def load_tokenizer(path, *, lowercase: bool | None = None, strip_accents: str | 
         if (path / "tokenizer.json").is_file():
             return _from_tokenizer_json(path / "tokenizer.json")
         if (path / "vocab.txt").is_file():
-            cfg = _hf_config(path)
-            lower = cfg.get("do_lower_case", True) if lowercase is None else lowercase
-            if strip_accents is None:
-                hf = cfg.get("strip_accents")
-                strip_accents = cfg.get("bertkit_strip_accents") or ("none" if hf is False else "all")
-            return tokenizer_from_vocab(path / "vocab.txt", lower, strip_accents)
+            said_lower, said_strip = hf_normalisation(path) or (True, "all")   # unsaid: original BERT's
+            lower = said_lower if lowercase is None else lowercase
+            return tokenizer_from_vocab(path / "vocab.txt", lower, strip_accents or said_strip)
         raise TokenizerError(f"{path}: no tokenizer.json or vocab.txt here; pass a `bertkit train-tokenizer` "
                              f"output folder, an HF model folder or a vocab.txt file")
     if not path.exists():

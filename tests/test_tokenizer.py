@@ -334,6 +334,12 @@ def test_load_hf_model_folders(shared_data, tmp_path):
     (hf / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": False}))
     cased = BertTokenizerLegacy(str(hf / "vocab.txt"), do_lower_case=False)
     assert load_tokenizer(hf).encode(text).ids == cased.encode(text)
+    # strip_accents false: lower-cased (HF's default, also where do_lower_case is not said), accents kept
+    keeps = BertTokenizerLegacy(str(hf / "vocab.txt"), do_lower_case=True, strip_accents=False)
+    for said in ({"do_lower_case": True, "strip_accents": False}, {"strip_accents": False}):
+        (hf / "tokenizer_config.json").write_text(json.dumps(said))
+        stripped = BertTokenizerLegacy(str(hf / "vocab.txt")).encode(text)
+        assert load_tokenizer(hf).encode(text).ids == keeps.encode(text) != stripped, said
     assert vocab_sha256(hf) == vocab_sha256(minilm) == sha256_file(shared_data / BERT_VOCAB)
 
 
