@@ -205,5 +205,6 @@ def open_mixture(sources: list[Source], temperature: float | None, seed: int,
     probabilities = weights_for([len(d) for d in train], [s.weight for s in sources], temperature)
     if cap is not None:
         probabilities = capped(probabilities, [len(d) for d in train], cap[1], cap[0])
-    return Mixture(train, probabilities, seed), \
-        Joined([InstanceDataset(s.folder, "holdout", seed, m) for s, m in zip(sources, manifests)])
+    mixture = Mixture(train, probabilities, seed)
+    mixture.capped_for_rows = cap and cap[1]   # recorded: a resumed run keeps these shares, whatever its length
+    return mixture, Joined([InstanceDataset(s.folder, "holdout", seed, m) for s, m in zip(sources, manifests)])

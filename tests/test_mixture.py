@@ -3,6 +3,7 @@ deals (every rank's), each epoch's exact; an up-weighted folder repeats in a new
 other rows each epoch; the run's mixture.json against the rows its batches held; a resume draws the same batches;
 folders that cannot be mixed are refused naming the difference."""
 import json
+import shutil
 import signal
 
 import numpy as np
@@ -239,10 +240,11 @@ def test_a_masking_rate_scheduled_inside_a_run(folders, tmp_path, clean_dist_env
         mixed(folders, tmp_path / "x", masked_lm_prob_end=0.1)
 
 
-def test_a_cap_on_epochs_holds_a_small_folder_at_it(folders, tmp_path, clean_dist_env):
+def test_a_cap_on_epochs_holds_a_small_folder_at_it(folders, tmp_path, clean_dist_env, capsys):
     """--mixture-max-epochs 1 over 10 steps of 8 rows (80 draws): en (40 rows) at 0.8 would be drawn 1.6 times over;
-    held at 0.5 (40 of 80 in expectation), ko gets the rest; the cap's run length
-    cannot change on a resume; a run longer than every folder's cap allows is refused."""
+    held at 0.5 (40 of 80 in expectation), ko gets the rest; a resume that lengthens the run keeps the shares
+    capped for the first length (so the data order too), saying so; a run longer than every folder's cap allows is
+    refused."""
     from bertkit.mixture import capped
 
     assert capped(np.array([0.2, 0.8]), [96, 40], 80, 1.0) == pytest.approx([0.5, 0.5])
@@ -256,7 +258,13 @@ def test_a_cap_on_epochs_holds_a_small_folder_at_it(folders, tmp_path, clean_dis
     en = result["mixture"]["sources"][1]
     # held at half the draws; 80 of an epoch's 136 slots are a random sample of it: 40 rows give or take its spread
     assert en["target"] == pytest.approx(0.5) and 32 <= en["rows"] <= 48
-    with pytest.raises(ConfigError, match="max_steps 10 -> 12"):
-        mixed(folders, tmp_path / "run", mixture=(), resume=True, max_steps=12)
+    assert json.loads((tmp_path / "run" / "mixture.json").read_text())["capped_for_rows"] == 80
+    shutil.copytree(tmp_path / "run", tmp_path / "longer")
+    longer = mixed(folders, tmp_path / "longer", mixture=mix, resume=True, max_steps=12, mixture_max_epochs=1.0,
+                   eval_every=0)
+    # recomputed for 96 draws en would be held at 40/96; kept at 0.5, with the slots and so the order of every epoch
+    assert longer["step"] == 12 and longer["mixture"]["sources"][1]["target"] == pytest.approx(0.5)
+    assert [s["slots_per_epoch"] for s in longer["mixture"]["sources"]] == [68, 68]
+    assert "the shares stay those capped for the run's first length (80 rows drawn)" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="more than 0.2 passes"):
         mixed(folders, tmp_path / "short", mixture=mix, max_steps=10, mixture_max_epochs=0.2, eval_every=0)

@@ -96,8 +96,6 @@ def compare(run: RunConfig, cfg: PretrainConfig, settings: DeepSpeedSettings, wo
             continue  # another path to the same shape
         if before != after and not (f.name in ("norm", "pad_vocab_to", "init_from") and after is None):
             (refused if f.name in KEPT_FLAGS else applied).append(Change(f.name, before, after))
-    if run.pretrain.get("mixture_max_epochs") is not None and run.pretrain.get("max_steps") != cfg.max_steps:
-        refused.append(Change("max_steps", run.pretrain.get("max_steps"), cfg.max_steps))   # the cap's run length
     if run.objective != objective:
         refused.append(Change("objective", run.objective, objective))
     if run.max_seq_length and manifest.max_seq_length != run.max_seq_length:

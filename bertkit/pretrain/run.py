@@ -25,7 +25,7 @@ from bertkit.data import (
     tokens_drawn,
 )
 from bertkit.errors import regular_file
-from bertkit.fileio import atomic_write_json
+from bertkit.fileio import atomic_write_json, read_json_or_none
 from bertkit.formats import USER_DEEPSPEED_CONFIG, InstancesError, InstancesManifest
 from bertkit.kernel_guard import kernel_uses, resolve_guarded
 from bertkit.models import Family, describe, family_of
@@ -201,6 +201,19 @@ def training_data(cfg: PretrainConfig, manifest: InstancesManifest, rows_planned
     return train, holdout
 
 
+def capped_rows(cfg: PretrainConfig, planned: int | None, previous_run, rank: int) -> int | None:
+    """The run length --mixture-max-epochs caps the shares over: the planned draws, or on a resume the length the run
+    began with (its mixture.json), so the shares, and the data order with them, stay those of the first start."""
+    recorded = read_json_or_none(Path(cfg.out) / "mixture.json") if previous_run and cfg.mixture_max_epochs else None
+    if not recorded or not recorded.get("capped_for_rows"):
+        return planned
+    if rank == 0 and recorded["capped_for_rows"] != planned:
+        say(f"--mixture-max-epochs: the shares stay those capped for the run's first length "
+            f"({recorded['capped_for_rows']:,} rows drawn); the rows drawn from now on may take a folder past "
+            f"{cfg.mixture_max_epochs:g} passes")
+    return recorded["capped_for_rows"]
+
+
 def record_mixture(run: Run) -> dict:
     """mixture.json in the run folder: each source's target share and the rows and tokens it has given so far (all
     ranks' micro batches drawn); returned too."""
@@ -212,6 +225,8 @@ def record_mixture(run: Run) -> dict:
          "rows": r, "tokens": t, "share_of_rows": round(r / rows, 6), "share_of_tokens": round(t / tokens, 6)}
         for d, p, c, r, t in zip(mixture.datasets, mixture.probabilities, mixture.slots, realised["rows"],
                                  realised["tokens"])]}
+    if getattr(mixture, "capped_for_rows", None):
+        found["capped_for_rows"] = mixture.capped_for_rows   # --mixture-max-epochs' run length, kept on a resume
     atomic_write_json(run.run_dir / "mixture.json", found)
     return found
 
@@ -254,7 +269,8 @@ def start_run(cfg: PretrainConfig, manifest: InstancesManifest, rank: int, world
     torch.distributed.barrier()
 
     step, skipped, last_ckpt = resume_or_seed(cfg, engine, scheduler, chosen, changes, settings, ds_config, rank)
-    train, holdout = training_data(cfg, manifest, max_steps * settings.global_batch if max_steps else None)
+    train, holdout = training_data(cfg, manifest, capped_rows(cfg, max_steps * settings.global_batch if max_steps
+                                                              else None, previous_run, rank))
     sampler = sampler_for(cfg, train, settings.micro_batch, rank, world)
     flops = functools.partial(training_flops, sum(p.numel() for p in model.parameters()), model.cfg.num_layers,
                               model.cfg.hidden_size)
