@@ -9,10 +9,11 @@ with its own vocabulary?
 
 Arms: `minilm` (the released model, no Korean pretraining), `extended` (its vocabulary grown, no pretraining: what the
 initialisation alone gives), `minilm-decay` and `extended-decay` (each after --steps of MLM on Korean Wikipedia: AdamW
-at --lr, 5 % warmup then a 1 - sqrt decay to 0, 128-token MLM-only rows). Each scored on KorSTS (Pearson on its dev set,
-the last of 3 epochs at 5e-5: MiniLM's better rate of two, benchmarks/studies/korean_transfer.py), seeds 0 1 2 for both
-pretraining and fine-tuning. Beside them, each tokenizer on the held-out Korean documents: [UNK] share of the words and
-tokens per word.
+at --lr, 5 % warmup then a 1 - sqrt decay to 0, 128-token MLM-only rows), and once an arm has two or more decay seeds
+its `-merged` arm (`bertkit merge --method mean` of those seeds' exports: does the merge beat each seed alone?). Each
+scored on KorSTS (Pearson on its dev set, the last of 3 epochs at 5e-5: MiniLM's better rate of two,
+benchmarks/studies/korean_transfer.py), seeds 0 1 2 for both pretraining and fine-tuning. Beside them, each tokenizer on
+the held-out Korean documents: [UNK] share of the words and tokens per word.
 
     python benchmarks/studies/vocab_extension.py --work /tmp/vocab-ext [--steps 300] [--seeds 0 1 2]
 
@@ -98,6 +99,20 @@ def decayed(work: Path, arm: str, seed: int, steps: int, lr: float) -> Path:
     return model
 
 
+def merged(work: Path, arm: str, seeds: list[int]) -> Path | None:
+    """The mean of the arm's decay exports over `seeds` (all made), else None."""
+    from bertkit.merge import merge
+
+    models = [work / f"model-{arm}-decay-{seed}" for seed in seeds]
+    out = work / f"model-{arm}-merged-{'-'.join(map(str, seeds))}"
+    if len(models) < 2 or not all(done(m) for m in models):
+        return None
+    if not (out / "model.safetensors").is_file():
+        say(f"merge {arm}: the mean of seeds {seeds}")
+        merge(models, out, method="mean")
+    return out
+
+
 def korsts(model: Path, out: Path, seed: int) -> float:
     from bertkit.finetune.korean import finetune_korean
     from bertkit.finetune.train import TrainConfig, finished_fine_tuning
@@ -106,6 +121,13 @@ def korsts(model: Path, out: Path, seed: int) -> float:
         "korsts", SHARED, model, TrainConfig(out_dir=str(out), epochs=3, batch_size=32, learning_rate=5e-5, seed=seed,
                                              save_model=False, report_to="none", precision="fp32"))
     return summary["best"]["pearson"]
+
+
+def summary(cells: dict) -> dict:
+    """arm: [mean, sd, seeds] of its KorSTS cells."""
+    arms = dict.fromkeys(k.split("/")[0] for k in cells)
+    return {a: [round(statistics.mean(v), 4), round(statistics.pstdev(v), 4), len(v)]
+            for a in arms if (v := [c for k, c in cells.items() if k.split("/")[0] == a])}
 
 
 def main():
@@ -119,8 +141,8 @@ def main():
     args.work.mkdir(parents=True, exist_ok=True)
     extension = prepare(args.work, args.max_new)
     result = read_result(NAME)
-    if result.get("steps") != args.steps or result.get("lr") != args.lr:   # another budget: its decay cells go
-        result["cells"] = {k: v for k, v in result.get("cells", {}).items() if "-decay/" not in k}
+    if result.get("steps") != args.steps or result.get("lr") != args.lr:   # another budget: its trained cells go
+        result["cells"] = {k: v for k, v in result.get("cells", {}).items() if k.split("/")[0] in ARMS[:2]}
     result.update(run_info(NAME), steps=args.steps, lr=args.lr, extension=extension,
                   tokenizers=result.get("tokenizers") or tokenizer_stats(args.work))
     write_result(NAME, result)
@@ -133,10 +155,16 @@ def main():
             model = decayed(args.work, base, seed, args.steps, args.lr) if arm.endswith("-decay") else \
                 (minilm_dir() if base == "minilm" else args.work / "extended")
             cells[f"{arm}/{seed}"] = korsts(model, args.work / f"korsts-{arm}-{seed}", seed)
-            result["summary"] = {a: [round(statistics.mean(v), 4), round(statistics.pstdev(v), 4), len(v)]
-                                 for a in ARMS if (v := [c for k, c in cells.items() if k.split("/")[0] == a])}
+            result["summary"] = summary(cells)
             write_result(NAME, result)
             say(f"{arm} seed {seed}: KorSTS Pearson {cells[f'{arm}/{seed}']:.4f}")
+    for arm in ("minilm", "extended"):   # each fine-tuning seed scores the one merged model
+        model = merged(args.work, arm, args.seeds)
+        for seed in args.seeds if model else ():
+            if f"{arm}-merged/{seed}" not in cells:
+                cells[f"{arm}-merged/{seed}"] = korsts(model, args.work / f"korsts-{arm}-merged-{seed}", seed)
+                result["summary"] = summary(cells)
+                write_result(NAME, result)
     print(f"{'arm':16} {'KorSTS Pearson':>16} {'seeds':>6}")
     for arm, (mean, sd, n) in result.get("summary", {}).items():
         print(f"{arm:16} {mean:>9.4f} ± {sd:.4f} {n:>6}")
