@@ -14,9 +14,11 @@ Arms: `dirty` (plain prepare-corpus: byte-identical duplicates only) and `cleane
 trained on the dirty corpus (what a team has before it cleans; `--pretokenize none` for time), serves both, so the
 scores compare. Instances by `make-instances --recipe budget`; modernbert-tiny by `pretrain --recipe budget` for
 --steps optimizer steps (the same compute for both), seeds 0 1 2. Scored on the held-out documents' rows: masked-token
-loss and accuracy with 15 % of each row's tokens all [MASK] (the unigram baseline beside them).
+loss and accuracy with 15 % of each row's tokens all [MASK] (the unigram baseline beside them); then on Korean tasks
+(--tasks: KorSTS Pearson, NSMC accuracy on its first 10,000 training rows; `finetune korean`'s splits, 3 epochs at
+the rate finetune gives the model's width, the last epoch's model, the pretraining seed), scored on their dev splits.
 
-    python benchmarks/studies/cleaning_pays.py --work /tmp/pays [--steps 1500] [--seeds 0 1 2]
+    python benchmarks/studies/cleaning_pays.py --work /tmp/pays [--steps 1500] [--seeds 0 1 2] [--tasks korsts nsmc]
 
 Pretraining is a quality-against-steps run: it may go on beside other work; a killed run resumes from its last
 checkpoint (run the same command again), and each finished (arm, seed) is appended to results/cleaning_pays.json.
@@ -110,12 +112,32 @@ def pretrain_and_score(work: Path, arm: str, seed: int, steps: int) -> dict:
     return masked_only_accuracy(model, work / "heldout-instances", rows=1000, split="train")
 
 
+TASKS = {"korsts": ("pearson", None), "nsmc": ("accuracy", 10_000)}   # metric, training rows kept (None: all)
+
+
+def task_score(work: Path, arm: str, seed: int, task: str) -> float:
+    """The arm's model fine-tuned on a Korean task; its metrics.json is the cache."""
+    from bertkit.finetune.korean import finetune_korean
+    from bertkit.finetune.train import TrainConfig, finished_fine_tuning
+
+    metric, rows = TASKS[task]
+    out = work / f"{task}-{arm}-{seed}"
+    summary = finished_fine_tuning(out)
+    if summary is None:
+        say(f"finetune {task}: {arm}, seed {seed}")
+        summary = finetune_korean(task, SHARED, work / f"model-{arm}-{seed}", TrainConfig(
+            out_dir=str(out), epochs=3, batch_size=32, learning_rate=None, seed=seed, save_model=False,
+            report_to="none", precision="fp32"), max_train_rows=rows)
+    return summary["best"][metric]
+
+
 def summary(cells: dict) -> dict:
     by_arm = {}
     for key, cell in cells.items():
         by_arm.setdefault(key.split("/")[0], []).append(cell)
     return {arm: {k: [round(statistics.mean(c[k] for c in got), 4), round(statistics.pstdev(c[k] for c in got), 4)]
-                  for k in ("loss", "masked_only_acc")} | {"seeds": len(got)} for arm, got in by_arm.items()}
+                  for k in ("loss", "masked_only_acc", *TASKS) if all(k in c for c in got)} | {"seeds": len(got)}
+            for arm, got in by_arm.items()}
 
 
 def main():
@@ -126,6 +148,7 @@ def main():
     ap.add_argument("--junk", type=float, default=0.1, help="junk documents per real one")
     ap.add_argument("--steps", type=int, default=1500)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--tasks", nargs="*", choices=list(TASKS), default=list(TASKS))
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     crawl = make_crawl(args.work, args.documents, args.repeated, args.junk)
@@ -134,6 +157,8 @@ def main():
     result = read_result(NAME)
     if result.get("steps") != args.steps or result.get("crawl") != crawl:
         result = {}   # another budget or crawl: its cells do not compare
+    if result.get("cells") and "pretrained_at" not in result:   # the header is this run's; the models' stays known
+        result["pretrained_at"] = {k: result[k] for k in ("date", "commit", "load_average_1_5_15min") if k in result}
     result.update(run_info(NAME), crawl=crawl, corpora=corpora, steps=args.steps)
     cells = result.setdefault("cells", {})
     for seed in args.seeds:
@@ -143,10 +168,19 @@ def main():
                 result["summary"] = summary(cells)
                 write_result(NAME, result)
                 say(f"{arm} seed {seed}: {cells[f'{arm}/{seed}']}")
-    print(f"{'arm':10} {'seeds':>5} {'held-out loss':>16} {'masked-token acc':>18}")
+    for task in args.tasks:   # after every pretraining: the tasks never hold up the held-out scores
+        for seed in args.seeds:
+            for arm in ("dirty", "cleaned"):
+                if task not in cells[f"{arm}/{seed}"]:
+                    cells[f"{arm}/{seed}"][task] = task_score(args.work, arm, seed, task)
+                    result["summary"] = summary(cells)
+                    write_result(NAME, result)
+    print(f"{'arm':10} {'seeds':>5} {'held-out loss':>16} {'masked-token acc':>18}"
+          + "".join(f" {t:>16}" for t in args.tasks))
     for arm, s in summary(cells).items():
         print(f"{arm:10} {s['seeds']:>5} {s['loss'][0]:>9.4f} ± {s['loss'][1]:.4f} "
-              f"{s['masked_only_acc'][0]:>10.4f} ± {s['masked_only_acc'][1]:.4f}")
+              f"{s['masked_only_acc'][0]:>10.4f} ± {s['masked_only_acc'][1]:.4f}"
+              + "".join(f" {s[t][0]:>9.4f} ± {s[t][1]:.4f}" for t in args.tasks if t in s))
 
 
 if __name__ == "__main__":
