@@ -1,6 +1,7 @@
 """What the studies share, written once (issue 84: a study imports this and record.py, never another study): where
-the shared data is, a timestamped line, whether a stage's folder is finished, and the masked-token score of an
-export on held-out rows, a step's median time, a synthetic batch."""
+the shared data is, a timestamped line, whether a stage's folder is finished, a stop where a pretraining run
+returned short of its steps, and the masked-token score of an export on held-out rows, a step's median time, a
+synthetic batch."""
 import os
 import time
 from pathlib import Path
@@ -15,6 +16,13 @@ def say(msg):
 
 def done(path: Path) -> bool:
     return (path / "manifest.json").is_file() or (path / "metrics.json").is_file()
+
+
+def trained_to_the_end(result: dict, steps: int, run: Path) -> None:
+    """Stops the study where pretrain() returned before `steps` (a signal saves the run and returns): exporting then
+    would score a model cut short."""
+    if result["step"] < steps:
+        raise SystemExit(f"{run.name} stopped at step {result['step']} of {steps}; run the study again to resume")
 
 
 def masked_only_accuracy(model_dir: Path, instances: Path, rows: int = 400, seed: int = 0,

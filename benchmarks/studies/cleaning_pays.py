@@ -30,7 +30,7 @@ import statistics
 from pathlib import Path
 
 import _lib_path  # noqa: F401  (benchmarks/lib on the import path)
-from benchlib import SHARED, done, masked_only_accuracy, say
+from benchlib import SHARED, done, masked_only_accuracy, say, trained_to_the_end
 from record import read_result, run_info, write_result
 
 from bertkit.fileio import atomic_write_bytes
@@ -104,10 +104,12 @@ def pretrain_and_score(work: Path, arm: str, seed: int, steps: int) -> dict:
     run, model = work / f"run-{arm}-{seed}", work / f"model-{arm}-{seed}"
     if not done(model):
         say(f"pretrain {arm}, seed {seed}: {steps} steps")
-        pretrain(PretrainConfig(instances=str(work / f"{arm}-instances"), out=str(run), model="modernbert-tiny",
-                                recipe="budget", max_steps=steps, seed=seed, num_workers=1, progress=False,
-                                log_every=50, eval_every=10 ** 9, save_every=250, precision="fp32",
-                                resume=(run / "checkpoints").is_dir(), report_to="none"))
+        result = pretrain(PretrainConfig(instances=str(work / f"{arm}-instances"), out=str(run),
+                                         model="modernbert-tiny", recipe="budget", max_steps=steps, seed=seed,
+                                         num_workers=1, progress=False, log_every=50, eval_every=10 ** 9,
+                                         save_every=250, precision="fp32", resume=(run / "checkpoints").is_dir(),
+                                         report_to="none"))
+        trained_to_the_end(result, steps, run)
         export(run, model)
     return masked_only_accuracy(model, work / "heldout-instances", rows=1000, split="train")
 

@@ -26,7 +26,7 @@ import statistics
 from pathlib import Path
 
 import _lib_path  # noqa: F401  (benchmarks/lib on the import path)
-from benchlib import SHARED, done, say
+from benchlib import SHARED, done, say, trained_to_the_end
 from record import read_result, run_info, write_result
 
 from bertkit.testing import minilm_dir
@@ -88,13 +88,15 @@ def decayed(work: Path, arm: str, seed: int, steps: int, lr: float) -> Path:
 
     start = minilm_dir() if arm == "minilm" else work / "extended"
     run, model = work / f"run-{arm}-{seed}", work / f"model-{arm}-decay-{seed}"
-    if not done(model):
+    exported = json.loads((model / "manifest.json").read_text()).get("checkpoint") if done(model) else None
+    if exported != f"global_step{steps}":   # none yet, or one of a run stopped short (a signal saves and returns)
         say(f"pretrain {arm}, seed {seed}: {steps} steps")
-        pretrain(PretrainConfig(instances=str(work / f"{arm}-instances"), out=str(run), init_from=str(start),
-                                objective="mlm", max_steps=steps, micro_batch=32, optimizer="adamw", lr=lr,
-                                schedule="wsd", warmup=0.05, decay=1.0, seed=seed, num_workers=1, progress=False,
-                                log_every=50, eval_every=250, save_every=250, precision="fp32", report_to="none",
-                                resume=(run / "checkpoints").is_dir()))
+        result = pretrain(PretrainConfig(
+            instances=str(work / f"{arm}-instances"), out=str(run), init_from=str(start), objective="mlm",
+            max_steps=steps, micro_batch=32, optimizer="adamw", lr=lr, schedule="wsd", warmup=0.05, decay=1.0,
+            seed=seed, num_workers=1, progress=False, log_every=50, eval_every=250, save_every=250,
+            precision="fp32", report_to="none", resume=(run / "checkpoints").is_dir()))
+        trained_to_the_end(result, steps, run)
         export(run, model)
     return model
 
@@ -154,7 +156,8 @@ def main():
             base = arm.removesuffix("-decay")
             model = decayed(args.work, base, seed, args.steps, args.lr) if arm.endswith("-decay") else \
                 (minilm_dir() if base == "minilm" else args.work / "extended")
-            cells[f"{arm}/{seed}"] = korsts(model, args.work / f"korsts-{arm}-{seed}", seed)
+            tag = f"-{args.steps}steps" if arm.endswith("-decay") else ""   # a fine-tune of this budget's model only
+            cells[f"{arm}/{seed}"] = korsts(model, args.work / f"korsts-{arm}-{seed}{tag}", seed)
             result["summary"] = summary(cells)
             write_result(NAME, result)
             say(f"{arm} seed {seed}: KorSTS Pearson {cells[f'{arm}/{seed}']:.4f}")
