@@ -189,3 +189,13 @@ def test_gpu_only_benchmarks_say_so_on_a_machine_without_one(script, tmp_path):
     cwd=tmp_path,                    capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
     assert f"benchmarks/gates/{script}.py needs a CUDA GPU" in r.stderr and not out.exists()
+
+
+def test_a_study_stops_rather_than_score_a_run_cut_short(tmp_path):
+    """pretrain() saves and returns when a signal stops it; a study that exported then would score a model of 14
+    steps as one of 300 (vocab_extension did, 2026-12-02): benchlib stops it, naming the run and the way on."""
+    from benchlib import trained_to_the_end
+
+    with pytest.raises(SystemExit, match="run-minilm-0 stopped at step 14 of 300; run the study again to resume"):
+        trained_to_the_end({"step": 14}, 300, tmp_path / "run-minilm-0")
+    trained_to_the_end({"step": 300}, 300, tmp_path / "run-minilm-0")   # finished: on to the export
