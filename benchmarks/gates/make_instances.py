@@ -25,7 +25,6 @@ import _lib_path  # noqa: F401  (benchmarks/lib on the import path)
 from benchlib import SHARED
 from record import run_info, write_result
 
-REPO = Path(__file__).resolve().parents[2]
 GOOGLE_REFERENCE = {"instances_per_s": 4300, "peak_rss_mb": 1500, "note": "google-research/bert "
                     "create_pretraining_data.py on this sample, one core: 471k instances in 109 s (issue 3)"}
 

@@ -13,7 +13,6 @@ recorded. On a GPU (--device cuda: bf16 autocast, synchronised timing) bertkit r
 RoPE and the local window inside the attention kernels; torch: SDPA over each layer's padded grid).
 """
 import argparse
-from pathlib import Path
 
 import _lib_path  # noqa: F401  (benchmarks/lib on the import path)
 import torch
@@ -21,9 +20,6 @@ from benchlib import time_steps
 from record import run_info, write_result
 
 from bertkit.models.modernbert import ModernBertConfig, ModernBertForMaskedLM, hf_state_dict
-
-REPO = Path(__file__).resolve().parents[2]
-
 
 VOCAB = 16000
 

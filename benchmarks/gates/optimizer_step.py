@@ -6,12 +6,9 @@
 """
 import argparse
 import time
-from pathlib import Path
 
 import _lib_path  # noqa: F401  (benchmarks/lib on the import path)
 from record import run_info, write_result
-
-REPO = Path(__file__).resolve().parents[2]
 
 PRESETS = ("tiny", "modernbert-tiny", "mini", "modernbert-mini")
 

@@ -23,8 +23,6 @@ import _lib_path  # noqa: F401  (benchmarks/lib on the import path)
 from benchlib import SHARED
 from record import run_info, write_result
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 def child(files: list[str], out: str, workers: int):
     from bertkit.pipelines.prepare_corpus import CorpusConfig, prepare_corpus

@@ -32,7 +32,6 @@ from record import run_info, write_result
 
 from bertkit.testing import SessionCPU, start_ray_cluster, stop_ray_cluster
 
-REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 TB = 1e12
 

@@ -17,15 +17,12 @@ import argparse
 import collections
 import math
 import time
-from pathlib import Path
 
 import _lib_path  # noqa: F401  (benchmarks/lib on the import path)
 import numpy as np
 import torch
 from benchlib import SHARED
 from finetune_tasks import TASKS, model_dir
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def masked_loss(hf, batch):

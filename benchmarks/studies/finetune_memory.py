@@ -27,8 +27,6 @@ from pathlib import Path
 import _lib_path  # noqa: F401  (benchmarks/lib on the import path)
 from record import RESULTS, cell_in_own_process, run_info, write_result
 
-REPO = Path(__file__).resolve().parents[2]
-
 MODES = ("padded", "packed-exact", "packed")
 
 

@@ -27,8 +27,6 @@ import _lib_path  # noqa: F401  (benchmarks/lib on the import path)
 from finetune_tasks import METRIC, TASKS, data, model_dir, run_bertkit
 from record import cell_in_own_process, read_result, run_info, write_result
 
-REPO = Path(__file__).resolve().parents[2]
-
 RESULT = "finetune_parity"
 
 

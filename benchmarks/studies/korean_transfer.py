@@ -49,7 +49,6 @@ from korean_arms import PRESETS, Arm, prepare, pretrain_config, random_start
 from record import RESULTS, read_result, run_info, write_result
 from transfer import FINETUNE_DROPOUT, best_rate, plot_by_hours, run_pace, seed_verdict, timed_curve
 
-REPO = Path(__file__).resolve().parents[2]
 PROBE_STEPS = 300        # the pace is measured over steps 100-300 (run_pace)
 KO_FILL_MASK = ["대한민국의 수도는 [MASK]이다.", "세종대왕은 [MASK]을 창제하였다.", "한국어는 [MASK] 언어이다."]
 # task: (metric, first training rows kept or None for all). The splits are `bertkit finetune korean`'s own (NSMC:

@@ -19,8 +19,6 @@ from benchlib import SHARED, done, masked_only_accuracy, say
 from record import run_info, write_result
 from transfer import BUDGETS, KO_FILL_MASK, curves, fill_mask, pretrain_run
 
-REPO = Path(__file__).resolve().parents[2]
-
 MODES = ("none", "mecab", "kiwi")
 
 

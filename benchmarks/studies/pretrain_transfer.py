@@ -64,7 +64,6 @@ from transfer import (
     timed_curve,
 )
 
-REPO = Path(__file__).resolve().parents[2]
 LONG_TASKS = ["sst2", "mrpc", "stsb"]
 EN_FILL_MASK = ["The capital of France is [MASK].", "He was born in [MASK] and died in 1950.",
                 "The river flows into the [MASK] sea."]

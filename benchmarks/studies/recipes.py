@@ -22,8 +22,6 @@ from benchlib import SHARED, done, say
 from record import RESULTS, best_ms, run_info, write_result
 from transfer import BUDGETS, curves, finetune_one, finetune_rate, prepare, pretrain_run, task_metric
 
-REPO = Path(__file__).resolve().parents[2]
-
 ARMS = {"nsp-15": dict(objective="nsp", masked_lm_prob=0.15), "sop-15": dict(objective="sop", masked_lm_prob=0.15),
         "none-15": dict(objective="none", masked_lm_prob=0.15), "nsp-30": dict(objective="nsp", masked_lm_prob=0.30)}
 

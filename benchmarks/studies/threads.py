@@ -21,8 +21,6 @@ import _lib_path  # noqa: F401  (benchmarks/lib on the import path)
 from benchlib import SHARED
 from record import run_info, write_result
 
-REPO = Path(__file__).resolve().parents[2]
-
 NEIGHBOUR = "import torch\ntorch.set_num_threads(1)\na = torch.randn(384, 384)\nwhile True:\n    a = (a @ a).tanh()\n"
 MODEL = {"vocab_size": 133, "hidden_size": 256, "num_layers": 4, "num_heads": 4, "intermediate_size": 1024,
          "max_position_embeddings": 128}
