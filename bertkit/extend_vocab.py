@@ -98,7 +98,7 @@ def normalisation(model_dir: Path, tokens: list[str]) -> tuple[bool, str]:
         lowercase = guess_lowercase(tokens)
         said = lowercase, guess_strip_accents(tokens) if lowercase else "none"
     lowercase, strip = said
-    return lowercase, "latin" if strip == "all" else strip
+    return lowercase, ("latin" if strip == "all" else strip) if lowercase else "none"
 
 
 def extend_vocab(model_dir, tokenizer_dir, out, max_new: int | None = None) -> Extension:

@@ -84,8 +84,9 @@ def parse_mixture(spec: tuple | list) -> list[Source]:
 class Mixture:
     """The training rows of several InstanceDatasets (one split each) in proportions: `mixture[(epoch, slot)]`."""
 
-    def __init__(self, datasets: list, probabilities: np.ndarray, seed: int):
+    def __init__(self, datasets: list, probabilities: np.ndarray, seed: int, capped_for_rows: int | None = None):
         self.datasets, self.seed = datasets, int(seed)
+        self.capped_for_rows = capped_for_rows   # --mixture-max-epochs' run length: a resumed run keeps these shares
         self.sizes = np.array([len(d) for d in datasets], dtype=np.int64)
         if not self.sizes.all():
             empty = datasets[int(np.flatnonzero(self.sizes == 0)[0])].dir
@@ -205,6 +206,5 @@ def open_mixture(sources: list[Source], temperature: float | None, seed: int,
     probabilities = weights_for([len(d) for d in train], [s.weight for s in sources], temperature)
     if cap is not None:
         probabilities = capped(probabilities, [len(d) for d in train], cap[1], cap[0])
-    mixture = Mixture(train, probabilities, seed)
-    mixture.capped_for_rows = cap and cap[1]   # recorded: a resumed run keeps these shares, whatever its length
-    return mixture, Joined([InstanceDataset(s.folder, "holdout", seed, m) for s, m in zip(sources, manifests)])
+    return Mixture(train, probabilities, seed, cap[1] if cap else None), \
+        Joined([InstanceDataset(s.folder, "holdout", seed, m) for s, m in zip(sources, manifests)])

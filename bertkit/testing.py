@@ -285,11 +285,8 @@ def stage_outputs(folder: Path) -> dict[str, bytes]:
 
 def text_bytes(corpus: Path, split: str = "train", shards: int | None = None) -> int:
     """UTF-8 bytes of the sentences in a corpus's `split` shards (the first `shards` of them): the text a stage
-    reads, for per-GB rates."""
-    import pyarrow.compute as pc
-
-    from bertkit.fileio import read_arrow
+    reads, for per-GB rates (make-instances' own count, which sizes its work units)."""
     from bertkit.formats import corpus_shards
+    from bertkit.pipelines.make_instances import corpus_text_bytes
 
-    return sum(pc.sum(pc.binary_length(read_arrow(p).column("sentences").combine_chunks().flatten())).as_py() or 0
-               for p in corpus_shards(corpus, split)[:shards])
+    return corpus_text_bytes(corpus_shards(corpus, split)[:shards])

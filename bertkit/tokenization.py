@@ -201,14 +201,12 @@ def _hf_config(folder: Path) -> dict:
 def hf_normalisation(folder: Path) -> tuple[bool, str] | None:
     """(lowercase, strip_accents) of an HF or bertkit folder's tokenizer_config.json, with HF's meaning (strip_accents
     unset: every accent stripped when lower-casing, as original BERT was trained; bertkit's own setting where it
-    wrote one); None where the folder does not say."""
+    wrote one; accents are only ever stripped when lower-casing); None where the folder does not say."""
     cfg = _hf_config(folder)
     if not cfg.keys() & {"do_lower_case", "strip_accents", "bertkit_strip_accents"}:
         return None
     lowercase = bool(cfg.get("do_lower_case", True))   # HF's BertTokenizer default
-    strip = cfg.get("bertkit_strip_accents") or ("none" if cfg.get("strip_accents") is False or not lowercase
-                                                 else "all")
-    return lowercase, strip
+    return lowercase, cfg.get("bertkit_strip_accents") or ("none" if cfg.get("strip_accents") is False else "all")
 
 
 def load_tokenizer(path, *, lowercase: bool | None = None, strip_accents: str | None = None) -> Tokenizer:

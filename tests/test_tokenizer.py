@@ -334,6 +334,9 @@ def test_load_hf_model_folders(shared_data, tmp_path):
     (hf / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": False}))
     cased = BertTokenizerLegacy(str(hf / "vocab.txt"), do_lower_case=False)
     assert load_tokenizer(hf).encode(text).ids == cased.encode(text)
+    # lower-casing asked for over a cased folder: HF's meaning of an unset strip_accents, every accent stripped
+    uncased = BertTokenizerLegacy(str(hf / "vocab.txt"), do_lower_case=True)
+    assert load_tokenizer(hf, lowercase=True).encode(text).ids == uncased.encode(text)
     # strip_accents false: lower-cased (HF's default, also where do_lower_case is not said), accents kept
     keeps = BertTokenizerLegacy(str(hf / "vocab.txt"), do_lower_case=True, strip_accents=False)
     for said in ({"do_lower_case": True, "strip_accents": False}, {"strip_accents": False}):

@@ -225,8 +225,8 @@ def record_mixture(run: Run) -> dict:
          "rows": r, "tokens": t, "share_of_rows": round(r / rows, 6), "share_of_tokens": round(t / tokens, 6)}
         for d, p, c, r, t in zip(mixture.datasets, mixture.probabilities, mixture.slots, realised["rows"],
                                  realised["tokens"])]}
-    if getattr(mixture, "capped_for_rows", None):
-        found["capped_for_rows"] = mixture.capped_for_rows   # --mixture-max-epochs' run length, kept on a resume
+    if mixture.capped_for_rows:
+        found["capped_for_rows"] = mixture.capped_for_rows
     atomic_write_json(run.run_dir / "mixture.json", found)
     return found
 
