@@ -8,17 +8,24 @@ from dataclasses import dataclass
 
 import numpy as np
 
-VERSION = 2   # of the hashes: a killed run's task files from another version are made again
+VERSION = 3   # of the hashes: a killed run's task files from another version are made again
 WORD, LETTER, SPACE, HANGUL = 1, 2, 4, 8   # a character's classes, as bits
 _NOT_WORD = re.compile(r"[\W_]+")
 _DIGIT = re.compile(r"\d")
-_POWERS32 = (np.cumprod(np.full(64, 1_000_003, dtype=np.uint64)) // np.uint64(1_000_003)).astype(np.uint32)
+_P = 1_000_003
+_POWERS: list = [np.zeros(0, np.uint32), np.zeros(0, np.uint32)]   # _powers' table, shared by every batch
 MASK32 = np.uint64(0xFFFFFFFF)
 
 
+def lower(character: str) -> str:
+    """A character in lower case, one for one (str.lower's first character: "İ" -> "i", a final "Σ" -> "σ"), so
+    that a table of code points can do it."""
+    return character.lower()[:1] or character
+
+
 def words(text: str) -> list[str]:
-    """The words, as the numpy functions below find them on code points."""
-    text = _DIGIT.sub("0", unicodedata.normalize("NFC", text).lower())
+    """The words, as the numpy functions below find them on code points (the reference of the tests)."""
+    text = _DIGIT.sub("0", "".join(map(lower, unicodedata.normalize("NFC", text))))
     return _NOT_WORD.sub(" ", text).split()
 
 
@@ -42,41 +49,63 @@ def _classes() -> np.ndarray:
     return table
 
 
-def hash_words(points: np.ndarray, classes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(one 32-bit hash per word, as uint64: a polynomial over its code points, the first 64 counting, digits as 0;
-    the place where each word begins), for code points and their classes."""
-    word = (classes & WORD).astype(bool)
-    begins = np.flatnonzero(word & np.r_[True, ~word[:-1]]) if len(points) else np.zeros(0, np.int64)
+@functools.cache
+def _codes() -> np.ndarray:
+    """Every code point's value inside a word hash: 0 outside words, else its lower case's code point + 1 (a digit:
+    "0"'s). One lookup a character does the lower-casing, the digits and the word test of hash_words."""
+    classes = _classes()
+    table = np.zeros(0x110000, np.uint32)
+    for c in np.flatnonzero(classes & WORD).tolist():
+        table[c] = ord(lower(chr(c))) + 1 if classes[c] & LETTER else 0x31
+    return table
+
+
+def _powers(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """P**i and P**-i mod 2**32 for i < n (P odd: it has an inverse), grown as longer batches come."""
+    if len(_POWERS[0]) < n:
+        size = max(n, 2 * len(_POWERS[0]), 1 << 16)
+        _POWERS[:] = [np.cumprod(np.r_[np.uint32(1), np.full(size - 1, p, np.uint32)], dtype=np.uint32)
+                      for p in (_P, pow(_P, -1, 2 ** 32))]
+    return _POWERS[0], _POWERS[1]
+
+
+def hash_words(points: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(one 32-bit hash per word, as uint64: sum of (lower-cased code point + 1) * P**k over its characters k, digits
+    as "0", mod 2**32; the place where each word begins), for code points. One prefix sum over the whole batch, a
+    word's share of it divided by P**begin: no Python call and no loop per word."""
+    values = _codes()[points]
+    edges = np.diff((values != 0).view(np.int8), prepend=np.int8(0), append=np.int8(0))
+    begins, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
     if len(begins) == 0:
         return np.zeros(0, np.uint64), begins
-    inside = points[word]
-    digit = (classes[word] & LETTER) == 0   # a word character but no letter: a decimal digit
-    first = np.cumsum(word, dtype=np.int32)[begins] - 1   # each word's first character among the word characters
-    place = np.arange(len(inside), dtype=np.int32) - np.repeat(first, np.diff(np.r_[first, len(inside)]))
+    power, inverse = _powers(len(points))
     with np.errstate(over="ignore"):   # all mod 2**32
-        values = (np.where(digit, np.uint32(0x30), inside) + np.uint32(1)) * _POWERS32[np.minimum(place, 63)]
-        return np.add.reduceat(values, first, dtype=np.uint32).astype(np.uint64), begins
+        prefix = np.zeros(len(points) + 1, np.uint32)
+        np.cumsum(values * power[:len(points)], dtype=np.uint32, out=prefix[1:])
+        return ((prefix[ends] - prefix[begins]) * inverse[begins]).astype(np.uint64), begins
 
 
 @dataclass
 class WordBatch:
-    points: np.ndarray    # the texts' lower-cased code points (uint32), each text followed by "\n"
-    classes: np.ndarray   # each code point's classes
+    points: np.ndarray    # the texts' code points (uint32), each text followed by "\n"
     starts: np.ndarray    # each text's first place, then the end
     hashes: np.ndarray    # each word's hash
     begins: np.ndarray    # each word's first place
     text: np.ndarray      # each word's text (index in the batch)
 
+    @functools.cached_property
+    def classes(self) -> np.ndarray:
+        """Each code point's classes (the quality signals read them; the hashes do not)."""
+        return _classes()[self.points]
+
 
 def batch_words(texts: list[str]) -> WordBatch:
     """The words of every text at once (a separator between texts: no word crosses one)."""
-    lowered = [t.lower() for t in texts]
-    starts = np.r_[0, np.cumsum([len(t) + 1 for t in lowered], dtype=np.int64)]
-    points = np.frombuffer(("\n".join(lowered) + "\n").encode("utf-32-le"), np.uint32) if texts else \
+    starts = np.r_[0, np.cumsum([len(t) + 1 for t in texts], dtype=np.int64)]
+    points = np.frombuffer(("\n".join(texts) + "\n").encode("utf-32-le"), np.uint32) if texts else \
         np.zeros(0, np.uint32)
-    classes = _classes()[points]
-    hashes, begins = hash_words(points, classes)
-    return WordBatch(points, classes, starts, hashes, begins, np.searchsorted(starts, begins, side="right") - 1)
+    hashes, begins = hash_words(points)
+    return WordBatch(points, starts, hashes, begins, np.searchsorted(starts, begins, side="right") - 1)
 
 
 def word_hashes(text: str) -> np.ndarray:
