@@ -110,24 +110,28 @@ def _word_lengths(found: WordBatch) -> np.ndarray:
 
 
 def _tokens_with_a_letter(found: WordBatch) -> tuple[np.ndarray, np.ndarray]:
-    """Per text: whitespace tokens holding a letter of any script (not: 2024, --, 3.5%), and all tokens."""
-    space = (found.classes & SPACE).astype(bool)
-    begins = ~space & np.r_[True, space[:-1]]
-    token = np.cumsum(begins) - 1   # each character's token (a space: the one before it)
-    holding = np.zeros(int(begins.sum()), bool)
-    holding[token[(found.classes & LETTER).astype(bool)]] = True
-    owner = np.searchsorted(found.starts, np.flatnonzero(begins), side="right") - 1
-    n = len(found.starts) - 1
-    return np.bincount(owner, weights=holding, minlength=n), np.bincount(owner, minlength=n)
+    """Per text: whitespace tokens holding a letter of any script (not: 2024, --, 3.5%), and all tokens. A token's
+    stretch runs to the next one's start (only spaces between: a text ends in one, so none crosses a text)."""
+    space = (found.classes & SPACE) != 0
+    begins = np.flatnonzero(~space & np.r_[True, space[:-1]])
+    if len(begins) == 0:
+        return np.zeros(len(found.starts) - 1), np.zeros(len(found.starts) - 1, np.int64)
+    holding = np.logical_or.reduceat((found.classes & LETTER) != 0, begins)
+    first = np.searchsorted(begins, found.starts)   # each text's first token, then the end
+    return np.diff(np.r_[0, np.cumsum(holding)][first]).astype(float), np.diff(first)
+
+
+def _per_text(found: WordBatch, mask: np.ndarray) -> np.ndarray:
+    """How many of each text's characters the mask holds (every text ends in "\n": none is empty)."""
+    return np.add.reduceat(mask.view(np.uint8), found.starts[:-1], dtype=np.int64) if len(mask) else \
+        np.zeros(len(found.starts) - 1, np.int64)
 
 
 def _scripts(found: WordBatch) -> tuple[np.ndarray, np.ndarray]:
     """Per text: its Hangul syllables and its Latin letters."""
-    owner = np.repeat(np.arange(len(found.starts) - 1), np.diff(found.starts))
-    hangul = (found.classes & HANGUL).astype(bool)
-    latin = (found.points < 128) & (found.classes & LETTER).astype(bool)
-    n = len(found.starts) - 1
-    return np.bincount(owner[hangul], minlength=n), np.bincount(owner[latin], minlength=n)
+    hangul = (found.classes & HANGUL) != 0
+    latin = (found.points < 128) & ((found.classes & LETTER) != 0)
+    return _per_text(found, hangul), _per_text(found, latin)
 
 
 def _repetition(found: WordBatch, lengths: np.ndarray, chars: np.ndarray) -> dict:
@@ -167,12 +171,19 @@ def _repetition(found: WordBatch, lengths: np.ndarray, chars: np.ndarray) -> dic
 
 
 def _among(keys: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """Which keys are among the values (few of them: a binary search each)."""
+    """Which keys are among the values (few of them): a table of the values' low bits first (the keys' low bits are
+    hash bits), a binary search only for the keys it lets through."""
     values = np.unique(values)
+    found = np.zeros(len(keys), bool)
     if len(values) == 0:
-        return np.zeros(len(keys), bool)
-    place = np.minimum(np.searchsorted(values, keys), len(values) - 1)
-    return values[place] == keys
+        return found
+    low = np.uint64((1 << int(np.clip(np.ceil(np.log2(8 * len(values))), 12, 22))) - 1)
+    table = np.zeros(int(low) + 1, bool)
+    table[(values & low).astype(np.intp)] = True
+    maybe = np.flatnonzero(table[(keys & low).astype(np.intp)])
+    place = np.minimum(np.searchsorted(values, keys[maybe]), len(values) - 1)
+    found[maybe] = values[place] == keys[maybe]
+    return found
 
 
 def _top(out: np.ndarray, keys: np.ndarray, at: np.ndarray, ordered: np.ndarray, cumulative: np.ndarray, n: int,

@@ -51,6 +51,21 @@ def test_luhn_and_redaction_by_hand():
     assert counts == {"email": 1, "phone": 1, "rrn": 1}
 
 
+def test_a_document_is_redacted_as_its_sentences_one_by_one():
+    """redact looks only at the sentences one scan of the whole document flags: the same as find() on every one,
+    and nothing found across two sentences (010-1234 | 5678 is no phone)."""
+    sentences = [text for text, _ in PERSONAL] + BENIGN + ["연락처 010-1234", "5678 입니다", "a@", "b.com", "1.2",
+                                                            ".3.4", "", "@ 홀로", "9001011", "234567"]
+    expected = []
+    for sentence in sentences:
+        for start, end, kind in reversed(find(sentence)):
+            sentence = sentence[:start] + f"[{kind.upper()}]" + sentence[end:]
+        expected.append(sentence)
+    out, counts = redact(sentences)
+    assert out == expected
+    assert sum(counts.values()) == len(PERSONAL)
+
+
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     root = tmp_path_factory.mktemp("pii")
