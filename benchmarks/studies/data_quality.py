@@ -6,8 +6,11 @@ independently), how many at Jaccard >= 0.8 leave one document, how many below st
 are lost; of the made-up personal data, how many are left, and of the benign numbers (dates, ISBNs, prices,
 versions), how many are kept; of the KorQuAD contexts planted (read in place, never copied), how many are left;
 and at what cost against plain prepare-corpus. Arms: prepare-corpus without the steps, with each, with all; and
-datatrove 0.10.1's MinHash (5-grams, 14x8, its Korean words through Kiwi as FineWeb2 runs it) and PII formatter from
-its own environment (--datatrove-python). One process each, one core; the load average is recorded.
+datatrove 0.10.1's MinHash (5-grams, 14x8, its Korean words through Kiwi as FineWeb2 runs it), PII formatter and
+13-gram decontamination (KorQuAD's questions in lighteval's shape: the answer the gold, the context and question the
+query; with and without the query's own n-grams) from its own environment (--datatrove-python; made with
+`pip install datatrove==0.10.1 kiwipiepy regex orjson pyyaml "xxhash<4"`: xxhash 4 refuses the strings datatrove's
+decontamination hashes). One process each, one core; the load average is recorded.
 
     python benchmarks/studies/data_quality.py --work /tmp/dq [--per-language 1500] \
         [--datatrove-python /tmp/dtvenv/bin/python]
@@ -15,6 +18,7 @@ its own environment (--datatrove-python). One process each, one core; the load a
 Results: results/data_quality.json; the study: docs/studies/2026-12-02-near-duplicates.md.
 """
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -26,6 +30,7 @@ import _lib_path  # noqa: F401  (benchmarks/lib on the import path)
 from benchlib import SHARED
 from record import run_info, write_result
 
+from bertkit.fileio import atomic_write_json
 from bertkit.planted import junk_scores, near_dedup_scores, plant_scores, planted_corpus
 
 BIN = Path(sys.executable).parent
@@ -104,6 +109,41 @@ for lang, filters in steps.items():
                                                           compression=None)],
                           tasks=1, workers=1, logging_dir=f"{work}/logs-{lang}").run()
 '''
+DATATROVE_DECONT = '''
+import json, os, sys
+
+src, work, query_ngrams = sys.argv[1], sys.argv[2], sys.argv[3] == "query"
+# its indexer reads lighteval's task table after the documents it is given; none is asked for here (no Hub), so an
+# empty stand-in for lighteval's two classes lets it index the evaluation file's own questions, contexts and answers
+stub = f"{work}/stub/lighteval/tasks"
+os.makedirs(stub, exist_ok=True)
+for name in ("__init__.py", "../__init__.py"):
+    open(f"{stub}/{name}", "w").close()
+open(f"{stub}/registry.py", "w").write("class Registry:\\n    def __init__(self, **kw): pass\\n"
+                                       "    def get_task_dict(self, tasks): return {}\\n")
+open(f"{stub}/lighteval_task.py", "w").write("class LightevalTask:\\n    @staticmethod\\n"
+                                             "    def load_datasets(tasks): pass\\n")
+os.makedirs(f"{work}/stub/lighteval-0.dist-info", exist_ok=True)   # datatrove asks for the distribution too
+open(f"{work}/stub/lighteval-0.dist-info/METADATA", "w").write(
+    "Metadata-Version: 2.1\\nName: lighteval\\nVersion: 0\\n")
+sys.path.insert(0, f"{work}/stub")   # before datatrove looks for it
+from datatrove.data import Document
+from datatrove.executor import LocalPipelineExecutor
+from datatrove.pipeline.decont import NGramsDecontConfig, NGramsDecontFilter, NGramsDecontIndexer
+from datatrove.pipeline.readers import JsonlReader
+from datatrove.pipeline.writers import JsonlWriter
+from datatrove.utils.word_tokenizers import KiwiTokenizer
+kiwi = KiwiTokenizer(model_type="cong")   # FineWeb2's Korean words (kiwipiepy >= 0.22 has no "sbg" model)
+config = NGramsDecontConfig(n_grams=13, find_query_ngrams=query_ngrams)
+# lighteval's KorQuAD shape: the gold is the answer, the query the context and the question
+docs = [Document(text=answer, id=f"q{i}", metadata={"query": query, "task": "korquad"})
+        for i, (query, answer) in enumerate(json.load(open(f"{src}/evaluation.json")))]
+NGramsDecontIndexer(f"{work}/index", config=config, language=kiwi).run(iter(docs))
+LocalPipelineExecutor(pipeline=[JsonlReader(src, text_key="text", id_key="title", glob_pattern="corpus.jsonl"),
+                                NGramsDecontFilter(f"{work}/index", config=config, language=kiwi),
+                                JsonlWriter(f"{work}/kept", compression=None)],
+                      tasks=1, workers=1, logging_dir=f"{work}/logs").run()
+'''
 KORQUAD = SHARED / "korquad_v1.0" / "KorQuAD_v1.0_dev.json"
 
 
@@ -154,6 +194,8 @@ def arms(work: Path, dt_python: str | None) -> dict:
                                                                                 "14x8"]),
              "--pii redact": lambda: bertkit_arm(work, "pii", ["--pii", "redact"]),
              "--decontaminate KorQuAD dev": lambda: bertkit_arm(work, "decon", evaluation),
+             "--decontaminate KorQuAD dev, documents": lambda: bertkit_arm(work, "decon-docs", [
+                 *evaluation, "--decontaminate-mode", "documents"]),
              "--filters fineweb2": lambda: bertkit_arm(work, "filters", ["--filters", "fineweb2"]),
              "all four": lambda: bertkit_arm(work, "all", ["--near-dedup", "--pii", "redact", "--filters",
                                                            "fineweb2", *evaluation])}
@@ -161,6 +203,13 @@ def arms(work: Path, dt_python: str | None) -> dict:
         found["datatrove MinHash 14x8 (Kiwi words)"] = lambda: datatrove_arm(work, dt_python, "dt-minhash",
                                                                              DATATROVE_ARM, "kor_Hang")
         found["datatrove PIIFormatter"] = lambda: datatrove_arm(work, dt_python, "dt-pii", DATATROVE_PII)
+        atomic_write_json(work / "evaluation.json", [[f"{p['context']} {q['question']}", a["text"]]
+                                              for article in json.loads(KORQUAD.read_text(encoding="utf-8"))["data"]
+                                              for p in article["paragraphs"] for q in p["qas"]
+                                              for a in q["answers"][:1]])
+        for query in ("answer", "query"):
+            found[f"datatrove n-gram decontamination, {query} n-grams"] = functools.partial(
+                datatrove_arm, work, dt_python, f"dt-decont-{query}", DATATROVE_DECONT, query)
         if (work / "kor_Hang.yml").is_file():   # --fineweb2-config
             found["datatrove FineWeb2 filters (Korean: kor_Hang)"] = lambda: datatrove_arm(
                 work, dt_python, "dt-filters", DATATROVE_FILTERS, str(work / "kor_Hang.yml"))
