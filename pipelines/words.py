@@ -13,7 +13,7 @@ WORD, LETTER, SPACE, HANGUL = 1, 2, 4, 8   # a character's classes, as bits
 _NOT_WORD = re.compile(r"[\W_]+")
 _DIGIT = re.compile(r"\d")
 _P = 1_000_003
-_POWERS: list = [np.zeros(0, np.uint32), np.zeros(0, np.uint32)]   # _powers' table, shared by every batch
+SPAN = 1 << 20   # characters weighed by one table of powers (8 MB with its inverses)
 MASK32 = np.uint64(0xFFFFFFFF)
 
 
@@ -60,29 +60,44 @@ def _codes() -> np.ndarray:
     return table
 
 
-def _powers(n: int) -> tuple[np.ndarray, np.ndarray]:
-    """P**i and P**-i mod 2**32 for i < n (P odd: it has an inverse), grown as longer batches come."""
-    if len(_POWERS[0]) < n:
-        size = max(n, 2 * len(_POWERS[0]), 1 << 16)
-        _POWERS[:] = [np.cumprod(np.r_[np.uint32(1), np.full(size - 1, p, np.uint32)], dtype=np.uint32)
-                      for p in (_P, pow(_P, -1, 2 ** 32))]
-    return _POWERS[0], _POWERS[1]
+@functools.cache
+def _powers(span: int) -> tuple[np.ndarray, np.ndarray]:
+    """P**i and P**-i mod 2**32 for i < span (P odd: it has an inverse)."""
+    return tuple(np.cumprod(np.r_[np.uint32(1), np.full(span - 1, p, np.uint32)], dtype=np.uint32)
+                 for p in (_P, pow(_P, -1, 2 ** 32)))
+
+
+def _spans(begins: np.ndarray, n: int) -> np.ndarray:
+    """Where the spans of at most SPAN characters start, each cut where a word begins (only a word longer than SPAN,
+    no reader's word, is cut), so that the table of powers stays SPAN long whatever the batch."""
+    starts = [0]
+    while starts[-1] + SPAN < n:
+        limit = starts[-1] + SPAN
+        last = begins[max(int(np.searchsorted(begins, limit, side="right")) - 1, 0)]
+        starts.append(int(last) if last > starts[-1] else limit)
+    return np.array(starts, np.int64)
 
 
 def hash_words(points: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(one 32-bit hash per word, as uint64: sum of (lower-cased code point + 1) * P**k over its characters k, digits
-    as "0", mod 2**32; the place where each word begins), for code points. One prefix sum over the whole batch, a
-    word's share of it divided by P**begin: no Python call and no loop per word."""
+    as "0", mod 2**32; the place where each word begins), for code points. One prefix sum over the batch's
+    characters, each weighed by P to the power of its place in its span; a word's share of the sum divided by P to
+    its first place's: no Python call and no loop per word."""
     values = _codes()[points]
     edges = np.diff((values != 0).view(np.int8), prepend=np.int8(0), append=np.int8(0))
     begins, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
     if len(begins) == 0:
         return np.zeros(0, np.uint64), begins
-    power, inverse = _powers(len(points))
+    power, inverse = _powers(SPAN)
+    starts = _spans(begins, len(points))
+    bounds = np.r_[starts, len(points)]
+    weights = power[:len(points)] if len(starts) == 1 else \
+        np.concatenate([power[:hi - lo] for lo, hi in zip(bounds[:-1], bounds[1:])])
     with np.errstate(over="ignore"):   # all mod 2**32
         prefix = np.zeros(len(points) + 1, np.uint32)
-        np.cumsum(values * power[:len(points)], dtype=np.uint32, out=prefix[1:])
-        return ((prefix[ends] - prefix[begins]) * inverse[begins]).astype(np.uint64), begins
+        np.cumsum(values * weights, dtype=np.uint32, out=prefix[1:])
+        place = begins - starts[np.searchsorted(starts, begins, side="right") - 1]
+        return ((prefix[ends] - prefix[begins]) * inverse[place]).astype(np.uint64), begins
 
 
 @dataclass

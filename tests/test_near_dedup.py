@@ -195,17 +195,23 @@ def test_word_hashes_split_as_words_do():
         assert all(same[w] == h for w, h in zip(words(text), hashed.tolist()))   # a word hashes one way
 
 
-def test_a_word_hashes_as_the_polynomial_over_its_lower_cased_characters():
+def test_a_word_hashes_as_the_polynomial_over_its_lower_cased_characters(monkeypatch):
     """Against the definition, word by word in Python: sum of (code point + 1) * 1,000,003**k mod 2**32 over the
-    word as words() gives it (lower case, digits as 0), long words and characters str.lower lengthens included."""
-    text = ("ΟΔΟΣ İstanbul Straße 2024년 ١٢٣ 𝐀𝐁 " + "가" * 70 + " x" + "y" * 200
-            + " KELVIN K " + "서울 " * 30_000)   # longer than the first table of powers (65,536)
+    word as words() gives it (lower case, digits as 0), long words and characters str.lower lengthens included; the
+    same when the batch is weighed in many spans (SPAN made small), but for a word longer than a span."""
+    from bertkit.pipelines import words as module
+
+    text = ("ΟΔΟΣ İstanbul Straße 2024년 ١٢٣ 𝐀𝐁 " + "가" * 70 + " x" + "y" * 200 + " KELVIN K " + "서울 " * 3000)
 
     def polynomial(word):
         return sum((ord(c) + 1) * pow(1_000_003, k, 2 ** 32) for k, c in enumerate(word)) % 2 ** 32
 
-    assert word_hashes(text).tolist() == [polynomial(w) for w in words(text)]
+    expected = [polynomial(w) for w in words(text)]
+    assert word_hashes(text).tolist() == expected
     assert words("ΟΔΟΣ İstanbul ١٢٣")[:3] == ["οδοσ", "istanbul", "000"]
+    monkeypatch.setattr(module, "SPAN", 50)
+    found = word_hashes(text).tolist()
+    assert [w for w, h, e in zip(words(text), found, expected) if h != e] == ["가" * 70, "x" + "y" * 200]
 
 
 def test_a_batch_of_texts_hashes_as_each_text_alone(planted):
