@@ -1,5 +1,5 @@
-"""The benchmarks' own logic: the transfer benchmarks' tables (benchmarks/studies/pretrain_transfer.py, read by
-korean_transfer.py too: which rate is each start's best, when the seed-paired verdict shows two starts apart;
+"""The benchmarks' own logic: the transfer benchmarks' tables (benchmarks/lib/transfer.py and korean_tables.py,
+read by pretrain_transfer.py and korean_transfer.py: which rate is each start's best, when the seed-paired verdict shows two starts apart;
 checked against sums done by hand), the runs they record while under way, and the GPU-only scripts on a machine
 without a GPU."""
 from pathlib import Path
@@ -43,7 +43,7 @@ def test_sweep_table_differences_and_seed_paired_verdicts(transfer):
 
 
 def test_korean_starts_compare_at_the_rates_both_ran_in_full(transfer):
-    import korean_transfer
+    import korean_tables
 
     three = lambda a, b, c: {"0": a, "1": b, "2": c}  # noqa: E731
     sweep = {"nsmc": {"modernbert-2h": {"1e-4": three(0.70, 0.71, 0.72), "3e-4": three(0.80, 0.79, 0.81),
@@ -52,7 +52,7 @@ def test_korean_starts_compare_at_the_rates_both_ran_in_full(transfer):
              "korsts": {"modernbert-2h": {"1e-3": three(0.20, 0.25, 0.30)},
                         "modernbert-4h": {"1e-3": three(0.28, 0.22, 0.36)}},
              "klue-nli": {"modernbert-2h": {"1e-3": three(0.4, 0.4, 0.4)}}}  # one start only: no row
-    tables = korean_transfer.vocab_tables(sweep, korean_transfer.BUDGET_STARTS)
+    tables = korean_tables.vocab_tables(sweep, korean_tables.BUDGET_STARTS)
     assert list(tables) == ["modernbert"]
     rows = {r["task"]: r for r in tables["modernbert"]}
     assert set(rows) == {"nsmc", "korsts"}
@@ -79,15 +79,15 @@ def korsts_folder(tmp_path):
 
 
 def test_korsts_overlap_floor_correlates_character_overlap_without_spaces(transfer, korsts_folder):
-    import korean_transfer
+    import korean_tables
 
     # overlaps 2/3, 1/3, 1 (a space counted would make the first 2/4) against 4, 1, 5: r = 12 / sqrt(156), by hand
-    floor = korean_transfer.overlap_floor(korsts_folder)
+    floor = korean_tables.overlap_floor(korsts_folder)
     assert floor["train"] == floor["dev"] == pytest.approx(12 / 156 ** 0.5)
 
 
 def test_input_lengths_counts_tokens_cut_and_unknown(transfer, korsts_folder, tmp_path, monkeypatch):
-    import korean_transfer
+    import korean_tables
 
     import bertkit.testing
 
@@ -98,20 +98,20 @@ def test_input_lengths_counts_tokens_cut_and_unknown(transfer, korsts_folder, tm
     (tokenizer / "tokenizer_config.json").write_text('{"do_lower_case": false, "strip_accents": false}')
     # [CLS] 가나 다 [SEP] 가나 [SEP]: 6 tokens; [CLS] 가나 [UNK] [SEP] [UNK] [SEP]: 6, a third unknown;
     # [CLS] 다 [SEP] 다 [SEP]: 5
-    out = korean_transfer.input_lengths(tmp_path / "work", max_seq_length=5, data_dir=korsts_folder, tasks=("korsts",))
+    out = korean_tables.input_lengths(tmp_path / "work", max_seq_length=5, data_dir=korsts_folder, tasks=("korsts",))
     assert out == {"plain": {"korsts": {"median_tokens": 6.0, "share_over_5": round(2 / 3, 4),
                                         "unk_share": round(1 / 9, 4)}}}
 
 
 def test_korean_budgets_against_hours_scale_f1_and_need_whole_sweeps(transfer):
-    import korean_transfer
+    import korean_tables
 
     nine = lambda a, b, c: {lr: {"0": a, "1": b, "2": c} for lr in ("1e-4", "3e-4", "1e-3")}  # noqa: E731
     sweep = {"klue-ner": {"modernbert-random": nine(30.0, 31.0, 32.0), "modernbert-2h": nine(40.0, 41.0, 42.0),
                           "modernbert-4h": nine(31.5, 41.0, 45.0)},
              "nsmc": {"modernbert-random": nine(0.70, 0.71, 0.72), "modernbert-2h": nine(0.80, 0.80, 0.80),
                       "modernbert-4h": {"1e-3": {"0": 0.9}}}}  # one cell of nine: not on the figure yet
-    rows = korean_transfer.by_hours(korean_transfer.table(sweep), "modernbert")
+    rows = korean_tables.by_hours(korean_tables.table(sweep), "modernbert")
     assert [r["hours"] for r in rows] == [2.0, 4.0]
     assert rows[0]["tasks"]["klue-ner"] == {"difference": pytest.approx(0.10), "shown": True}  # F1 points / 100
     assert rows[0]["tasks"]["nsmc"] == {"difference": pytest.approx(0.09), "shown": True}
