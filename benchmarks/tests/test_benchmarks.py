@@ -1,7 +1,7 @@
 """The benchmarks' own logic: the transfer benchmarks' tables (benchmarks/lib/transfer.py and korean_tables.py,
-read by pretrain_transfer.py and korean_transfer.py: which rate is each start's best, when the seed-paired verdict shows two starts apart;
-checked against sums done by hand), the runs they record while under way, and the GPU-only scripts on a machine
-without a GPU."""
+read by pretrain_transfer.py and korean_transfer.py: which rate is each start's best, when the seed-paired verdict
+shows two starts apart; checked against sums done by hand), the runs they record while under way, and the GPU-only
+scripts on a machine without a GPU."""
 from pathlib import Path
 
 import pytest
