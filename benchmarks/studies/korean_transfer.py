@@ -239,8 +239,7 @@ def main(argv=None):
         header = run_info(name)
         results.setdefault("saves", {})[header["commit"]] = {k: header[k] for k in ("date", "load_average_1_5_15min")}
         derived = ("table", "yardstick", "vocabularies", "budgets")
-        write_result(name, {**{k: v for k, v in results.items() if k not in derived},
-                            **header,
+        write_result(name, {**{k: v for k, v in results.items() if k not in derived}, **header,
                             "table": table(results["sweep"]), "yardstick": yardstick(results),
                             "vocabularies": vocab_tables(results["sweep"]),
                             "budgets": vocab_tables(results["sweep"], BUDGET_STARTS)})
