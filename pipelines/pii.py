@@ -67,12 +67,13 @@ def _ip(m: re.Match, text: str) -> bool:
 
 
 # quick tests that most sentences (a year, a count) fail: seven digits close together (phones, resident registration
-# and card numbers), digits between dots (IPs), an @ (e-mails)
-_SEVEN_DIGITS = re.compile(r"\d(?:[ ().+-]{0,2}\d){6}")
-_DOTTED = re.compile(r"\d\.\d{1,3}\.\d")
-# the three in one scan of a document: a character class first (re jumps between digits and @s), possessive runs
-# (giving a separator or digit back could not make a match)
-_QUICK = re.compile(r"[\d@](?:(?<=@)|(?<=\d)(?:\.\d{1,3}+\.\d|(?:[ ().+-]{0,2}+\d){6}))")
+# and card numbers), digits between dots (IPs), an @ (e-mails). What follows a first digit is written once: possessive
+# runs (giving a separator or digit back could not make a match)
+_SEVEN_DIGITS_AFTER, _DOTTED_AFTER = r"(?:[ ().+-]{0,2}+\d){6}", r"\.\d{1,3}+\.\d"
+_SEVEN_DIGITS = re.compile(rf"\d{_SEVEN_DIGITS_AFTER}")
+_DOTTED = re.compile(rf"\d{_DOTTED_AFTER}")
+# the three in one scan of a document: a character class first, so that re jumps between digits and @s
+_QUICK = re.compile(rf"[\d@](?:(?<=@)|(?<=\d)(?:{_DOTTED_AFTER}|{_SEVEN_DIGITS_AFTER}))")
 KINDS = (("email", _EMAIL, None), ("rrn", _RRN, _rrn), ("card", _CARD, _card), ("phone", _PHONE, None),
          ("ip", _IP, _ip))
 

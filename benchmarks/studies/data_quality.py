@@ -186,6 +186,16 @@ def passages(count: int) -> list[str]:
     return [p["context"] for article in data for p in article["paragraphs"]][:count]
 
 
+def datatrove_decontamination_arm(work: Path, python: str, query: str) -> dict:
+    """datatrove's n-gram decontamination, given KorQuAD dev in lighteval's shape: [query, gold] per question, in
+    the run's own folder only."""
+    data = json.loads(KORQUAD.read_text(encoding="utf-8"))["data"]
+    atomic_write_json(work / "evaluation.json", [[f"{p['context']} {q['question']}", a["text"]] for article in data
+                                                 for p in article["paragraphs"] for q in p["qas"]
+                                                 for a in q["answers"][:1]])
+    return datatrove_arm(work, python, f"dt-decont-{query}", DATATROVE_DECONT, query)
+
+
 def arms(work: Path, dt_python: str | None) -> dict:
     evaluation = ["--decontaminate", str(KORQUAD)]
     found = {"prepare-corpus (exact duplicates only)": lambda: bertkit_arm(work, "plain", []),
@@ -203,13 +213,9 @@ def arms(work: Path, dt_python: str | None) -> dict:
         found["datatrove MinHash 14x8 (Kiwi words)"] = lambda: datatrove_arm(work, dt_python, "dt-minhash",
                                                                              DATATROVE_ARM, "kor_Hang")
         found["datatrove PIIFormatter"] = lambda: datatrove_arm(work, dt_python, "dt-pii", DATATROVE_PII)
-        atomic_write_json(work / "evaluation.json", [[f"{p['context']} {q['question']}", a["text"]]
-                                              for article in json.loads(KORQUAD.read_text(encoding="utf-8"))["data"]
-                                              for p in article["paragraphs"] for q in p["qas"]
-                                              for a in q["answers"][:1]])
         for query in ("answer", "query"):
             found[f"datatrove n-gram decontamination, {query} n-grams"] = functools.partial(
-                datatrove_arm, work, dt_python, f"dt-decont-{query}", DATATROVE_DECONT, query)
+                datatrove_decontamination_arm, work, dt_python, query)
         if (work / "kor_Hang.yml").is_file():   # --fineweb2-config
             found["datatrove FineWeb2 filters (Korean: kor_Hang)"] = lambda: datatrove_arm(
                 work, dt_python, "dt-filters", DATATROVE_FILTERS, str(work / "kor_Hang.yml"))
