@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import tomllib
 
-from bertkit.pipelines.words import HANGUL, LETTER, SPACE, WORD, WordBatch, batch_words, ngrams64
+from bertkit.pipelines.words import HANGUL, LETTER, MASK32, SPACE, WORD, WordBatch, batch_words
 
 TERMINAL = tuple('.!?。！？…"\'”’)」』]')
 # FineWeb2's Korean stop words (kor_Hang.yml) are morphemes; as eojeol endings, the particles and endings among them
@@ -137,43 +137,47 @@ def _scripts(found: WordBatch) -> tuple[np.ndarray, np.ndarray]:
 def _repetition(found: WordBatch, lengths: np.ndarray, chars: np.ndarray) -> dict:
     """Gopher's repetition signals per text, over its words: the most frequent n-gram's share of the characters
     (n 2-4; of equally frequent ones, the first in the text, as datatrove's Counter finds it), and the share of
-    characters inside n-grams seen before (n 5-10). An n-gram is keyed by its text (16 bits) and hash (48 bits): one
-    sort a batch. A repeated n-gram begins with a repeated (n-1)-gram, so from n = 5 only their places are sorted."""
-    n_texts = len(found.starts) - 1
+    characters inside n-grams seen before (n 5-10). An n-gram is keyed by its text (16 bits) and hash (48 bits).
+    Only places that can hold a repeated n-gram are followed: a repeated n-gram's two (n-1)-grams repeat too, so
+    each n keeps the places where the (n-1)-gram and the next place's repeat, and only those are hashed and sorted."""
+    n_texts, n_words = len(found.starts) - 1, len(found.hashes)
     out = {f"{'top' if n < 5 else 'dup'}_{n}gram": np.zeros(n_texts) for n in range(2, 11)}
-    cumulative, grams = np.r_[0, np.cumsum(lengths)], None
+    cumulative = np.r_[0, np.cumsum(lengths)]
     at = np.flatnonzero(chars[found.text] > 0)
+    grams = found.hashes[at] & MASK32
     for n in range(2, 11):
-        grams = ngrams64(found.hashes, n, grams)
-        text = found.text[: len(grams)]
-        at = at[at < len(grams)]
-        at = at[text[at] == found.text[at + n - 1]]
+        inside = at + n - 1 < n_words
+        inside[inside] = found.text[at[inside]] == found.text[at[inside] + n - 1]
+        at, grams = at[inside], grams[inside]
         if len(at) == 0:
             break
-        keys = (text[at].astype(np.uint64) << np.uint64(48)) | (grams[at] & np.uint64(2 ** 48 - 1))
+        with np.errstate(over="ignore"):   # ngrams64's polynomial, one step on
+            grams = grams * np.uint64(0x100000001B3) + (found.hashes[at + n - 1] & MASK32)
+        keys = (found.text[at].astype(np.uint64) << np.uint64(48)) | (grams & np.uint64(2 ** 48 - 1))
         ordered = np.sort(keys)
-        repeated_key = ordered[1:][ordered[1:] == ordered[:-1]]
+        again = _among(keys, ordered[1:][ordered[1:] == ordered[:-1]])
         if n < 5:
             _top(out[f"top_{n}gram"], keys, at, ordered, cumulative, n, chars)
-            continue
-        again = _among(keys, repeated_key)
-        at, keys = at[again], keys[again]
-        if len(at) == 0:
-            break
-        order = np.argsort(keys, kind="stable")   # equal n-grams in text order: all but the first come again
-        later = at[order][np.r_[False, keys[order][1:] == keys[order][:-1]]]
-        covered = np.zeros(len(lengths), bool)
-        for k in range(n):
-            covered[later + k] = True
-        out[f"dup_{n}gram"] = np.bincount(found.text[covered], weights=lengths[covered], minlength=n_texts) / \
-            np.maximum(chars, 1)
+        at, grams, keys = at[again], grams[again], keys[again]
+        if n >= 5 and len(at):
+            order = np.argsort(keys, kind="stable")   # equal n-grams in text order: all but the first come again
+            later = at[order][np.r_[False, keys[order][1:] == keys[order][:-1]]]
+            covered = np.zeros(len(lengths), bool)
+            for k in range(n):
+                covered[later + k] = True
+            out[f"dup_{n}gram"] = np.bincount(found.text[covered], weights=lengths[covered], minlength=n_texts) / \
+                np.maximum(chars, 1)
+        repeats = np.zeros(n_words + 1, bool)
+        repeats[at] = True
+        follow = repeats[at + 1]   # the next place's n-gram repeats too: this one may grow into a repeated (n+1)-gram
+        at, grams = at[follow], grams[follow]
     return out
 
 
 def _among(keys: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """Which keys are among the values (few of them): a table of the values' low bits first (the keys' low bits are
-    hash bits), a binary search only for the keys it lets through."""
-    values = np.unique(values)
+    """Which keys are among the values (sorted; few of them): a table of the values' low bits first (the keys' low
+    bits are hash bits), a binary search only for the keys it lets through."""
+    values = values[np.r_[True, values[1:] != values[:-1]]] if len(values) else values   # (np.unique: slower)
     found = np.zeros(len(keys), bool)
     if len(values) == 0:
         return found
