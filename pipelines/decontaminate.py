@@ -17,7 +17,7 @@ import pyarrow as pa
 from bertkit.fileio import atomic_write_bytes, atomic_write_json, atomic_write_npy, make_folder, read_json_or_none
 from bertkit.formats import CorpusColumns as C
 from bertkit.pipelines.engine import Engine, finished
-from bertkit.pipelines.words import VERSION, batch_words, ngrams64
+from bertkit.pipelines.words import VERSION, WordBatch, batch_words, ngrams64
 
 NGRAM = 13
 SHORTEST = 8          # words: a shorter text is too common to mean a leak
@@ -114,33 +114,45 @@ def save_evaluation(ev: EvalNgrams, path: Path) -> None:
 def match_task(part: str, evaluation: str, out: str) -> dict:
     """Task: every evaluation n-gram found in this part's documents, as (row, first sentence, last sentence, n-gram
     index) int64 rows, rows counted within the part."""
-    saved = np.load(evaluation)
-    hashes, lengths = saved["hashes"], [int(n) for n in saved["lengths"]]
-    present = np.zeros(1 << 24, dtype=bool)   # a first test on 24 bits of each hash: most n-grams stop here
-    present[(hashes & np.uint64(0xFFFFFF)).astype(np.int64)] = True
     found, row0 = [], 0
+    ngrams = EvalLookup(evaluation)
     with pa.memory_map(part, "r") as source:
         for batch in pa.ipc.open_stream(source):
             docs = batch.column(C.SENTENCES).to_pylist()
-            if len(hashes):
-                found.append(_batch_matches(docs, hashes, lengths, row0, present))
+            if len(ngrams.hashes):
+                found.append(word_matches(batch_words([s for d in docs for s in d]), docs, ngrams, row0))
             row0 += len(docs)
+    return write_matches(out, found, row0)
+
+
+def write_matches(out: str, found: list[np.ndarray], rows: int) -> dict:
     matches = np.concatenate(found) if found else np.zeros((0, 4), np.int64)
     atomic_write_npy(Path(out), matches)
-    record = {"rows": row0, "matches": len(matches), "words": VERSION}
+    record = {"rows": rows, "matches": len(matches), "words": VERSION}
     atomic_write_json(Path(out).with_suffix(".json"), record)
     return record
 
 
-def _batch_matches(docs: list[list[str]], hashes: np.ndarray, lengths: list[int], row0: int,
-                   present: np.ndarray) -> np.ndarray:
-    found = batch_words([s for d in docs for s in d])
+class EvalLookup:
+    """A saved evaluation's n-grams as a task looks them up: sorted hashes, and a first test on 24 bits of each
+    hash (most n-grams stop there)."""
+
+    def __init__(self, evaluation: str):
+        saved = np.load(evaluation)
+        self.hashes, self.lengths = saved["hashes"], [int(n) for n in saved["lengths"]]
+        self.present = np.zeros(1 << 24, dtype=bool)
+        self.present[(self.hashes & np.uint64(0xFFFFFF)).astype(np.int64)] = True
+
+
+def word_matches(found: WordBatch, docs: list[list[str]], ngrams: EvalLookup, row0: int) -> np.ndarray:
+    """The matches of a batch of documents whose sentences' words are found (one text a sentence)."""
+    hashes, present = ngrams.hashes, ngrams.present
     hashed, sentence = found.hashes, found.text                              # each word's sentence (in the batch)
     owner = np.repeat(np.arange(len(docs)), [len(d) for d in docs])          # each sentence's document
     first_sentence = np.r_[0, np.cumsum([len(d) for d in docs])[:-1]]
     doc = owner[sentence] if len(sentence) else sentence
     out, grams, previous = [], None, 0
-    for n in lengths:
+    for n in ngrams.lengths if len(hashes) else ():
         grams = ngrams64(hashed, n, grams if previous == n - 1 else None)
         previous = n
         if not len(grams):
@@ -155,15 +167,22 @@ def _batch_matches(docs: list[list[str]], hashes: np.ndarray, lengths: list[int]
     return np.concatenate(out) if out else np.zeros((0, 4), np.int64)
 
 
+def match_files(work: Path, parts: int) -> list[Path]:
+    return [work / "decontaminate" / f"matches-{i:05d}.npy" for i in range(parts)]
+
+
+def matches_done(out: Path) -> bool:
+    return finished(out, words=VERSION)
+
+
 def run_decontamination(engine: Engine, parts: list[Path], ev: EvalNgrams, mode: str, max_docs: int,
                         work: Path) -> tuple[Path, dict]:
     """The match tasks (finished ones reused), then what goes: a sorted int64 .npy of positions (documents) or an
     (n, 2) one of (position, sentence) (sentences); and per evaluation file the documents and sentences matched."""
     folder = make_folder(work / "decontaminate")
     save_evaluation(ev, folder / "evaluation.npz")
-    outs = [folder / f"matches-{i:05d}.npy" for i in range(len(parts))]
-    todo = [(str(p), str(folder / "evaluation.npz"), str(o)) for p, o in zip(parts, outs)
-            if not finished(o, words=VERSION)]
+    outs = match_files(work, len(parts))
+    todo = [(str(p), str(folder / "evaluation.npz"), str(o)) for p, o in zip(parts, outs) if not matches_done(o)]
     list(engine.map(match_task, todo))
     starts = np.cumsum([0] + [read_json_or_none(o.with_suffix(".json"))["rows"] for o in outs])
     matches = np.concatenate([np.load(o) + np.array([s, 0, 0, 0]) for o, s in zip(outs, starts)]

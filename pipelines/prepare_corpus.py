@@ -52,6 +52,7 @@ from bertkit.pipelines.corpus_merge import Merger
 from bertkit.pipelines.decontaminate import EvaluationFileError, load_evaluation, run_decontamination
 from bertkit.pipelines.dedup import ROWS_PER_PARTITION, run_dedup
 from bertkit.pipelines.engine import Engine, check_available, check_engine, check_shared_path
+from bertkit.pipelines.kept_words import run_both
 from bertkit.pipelines.near_dedup import run_near_dedup
 from bertkit.pipelines.sentences import build_sentences, check_splitter, clean_text, cleaned_lines, document_id
 
@@ -682,19 +683,29 @@ def process_files(files: list, parts: list[Path], config: CorpusConfig, work: Pa
             partitions = config.dedup_partitions or max(1, math.ceil(total_rows / ROWS_PER_PARTITION))
             progress.now(f"finding duplicates ({partitions} task(s))")
             duplicates = run_dedup(engine, parts, total_rows, partitions, work)
-            near = clean = None
-            if config.near_dedup:
-                near = run_near_dedup(engine, parts, total_rows, config.near_dedup_settings(), work, progress.now)
-            if evaluation is not None:
-                progress.now(f"decontaminating against {len(config.decontaminate)} evaluation file(s)")
-                clean = run_decontamination(engine, parts, evaluation, config.decontaminate_mode,
-                                            config.decontaminate_max_docs, work)
+            near, clean = _near_and_clean(engine, parts, total_rows, config, evaluation, work, progress)
         progress.now("merging")
     finally:
         _report = None
         if progress is not None:
             progress.bar.close()
     return results, duplicates, near, clean
+
+
+def _near_and_clean(engine: Engine, parts: list[Path], total_rows: int, config: CorpusConfig, evaluation, work: Path,
+                    progress: "Progress") -> tuple:
+    """--near-dedup's and --decontaminate's steps over the parts: (what each removes, or None where off)."""
+    near = clean = None
+    if config.near_dedup and evaluation is not None:   # their words found once (pipelines/kept_words.py)
+        progress.now("near-duplicate signatures and evaluation n-grams")
+        run_both(engine, parts, config.near_dedup_settings(), evaluation, work)
+    if config.near_dedup:
+        near = run_near_dedup(engine, parts, total_rows, config.near_dedup_settings(), work, progress.now)
+    if evaluation is not None:
+        progress.now(f"decontaminating against {len(config.decontaminate)} evaluation file(s)")
+        clean = run_decontamination(engine, parts, evaluation, config.decontaminate_mode,
+                                    config.decontaminate_max_docs, work)
+    return near, clean
 
 
 def finish(out: Path, manifest: CorpusManifest, entries: list, config: CorpusConfig) -> CorpusManifest:

@@ -120,7 +120,8 @@ def batch_words(texts: list[str]) -> WordBatch:
     points = np.frombuffer(("\n".join(texts) + "\n").encode("utf-32-le"), np.uint32) if texts else \
         np.zeros(0, np.uint32)
     hashes, begins = hash_words(points)
-    return WordBatch(points, starts, hashes, begins, np.searchsorted(starts, begins, side="right") - 1)
+    per_text = np.diff(np.searchsorted(begins, starts))   # (the texts' starts sought among the words: fewer)
+    return WordBatch(points, starts, hashes, begins, np.repeat(np.arange(len(texts)), per_text))
 
 
 def word_hashes(text: str) -> np.ndarray:

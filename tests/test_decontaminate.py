@@ -124,3 +124,41 @@ def test_bad_evaluation_and_rules_files_are_said_before_anything_is_written(tmp_
                                       "--no-progress", *args])
         assert r.exit_code != 0 and said in r.output and "Traceback" not in r.output, r.output
         assert not (tmp_path / "out").exists()
+
+
+def test_with_near_dedup_each_part_is_read_once_for_the_same_task_files(corpus, tmp_path, monkeypatch):
+    """--near-dedup with --decontaminate: one task finds a part's words once and writes the band hashes and the
+    matches each step's own task writes, byte for byte; the steps then find them done (their tasks never run)."""
+    import numpy as np
+
+    from bertkit.pipelines import decontaminate as decon, kept_words, near_dedup as near, prepare_corpus as pc
+
+    monkeypatch.setattr(pc, "PART_BATCH_ROWS", 4)   # several Arrow batches a part
+    rows = [json.loads(line) for line in (corpus / "in.jsonl").read_text().splitlines()]
+    parts = []
+    for k in range(2):
+        writer = pc._PartWriter(tmp_path / f"part-{k}.arrow")
+        for i, row in enumerate(rows[k::2] + [{"text": ""}]):   # a document without a word too
+            writer.add(f"{k}{i}", "s", None, [s for s in row["text"].split(". ") if s] or ["…"], None, None, 10)
+        writer.close()
+        parts.append(tmp_path / f"part-{k}.arrow")
+    settings = near.NearDedupSettings()
+    decon.save_evaluation(decon.load_evaluation([corpus / "korquad.json", corpus / "ratings.txt"]), tmp_path / "e.npz")
+    for k, part in enumerate(parts):
+        alone = [near.signature_task(str(part), near.asdict(settings), str(tmp_path / f"s{k}.npy")),
+                 decon.match_task(str(part), str(tmp_path / "e.npz"), str(tmp_path / f"m{k}.npy"))]
+        kept_words.both_task(str(part), near.asdict(settings), str(tmp_path / "e.npz"), str(tmp_path / f"bs{k}.npy"),
+                             str(tmp_path / f"bm{k}.npy"))
+        for name in ("s", "m"):
+            assert (tmp_path / f"b{name}{k}.npy").read_bytes() == (tmp_path / f"{name}{k}.npy").read_bytes()
+            assert json.loads((tmp_path / f"b{name}{k}.json").read_text()) == alone[name == "m"]
+    assert len(np.load(tmp_path / "m0.npy")) + len(np.load(tmp_path / "m1.npy")) > 0   # the planted text found
+
+    def never(*args):
+        raise AssertionError("a step read the parts again")
+
+    monkeypatch.setattr(near, "signature_task", never)
+    monkeypatch.setattr(decon, "match_task", never)
+    manifest = run(corpus, tmp_path / "both", near_dedup=True)
+    assert manifest.totals["decontamination"]["files"]["korquad.json"] == {"documents": 2, "sentences": 2}
+    assert "near_dedup" in manifest.totals

@@ -227,6 +227,30 @@ def test_a_batch_of_texts_hashes_as_each_text_alone(planted):
     assert all(len(word_hashes(text)) == len(words(text)) for text in texts)   # the regex's words, on bytes
 
 
+def test_minhash_is_the_minimum_of_each_permutation_and_estimates_jaccard():
+    """Each signature value is min((a x + b) mod 2**32) over the shingles (Python's integers, one by one); over many
+    pairs of shingle sets of known Jaccard (real word 5-grams) the share of equal values is the Jaccard: the 32-bit
+    permutations are as good as MinHash needs."""
+    from bertkit.pipelines.near_dedup import _minhash, hash_functions
+
+    a, b = hash_functions(NearDedupSettings())
+    rng = random.Random(0)
+    vocabulary = ["".join(rng.choice("abcdefghij") for _ in range(6)) for _ in range(5000)]   # (digits: all "0")
+    pool = shingles(" ".join(rng.choice(vocabulary) for _ in range(80_000)), 5).tolist()
+    rng.shuffle(pool)
+    few = pool[:300]
+    assert _minhash(np.array(few), a, b).tolist() == [min((int(ai) * x + int(bi)) % 2 ** 32 for x in few)
+                                                       for ai, bi in zip(a, b)]
+    for jaccard, shared, own in ((0.5, 200, 100), (0.8, 400, 50)):
+        agree = []
+        for k in range(150):
+            take = pool[k * (shared + 2 * own):(k + 1) * (shared + 2 * own)]
+            first = np.array(take[:shared + own])
+            second = np.array(take[:shared] + take[shared + own:])
+            agree.append(np.mean(_minhash(first, a, b) == _minhash(second, a, b)))
+        assert abs(np.mean(agree) - jaccard) < 0.02, (jaccard, np.mean(agree))
+
+
 def test_clusters_keep_the_first_position_and_count_members():
     removed, sizes, counts = clusters(np.array([[3, 5], [1, 3], [6, 7]], dtype=np.int64), 8)
     assert removed.tolist() == [3, 5, 7]
