@@ -17,11 +17,12 @@ import pyarrow as pa
 from bertkit.fileio import atomic_write_bytes, atomic_write_json, atomic_write_npy, make_folder, read_json_or_none
 from bertkit.formats import CorpusColumns as C
 from bertkit.pipelines.engine import Engine, finished
-from bertkit.pipelines.words import VERSION, WordBatch, batch_words, ngrams64
+from bertkit.pipelines.words import MASK32, VERSION, WordBatch, batch_words, ngrams64
 
 NGRAM = 13
 SHORTEST = 8          # words: a shorter text is too common to mean a leak
 MODES = ("sentences", "documents")
+LOW24 = np.uint64(0xFFFFFF)
 
 
 @dataclass(frozen=True)
@@ -30,22 +31,25 @@ class EvalNgrams:
     sets: np.ndarray      # for each hash, the index of the first evaluation file that holds it
     lengths: tuple        # the n-gram lengths present (13, and the short texts' own lengths)
     names: tuple          # evaluation files' names, by index
+    prefixes: np.ndarray  # sorted unique hashes of the n-grams' first SHORTEST words (a corpus place's first test)
 
 
-def text_ngrams(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """(n-gram hashes, each one's length in words) of every text: its 13-grams, or the whole text of 8-12 words, or
-    none (a text of fewer words)."""
+def text_ngrams(texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(n-gram hashes, each one's length in words, the hash of each one's first SHORTEST words) of every text: its
+    13-grams, or the whole text of 8-12 words, or none (a text of fewer words)."""
     found = batch_words(texts)
     text, counts = found.text, np.bincount(found.text, minlength=len(texts))
     first_word = np.r_[0, np.cumsum(counts)[:-1]]
+    prefix = ngrams64(found.hashes, SHORTEST)
     grams = ngrams64(found.hashes, NGRAM)
-    inside = grams[text[: len(grams)] == text[NGRAM - 1:]]
-    hashes, lengths = [inside], [np.full(len(inside), NGRAM)]
+    inside = np.flatnonzero(text[: len(grams)] == text[NGRAM - 1:])
+    hashes, lengths, prefixes = [grams[inside]], [np.full(len(inside), NGRAM)], [prefix[inside]]
     for n in range(SHORTEST, NGRAM):
         short = first_word[counts == n]
         hashes.append(ngrams64(found.hashes, n)[short])
         lengths.append(np.full(len(short), n))
-    return np.concatenate(hashes), np.concatenate(lengths)
+        prefixes.append(prefix[short])
+    return np.concatenate(hashes), np.concatenate(lengths), np.concatenate(prefixes)
 
 
 class EvaluationFileError(ValueError):
@@ -90,24 +94,26 @@ def evaluation_texts(path: Path) -> list[str]:
 
 
 def load_evaluation(paths: list[Path]) -> EvalNgrams:
-    hashes, sets, lengths = [np.zeros(0, np.uint64)], [np.zeros(0, np.int32)], set()
+    hashes, sets, lengths, prefixes = [np.zeros(0, np.uint64)], [np.zeros(0, np.int32)], set(), [np.zeros(0, np.uint64)]
     for index, path in enumerate(paths):
-        found, n = text_ngrams(evaluation_texts(path))
+        found, n, prefix = text_ngrams(evaluation_texts(path))
         hashes.append(found)
         sets.append(np.full(len(found), index, np.int32))
         lengths.update(int(x) for x in np.unique(n))
+        prefixes.append(prefix)
     allh, alls = np.concatenate(hashes), np.concatenate(sets)
     order = np.lexsort((alls, allh))
     allh, alls = allh[order], alls[order]
     first = np.r_[True, allh[1:] != allh[:-1]] if len(allh) else np.zeros(0, bool)
-    return EvalNgrams(allh[first], alls[first], tuple(sorted(lengths)), tuple(p.name for p in paths))
+    return EvalNgrams(allh[first], alls[first], tuple(sorted(lengths)), tuple(p.name for p in paths),
+                      np.unique(np.concatenate(prefixes)))
 
 
 def save_evaluation(ev: EvalNgrams, path: Path) -> None:
     import io
 
     buffer = io.BytesIO()
-    np.savez(buffer, hashes=ev.hashes, sets=ev.sets, lengths=np.array(ev.lengths, np.int64))
+    np.savez(buffer, hashes=ev.hashes, sets=ev.sets, lengths=np.array(ev.lengths, np.int64), prefixes=ev.prefixes)
     atomic_write_bytes(path, buffer.getvalue())
 
 
@@ -134,36 +140,47 @@ def write_matches(out: str, found: list[np.ndarray], rows: int) -> dict:
 
 
 class EvalLookup:
-    """A saved evaluation's n-grams as a task looks them up: sorted hashes, and a first test on 24 bits of each
-    hash (most n-grams stop there)."""
+    """A saved evaluation's n-grams as a task looks them up: sorted hashes, sorted prefixes (each n-gram's first
+    SHORTEST words), and a first test on 24 bits of each prefix (most corpus places stop there)."""
 
     def __init__(self, evaluation: str):
         saved = np.load(evaluation)
         self.hashes, self.lengths = saved["hashes"], [int(n) for n in saved["lengths"]]
+        self.prefixes = saved["prefixes"]
         self.present = np.zeros(1 << 24, dtype=bool)
-        self.present[(self.hashes & np.uint64(0xFFFFFF)).astype(np.int64)] = True
+        self.present[(self.prefixes & LOW24).astype(np.int64)] = True
+
+
+def _among(values: np.ndarray, sorted_values: np.ndarray) -> np.ndarray:
+    place = np.minimum(np.searchsorted(sorted_values, values), len(sorted_values) - 1)
+    return sorted_values[place] == values
 
 
 def word_matches(found: WordBatch, docs: list[list[str]], ngrams: EvalLookup, row0: int) -> np.ndarray:
-    """The matches of a batch of documents whose sentences' words are found (one text a sentence)."""
-    hashes, present = ngrams.hashes, ngrams.present
+    """The matches of a batch of documents whose sentences' words are found (one text a sentence). Every place's
+    first SHORTEST words are looked up once; only the places that begin an evaluation n-gram are followed to the
+    longer lengths (each n-gram's polynomial one step from its (n-1)-gram's, as ngrams64 computes it)."""
     hashed, sentence = found.hashes, found.text                              # each word's sentence (in the batch)
     owner = np.repeat(np.arange(len(docs)), [len(d) for d in docs])          # each sentence's document
     first_sentence = np.r_[0, np.cumsum([len(d) for d in docs])[:-1]]
     doc = owner[sentence] if len(sentence) else sentence
-    out, grams, previous = [], None, 0
-    for n in ngrams.lengths if len(hashes) else ():
-        grams = ngrams64(hashed, n, grams if previous == n - 1 else None)
-        previous = n
-        if not len(grams):
+    grams = ngrams64(hashed, SHORTEST) if len(ngrams.hashes) else np.zeros(0, np.uint64)
+    at = np.flatnonzero(ngrams.present[(grams & LOW24).view(np.int64)])
+    at = at[_among(grams[at], ngrams.prefixes)]
+    grams, out = grams[at], []
+    for n in range(SHORTEST, max(ngrams.lengths, default=0) + 1):
+        if n > SHORTEST:
+            more = at + n - 1 < len(hashed)
+            at, grams = at[more], grams[more]
+            with np.errstate(over="ignore"):
+                grams = grams * np.uint64(0x100000001B3) + (hashed[at + n - 1] & MASK32)
+        if n not in ngrams.lengths or not len(at):
             continue
-        maybe = np.flatnonzero(present[(grams & np.uint64(0xFFFFFF)).astype(np.int64)])
-        at = np.minimum(np.searchsorted(hashes, grams[maybe]), len(hashes) - 1)
-        equal = (hashes[at] == grams[maybe]) & (doc[maybe] == doc[maybe + n - 1])   # inside one document
-        hit, at = maybe[equal], at[equal]
-        d = doc[hit]
+        place = np.minimum(np.searchsorted(ngrams.hashes, grams), len(ngrams.hashes) - 1)
+        equal = (ngrams.hashes[place] == grams) & (doc[at] == doc[at + n - 1])   # inside one document
+        hit, d = at[equal], doc[at[equal]]
         out.append(np.stack([d + row0, sentence[hit] - first_sentence[d], sentence[hit + n - 1] - first_sentence[d],
-                             at], axis=1))
+                             place[equal]], axis=1))
     return np.concatenate(out) if out else np.zeros((0, 4), np.int64)
 
 

@@ -80,7 +80,7 @@ def test_evaluation_files_are_read_as_published(tmp_path):
     assert "four five" in evaluation_texts(tmp_path / "t.tsv")
     seven, eight, twenty = "one two three four five six seven", "one two three four five six seven eight", \
         " ".join(f"w{i}" for i in range(20))
-    grams, n = text_ngrams([seven, eight, twenty, eight + " nine"])
+    grams, n, _ = text_ngrams([seven, eight, twenty, eight + " nine"])
     assert list(n) == [13] * 8 + [8, 9]    # 7 words: nothing; 8-12: the whole text; 20: eight 13-grams
     one = lambda text: list(text_ngrams([text])[0])   # noqa: E731
     assert list(grams) == one(twenty) + one(eight) + one(eight + " nine") and one(seven) == []
@@ -162,3 +162,44 @@ def test_with_near_dedup_each_part_is_read_once_for_the_same_task_files(corpus, 
     manifest = run(corpus, tmp_path / "both", near_dedup=True)
     assert manifest.totals["decontamination"]["files"]["korquad.json"] == {"documents": 2, "sentences": 2}
     assert "near_dedup" in manifest.totals
+
+
+def test_matches_are_the_word_windows_equal_to_an_evaluation_ngram(tmp_path):
+    """word_matches against plain Python over words(): every window of 13 words (or of a short text's 8-12) inside one
+    document that equals an evaluation n-gram, with its document, first and last sentence and n-gram, across
+    sentence boundaries, none across documents."""
+    import random
+
+    from bertkit.pipelines import decontaminate as decon
+    from bertkit.pipelines.words import batch_words, words
+
+    rng = random.Random(3)
+    vocabulary = ["가나", "다라", "마바", "the", "of", "Seoul", "사", "아자"]
+    evaluation = [" ".join(rng.choice(vocabulary) for _ in range(rng.choice([5, 8, 9, 10, 12, 13, 20])))
+                  for _ in range(60)]
+    (tmp_path / "eval.txt").write_text("\n".join(evaluation))
+    ev = decon.load_evaluation([tmp_path / "eval.txt"])
+    decon.save_evaluation(ev, tmp_path / "e.npz")
+    pieces = evaluation + [" ".join(rng.choice(vocabulary) for _ in range(rng.randint(1, 15))) for _ in range(200)]
+    docs = [[rng.choice(pieces) + rng.choice(["", ".", " 끝."]) for _ in range(rng.randint(1, 6))] for _ in range(120)]
+    long = [w for w in evaluation if len(w.split()) >= 13][0].split()
+    docs += [[" ".join(long[:6]), " ".join(long[6:])], [" ".join(long[:6])], [" ".join(long[6:])]]   # a sentence
+    found = decon.word_matches(batch_words([s for d in docs for s in d]), docs,    # apart: found; a document: not
+                               decon.EvalLookup(str(tmp_path / "e.npz")), 7)
+    grams = {}
+    for text in evaluation:
+        w = words(text)
+        for i in range(len(w) - 12) if len(w) >= 13 else ([0] if len(w) >= 8 else []):
+            grams.setdefault(tuple(w[i:i + 13] if len(w) >= 13 else w), None)
+    expected = set()
+    for d, sentences in enumerate(docs):
+        w = [(word, k) for k, s in enumerate(sentences) for word in words(s)]
+        for n in range(8, 14):
+            for i in range(len(w) - n + 1):
+                if tuple(x for x, _ in w[i:i + n]) in grams:
+                    expected.add((d + 7, w[i][1], w[i + n - 1][1], tuple(x for x, _ in w[i:i + n])))
+    index = {}
+    for gram in grams:   # each evaluation n-gram's row in the saved hashes, found by its own hash
+        index[int(decon.text_ngrams([" ".join(gram)])[0][0])] = gram
+    got = {(int(r[0]), int(r[1]), int(r[2]), index[int(ev.hashes[r[3]])]) for r in found}
+    assert len(found) == len(got) and got == expected and len(expected) > 50
