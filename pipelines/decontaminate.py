@@ -17,7 +17,7 @@ import pyarrow as pa
 from bertkit.fileio import atomic_write_bytes, atomic_write_json, atomic_write_npy, make_folder, read_json_or_none
 from bertkit.formats import CorpusColumns as C
 from bertkit.pipelines.engine import Engine, finished
-from bertkit.pipelines.words import MASK32, VERSION, WordBatch, batch_words, ngrams64
+from bertkit.pipelines.words import VERSION, WordBatch, batch_words, longer, ngrams64
 
 NGRAM = 13
 SHORTEST = 8          # words: a shorter text is too common to mean a leak
@@ -159,7 +159,7 @@ def _among(values: np.ndarray, sorted_values: np.ndarray) -> np.ndarray:
 def word_matches(found: WordBatch, docs: list[list[str]], ngrams: EvalLookup, row0: int) -> np.ndarray:
     """The matches of a batch of documents whose sentences' words are found (one text a sentence). Every place's
     first SHORTEST words are looked up once; only the places that begin an evaluation n-gram are followed to the
-    longer lengths (each n-gram's polynomial one step from its (n-1)-gram's, as ngrams64 computes it)."""
+    longer lengths (words.longer: each n-gram one step from its (n-1)-gram)."""
     hashed, sentence = found.hashes, found.text                              # each word's sentence (in the batch)
     owner = np.repeat(np.arange(len(docs)), [len(d) for d in docs])          # each sentence's document
     first_sentence = np.r_[0, np.cumsum([len(d) for d in docs])[:-1]]
@@ -172,8 +172,7 @@ def word_matches(found: WordBatch, docs: list[list[str]], ngrams: EvalLookup, ro
         if n > SHORTEST:
             more = at + n - 1 < len(hashed)
             at, grams = at[more], grams[more]
-            with np.errstate(over="ignore"):
-                grams = grams * np.uint64(0x100000001B3) + (hashed[at + n - 1] & MASK32)
+            grams = longer(grams, hashed, at, n)
         if n not in ngrams.lengths or not len(at):
             continue
         place = np.minimum(np.searchsorted(ngrams.hashes, grams), len(ngrams.hashes) - 1)

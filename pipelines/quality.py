@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import tomllib
 
-from bertkit.pipelines.words import HANGUL, LETTER, MASK32, SPACE, WORD, WordBatch, batch_words
+from bertkit.pipelines.words import HANGUL, LETTER, MASK32, SPACE, WORD, WordBatch, batch_words, longer
 
 TERMINAL = tuple('.!?。！？…"\'”’)」』]')
 # FineWeb2's Korean stop words (kor_Hang.yml) are morphemes; as eojeol endings, the particles and endings among them
@@ -151,8 +151,7 @@ def _repetition(found: WordBatch, lengths: np.ndarray, chars: np.ndarray) -> dic
         at, grams = at[inside], grams[inside]
         if len(at) == 0:
             break
-        with np.errstate(over="ignore"):   # ngrams64's polynomial, one step on
-            grams = grams * np.uint64(0x100000001B3) + (found.hashes[at + n - 1] & MASK32)
+        grams = longer(grams, found.hashes, at, n)
         keys = (found.text[at].astype(np.uint64) << np.uint64(48)) | (grams & np.uint64(2 ** 48 - 1))
         ordered = np.sort(keys)
         again = _among(keys, ordered[1:][ordered[1:] == ordered[:-1]])

@@ -136,16 +136,18 @@ def ngrams32(hashed: np.ndarray, n: int) -> np.ndarray:
     return acc
 
 
-def ngrams64(hashed: np.ndarray, n: int, shorter: np.ndarray | None = None) -> np.ndarray:
-    """A 64-bit polynomial over each run of n word hashes (wrapping): few chance matches over billions of n-grams.
-    Given the (n-1)-grams as `shorter`, one step from them."""
+def ngrams64(hashed: np.ndarray, n: int) -> np.ndarray:
+    """A 64-bit polynomial over each run of n word hashes (wrapping): few chance matches over billions of n-grams."""
     count = max(len(hashed) - n + 1, 0)
-    if count == 0:
-        return np.zeros(0, np.uint64)
+    acc = np.zeros(count, dtype=np.uint64)
     with np.errstate(over="ignore"):
-        if shorter is not None:
-            return shorter[:count] * np.uint64(0x100000001B3) + (hashed[n - 1:] & MASK32)
-        acc = np.zeros(count, dtype=np.uint64)
-        for k in range(n):
+        for k in range(n if count else 0):
             acc = acc * np.uint64(0x100000001B3) + (hashed[k: len(hashed) - n + 1 + k] & MASK32)
     return acc
+
+
+def longer(grams: np.ndarray, hashed: np.ndarray, at: np.ndarray, n: int) -> np.ndarray:
+    """ngrams64's n-grams at places `at`, from the (n-1)-grams there: one step of the polynomial (for callers that
+    follow only some places)."""
+    with np.errstate(over="ignore"):
+        return grams * np.uint64(0x100000001B3) + (hashed[at + n - 1] & MASK32)
