@@ -185,27 +185,30 @@ class Merger:
 
     def _drop_sentences(self, table: pa.Table, start: int, kept: set) -> tuple[pa.Table, set]:
         """The batch with the listed sentences of its kept rows removed (their byte counts with them); the rows
-        left with none."""
+        left with none. On the Arrow buffers: no Python string a sentence."""
         positions = np.asarray(self.drops[:, 0])
         lo, hi = np.searchsorted(positions, start), np.searchsorted(positions, start + len(table))
         if lo == hi:
             return table, set()
         drops = np.asarray(self.drops[lo:hi])
-        sentences, nbytes = table.column(C.SENTENCES).to_pylist(), table.column("nbytes").to_pylist()
-        emptied = set()
-        for row in np.unique(drops[:, 0]):
-            i, gone = int(row - start), set(drops[drops[:, 0] == row, 1].tolist())
-            if i not in kept:
-                continue
-            left = [s for k, s in enumerate(sentences[i]) if k not in gone]
-            removed = sum(len(s.encode("utf-8")) + 4 for k, s in enumerate(sentences[i]) if k in gone)
-            self.dropped_bytes += removed
-            sentences[i], nbytes[i] = left, nbytes[i] - removed
-            if not left:
-                emptied.add(i)
+        column = table.column(C.SENTENCES).combine_chunks()
+        flat, offsets = column.flatten(), column.offsets.to_numpy().astype(np.int64)
+        offsets, rows, k = offsets - offsets[0], drops[:, 0] - start, drops[:, 1]
+        mine = np.isin(rows, np.fromiter(kept, np.int64, len(kept))) & (k < np.diff(offsets)[rows])
+        gone = np.unique(offsets[rows[mine]] + k[mine])   # the sentences' places in the flat column
+        owner = np.searchsorted(offsets, gone, side="right") - 1
+        sizes = pc.binary_length(flat.take(pa.array(gone))).to_numpy().astype(np.int64) + 4
+        removed = np.bincount(owner, weights=sizes, minlength=len(table)).astype(np.int64)
+        left = np.diff(offsets) - np.bincount(owner, minlength=len(table))
+        keep = np.ones(len(flat), bool)
+        keep[gone] = False
+        sentences = pa.ListArray.from_arrays(pa.array(np.r_[0, np.cumsum(left)], pa.int32()), flat.filter(keep),
+                                             type=table.schema.field(C.SENTENCES).type)
+        emptied = set(np.flatnonzero((left == 0) & (removed > 0)).tolist())
+        self.dropped_bytes += int(removed.sum())
         self.emptied += len(emptied)
-        table = table.set_column(table.schema.get_field_index(C.SENTENCES), C.SENTENCES,
-                                 pa.array(sentences, table.schema.field(C.SENTENCES).type))
+        nbytes = table.column("nbytes").to_numpy() - removed
+        table = table.set_column(table.schema.get_field_index(C.SENTENCES), C.SENTENCES, sentences)
         return table.set_column(table.schema.get_field_index("nbytes"), "nbytes", pa.array(nbytes, pa.int64())), emptied
 
     def close(self) -> list[ShardEntry]:

@@ -255,8 +255,12 @@ def process_file(index: int, path: str, source: str, options: dict, part: str) -
 
         def keep_or_drop(batch):
             lines = [cleaned_lines(raw) for raw in batch]
-            for raw, cleaned, found in zip(batch, lines, _signals_of(batch, lines, config)):
-                _keep_or_drop(raw, cleaned, config, stats, writer, source, removed, found)
+            signals = _signals_of(batch, lines, config)   # (before build_sentences: it may take a line out)
+            sentences = [build_sentences(raw, config.language, config.splitter, stats["removed_lines"], cleaned)
+                         for raw, cleaned in zip(batch, lines)]
+            worth = pii.worth_a_look(sentences) if config.pii != "keep" else [None] * len(batch)
+            for raw, kept, found, look in zip(batch, sentences, signals, worth):
+                _keep_or_drop(raw, kept, config, stats, writer, source, removed, found, look)
             stats["documents_read"] += len(batch)
             if raw_file is not None:
                 report(raw_file.tell())
@@ -317,7 +321,7 @@ def _documents(path: Path, config: CorpusConfig, stats: dict, problems, decode) 
     return readers.read_blocks(lines, "lines" if fmt == "lines" else "join", problems, decode), raw_file
 
 
-def _in_batches(docs, handle, size: int = 64) -> None:
+def _in_batches(docs, handle, size: int = 128) -> None:
     """handle(batch) for every `size` documents read (the quality signals are found a batch at a time); the
     documents read before a reading error are handled too, as one at a time would have kept them."""
     pending = []
@@ -345,12 +349,11 @@ def _signals_of(batch: list, lines: list, config: CorpusConfig) -> list:
     return signals
 
 
-def _keep_or_drop(raw, lines: list[str], config: CorpusConfig, stats: dict, writer: "_PartWriter", source: str,
-                  removed: "_PartWriter | None" = None, found_signals: dict | None = None) -> None:
-    """A document (its cleaned lines given) to the part as sentences, or its reason for being dropped counted (and
-    with --keep-removed the document kept apart, with its reason)."""
-    sentences = build_sentences(raw, config.language, config.splitter, stats["removed_lines"], lines)
-    sentences, found_language, signals, reason = _cleaned(sentences, found_signals, config, stats)
+def _keep_or_drop(raw, sentences: list[str], config: CorpusConfig, stats: dict, writer: "_PartWriter", source: str,
+                  removed: "_PartWriter | None", found_signals: dict | None, worth: set[int] | None) -> None:
+    """A document (its sentences given, and the ones worth a look for personal data) to the part, or its reason for
+    being dropped counted (and with --keep-removed the document kept apart, with its reason)."""
+    sentences, found_language, signals, reason = _cleaned(sentences, found_signals, config, stats, worth)
     if reason is None:
         reason = "empty" if not sentences else "too_short" if sum(len(x) for x in sentences) < config.min_chars \
             else "too_few_sentences" if len(sentences) < config.min_sentences else None
@@ -366,7 +369,7 @@ def _keep_or_drop(raw, lines: list[str], config: CorpusConfig, stats: dict, writ
     stats["sentences"] += len(sentences)
 
 
-def _cleaned(sentences: list, found: dict | None, config: CorpusConfig, stats: dict) -> tuple:
+def _cleaned(sentences: list, found: dict | None, config: CorpusConfig, stats: dict, worth: set[int] | None) -> tuple:
     """(sentences, language identified, signals as stored, reason to drop or None) after --languages, --filters
     (by the document's signals, `found`) and --pii, each counted; a document dropped for its personal data keeps
     them redacted, even in removed/."""
@@ -382,7 +385,7 @@ def _cleaned(sentences: list, found: dict | None, config: CorpusConfig, stats: d
         if rule:
             return sentences, found_language, signals, f"quality_{rule}"
     if config.pii != "keep" and sentences:
-        redacted, hits = pii.redact(sentences)
+        redacted, hits = pii.redact(sentences, worth)
         for kind, n in hits.items():
             stats["pii"][kind] = stats["pii"].get(kind, 0) + n
         if hits and (config.pii == "drop" or sum(hits.values()) > pii.MANY):

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import tomllib
 
-from bertkit.pipelines.words import HANGUL, LETTER, MASK32, SPACE, WORD, WordBatch, batch_words, longer
+from bertkit.pipelines.words import HANGUL, LETTER, SPACE, WordBatch, batch_words, longer
 
 TERMINAL = tuple('.!?。！？…"\'”’)」』]')
 # FineWeb2's Korean stop words (kor_Hang.yml) are morphemes; as eojeol endings, the particles and endings among them
@@ -41,6 +41,7 @@ PRESETS = {"gopher": {"ko": GOPHER, "en": GOPHER}, "fineweb": {"ko": FINEWEB, "e
 
 
 _ENGLISH_STOP = re.compile(r"\b(?:the|be|to|of|and|that|have|with)\b", re.I)
+LOW48 = np.uint64(2 ** 48 - 1)
 _KOREAN_STOP = re.compile(r"[\uac00-\ud7a3](?:" + "|".join(sorted(KOREAN_ENDINGS, key=len, reverse=True)) + r")(?!\w)")
 
 
@@ -84,7 +85,7 @@ def batch_signals(documents: list[list[str]]) -> list[dict]:
     found = batch_words(texts)
     n = len(texts)
     counts = np.bincount(found.text, minlength=n)
-    lengths = _word_lengths(found)
+    lengths = found.ends - found.begins
     chars = np.bincount(found.text, weights=lengths, minlength=n)
     repetition = _repetition(found, lengths, chars)
     alpha, tokens = _tokens_with_a_letter(found)
@@ -102,18 +103,14 @@ def batch_signals(documents: list[list[str]]) -> list[dict]:
     return out
 
 
-def _word_lengths(found: WordBatch) -> np.ndarray:
-    """Each word's length in characters."""
-    word = (found.classes & WORD).astype(bool)
-    ends = np.flatnonzero(word & ~np.r_[word[1:], False]) + 1
-    return ends - found.begins
-
-
 def _tokens_with_a_letter(found: WordBatch) -> tuple[np.ndarray, np.ndarray]:
     """Per text: whitespace tokens holding a letter of any script (not: 2024, --, 3.5%), and all tokens. A token's
     stretch runs to the next one's start (only spaces between: a text ends in one, so none crosses a text)."""
     space = (found.classes & SPACE) != 0
-    begins = np.flatnonzero(~space & np.r_[True, space[:-1]])
+    starting = np.empty(len(space), bool)   # not a space, after one (or first)
+    starting[0] = not space[0]
+    np.greater(space[:-1], space[1:], out=starting[1:])
+    begins = np.flatnonzero(starting)
     if len(begins) == 0:
         return np.zeros(len(found.starts) - 1), np.zeros(len(found.starts) - 1, np.int64)
     holding = np.logical_or.reduceat((found.classes & LETTER) != 0, begins)
@@ -140,32 +137,29 @@ def _repetition(found: WordBatch, lengths: np.ndarray, chars: np.ndarray) -> dic
     characters inside n-grams seen before (n 5-10). An n-gram is keyed by its text (16 bits) and hash (48 bits).
     Only places that can hold a repeated n-gram are followed: a repeated n-gram's two (n-1)-grams repeat too, so
     each n keeps the places where the (n-1)-gram and the next place's repeat, and only those are hashed and sorted."""
-    n_texts, n_words = len(found.starts) - 1, len(found.hashes)
+    n_texts, n_words, hashed, text = len(found.starts) - 1, len(found.hashes), found.hashes, found.text
     out = {f"{'top' if n < 5 else 'dup'}_{n}gram": np.zeros(n_texts) for n in range(2, 11)}
     cumulative = np.r_[0, np.cumsum(lengths)]
-    at = np.flatnonzero(chars[found.text] > 0)
-    grams = found.hashes[at] & MASK32
+    at = np.flatnonzero(text[:-1] == text[1:])   # places whose 2-gram lies inside one text
+    grams = hashed[at]
     for n in range(2, 11):
-        inside = at + n - 1 < n_words
-        inside[inside] = found.text[at[inside]] == found.text[at[inside] + n - 1]
-        at, grams = at[inside], grams[inside]
+        if n > 2:
+            inside = at + n - 1 < n_words
+            inside[inside] = text[at[inside]] == text[at[inside] + n - 1]
+            at, grams = at[inside], grams[inside]
         if len(at) == 0:
             break
-        grams = longer(grams, found.hashes, at, n)
-        keys = (found.text[at].astype(np.uint64) << np.uint64(48)) | (grams & np.uint64(2 ** 48 - 1))
-        ordered = np.sort(keys)
-        again = _among(keys, ordered[1:][ordered[1:] == ordered[:-1]])
+        grams = longer(grams, hashed, at, n)
+        runs = _Runs((text[at].astype(np.uint64) << np.uint64(48)) | (grams & LOW48))
         if n < 5:
-            _top(out[f"top_{n}gram"], keys, at, ordered, cumulative, n, chars)
-        at, grams, keys = at[again], grams[again], keys[again]
-        if n >= 5 and len(at):
-            order = np.argsort(keys, kind="stable")   # equal n-grams in text order: all but the first come again
-            later = at[order][np.r_[False, keys[order][1:] == keys[order][:-1]]]
+            _top(out[f"top_{n}gram"], runs, at, cumulative, n, chars)
+        else:
             covered = np.zeros(len(lengths), bool)
             for k in range(n):
-                covered[later + k] = True
-            out[f"dup_{n}gram"] = np.bincount(found.text[covered], weights=lengths[covered], minlength=n_texts) / \
+                covered[at[runs.later] + k] = True
+            out[f"dup_{n}gram"] = np.bincount(text[covered], weights=lengths[covered], minlength=n_texts) / \
                 np.maximum(chars, 1)
+        at, grams = at[runs.again], grams[runs.again]
         repeats = np.zeros(n_words + 1, bool)
         repeats[at] = True
         follow = repeats[at + 1]   # the next place's n-gram repeats too: this one may grow into a repeated (n+1)-gram
@@ -173,35 +167,47 @@ def _repetition(found: WordBatch, lengths: np.ndarray, chars: np.ndarray) -> dic
     return out
 
 
-def _among(keys: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """Which keys are among the values (sorted; few of them): a table of the values' low bits first (the keys' low
-    bits are hash bits), a binary search only for the keys it lets through."""
-    values = values[np.r_[True, values[1:] != values[:-1]]] if len(values) else values   # (np.unique: slower)
-    found = np.zeros(len(keys), bool)
-    if len(values) == 0:
-        return found
-    low = np.uint64((1 << int(np.clip(np.ceil(np.log2(8 * len(values))), 12, 22))) - 1)
-    table = np.zeros(int(low) + 1, bool)
-    table[(values & low).astype(np.intp)] = True
-    maybe = np.flatnonzero(table[(keys & low).astype(np.intp)])
-    place = np.minimum(np.searchsorted(values, keys[maybe]), len(values) - 1)
-    found[maybe] = values[place] == keys[maybe]
-    return found
+class _Runs:
+    """Equal keys as runs of one sort: which keys come again, and which come after an equal one (in key order's
+    positions: the keys are in text order)."""
+
+    def __init__(self, keys: np.ndarray):
+        self.order = np.argsort(keys)
+        ordered = keys[self.order]
+        self.edges = _changes(ordered, end=True)
+        self.length, self.value = np.diff(self.edges), ordered[self.edges[:-1]]
+        self.first = np.minimum.reduceat(self.order, self.edges[:-1])   # each run's first position
+        repeated = np.repeat(self.length > 1, self.length)
+        self.again = np.zeros(len(keys), bool)
+        self.again[self.order] = repeated
+        self.later = self.order[repeated & (self.order != np.repeat(self.first, self.length))]
 
 
-def _top(out: np.ndarray, keys: np.ndarray, at: np.ndarray, ordered: np.ndarray, cumulative: np.ndarray, n: int,
-         chars: np.ndarray) -> None:
-    """The most frequent n-gram's characters x its count over the text's characters, for texts with a repeat."""
-    edges = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1], True])
-    run, value = np.diff(edges), ordered[edges[:-1]]
-    owner = (value >> np.uint64(48)).astype(np.int64)
-    best = np.zeros(len(out), np.int64)
-    np.maximum.at(best, owner, run)
-    top = value[(run == best[owner]) & (run > 1)]   # every text's most frequent n-grams (ties: all of them)
-    first = np.flatnonzero(_among(keys, top))
-    texts, where = np.unique((keys[first] >> np.uint64(48)).astype(np.int64), return_index=True)
-    place = at[first[where]]   # each text's first place of a most frequent n-gram
-    out[texts] = (cumulative[place + n] - cumulative[place]) * best[texts] / chars[texts]
+def _changes(values: np.ndarray, end: bool = False) -> np.ndarray:
+    """Where each run of equal values begins (and the end, if asked): np.r_ costs more than the work here."""
+    flags = np.empty(len(values) + end, bool)
+    flags[0] = True
+    np.not_equal(values[1:], values[:-1], out=flags[1:len(values)])
+    if end:
+        flags[-1] = True
+    return np.flatnonzero(flags)
+
+
+def _top(out: np.ndarray, runs: _Runs, at: np.ndarray, cumulative: np.ndarray, n: int, chars: np.ndarray) -> None:
+    """The most frequent n-gram's characters x its count over the text's characters, for texts with a repeat (of
+    equally frequent ones, the one first in the text)."""
+    owner = (runs.value >> np.uint64(48)).astype(np.int64)   # each run's text, ascending
+    group = _changes(owner, end=True)
+    best = np.maximum.reduceat(runs.length, group[:-1])
+    top = np.flatnonzero((runs.length == np.repeat(best, np.diff(group))) & (runs.length > 1))
+    if len(top) == 0:
+        return
+    texts = owner[top]
+    starts = _changes(texts)
+    place = at[np.minimum.reduceat(runs.first[top], starts)]   # each text's first place of a most frequent n-gram
+    texts = texts[starts]
+    count = runs.length[top[starts]]
+    out[texts] = (cumulative[place + n] - cumulative[place]) * count / chars[texts]
 
 
 def pack(found: dict) -> list[float]:

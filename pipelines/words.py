@@ -78,16 +78,18 @@ def _spans(begins: np.ndarray, n: int) -> np.ndarray:
     return np.array(starts, np.int64)
 
 
-def hash_words(points: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def hash_words(points: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(one 32-bit hash per word, as uint64: sum of (lower-cased code point + 1) * P**k over its characters k, digits
-    as "0", mod 2**32; the place where each word begins), for code points. One prefix sum over the batch's
-    characters, each weighed by P to the power of its place in its span; a word's share of the sum divided by P to
-    its first place's: no Python call and no loop per word."""
+    as "0", mod 2**32; the place where each word begins; where it ends), for code points. One prefix sum over the
+    batch's characters, each weighed by P to the power of its place in its span; a word's share of the sum divided
+    by P to its first place's: no Python call and no loop per word."""
     values = _codes()[points]
-    edges = np.diff((values != 0).view(np.int8), prepend=np.int8(0), append=np.int8(0))
-    begins, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+    inside = np.zeros(len(points) + 2, bool)   # a word's characters, between two outside
+    np.not_equal(values, 0, out=inside[1:-1])
+    changes = np.flatnonzero(inside[1:] != inside[:-1])   # a word's first place, then the place after its last
+    begins, ends = changes[0::2], changes[1::2]
     if len(begins) == 0:
-        return np.zeros(0, np.uint64), begins
+        return np.zeros(0, np.uint64), begins, ends
     power, inverse = _powers(SPAN)
     starts = _spans(begins, len(points))
     bounds = np.r_[starts, len(points)]
@@ -96,8 +98,8 @@ def hash_words(points: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     with np.errstate(over="ignore"):   # all mod 2**32
         prefix = np.zeros(len(points) + 1, np.uint32)
         np.cumsum(values * weights, dtype=np.uint32, out=prefix[1:])
-        place = begins - starts[np.searchsorted(starts, begins, side="right") - 1]
-        return ((prefix[ends] - prefix[begins]) * inverse[place]).astype(np.uint64), begins
+        place = begins if len(starts) == 1 else begins - starts[np.searchsorted(starts, begins, side="right") - 1]
+        return ((prefix[ends] - prefix[begins]) * inverse[place]).astype(np.uint64), begins, ends
 
 
 @dataclass
@@ -106,6 +108,7 @@ class WordBatch:
     starts: np.ndarray    # each text's first place, then the end
     hashes: np.ndarray    # each word's hash
     begins: np.ndarray    # each word's first place
+    ends: np.ndarray      # the place after each word's last
     text: np.ndarray      # each word's text (index in the batch)
 
     @functools.cached_property
@@ -119,9 +122,9 @@ def batch_words(texts: list[str]) -> WordBatch:
     starts = np.r_[0, np.cumsum([len(t) + 1 for t in texts], dtype=np.int64)]
     points = np.frombuffer(("\n".join(texts) + "\n").encode("utf-32-le"), np.uint32) if texts else \
         np.zeros(0, np.uint32)
-    hashes, begins = hash_words(points)
+    hashes, begins, ends = hash_words(points)
     per_text = np.diff(np.searchsorted(begins, starts))   # (the texts' starts sought among the words: fewer)
-    return WordBatch(points, starts, hashes, begins, np.repeat(np.arange(len(texts)), per_text))
+    return WordBatch(points, starts, hashes, begins, ends, np.repeat(np.arange(len(texts)), per_text))
 
 
 def word_hashes(text: str) -> np.ndarray:

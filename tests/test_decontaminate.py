@@ -60,6 +60,11 @@ def test_sentences_holding_evaluation_text_go_and_nothing_else(corpus, tmp_path)
     assert report["files"] == {"korquad.json": {"documents": 2, "sentences": 2},
                                "ratings.txt": {"documents": 1, "sentences": 1}}
     assert report["ngrams_too_common"] > 0 and manifest.dropped["contaminated"] == 0
+    whole = prepare_corpus([corpus / "in.jsonl"], tmp_path / "w", CorpusConfig(holdout=0, min_chars=10, progress=False))
+    gone = [s for title, sentences in documents(tmp_path / "w").items() for s in sentences if s not in kept[title]]
+    assert len(gone) == 3   # the sentences' bytes (4 a sentence, as nbytes counts them) taken off the corpus's
+    assert report["sentence_bytes_removed"] == sum(len(s.encode("utf-8")) + 4 for s in gone) == \
+        whole.totals["text_bytes"] - manifest.totals["text_bytes"]
 
 
 def test_documents_mode_and_workers(corpus, tmp_path):

@@ -7,7 +7,7 @@ import pyarrow as pa
 import pytest
 
 from bertkit.formats import corpus_shards
-from bertkit.pipelines.pii import MANY, find, luhn, redact
+from bertkit.pipelines.pii import _QUICK, MANY, find, luhn, places_worth_a_look, redact, worth_a_look
 from bertkit.pipelines.prepare_corpus import CorpusConfig, prepare_corpus
 
 PERSONAL = [
@@ -64,6 +64,25 @@ def test_a_document_is_redacted_as_its_sentences_one_by_one():
     out, counts = redact(sentences)
     assert out == expected
     assert sum(counts.values()) == len(PERSONAL)
+
+
+def test_the_numpy_quick_test_flags_every_place_the_regex_matches():
+    """places_worth_a_look against _QUICK.match tried at every place of random strings of digits (ASCII, Arabic-Indic,
+    full-width, mathematical), separators, dots, @, Hangul and Latin; worth_a_look's sentences against the places."""
+    import random
+
+    import numpy as np
+
+    rng = random.Random(5)
+    alphabet = list("0123456789 .()+-@가a\t") + ["\u0663", "\uff13", "\U0001d7d8", ".", ".", " ", "1", "1"]
+    for _ in range(2000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40))) + "\n"
+        expected = [p for p in range(len(text)) if _QUICK.match(text, p)]
+        found = places_worth_a_look(np.frombuffer(text.encode("utf-32-le"), np.uint32))
+        assert sorted(set(found.tolist())) == expected, text
+    documents = [["".join(rng.choice(alphabet[:-6]) for _ in range(rng.randint(0, 20)))
+                  for _ in range(rng.randint(0, 4))] for _ in range(300)]
+    assert worth_a_look(documents) == [{i for i, s in enumerate(d) if _QUICK.search(s)} for d in documents]
 
 
 @pytest.fixture(scope="module")
