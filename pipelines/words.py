@@ -55,8 +55,9 @@ def _codes() -> np.ndarray:
     "0"'s). One lookup a character does the lower-casing, the digits and the word test of hash_words."""
     classes = _classes()
     table = np.zeros(0x110000, np.uint32)
-    for c in np.flatnonzero(classes & WORD).tolist():
-        table[c] = ord(lower(chr(c))) + 1 if classes[c] & LETTER else 0x31
+    word = np.flatnonzero(classes & WORD)
+    lowered = np.array([ord(lower(chr(c))) for c in word.tolist()], np.uint32)
+    table[word] = np.where(classes[word] & LETTER, lowered + 1, 0x31)
     return table
 
 
