@@ -119,6 +119,34 @@ def test_workers_and_a_killed_run_write_the_same_bytes(planted, tmp_path, monkey
     assert shard_bytes(tmp_path / "killed") == shard_bytes(tmp_path / "one")
 
 
+def test_a_killed_runs_signatures_from_other_hash_functions_are_made_again(planted, tmp_path, monkeypatch):
+    """Signatures whose record names other hash functions (HASHES: a killed run of an older bertkit) are redone on
+    resume, not mixed with the new ones; those with the current record are kept as they are."""
+    import json
+
+    import numpy as np
+
+    import bertkit.pipelines.near_dedup as near_dedup
+
+    root, _ = planted
+
+    def dies(*args, **kwargs):
+        raise KeyboardInterrupt("killed while checking pairs")
+
+    monkeypatch.setattr(near_dedup, "check_task", dies)
+    with pytest.raises(KeyboardInterrupt):
+        run(root, tmp_path / "k", workers=1)
+    signatures = tmp_path / "k" / ".work" / "near-dedup" / "signatures-00000.npy"
+    made = np.load(signatures)
+    record = json.loads(signatures.with_suffix(".json").read_text())
+    for hashes, expected in ((near_dedup.HASHES, np.zeros_like(made)), (near_dedup.HASHES - 1, made)):
+        np.save(signatures, np.zeros_like(made))   # (not what these documents give)
+        signatures.with_suffix(".json").write_text(json.dumps({**record, "hashes": hashes}))
+        with pytest.raises(KeyboardInterrupt):
+            run(root, tmp_path / "k", workers=1)
+        assert np.array_equal(np.load(signatures), expected)
+
+
 def test_the_corpus_report_draws_its_removals(planted, tmp_path):
     root, _ = planted
     run(root, tmp_path / "out")
