@@ -110,8 +110,8 @@ class Merger:
                  keep_removed: bool = False, signals: bool = False, on_shard=None):
         self.holdout_fraction = holdout
         self.duplicates = [np.load(p, mmap_mode="r") for p in duplicates]  # sorted row positions, one per partition
-        # --near-dedup: each position's cluster size (0 where removed), added as a column
-        self.sizes = np.load(cluster_sizes, mmap_mode="r") if cluster_sizes else None
+        # --near-dedup: (position, size) of each cluster's kept document, sorted; the column's other rows hold 1
+        self.heads = np.load(cluster_sizes, mmap_mode="r") if cluster_sizes else None
         # --decontaminate sentences: sorted (position, sentence) rows; the sentences go, a document left empty too
         self.drops = np.load(drop_sentences, mmap_mode="r") if drop_sentences else np.zeros((0, 2), np.int64)
         self.emptied = self.dropped_bytes = 0
@@ -160,13 +160,19 @@ class Merger:
                     if self.removed is not None and emptied:
                         self.keep_removed(whole.take(sorted(emptied)), ["contaminated"] * len(emptied))
                     keep, held = [i for i in keep if i not in emptied], [i for i in held if i not in emptied]
-                if self.sizes is not None:
-                    table = table.append_column(C.CLUSTER_SIZE, pa.array(
-                        np.asarray(self.sizes[start:start + batch.num_rows]), pa.int32()))
+                if self.heads is not None:
+                    table = table.append_column(C.CLUSTER_SIZE, pa.array(self._sizes(start, batch.num_rows)))
                 if keep:
                     self.train.add(table.take(keep))
                 if held:
                     self.holdout.add(table.take(held))
+
+    def _sizes(self, start: int, rows: int) -> np.ndarray:
+        """The cluster sizes of rows start.. (a removed row's is never written)."""
+        sizes = np.ones(rows, np.int32)
+        lo, hi = np.searchsorted(self.heads[:, 0], [start, start + rows])
+        sizes[np.asarray(self.heads[lo:hi, 0]) - start] = self.heads[lo:hi, 1]
+        return sizes
 
     @staticmethod
     def _within(positions: np.ndarray, start: int, rows: int) -> np.ndarray:

@@ -264,7 +264,7 @@ def pair_jaccard(owner: np.ndarray, x: np.ndarray, pairs: np.ndarray, texts: int
 def run_near_dedup(engine: Engine, parts: list[Path], total_rows: int, settings: NearDedupSettings, work: Path,
                    say=None) -> tuple[Path, Path, dict]:
     """The three task steps (finished tasks of a killed run reused), then the clusters. Returns (the removed
-    positions, sorted int64 .npy; every position's cluster size, int32 .npy, 0 where removed; counts)."""
+    positions, sorted int64 .npy; (position, size) of each cluster's kept document, an (n, 2) int64 .npy; counts)."""
     say = say or (lambda message: None)
     folder = make_folder(work / "near-dedup")
     options = asdict(settings)
@@ -285,26 +285,28 @@ def run_near_dedup(engine: Engine, parts: list[Path], total_rows: int, settings:
                                   str(out)) for (lo, hi), out in zip(slices, checked)
                                  if not finished(out, lo=lo, hi=hi)]))
     edges = np.concatenate([np.load(p) for p in checked] + [np.zeros((0, 2), np.int64)])
-    removed, sizes, counts = clusters(edges, total_rows)
+    removed, heads, counts = clusters(edges, total_rows)
     counts.update(candidate_pairs=len(candidates), checked_pairs=len(edges))
     atomic_write_npy(folder / "removed.npy", removed)
-    atomic_write_npy(folder / "cluster_sizes.npy", sizes)
+    atomic_write_npy(folder / "cluster_sizes.npy", heads)
     return folder / "removed.npy", folder / "cluster_sizes.npy", counts
 
 
 def clusters(edges: np.ndarray, total_rows: int) -> tuple[np.ndarray, np.ndarray, dict]:
     """Connected components of the checked pairs: each kept at its first position (the earliest in input order,
-    the exact dedup's rule too), the others removed; (removed positions, sizes at kept positions, counts)."""
+    the exact dedup's rule too), the others removed; (removed positions, (position, size) of each cluster's kept
+    document: every other position's size is 1, counts). Memory: the positions the pairs name, not the corpus."""
     from scipy.sparse import coo_matrix
     from scipy.sparse.csgraph import connected_components
 
-    graph = coo_matrix((np.ones(len(edges), np.int8), (edges[:, 0], edges[:, 1])), shape=(total_rows, total_rows))
+    nodes = np.unique(edges)   # sorted positions
+    pairs = np.searchsorted(nodes, edges)
+    graph = coo_matrix((np.ones(len(pairs), np.int8), (pairs[:, 0], pairs[:, 1])), shape=(len(nodes), len(nodes)))
     _, labels = connected_components(graph, directed=False)
-    first = np.full(labels.max() + 1 if total_rows else 0, total_rows, dtype=np.int64)
-    np.minimum.at(first, labels, np.arange(total_rows))
-    size = np.bincount(labels, minlength=len(first)).astype(np.int32)
-    kept = first[labels] == np.arange(total_rows)
-    sizes = np.where(kept, size[labels], 0).astype(np.int32)
-    removed = np.flatnonzero(~kept).astype(np.int64)
-    return removed, sizes, {"clusters": int((size > 1).sum()), "removed": len(removed),
-                            "largest_cluster": int(size.max()) if len(size) else 0}
+    _, first, size = np.unique(labels, return_index=True, return_counts=True)   # first: each cluster's earliest
+    kept = first[labels] == np.arange(len(nodes))
+    big = kept & (size[labels] > 1)
+    heads = np.stack([nodes[big], size[labels[big]]], axis=1).astype(np.int64).reshape(-1, 2)
+    removed = nodes[~kept].astype(np.int64)
+    return removed, heads, {"clusters": len(heads), "removed": len(removed),
+                            "largest_cluster": int(size.max()) if len(size) else int(total_rows > 0)}

@@ -280,7 +280,36 @@ def test_minhash_is_the_minimum_of_each_permutation_and_estimates_jaccard():
 
 
 def test_clusters_keep_the_first_position_and_count_members():
-    removed, sizes, counts = clusters(np.array([[3, 5], [1, 3], [6, 7]], dtype=np.int64), 8)
+    removed, heads, counts = clusters(np.array([[3, 5], [1, 3], [6, 7]], dtype=np.int64), 8)
     assert removed.tolist() == [3, 5, 7]
-    assert sizes.tolist() == [1, 3, 1, 0, 1, 0, 2, 0]
+    assert heads.tolist() == [[1, 3], [6, 2]]   # (kept position, cluster size): every other position's size is 1
     assert counts == {"clusters": 2, "removed": 3, "largest_cluster": 3}
+    removed, heads, counts = clusters(np.zeros((0, 2), np.int64), 4)
+    assert len(removed) == len(heads) == 0 and counts == {"clusters": 0, "removed": 0, "largest_cluster": 1}
+
+
+def test_clusters_are_the_components_of_a_union_find_over_every_position():
+    """Random pairs over a large corpus against a plain union-find over every position; clusters() itself only
+    holds the positions the pairs name (its memory is the pairs', not the corpus's)."""
+    rng = np.random.default_rng(4)
+    for _ in range(50):
+        total = int(rng.integers(1, 10**9))
+        named = np.sort(rng.choice(total, size=int(rng.integers(2, 40)), replace=False))
+        edges = np.sort(named[rng.integers(0, len(named), size=(int(rng.integers(0, 30)), 2))], axis=1)
+        edges = edges[edges[:, 0] != edges[:, 1]]
+        parent = {int(x): int(x) for x in named}
+
+        def root(x):
+            while parent[x] != x:
+                x = parent[x]
+            return x
+
+        for a, b in edges.tolist():
+            ra, rb = root(a), root(b)
+            parent[max(ra, rb)] = min(ra, rb)   # the earlier position roots its cluster
+        members = {}
+        for x in parent:
+            members.setdefault(root(x), []).append(x)
+        removed, heads, _ = clusters(edges, total)
+        assert removed.tolist() == sorted(x for r, m in members.items() for x in m if x != r)
+        assert heads.tolist() == sorted([r, len(m)] for r, m in members.items() if len(m) > 1)
