@@ -10,7 +10,8 @@ with its own vocabulary?
 Arms: `minilm` (the released model, no Korean pretraining), `extended` (its vocabulary grown, no pretraining: what the
 initialisation alone gives), `minilm-decay` and `extended-decay` (each after --steps of MLM on Korean Wikipedia: AdamW
 at --lr, 5 % warmup then a 1 - sqrt decay to 0, 128-token MLM-only rows), and once an arm has two or more decay seeds
-its `-merged` arm (`bertkit merge --method mean` of those seeds' exports: does the merge beat each seed alone?). Each
+its `-merged` arm (`bertkit merge --method mean` of the seeds' exports the work folder holds, recorded under
+`merged_from`: does the merge beat each seed alone?). Each
 scored on KorSTS (Pearson on its dev set, the last of 3 epochs at 5e-5: MiniLM's better rate of two,
 benchmarks/studies/korean_transfer.py), seeds 0 1 2 for both pretraining and fine-tuning. Beside them, each tokenizer on
 the held-out Korean documents: [UNK] share of the words and tokens per word.
@@ -101,18 +102,19 @@ def decayed(work: Path, arm: str, seed: int, steps: int, lr: float) -> Path:
     return model
 
 
-def merged(work: Path, arm: str, seeds: list[int]) -> Path | None:
-    """The mean of the arm's decay exports over `seeds` (all made), else None."""
+def merged(work: Path, arm: str, seeds: list[int]) -> tuple[Path, list[int]] | None:
+    """(the mean of the arm's decay exports among `seeds` that this work folder holds, those seeds), or None
+    with fewer than two (a work folder made again keeps only the decay runs since)."""
     from bertkit.merge import merge
 
-    models = [work / f"model-{arm}-decay-{seed}" for seed in seeds]
-    out = work / f"model-{arm}-merged-{'-'.join(map(str, seeds))}"
-    if len(models) < 2 or not all(done(m) for m in models):
+    made = [seed for seed in seeds if done(work / f"model-{arm}-decay-{seed}")]
+    out = work / f"model-{arm}-merged-{'-'.join(map(str, made))}"
+    if len(made) < 2:
         return None
     if not (out / "model.safetensors").is_file():
-        say(f"merge {arm}: the mean of seeds {seeds}")
-        merge(models, out, method="mean")
-    return out
+        say(f"merge {arm}: the mean of seeds {made}")
+        merge([work / f"model-{arm}-decay-{seed}" for seed in made], out, method="mean")
+    return out, made
 
 
 def korsts(model: Path, out: Path, seed: int) -> float:
@@ -162,10 +164,18 @@ def main():
             write_result(NAME, result)
             say(f"{arm} seed {seed}: KorSTS Pearson {cells[f'{arm}/{seed}']:.4f}")
     for arm in ("minilm", "extended"):   # each fine-tuning seed scores the one merged model
-        model = merged(args.work, arm, args.seeds)
-        for seed in args.seeds if model else ():
+        found = merged(args.work, arm, args.seeds)
+        if found is None:
+            continue
+        model, made = found
+        if result.setdefault("merged_from", {}).get(arm) != made:   # another set of seeds merged: its cells go
+            for key in [k for k in cells if k.split("/")[0] == f"{arm}-merged"]:
+                del cells[key]
+            result["merged_from"][arm] = made
+        for seed in args.seeds:
             if f"{arm}-merged/{seed}" not in cells:
-                cells[f"{arm}-merged/{seed}"] = korsts(model, args.work / f"korsts-{arm}-merged-{seed}", seed)
+                out = args.work / f"korsts-{arm}-merged-{'-'.join(map(str, made))}-{seed}"
+                cells[f"{arm}-merged/{seed}"] = korsts(model, out, seed)
                 result["summary"] = summary(cells)
                 write_result(NAME, result)
     print(f"{'arm':16} {'KorSTS Pearson':>16} {'seeds':>6}")
