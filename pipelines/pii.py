@@ -13,6 +13,8 @@ import re
 
 import numpy as np
 
+from bertkit.pipelines.words import LETTER, WORD, _classes
+
 MODES = ("keep", "redact", "drop")
 MANY = 5
 PLACEHOLDER = {"email": "[EMAIL]", "rrn": "[RRN]", "card": "[CARD]", "phone": "[PHONE]", "ip": "[IP]"}
@@ -30,7 +32,6 @@ _PHONE = re.compile(
     r"|\+(?:[13-79]\d{0,2})[ -]?\(?\d{1,4}\)?[ -]?\d{3,4}[ -]?\d{3,4}"              # +1 555 123 4567, +44 20 ...
     r")(?!\d|[.-]\d|[A-Za-z])")   # a letter right after: a part number (KONAMI 051649 2212P003)
 _OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
-_DIGIT = re.compile(r"\d")
 _IP = re.compile(rf"(?<![\w.])(?:{_OCTET}\.){{3}}{_OCTET}(?!\w|\.\d)")
 _VERSION_BEFORE = re.compile(r"(?:\bv|\bver\.?|version|버전[은는이:]?|release|릴리스|/|\bEC(?: number)?)\s*$", re.I)
 _VERSION_AFTER = re.compile(r"^\s*(?:버전|version|release|릴리스|판)", re.I)
@@ -96,8 +97,9 @@ def find(text: str) -> list[tuple[int, int, str]]:
 
 @functools.cache
 def _decimal() -> np.ndarray:
-    """Which code points below U+20000 re's \\d matches (none above)."""
-    return np.array([_DIGIT.match(chr(c)) is not None for c in range(0x20000)])
+    """Which code points below U+20000 re's \\d matches (none above): words' table of classes, a word character
+    that is not a letter."""
+    return (_classes()[:0x20000] & (WORD | LETTER)) == WORD
 
 
 def _digits(points: np.ndarray) -> np.ndarray:

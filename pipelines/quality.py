@@ -14,6 +14,7 @@ import tomllib
 
 from bertkit.pipelines.words import HANGUL, LETTER, SPACE, WordBatch, batch_words, longer
 
+LOW48 = np.uint64(2 ** 48 - 1)   # an n-gram key's hash bits (its text in the top 16)
 TERMINAL = tuple('.!?。！？…"\'”’)」』]')
 # FineWeb2's Korean stop words (kor_Hang.yml) are morphemes; as eojeol endings, the particles and endings among them
 KOREAN_ENDINGS = ("의", "다", "는", "에", "을", "은", "를", "에서", "가", "으로", "로", "고", "이", "한", "했")
@@ -41,7 +42,6 @@ PRESETS = {"gopher": {"ko": GOPHER, "en": GOPHER}, "fineweb": {"ko": FINEWEB, "e
 
 
 _ENGLISH_STOP = re.compile(r"\b(?:the|be|to|of|and|that|have|with)\b", re.I)
-LOW48 = np.uint64(2 ** 48 - 1)
 _KOREAN_STOP = re.compile(r"[\uac00-\ud7a3](?:" + "|".join(sorted(KOREAN_ENDINGS, key=len, reverse=True)) + r")(?!\w)")
 
 
