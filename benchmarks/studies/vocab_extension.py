@@ -9,9 +9,9 @@ with its own vocabulary?
 
 Arms: `minilm` (the released model, no Korean pretraining), `extended` (its vocabulary grown, no pretraining: what the
 initialisation alone gives), `minilm-decay` and `extended-decay` (each after --steps of MLM on Korean Wikipedia: AdamW
-at --lr, 5 % warmup then a 1 - sqrt decay to 0, 128-token MLM-only rows), and once an arm has two or more decay seeds
-its `-merged` arm (`bertkit merge --method mean` of the seeds' exports the work folder holds, recorded under
-`merged_from`: does the merge beat each seed alone?). Each
+at --lr, 5 % warmup then a 1 - sqrt decay to 0, 128-token MLM-only rows), and each vocabulary's
+`-merged` arm (`bertkit merge --method mean` of the decay exports of --merge-seeds, recorded under
+`merged_from` and made again where the work folder lacks them: does the merge beat each seed alone?). Each
 scored on KorSTS (Pearson on its dev set, the last of 3 epochs at 5e-5: MiniLM's better rate of two,
 benchmarks/studies/korean_transfer.py), seeds 0 1 2 for both pretraining and fine-tuning. Beside them, each tokenizer on
 the held-out Korean documents: [UNK] share of the words and tokens per word.
@@ -102,19 +102,17 @@ def decayed(work: Path, arm: str, seed: int, steps: int, lr: float) -> Path:
     return model
 
 
-def merged(work: Path, arm: str, seeds: list[int]) -> tuple[Path, list[int]] | None:
-    """(the mean of the arm's decay exports among `seeds` that this work folder holds, those seeds), or None
-    with fewer than two (a work folder made again keeps only the decay runs since)."""
+def merged(work: Path, arm: str, seeds: list[int], steps: int, lr: float) -> Path:
+    """The mean of the arm's decay exports of `seeds`, each made again where this work folder lacks it (a run is
+    deterministic for its seed, so a folder made again merges the same models)."""
     from bertkit.merge import merge
 
-    made = [seed for seed in seeds if done(work / f"model-{arm}-decay-{seed}")]
-    out = work / f"model-{arm}-merged-{'-'.join(map(str, made))}"
-    if len(made) < 2:
-        return None
+    out = work / f"model-{arm}-merged-{'-'.join(map(str, seeds))}"
     if not (out / "model.safetensors").is_file():
-        say(f"merge {arm}: the mean of seeds {made}")
-        merge([work / f"model-{arm}-decay-{seed}" for seed in made], out, method="mean")
-    return out, made
+        exports = [decayed(work, arm, seed, steps, lr) for seed in seeds]
+        say(f"merge {arm}: the mean of seeds {seeds}")
+        merge(exports, out, method="mean")
+    return out
 
 
 def korsts(model: Path, out: Path, seed: int) -> float:
@@ -141,10 +139,16 @@ def main():
     ap.add_argument("--lr", type=float, default=2e-4)
     ap.add_argument("--max-new", type=int, default=8000)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--merge-seeds", type=int, nargs="+", default=None,
+                    help="the decay seeds each merged arm averages (default: those it recorded, else --seeds)")
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     extension = prepare(args.work, args.max_new)
     result = read_result(NAME)
+    if result.get("extension", extension) != extension:
+        raise SystemExit(f"{args.work}: its extended vocabulary differs from the one recorded in "
+                         f"results/{NAME}.json ({extension} against {result['extension']}); its cells would mix two "
+                         "models: start from a new --work folder and a new result")
     if result.get("steps") != args.steps or result.get("lr") != args.lr:   # another budget: its trained cells go
         result["cells"] = {k: v for k, v in result.get("cells", {}).items() if k.split("/")[0] in ARMS[:2]}
     result.update(run_info(NAME), steps=args.steps, lr=args.lr, extension=extension,
@@ -163,21 +167,20 @@ def main():
             result["summary"] = summary(cells)
             write_result(NAME, result)
             say(f"{arm} seed {seed}: KorSTS Pearson {cells[f'{arm}/{seed}']:.4f}")
-    for arm in ("minilm", "extended"):   # each fine-tuning seed scores the one merged model
-        found = merged(args.work, arm, args.seeds)
-        if found is None:
-            continue
-        model, made = found
+    for arm in ("extended", "minilm"):   # each fine-tuning seed scores the one merged model
+        made = args.merge_seeds or result.get("merged_from", {}).get(arm) or args.seeds
         if result.setdefault("merged_from", {}).get(arm) != made:   # another set of seeds merged: its cells go
             for key in [k for k in cells if k.split("/")[0] == f"{arm}-merged"]:
                 del cells[key]
-            result["merged_from"][arm] = made
+            result["merged_from"][arm], result["summary"] = made, summary(cells)
         for seed in args.seeds:
             if f"{arm}-merged/{seed}" not in cells:
+                model = merged(args.work, arm, made, args.steps, args.lr)
                 out = args.work / f"korsts-{arm}-merged-{'-'.join(map(str, made))}-{seed}"
                 cells[f"{arm}-merged/{seed}"] = korsts(model, out, seed)
                 result["summary"] = summary(cells)
                 write_result(NAME, result)
+                say(f"{arm}-merged seed {seed}: KorSTS Pearson {cells[f'{arm}-merged/{seed}']:.4f}")
     print(f"{'arm':16} {'KorSTS Pearson':>16} {'seeds':>6}")
     for arm, (mean, sd, n) in result.get("summary", {}).items():
         print(f"{arm:16} {mean:>9.4f} ± {sd:.4f} {n:>6}")
