@@ -25,19 +25,31 @@ def _architecture(folder: Path) -> dict:
                                                           "architectures", "torch_dtype")}
 
 
+def _vocabulary(folder: Path) -> dict | None:
+    """The token -> id map the model was trained with (its tokenizer.json, else its vocab.txt, as bertkit loads
+    them), or None where the folder holds neither."""
+    from bertkit.tokenization import TokenizerError, load_tokenizer
+
+    if not any((folder / name).is_file() for name in ("tokenizer.json", "vocab.txt")):
+        return None
+    try:
+        return load_tokenizer(folder).get_vocab(with_added_tokens=True)
+    except TokenizerError as e:
+        raise MergeError(str(e)) from None
+
+
 def check_mergeable(folders: list[Path]) -> None:
     """One architecture and one vocabulary, or a MergeError naming the folder and what differs."""
-    first, vocab = _architecture(folders[0]), (folders[0] / "vocab.txt")
+    first, vocab = _architecture(folders[0]), _vocabulary(folders[0])
     for folder in folders[1:]:
         other = _architecture(folder)
         differs = sorted(k for k in set(first) | set(other) if first.get(k) != other.get(k))
         if differs:
             raise MergeError(f"{folder}: another architecture than {folders[0]} ({differs[0]}: {other.get(differs[0])}"
                              f" against {first.get(differs[0])}); merge models of one shape")
-        if vocab.is_file() != (folder / "vocab.txt").is_file() or \
-                (vocab.is_file() and vocab.read_bytes() != (folder / "vocab.txt").read_bytes()):
-            raise MergeError(f"{folder}: another vocabulary (vocab.txt) than {folders[0]}; merge models trained with "
-                             "one tokenizer")
+        if _vocabulary(folder) != vocab:
+            raise MergeError(f"{folder}: another vocabulary than {folders[0]} (their tokenizer.json or vocab.txt give "
+                             "other tokens or ids); merge models trained with one tokenizer")
 
 
 def mean(states: list[dict], weights: list[float]) -> dict:

@@ -91,3 +91,25 @@ def test_models_that_cannot_be_merged_are_refused(tmp_path):
         merge([a, b], tmp_path / "link")
     assert not any((tmp_path / "empty").iterdir())
     assert merge([a, b], tmp_path / "t", method="ties", base=a, density=0.5).is_dir()
+
+
+def test_vocabularies_held_only_in_tokenizer_json_are_compared(tmp_path):
+    """A released ModernBERT has no vocab.txt: its tokenizer.json is the vocabulary, and two of them are compared."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordPiece
+
+    def with_tokenizer_json(folder, vocab):
+        (folder / "vocab.txt").unlink()
+        tokenizer = Tokenizer(WordPiece({t: i for i, t in enumerate(vocab)}, unk_token="[UNK]"))
+        tokenizer.save(str(folder / "tokenizer.json"))
+        return folder
+
+    a = with_tokenizer_json(model_folder(tmp_path, "a", 0), VOCAB)
+    same = with_tokenizer_json(model_folder(tmp_path, "same", 1), VOCAB)
+    other = with_tokenizer_json(model_folder(tmp_path, "other", 2), VOCAB[:-1] + ["x26"])
+    with pytest.raises(MergeError, match="another vocabulary"):
+        merge([a, other], tmp_path / "x")
+    assert (merge([a, same], tmp_path / "m") / "tokenizer.json").is_file()
+    (same / "tokenizer.json").unlink()   # one folder says its vocabulary, the other does not
+    with pytest.raises(MergeError, match="another vocabulary"):
+        merge([a, same], tmp_path / "y")
