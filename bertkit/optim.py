@@ -120,16 +120,17 @@ def build_optimizer(name: str, groups: list[dict], lr: float, betas, eps: float,
     raise ValueError(f"unknown optimizer {name!r}; choose 'lamb', 'adamw' or 'stableadamw'")
 
 
-SCHEDULES = ("linear", "poly", "wsd")
+SCHEDULES = ("linear", "poly", "cosine", "wsd", "wsd-linear", "wsd-cosine")
 
 
 def after_warmup(progress: float, schedule: str, decay: float = 0.1) -> float:
     """The peak rate's multiplier at `progress` (0 to 1) of the steps after warmup.
 
-    linear: linear decay to 0 (the BERT paper); poly: (1 - progress) ** 0.5 (NVIDIA's BERT recipe);
+    linear: linear decay to 0 (the BERT paper); poly: (1 - progress) ** 0.5 (NVIDIA's BERT recipe); cosine: half a
+    cosine down to 0;
     wsd:    warmup-stable-decay (ModernBERT's): the peak until the last `decay` of the run, then 1 - sqrt of the
-            decay's progress down to 0. A run still in its stable phase can be extended (--resume --max-steps) and
-            decays at its new end.
+            decay's progress down to 0 (wsd-linear: a straight line; wsd-cosine: half a cosine). A run still in its
+            stable phase can be extended (--resume --max-steps) and decays at its new end.
     """
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
@@ -138,9 +139,16 @@ def after_warmup(progress: float, schedule: str, decay: float = 0.1) -> float:
         return remaining
     if schedule == "poly":
         return math.sqrt(remaining)
-    if remaining >= decay:
+    if schedule == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * (1.0 - remaining)))
+    if remaining >= decay or decay <= 0:
         return 1.0
-    return 1.0 - math.sqrt(min(1.0, (decay - remaining) / decay)) if decay > 0 else 1.0
+    decayed = min(1.0, (decay - remaining) / decay)   # the decay's progress, 0 to 1
+    if schedule == "wsd-linear":
+        return 1.0 - decayed
+    if schedule == "wsd-cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * decayed))
+    return 1.0 - math.sqrt(decayed)
 
 
 def lr_factor(step: int, total_steps: int, warmup_steps: int, schedule: str, decay: float = 0.1) -> float:

@@ -277,7 +277,8 @@ def test_documents_in_a_packed_row_never_attend_across_each_other(pair):
 
 def test_a_second_phase_starts_from_a_modernbert_run_or_export(tmp_path, clean_dist_env):
     """--init-from a ModernBERT run folder or its export continues from its weights, with the second phase's own
-    RoPE base (--rope-theta) and longer instances."""
+    RoPE bases (--rope-theta for the global layers, --rope-theta-local for the sliding-window ones) and longer
+    instances; a BERT refuses both flags."""
     from bertkit.formats import read_instances_manifest
     from bertkit.pretrain import PretrainConfig, export, load_run_state_dict
     from bertkit.pretrain.start import build_model
@@ -287,16 +288,24 @@ def test_a_second_phase_starts_from_a_modernbert_run_or_export(tmp_path, clean_d
     out = export(run, tmp_path / "export")
     longer = make_instances_dir(tmp_path / "long", n=16, holdout=2, max_len=96)
     first, _, _ = load_run_state_dict(run)
-    for source in (run, out):
+    for source, local in ((run, None), (out, 20_000.0)):
         cfg = PretrainConfig(instances=str(longer), out=str(tmp_path / "p2"), init_from=str(source),
-                             rope_theta=320_000.0, objective="mlm")
+                             rope_theta=320_000.0, objective="mlm", rope_theta_local=local)
         model, mb, described = build_model(cfg, read_instances_manifest(longer), None, "none")
-        assert mb.global_rope_theta == 320_000.0 and mb.local_rope_theta == 10_000.0
+        local = local or 10_000.0   # the model's own
+        assert mb.global_rope_theta == 320_000.0 and mb.local_rope_theta == local
+        layers = [m for m in model.modules() if hasattr(m, "is_global") and hasattr(m, "theta")]
+        assert {(m.is_global, m.theta) for m in layers} == {(True, 320_000.0), (False, local)}
         assert str(source) in described
         state = model.state_dict()
         for name in ("model.layers.1.attn.Wqkv.weight", "model.embeddings.tok_embeddings.weight", "head.dense.weight"):
             n = 133 if "tok_embeddings" in name else state[name].shape[0]  # the vocabulary's rows
             torch.testing.assert_close(state[name][:n], first[name][:n].float(), rtol=0, atol=0)
+    _, bert_run = tiny_run(tmp_path / "bert", max_steps=1)
+    for flag in ({"rope_theta": 320_000.0}, {"rope_theta_local": 20_000.0}):
+        cfg = PretrainConfig(instances=str(longer), out=str(tmp_path / "b2"), init_from=str(bert_run), **flag)
+        with pytest.raises(ValueError, match="BERT learns its positions"):
+            build_model(cfg, read_instances_manifest(longer), None, "none")
 
 
 def test_a_second_phase_from_a_modernbert_trains_packed(tmp_path, clean_dist_env):

@@ -150,8 +150,8 @@ def test_a_phase_given_in_tokens_runs_the_steps_they_make(plan, tmp_path):
 def test_three_phases_of_a_tiny_modernbert_as_the_issue_measures_them(tmp_path, clean_dist_env, monkeypatch):
     """A ModernBERT plan on CPU: a mixture of a Korean and an English folder at 0.7 / 0.3 with 30 % masking and RoPE
     theta 10k for one epoch (the realised shares within 1 %), then a longer length with theta 160k at the same tokens
-    a step (its data's reach said), then a decay at 15 %; each boundary's checkpoint written; the export has the
-    last phase's theta; a stop in phase 2 resumes to the same losses."""
+    a step (its data's reach said, the local layers' theta 20k), then a decay at 15 %; each boundary's checkpoint
+    written; the export has the last phase's thetas; a stop in phase 2 resumes to the same losses."""
     from bertkit.pretrain import export
 
     root = tmp_path
@@ -180,6 +180,7 @@ instances = "{root / 'ko128'}"
 max_steps = 3
 masked_lm_prob = 0.3
 rope_theta = 160000.0
+rope_theta_local = 20000.0
 decay = 0.0
 warmup = 0
 
@@ -205,6 +206,7 @@ decay = 1.0
     assert json.loads((root / "whole" / "02-extend" / "config.json").read_text())["max_seq_length"] == 64
     exported = json.loads((export(root / "whole" / "03-decay", root / "model") / "config.json").read_text())
     assert exported["global_rope_theta"] == 160000.0 and exported["model_type"] == "modernbert"
+    assert exported["local_rope_theta"] == 20000.0   # set in the extension, carried by the decay's model
 
     from bertkit.pretrain import train as loop
 

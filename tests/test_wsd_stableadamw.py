@@ -25,6 +25,28 @@ def test_wsd_holds_the_peak_then_decays_as_one_minus_sqrt():
         1 - math.sqrt(0.5))
 
 
+def test_cosine_and_the_other_decay_shapes_of_wsd():
+    """cosine against torch's CosineAnnealingLR after warmup; wsd-linear and wsd-cosine hold the peak like wsd and
+    decay in a line or half a cosine over the last `decay` (the whole run after warmup: cosine itself)."""
+    total, warmup = 110, 10
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    reference = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=total - warmup, eta_min=0.0)
+    for step in range(warmup, total + 1):
+        assert lr_factor(step, total, warmup, "cosine") == pytest.approx(opt.param_groups[0]["lr"], abs=1e-12), step
+        opt.step()
+        reference.step()
+    assert lr_factor(4, total, warmup, "cosine") == pytest.approx(0.5)   # the warmup is every schedule's
+    for shape, at_half, at_quarter in (("wsd-linear", 0.5, 0.75), ("wsd-cosine", 0.5, (1 + math.cos(math.pi / 4)) / 2),
+                                       ("wsd", 1 - math.sqrt(0.5), 1 - math.sqrt(0.25))):
+        assert all(lr_factor(s, total, warmup, shape, 0.2) == 1.0 for s in range(warmup, 90))
+        assert lr_factor(100, total, warmup, shape, 0.2) == pytest.approx(at_half)     # half of the last 20 steps
+        assert lr_factor(95, total, warmup, shape, 0.2) == pytest.approx(at_quarter)
+        assert lr_factor(110, total, warmup, shape, 0.2) == pytest.approx(0.0, abs=1e-12)
+        assert lr_at(0.5, 0.1, shape) == 1.0   # by the clock too
+    assert all(lr_factor(s, total, warmup, "wsd-cosine", 1.0) == pytest.approx(lr_factor(s, total, warmup, "cosine"))
+               for s in range(total + 1))
+
+
 def _pair(lr=1e-2, wd=0.1):
     torch.manual_seed(0)
     a = torch.nn.Parameter(torch.randn(8, 4))

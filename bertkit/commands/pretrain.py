@@ -91,12 +91,14 @@ class Duration(click.ParamType):
 @click.option("--lr", type=POSITIVE, help=f"Peak learning rate  [default: {DEFAULTS['lr']:g}].")
 @click.option("--weight-decay", type=NON_NEGATIVE, help="[default: 0.01; never on biases and LayerNorm]")
 @click.option("--grad-clip", type=NON_NEGATIVE, help="Global gradient-norm clipping; 0: none  [default: 1.0].")
-@click.option("--schedule", type=click.Choice(["linear", "poly", "wsd"]), default="linear", show_default=True,
-              help="Warmup then linear decay (BERT), polynomial decay with power 0.5 (NVIDIA), or warmup-stable-"
-                   "decay (ModernBERT: the peak rate until the last --decay of the run, then 1 - sqrt down to 0; "
-                   "extend a run in its stable phase with --resume --max-steps, and it decays at the new end).")
+@click.option("--schedule", type=click.Choice(["linear", "poly", "cosine", "wsd", "wsd-linear", "wsd-cosine"]),
+              default="linear", show_default=True,
+              help="Warmup then linear decay (BERT), polynomial decay with power 0.5 (NVIDIA), half a cosine, or "
+                   "warmup-stable-decay (ModernBERT: the peak rate until the last --decay of the run, then 1 - sqrt "
+                   "down to 0; wsd-linear and wsd-cosine decay in a line or half a cosine; extend a run in its stable "
+                   "phase with --resume --max-steps, and it decays at the new end).")
 @click.option("--decay", type=Real(0, 1), default=0.1, show_default=True,
-              help="wsd: the fraction of the run the decay takes.")
+              help="wsd, wsd-linear, wsd-cosine: the fraction of the run the decay takes.")
 @click.option("--warmup", type=NON_NEGATIVE, show_default=False,
               help="Warmup: a fraction of --max-steps (or of --time-budget) when < 1, else a number of steps  "
                    f"[default: {DEFAULTS['warmup']:g}, or the recipe's].")
@@ -137,6 +139,8 @@ class Duration(click.ParamType):
 @click.option("--rope-theta", type=POSITIVE,
               help="ModernBERT: the global layers' RoPE base; a second phase at a longer length (--init-from the "
                    "first) raises it  [default: the model's, 160,000].")
+@click.option("--rope-theta-local", type=POSITIVE,
+              help="ModernBERT: the local (sliding-window) layers' RoPE base  [default: the model's, 10,000].")
 @click.option("--pad-vocab-to", type=click.IntRange(1, SIZE_LIMITS["vocab_pad_multiple"]), default=None,
               show_default="8",
               help="Round the embedding and decoder rows up to this multiple (64: MosaicBERT, ModernBERT); the extra "

@@ -24,6 +24,9 @@ def apply_flags(cfg: BertConfig, flags: RunFlags, recorded: dict, fixed_by: str 
     """--dropout, --norm and --pad-vocab-to onto the config; returns the dropout an export writes. fixed_by: where
     the weights come from (they fix --norm)."""
     # --dropout is a pretraining choice: an export keeps the model's own dropout for fine-tuning (cramming's way)
+    if flags.rope_theta is not None or flags.rope_theta_local is not None:
+        raise ValueError("--rope-theta / --rope-theta-local: BERT learns its positions (no rotary embeddings); "
+                         "drop them, or pretrain a ModernBERT (--model modernbert-base)")
     export_dropout = recorded.get("export_dropout")
     own = {"hidden": cfg.hidden_dropout, "attention": cfg.attention_dropout}
     if flags.dropout is not None and set(own.values()) != {flags.dropout}:

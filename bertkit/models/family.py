@@ -15,6 +15,7 @@ class RunFlags:
     pad_vocab_to: int | None = None
     rope_theta: float | None = None
     kernels: str = "auto"              # auto | torch | triton
+    rope_theta_local: float | None = None
 
 
 @dataclass(frozen=True)

@@ -572,8 +572,9 @@ def load_hf(path: Path, hf_config: dict, tensors: dict, head="auto", num_labels=
 # ---------------------------------------------------------------- the family spec
 
 def apply_flags(cfg: ModernBertConfig, flags: RunFlags, recorded: dict, fixed_by: str | None, resumed: bool):
-    """--dropout, --pad-vocab-to and --rope-theta onto the config; --norm post and, with --kernels triton, heads
-    whose width is not a power of two refused. An export writes the dropout the run trained with."""
+    """--dropout, --pad-vocab-to, --rope-theta and --rope-theta-local onto the config; --norm post and, with
+    --kernels triton, heads whose width is not a power of two refused. An export writes the dropout the run trained
+    with."""
     if flags.norm == "post":
         raise ValueError("--norm post: ModernBERT is pre-LN by design; drop --norm")
     if flags.kernels == "triton" and cfg.head_dim & (cfg.head_dim - 1):
@@ -585,6 +586,8 @@ def apply_flags(cfg: ModernBertConfig, flags: RunFlags, recorded: dict, fixed_by
         cfg.vocab_pad_multiple = flags.pad_vocab_to
     if flags.rope_theta is not None:  # a second, longer phase raises the global layers' base (ModernBERT: 160,000)
         cfg.global_rope_theta = flags.rope_theta
+    if flags.rope_theta_local is not None:
+        cfg.local_rope_theta = flags.rope_theta_local
     return None
 
 

@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 
 from bertkit.fileio import atomic_write_json
-from bertkit.optim import after_warmup
+from bertkit.optim import SCHEDULES, after_warmup
 
 SCHEDULE_FILE = "schedule.json"
 DEFAULT_MAX_STEPS = 10000
@@ -77,7 +77,7 @@ def read_schedule(run_dir) -> dict:
     try:
         d = json.loads(path.read_text())
         fraction = [float(f) for f in d["fraction"]]
-        if not fraction or d["schedule"] not in ("linear", "poly"):
+        if not fraction or d["schedule"] not in SCHEDULES:
             raise ValueError("no steps recorded")
         return {**d, "fraction": fraction}
     except FileNotFoundError:

@@ -40,9 +40,9 @@ class PretrainConfig:
     weight_decay: float | None = None
     betas: tuple = (0.9, 0.999)
     eps: float = 1e-6
-    schedule: str = "linear"              # linear (BERT paper) | poly (power 0.5, NVIDIA's recipe) | wsd (ModernBERT's
-                                          # warmup-stable-decay)
-    decay: float = 0.1                    # wsd: the last fraction of the run, decayed as 1 - sqrt
+    schedule: str = "linear"              # linear (BERT paper) | poly (power 0.5, NVIDIA's recipe) | cosine | wsd
+                                          # (ModernBERT's warmup-stable-decay) | wsd-linear | wsd-cosine
+    decay: float = 0.1                    # wsd*: the last fraction of the run, decayed (1 - sqrt, a line, a cosine)
     warmup: float | None = None           # < 1: fraction of max_steps (or of the time budget); >= 1: steps;
                                           # None: the recipe's, else DEFAULT_WARMUP
     recipe: str | None = None             # a RECIPES name: its settings where the flags are silent
@@ -63,6 +63,7 @@ class PretrainConfig:
     generator_size: float = 0.25          # ELECTRA: the generator's width as a fraction of the discriminator's
     disc_weight: float = 50.0             # ELECTRA: loss = generator MLM + disc_weight x discriminator
     rope_theta: float | None = None       # ModernBERT: the global layers' RoPE base (a longer second phase raises it)
+    rope_theta_local: float | None = None  # ModernBERT: the local (sliding-window) layers' RoPE base
     pad_vocab_to: int | None = None       # embedding/decoder rows rounded up to this multiple (default 8); 64 is
                                           # MosaicBERT's and ModernBERT's. Export trims them
     unpadded: bool = False                # packed batches (varlen attention): no compute on padding

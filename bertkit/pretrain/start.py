@@ -51,7 +51,7 @@ def build_model(cfg: PretrainConfig, manifest: InstancesManifest, previous_run: 
                           f"{', '.join(family.objectives)}")
     model_cfg, state, source, recorded = starting_point(cfg, manifest, previous_run, objective, family)
     weights_from = source if state is not None else None
-    flags = RunFlags(cfg.dropout, cfg.norm, cfg.pad_vocab_to, cfg.rope_theta, cfg.kernels)
+    flags = RunFlags(cfg.dropout, cfg.norm, cfg.pad_vocab_to, cfg.rope_theta, cfg.kernels, cfg.rope_theta_local)
     try:
         export_dropout = family.apply_flags(model_cfg, flags, recorded, weights_from, previous_run is not None)
     except ValueError as e:
