@@ -57,6 +57,10 @@ class Duration(click.ParamType):
 @click.option("--masked-lm-prob-end", type=Real(0, 1, min_open=True, max_open=True),
               help="Move the training rate linearly from --masked-lm-prob at the first step to this at the last "
                    "(mmBERT lowers it: 0.3 to 0.15 to 0.05 over its phases); the held-out split keeps its own.")
+@click.option("--train-only", default="", metavar="PARTS",
+              help="Train only these, the rest frozen: head (the modules beside the encoder: a released model "
+                   "without an MLM head gets a random one), embeddings (the word embeddings, tied to the decoder: "
+                   "an extended vocabulary's new rows), or head,embeddings. A later phase then trains all of it.")
 @click.option("--mixture-max-epochs", type=Real(0, min_open=True),
               help="--mixture: draw no folder more than this many passes over its rows in the run (its share held "
                    "there, the others' raised in their proportions; a small source repeated less).")
@@ -191,7 +195,8 @@ def pretrain(**flags):
         raise click.UsageError("--plan-scale and --plan-set go with --plan")
     for name in ("plan", "plan_scale", "plan_set"):
         flags.pop(name)
-    flags["mixture"] = tuple(x.strip() for x in flags["mixture"].split(",") if x.strip()) if flags["mixture"] else ()
+    for name in ("mixture", "train_only"):
+        flags[name] = tuple(x.strip() for x in flags[name].split(",") if x.strip()) if flags[name] else ()
     try:
         result = run(PretrainConfig(**flags), given=given)  # on --resume, a flag not given is the run's own
     except (FormatError, FolderError, ConfigError, TrainingError) as e:

@@ -81,6 +81,8 @@ class PretrainConfig:
     ema: float | None = None              # decay of a moving average of the weights kept beside training (0.999)
     masked_lm_prob_end: float | None = None   # the rate moves linearly from masked_lm_prob at the first step to this
                                               # at the last (mmBERT lowers it as training goes)
+    train_only: tuple = ()                # "head" (the modules beside the encoder), "embeddings" (the word embeddings,
+                                          # tied to the decoder): all else frozen, e.g. a new head learns first
     kernels: str = "auto"                 # attention/LayerNorm backend (bertkit.kernels): auto|triton|torch|reference
     threads: int | None = None            # torch threads per rank; None: the free cores / ranks (bertkit.threads)
     report_to: str | None = None          # tensorboard, wandb (offline), both "tensorboard,wandb", or none;
@@ -168,6 +170,9 @@ class PretrainConfig:
             raise ConfigError(f"--masked-lm-prob-end {self.masked_lm_prob_end}: a rate between 0 and 1 that the "
                               "training rate moves to from --masked-lm-prob (give both) over --max-steps (not a "
                               "--time-budget)")
+        if set(self.train_only) - {"head", "embeddings"}:
+            raise ConfigError(f"--train-only {','.join(self.train_only)}: choose head, embeddings or both "
+                              "(head,embeddings); every other parameter is frozen")
         if self.mixture and self.token_budget is not None:
             raise ConfigError("--token-budget packs rows by their lengths, which a mixture's rows change every epoch; "
                               "train a --mixture with --micro-batch")

@@ -107,17 +107,21 @@ def read_plan(path, scale: float = 1.0, overrides: dict | None = None) -> tuple[
 
 
 def phase_config(defaults: dict, phase: dict, index: int, out: Path, previous: Path | None,
-                 progress: bool) -> PretrainConfig:
+                 progress: bool, before: dict | None = None) -> PretrainConfig:
+    """`phase` (after the phase `before`, whose run folder is `previous`) as a PretrainConfig."""
     settings = {**defaults, **{k: v for k, v in phase.items() if k not in ("name", "tokens")}}
     if "mixture" in settings:
         settings["mixture"] = tuple(settings["mixture"])
         settings.setdefault("instances", "instances")
-    if "betas" in settings:
-        settings["betas"] = tuple(settings["betas"])
+    for name in ("betas", "train_only"):
+        if name in settings:
+            settings[name] = tuple(settings[name])
     settings["seed"] = int(settings.get("seed", 42)) + index   # a data order of its own
     if previous is not None:
         settings["init_from"], settings["model"] = str(previous), None
-        settings.setdefault("init_optimizer", True)   # ModernBERT's handoff: the moments go on
+        # ModernBERT's handoff: the moments go on, unless the phase before trained other parameters (--train-only)
+        trained = [tuple(d.get("train_only", ())) for d in ({**defaults, **(before or {})}, settings)]
+        settings.setdefault("init_optimizer", trained[0] == trained[1])
     if "batch_tokens" in settings:
         settings.update(batch_for_tokens(settings, int(settings.pop("batch_tokens")), phase["name"]))
     in_tokens = {setting: settings.pop(key) for key, setting in IN_TOKENS.items() if key in settings}
@@ -245,7 +249,7 @@ def run_plan(plan_path, out, progress: bool = True, scale: float = 1.0, override
     record = {"defaults": defaults, "phases_planned": phases, "phases": record.get("phases", [])}
     previous, length = None, None
     for index, phase in enumerate(phases):
-        cfg = phase_config(defaults, phase, index, out, previous, progress)
+        cfg = phase_config(defaults, phase, index, out, previous, progress, phases[index - 1] if index else None)
         previous, before, length = Path(cfg.out), length, max_length(cfg)
         if index < len(record["phases"]) and record["phases"][index].get("done") or _finished(cfg):
             continue

@@ -16,7 +16,7 @@ from bertkit.pretrain.config import ConfigError, DeepSpeedSettings, PretrainConf
 # flags (PretrainConfig) and resolved settings (DeepSpeedSettings) a resume cannot change
 KEPT_FLAGS = ("seed", "time_budget", "schedule_from", "betas", "eps", "norm", "pad_vocab_to", "model", "init_from",
               "token_budget", "mixture", "mixture_temperature", "batch_warmup_from", "batch_warmup_steps",
-              "mixture_max_epochs")
+              "mixture_max_epochs", "train_only")
 KEPT_SETTINGS = ("micro_batch", "global_batch", "zero_stage", "precision", "optimizer")
 APPLIED_SETTINGS = ("lr", "weight_decay", "grad_clip")
 NOT_COMPARED = ("instances", "out", "resume", "progress", "deepspeed_config", "recipe", "objective",
@@ -28,7 +28,8 @@ WHY_KEPT = {"seed": "the data order", "micro_batch": "the data order", "global_b
             "time_budget": "the schedule", "schedule_from": "the schedule", "model": "the weights",
             "norm": "the weights", "pad_vocab_to": "the weights", "init_from": "the weights (the run's own checkpoint "
             "continues it)", "zero_stage": "the optimizer state", "precision": "the optimizer state",
-            "optimizer": "the optimizer state", "betas": "the optimizer state", "eps": "the optimizer state"}
+            "optimizer": "the optimizer state", "betas": "the optimizer state", "eps": "the optimizer state",
+            "train_only": "the optimizer state"}
 
 
 @dataclass
@@ -68,7 +69,7 @@ def inherit(cfg: PretrainConfig, run: RunConfig, given: set | None = None) -> Pr
         values["instances"] = run.instances  # recorded resolved: the run can be resumed from any folder
     if values.get("deepspeed_config"):  # the run's own copy, never the path its config.json names
         values["deepspeed_config"] = str(own_deepspeed_config(cfg.out, values["deepspeed_config"]))
-    for name in ("betas", "mixture"):
+    for name in ("betas", "mixture", "train_only"):
         if isinstance(values.get(name), list):
             values[name] = tuple(values[name])
     return replace(cfg, **values)

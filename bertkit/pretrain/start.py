@@ -5,6 +5,8 @@ checkpoint). Nothing here knows a family: it asks the spec."""
 import json
 from pathlib import Path
 
+import torch
+
 from bertkit.fileio import sha256_file
 from bertkit.formats import InstancesManifest, RunConfig, read_run_config
 from bertkit.models import Family, RunFlags, family_of, family_of_model_type, family_of_spec, load_pretrained
@@ -66,7 +68,26 @@ def build_model(cfg: PretrainConfig, manifest: InstancesManifest, previous_run: 
             family.load_weights(model, state, cfg.init_from)
         except ValueError as e:
             raise ConfigError(f"--init-from {cfg.init_from}: {e}") from None
+    if cfg.train_only:
+        train_only(model, cfg.train_only, objective)
     return model, model_cfg, source
+
+
+def train_only(model, parts, objective: str) -> int:
+    """--train-only: every parameter frozen but the head's (those outside the encoder, the largest module) and, with
+    "embeddings", the word-embedding matrix (the decoder's too: they are tied). Returns how many train."""
+    if objective == "electra":
+        raise ConfigError("--train-only: ELECTRA trains a generator and a discriminator together; leave it out")
+    encoder = max(model.children(), key=lambda m: sum(p.numel() for p in m.parameters()))
+    in_encoder = {id(p) for p in encoder.parameters()}
+    words = next(m.weight for m in encoder.modules() if isinstance(m, torch.nn.Embedding)
+                 and m.num_embeddings == model.cfg.padded_vocab_size)
+    for p in model.parameters():
+        p.requires_grad_(("head" in parts and id(p) not in in_encoder) or ("embeddings" in parts and p is words))
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    say(f"--train-only {','.join(parts)}: {trained:,} of {sum(p.numel() for p in model.parameters()):,} "
+        "parameters train; the rest are frozen")
+    return trained
 
 
 def check_model_flag(cfg: PretrainConfig, held: Family) -> None:
