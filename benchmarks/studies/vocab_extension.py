@@ -11,12 +11,15 @@ Arms: `minilm` (the released model, no Korean pretraining), `extended` (its voca
 initialisation alone gives), `minilm-decay` and `extended-decay` (each after --steps of MLM on Korean Wikipedia: AdamW
 at --lr, 5 % warmup then a 1 - sqrt decay to 0, 128-token MLM-only rows), and each vocabulary's
 `-merged` arm (`bertkit merge --method mean` of the decay exports of --merge-seeds, recorded under
-`merged_from` and made again where the work folder lacks them: does the merge beat each seed alone?). Each
+`merged_from` and made again where the work folder lacks them: does the merge beat each seed alone?), and the
+`-headfirst-decay` arms (--head-steps of `pretrain --train-only` first: MiniLM's random MLM head alone, or the
+extended model's head and word embeddings, the encoder frozen; then the same decay: does the decay still cost
+KorSTS once the head has learnt before its gradients reach the encoder?). Each
 scored on KorSTS (Pearson on its dev set, the last of 3 epochs at 5e-5: MiniLM's better rate of two,
 benchmarks/studies/korean_transfer.py), seeds 0 1 2 for both pretraining and fine-tuning. Beside them, each tokenizer on
 the held-out Korean documents: [UNK] share of the words and tokens per word.
 
-    python benchmarks/studies/vocab_extension.py --work /tmp/vocab-ext [--steps 300] [--seeds 0 1 2]
+    python benchmarks/studies/vocab_extension.py --work /tmp/vocab-ext [--steps 300] [--seeds 0 1 2] [--arms ...]
 
 Quality against steps: it may run beside other work; each cell is appended to results/vocab_extension.json as it
 finishes and skipped when run again.
@@ -33,7 +36,8 @@ from record import read_result, run_info, write_result
 from bertkit.testing import minilm_dir
 
 NAME = "vocab_extension"
-ARMS = ("minilm", "extended", "minilm-decay", "extended-decay")
+ARMS = ("minilm", "extended", "minilm-decay", "extended-decay", "extended-merged", "minilm-merged",
+        "minilm-headfirst-decay", "extended-headfirst-decay")
 
 
 def prepare(work: Path, max_new: int) -> dict:
@@ -83,23 +87,41 @@ def tokenizer_stats(work: Path) -> dict:
     return found
 
 
-def decayed(work: Path, arm: str, seed: int, steps: int, lr: float) -> Path:
-    """The arm's model after --steps of Korean MLM from its start (exported)."""
-    from bertkit.pretrain import PretrainConfig, export, pretrain
+def decayed(work: Path, arm: str, seed: int, steps: int, lr: float, head_steps: int = 0) -> Path:
+    """The arm's model after --steps of Korean MLM from its start (exported); with head_steps, after that many steps
+    of `--train-only` first (the MLM head, and an extended vocabulary's embeddings; the encoder frozen)."""
+    from bertkit.pretrain import export
 
     start = minilm_dir() if arm == "minilm" else work / "extended"
-    run, model = work / f"run-{arm}-{seed}", work / f"model-{arm}-decay-{seed}"
+    name = f"{arm}-headfirst" if head_steps else arm
+    if head_steps:
+        start = trained(work, work / f"run-{name}-head-{seed}", arm, start, seed, head_steps, lr,
+                        train_only=("head",) if arm == "minilm" else ("head", "embeddings"))
+    run, model = work / f"run-{name}-{seed}", work / f"model-{name}-decay-{seed}"
     exported = json.loads((model / "manifest.json").read_text()).get("checkpoint") if done(model) else None
     if exported != f"global_step{steps}":   # none yet, or one of a run stopped short (a signal saves and returns)
-        say(f"pretrain {arm}, seed {seed}: {steps} steps")
+        export(trained(work, run, arm, start, seed, steps, lr), model)
+    return model
+
+
+def trained(work: Path, run: Path, arm: str, start: Path, seed: int, steps: int, lr: float,
+            train_only: tuple = ()) -> Path:
+    """`run` after `steps` of Korean MLM from `start` (resumed where it stopped): AdamW at lr, 5 % warmup, then a
+    1 - sqrt decay to 0 over the whole run (train_only: no decay, the head's phase before one)."""
+    from bertkit.pretrain import PretrainConfig, pretrain
+    from bertkit.pretrain.checkpoints import find_checkpoint
+
+    marker = find_checkpoint(run).marker if (run / "checkpoints").is_dir() else None
+    if marker is None or marker.step < steps:
+        say(f"pretrain {run.name}: {steps} steps{' training only ' + ','.join(train_only) if train_only else ''}")
         result = pretrain(PretrainConfig(
             instances=str(work / f"{arm}-instances"), out=str(run), init_from=str(start), objective="mlm",
-            max_steps=steps, micro_batch=32, optimizer="adamw", lr=lr, schedule="wsd", warmup=0.05, decay=1.0,
-            seed=seed, num_workers=1, progress=False, log_every=50, eval_every=250, save_every=250,
-            precision="fp32", report_to="none", resume=(run / "checkpoints").is_dir()))
+            max_steps=steps, micro_batch=32, optimizer="adamw", lr=lr, schedule="wsd", warmup=0.05,
+            decay=0.0 if train_only else 1.0, train_only=train_only, seed=seed, num_workers=1, progress=False,
+            log_every=50, eval_every=250, save_every=250 if steps > 250 else steps, precision="fp32",
+            report_to="none", resume=(run / "checkpoints").is_dir()))
         trained_to_the_end(result, steps, run)
-        export(run, model)
-    return model
+    return run
 
 
 def merged(work: Path, arm: str, seeds: list[int], steps: int, lr: float) -> Path:
@@ -113,6 +135,24 @@ def merged(work: Path, arm: str, seeds: list[int], steps: int, lr: float) -> Pat
         say(f"merge {arm}: the mean of seeds {seeds}")
         merge(exports, out, method="mean")
     return out
+
+
+def arm_model(args, arm: str, seed: int, made: list[int] | None) -> Path:
+    base = arm.split("-")[0]
+    if arm == base:
+        return minilm_dir() if base == "minilm" else args.work / "extended"
+    if arm.endswith("-merged"):
+        return merged(args.work, base, made, args.steps, args.lr)
+    return decayed(args.work, base, seed, args.steps, args.lr, args.head_steps if "-headfirst" in arm else 0)
+
+
+def finetune_name(args, arm: str, seed: int, made: list[int] | None) -> str:
+    """The fine-tune's folder, named by what it starts from (a decay's budget, a merge's seeds)."""
+    if arm.endswith("-merged"):
+        return f"korsts-{arm}-{'-'.join(map(str, made))}-{seed}"
+    budget = (f"-{args.head_steps}head" if "-headfirst" in arm else "") + \
+        (f"-{args.steps}steps" if arm.endswith("-decay") else "")
+    return f"korsts-{arm}-{seed}{budget}"
 
 
 def korsts(model: Path, out: Path, seed: int) -> float:
@@ -139,6 +179,9 @@ def main():
     ap.add_argument("--lr", type=float, default=2e-4)
     ap.add_argument("--max-new", type=int, default=8000)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS), help="the arms to score, in this order")
+    ap.add_argument("--head-steps", type=int, default=100,
+                    help="the -headfirst arms: steps of --train-only before the decay (its --steps on top)")
     ap.add_argument("--merge-seeds", type=int, nargs="+", default=None,
                     help="the decay seeds each merged arm averages (default: those it recorded, else --seeds)")
     args = ap.parse_args()
@@ -151,36 +194,28 @@ def main():
                          "models: start from a new --work folder and a new result")
     if result.get("steps") != args.steps or result.get("lr") != args.lr:   # another budget: its trained cells go
         result["cells"] = {k: v for k, v in result.get("cells", {}).items() if k.split("/")[0] in ARMS[:2]}
-    result.update(run_info(NAME), steps=args.steps, lr=args.lr, extension=extension,
+    if result.get("head_steps", args.head_steps) != args.head_steps:
+        result["cells"] = {k: v for k, v in result["cells"].items() if "-headfirst" not in k}
+    result.update(run_info(NAME), steps=args.steps, lr=args.lr, head_steps=args.head_steps, extension=extension,
                   tokenizers=result.get("tokenizers") or tokenizer_stats(args.work))
     write_result(NAME, result)
     cells = result.setdefault("cells", {})
-    for seed in args.seeds:
-        for arm in ARMS:
+    for arm in args.arms:
+        base, made = arm.split("-")[0], None
+        if arm.endswith("-merged"):   # each fine-tuning seed scores the one merged model
+            made = args.merge_seeds or result.get("merged_from", {}).get(base) or args.seeds
+            if result.setdefault("merged_from", {}).get(base) != made:   # another set of seeds merged: its cells go
+                for key in [k for k in cells if k.split("/")[0] == arm]:
+                    del cells[key]
+                result["merged_from"][base], result["summary"] = made, summary(cells)
+        for seed in args.seeds:
             if f"{arm}/{seed}" in cells:
                 continue
-            base = arm.removesuffix("-decay")
-            model = decayed(args.work, base, seed, args.steps, args.lr) if arm.endswith("-decay") else \
-                (minilm_dir() if base == "minilm" else args.work / "extended")
-            tag = f"-{args.steps}steps" if arm.endswith("-decay") else ""   # a fine-tune of this budget's model only
-            cells[f"{arm}/{seed}"] = korsts(model, args.work / f"korsts-{arm}-{seed}{tag}", seed)
+            cells[f"{arm}/{seed}"] = korsts(arm_model(args, arm, seed, made), args.work / finetune_name(args, arm,
+                                                                                                     seed, made), seed)
             result["summary"] = summary(cells)
             write_result(NAME, result)
             say(f"{arm} seed {seed}: KorSTS Pearson {cells[f'{arm}/{seed}']:.4f}")
-    for arm in ("extended", "minilm"):   # each fine-tuning seed scores the one merged model
-        made = args.merge_seeds or result.get("merged_from", {}).get(arm) or args.seeds
-        if result.setdefault("merged_from", {}).get(arm) != made:   # another set of seeds merged: its cells go
-            for key in [k for k in cells if k.split("/")[0] == f"{arm}-merged"]:
-                del cells[key]
-            result["merged_from"][arm], result["summary"] = made, summary(cells)
-        for seed in args.seeds:
-            if f"{arm}-merged/{seed}" not in cells:
-                model = merged(args.work, arm, made, args.steps, args.lr)
-                out = args.work / f"korsts-{arm}-merged-{'-'.join(map(str, made))}-{seed}"
-                cells[f"{arm}-merged/{seed}"] = korsts(model, out, seed)
-                result["summary"] = summary(cells)
-                write_result(NAME, result)
-                say(f"{arm}-merged seed {seed}: KorSTS Pearson {cells[f'{arm}-merged/{seed}']:.4f}")
     print(f"{'arm':16} {'KorSTS Pearson':>16} {'seeds':>6}")
     for arm, (mean, sd, n) in result.get("summary", {}).items():
         print(f"{arm:16} {mean:>9.4f} ± {sd:.4f} {n:>6}")
