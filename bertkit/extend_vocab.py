@@ -101,6 +101,18 @@ def normalisation(model_dir: Path, tokens: list[str]) -> tuple[bool, str]:
     return lowercase, ("latin" if strip == "all" else strip) if lowercase else "none"
 
 
+def check_wordpiece(tokenizer, folder: Path, what: str) -> None:
+    """Both vocabularies are WordPiece: a BPE's tokens (byte-level, as a released ModernBERT's) mean nothing to a
+    WordPiece model and its merges nothing to one, so an extension across them would change every id silently."""
+    kind = type(tokenizer.model).__name__
+    if kind != "WordPiece":
+        fix = ("a byte-level BPE (a released ModernBERT's) spells any text without [UNK]: continue pretraining with "
+               "its own vocabulary (pretrain --init-from it)" if what == "MODEL" else
+               "give a WordPiece tokenizer (bertkit train-tokenizer makes one)")
+        raise ExtendError(f"{what} {folder}: its tokenizer is a {kind} model, and extend-vocab grows WordPiece "
+                          f"vocabularies only; {fix}")
+
+
 def extend_vocab(model_dir, tokenizer_dir, out, max_new: int | None = None) -> Extension:
     """Write OUT (a new or empty folder): MODEL with the extended vocabulary; returns what was done."""
     from safetensors.torch import save
@@ -121,8 +133,10 @@ def extend_vocab(model_dir, tokenizer_dir, out, max_new: int | None = None) -> E
     if len(old) > rows_before:
         raise ExtendError(f"{model_dir}: {len(old)} tokens but {rows_before} rows (config.json vocab_size)")
     old += unused_names(set(old), rows_before - len(old))   # rows no token uses: free slots
-    tokens, fresh = extended_vocabulary(old, vocab_tokens(tokenizer_dir), max_new)
     before = load_tokenizer(model_dir)
+    check_wordpiece(before, model_dir, "MODEL")
+    check_wordpiece(load_tokenizer(tokenizer_dir), tokenizer_dir, "--tokenizer")
+    tokens, fresh = extended_vocabulary(old, vocab_tokens(tokenizer_dir), max_new)
     unk = before.token_to_id(UNK)
     rows = {i: [] if UNUSED.fullmatch(tokens[i]) else pieces_of(tokens[i], before, unk) for i in fresh}
     state = grow(read_weights(model_dir), rows_before, len(tokens), rows)

@@ -171,3 +171,61 @@ def test_a_decay_from_a_released_transformers_folder_in_korean(tmp_path, clean_d
                                      optimizer="adamw", schedule="wsd", warmup=0, decay=1.0, num_workers=0,
                                      eval_every=0, progress=False, report_to="none"))
     assert result["step"] == 2
+
+
+def test_a_released_modernbert_with_a_byte_level_bpe_continues_on_korean_and_is_not_extended(released, tmp_path,
+                                                                                             clean_dist_env):
+    """A transformers ModernBERT folder whose tokenizer.json is a byte-level BPE (as answerdotai's): Korean instances
+    made with it hold no [UNK] and its own ids, a decay starts from it and exports a model transformers loads with
+    the same tokenizer; extend-vocab refuses it (and a BPE --tokenizer) instead of writing a WordPiece over it."""
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    from bertkit.data import InstanceDataset
+    from bertkit.pretrain import PretrainConfig, export, pretrain
+    from tests.helpers import write_corpus
+
+    text = ["서울은 대한민국의 수도이다.", "한국어 문장은 어절로 띄어 쓴다.", "The model reads Korean text."]
+    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
+    tok.pre_tokenizer, tok.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    tok.train_from_iterator(text * 20, trainers.BpeTrainer(vocab_size=300, special_tokens=SPECIALS,
+                                                           initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]",
+                                                       special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+    modern = tmp_path / "modern"
+    cfg = transformers.ModernBertConfig(vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=96,
+                                        num_hidden_layers=2, num_attention_heads=4, local_attention=16,
+                                        pad_token_id=tok.token_to_id("[PAD]"), cls_token_id=cls, sep_token_id=sep,
+                                        bos_token_id=cls, eos_token_id=sep)
+    torch.manual_seed(0)
+    transformers.ModernBertForMaskedLM(cfg).save_pretrained(modern)
+    tok.save(str(modern / "tokenizer.json"))
+
+    write_corpus(tmp_path / "corpus", [[text * 3 for _ in range(30)]], holdout=[[text * 3]])
+    r = CliRunner().invoke(main, ["make-instances", str(tmp_path / "corpus"), "--tokenizer", str(modern),
+                                  "--out", str(tmp_path / "inst"), "--max-seq-length", "48", "--objective", "none",
+                                  "--mode", "dynamic", "--no-progress"])
+    assert r.exit_code == 0, r.output
+    row = InstanceDataset(tmp_path / "inst", "train").tokens(0)
+    assert tok.token_to_id("[UNK]") not in row.tolist()
+    said = tok.decode(row.tolist(), skip_special_tokens=True)
+    assert row[0] == cls and said.split() == tok.decode(tok.encode(said).ids, skip_special_tokens=True).split()
+    result = pretrain(PretrainConfig(instances=str(tmp_path / "inst"), out=str(tmp_path / "run"),
+                                     init_from=str(modern), objective="mlm", max_steps=2, micro_batch=4,
+                                     optimizer="adamw", schedule="wsd", warmup=0, decay=1.0, num_workers=0,
+                                     eval_every=0, progress=False, report_to="none"))
+    assert result["step"] == 2
+    out = export(tmp_path / "run", tmp_path / "model")
+    assert transformers.AutoModelForMaskedLM.from_pretrained(out).config.vocab_size == tok.get_vocab_size()
+    assert Tokenizer.from_file(str(out / "tokenizer.json")).encode(text[1]).ids == tok.encode(text[1]).ids
+
+    (tmp_path / "ko").mkdir()
+    (tmp_path / "ko" / "vocab.txt").write_text("\n".join(SPECIALS + ["서울", "##은"]) + "\n")
+    r = CliRunner().invoke(main, ["extend-vocab", str(modern), "--tokenizer", str(tmp_path / "ko"), "--out",
+                                  str(tmp_path / "ext")])
+    assert r.exit_code != 0 and "BPE model" in r.output and "its own vocabulary" in r.output
+    assert not (tmp_path / "ext").exists()
+    r = CliRunner().invoke(main, ["extend-vocab", str(released), "--tokenizer", str(modern), "--out",
+                                  str(tmp_path / "ext")])   # a WordPiece model, a BPE tokenizer
+    assert r.exit_code != 0 and "--tokenizer" in r.output and "BPE model" in r.output
