@@ -1,11 +1,11 @@
 """Fill-mask: a pretrained model's top-k tokens at each [MASK] of a text (a quick check of any MLM checkpoint)."""
 import torch
 
-from bertkit.tokenization import MASK
+from bertkit.tokenization import MASK, token_text
 
 
 def fill_mask_predictions(model, tokenizer, texts, top_k: int = 5, device="cpu") -> list:
-    """For each text, for each [MASK] in it: a list of (token, probability), best first.
+    """For each text, for each [MASK] in it: a list of (token as it reads, probability), best first.
 
     model: a bertkit BertForPreTraining; tokenizer: a `tokenizers.Tokenizer` that adds [CLS]/[SEP].
     Raises ValueError for a text without [MASK] or longer than the model's positions.
@@ -29,7 +29,7 @@ def fill_mask_predictions(model, tokenizer, texts, top_k: int = 5, device="cpu")
         probs = out.mlm_logits[0].float().softmax(-1)
         top = probs.topk(min(top_k, probs.shape[-1]), dim=-1)
         results.append([
-            [(tokenizer.id_to_token(int(i)), float(p)) for p, i in zip(top.values[m], top.indices[m])]
+            [(token_text(tokenizer, int(i)), float(p)) for p, i in zip(top.values[m], top.indices[m])]
             for m in range(len(positions))
         ])
     return results

@@ -337,3 +337,23 @@ def vocab_sha256(path) -> str:
     import hashlib
 
     return hashlib.sha256(vocab_text(vocab_tokens(path))).hexdigest()
+
+
+def _byte_of_char() -> dict[str, int]:
+    """A byte-level BPE writes each byte as one printable character (GPT-2's table: printable Latin-1 bytes as
+    themselves, the others shifted past 255, so a space is 'Ġ'); this is the way back."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    shifted = [b for b in range(256) if b not in printable]
+    return {**{chr(b): b for b in printable}, **{chr(256 + i): b for i, b in enumerate(shifted)}}
+
+
+BYTE_OF_CHAR = _byte_of_char()
+
+
+def token_text(tokenizer: Tokenizer, token_id: int) -> str:
+    """How a token reads to a person: a byte-level BPE's as its text ('Ġ' a space; the bytes of a character cut
+    between tokens as \\xNN), any other as it is (WordPiece's ##s, special tokens)."""
+    token = tokenizer.id_to_token(token_id)
+    if type(tokenizer.decoder).__name__ != "ByteLevel" or token is None or not all(c in BYTE_OF_CHAR for c in token):
+        return token
+    return bytes(BYTE_OF_CHAR[c] for c in token).decode("utf-8", errors="backslashreplace")

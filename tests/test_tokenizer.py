@@ -415,3 +415,37 @@ def test_every_character_a_word_can_hold_has_its_continuation_piece(tmp_path):
         assert c in vocab and CONTINUATION + c not in vocab
     train_tokenizer(corpus, tmp_path / "again", config)
     assert (tmp_path / "again" / "vocab.txt").read_bytes() == (tmp_path / "tok" / "vocab.txt").read_bytes()
+
+
+def test_a_byte_level_bpe_s_tokens_read_as_their_text_and_wordpiece_s_as_they_are():
+    """token_text (what fill-mask prints): a byte-level BPE token as tokenizers' own ByteLevel decoder reads it where
+    its bytes are whole characters, as \\xNN escapes of exactly its bytes where a character is cut; WordPiece's as
+    written."""
+    import codecs
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from bertkit.tokenization import build_tokenizer, token_text
+
+    text = ["서울은 대한민국의 수도이다. The café's model reads Korean text."] * 20
+    bpe = Tokenizer(models.BPE(unk_token="[UNK]"))
+    bpe.pre_tokenizer, bpe.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    bpe.train_from_iterator(text, trainers.BpeTrainer(vocab_size=400, special_tokens=["[PAD]", "[UNK]", "[MASK]"],
+                                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    whole = cut = 0
+    for i in range(bpe.get_vocab_size()):
+        token, read = bpe.id_to_token(i), token_text(bpe, i)
+        reference = bpe.decoder.decode([token])
+        if token.startswith("["):
+            assert read == token
+        elif "\ufffd" not in reference:
+            assert read == reference
+            whole += 1
+        else:   # the escapes are the token's bytes: read back, they decode as tokenizers' lossy decoder does
+            assert "\\x" in read
+            assert codecs.escape_decode(read.encode("utf-8"))[0].decode("utf-8", "replace") == reference
+            cut += 1
+    assert token_text(bpe, bpe.token_to_id("Ġmodel")) == " model" and whole > 100 and cut > 0
+    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "café", "##s", "서울"]
+    wordpiece = build_tokenizer({t: i for i, t in enumerate(tokens)})
+    assert [token_text(wordpiece, i) for i in range(len(tokens))] == tokens

@@ -60,7 +60,8 @@ def fill_mask(model_dir, top_k, device, kernels, texts):
             if len(masks) > 1:
                 click.echo(f"  [MASK] {n}:")
             for rank, (token, prob) in enumerate(predictions, 1):
-                click.echo(f"  {rank:>2}. {padded(token, 20)} {prob:.4f}")
+                shown = token if token and token.strip() == token else f"'{token}'"   # a BPE's ' word' shows its space
+                click.echo(f"  {rank:>2}. {padded(shown, 20)} {prob:.4f}")
 
 
 def padded(text: str, columns: int) -> str:
