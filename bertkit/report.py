@@ -158,7 +158,7 @@ def _notes(records: list[dict]) -> str:
         if "plateau" in r:
             p = r["plateau"]
             items.append(f"step {r['step']}: held-out [MASK] accuracy was still at the unigram baseline "
-                         f"({100 * p['baseline']:.1f} %, always guessing {p['token']!r}): the model had not left the "
+                         f"({100 * p['baseline']:.1f} %, always guessing '{p['token']}'): the model had not left the "
                          "plateau (the log's note says what usually moves it)")
         if "rollback_to" in r:
             items.append(f"step {r['step']}: {r.get('rollback_reason')}; rolled back to step {r['rollback_to']}")

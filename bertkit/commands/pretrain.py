@@ -216,6 +216,8 @@ def pretrain(**flags):
 
 
 def _run_plan(flags: dict, given: set) -> None:
+    from bertkit.fileio import FolderError
+    from bertkit.formats import FormatError
     from bertkit.pretrain import ConfigError, TrainingError
     from bertkit.pretrain.plan import run_plan
 
@@ -226,9 +228,7 @@ def _run_plan(flags: dict, given: set) -> None:
     try:
         record = run_plan(flags["plan"], flags["out"], flags["progress"], flags["plan_scale"],
                           plan_settings(flags["plan_set"]))
-    except ConfigError as e:
-        raise click.ClickException(str(e)) from e
-    except TrainingError as e:
+    except (FormatError, FolderError, ConfigError, TrainingError) as e:
         raise click.ClickException(str(e)) from e
     for phase in record["phases"]:
         click.echo(f"phase {phase['name']}: step {phase['step']}, {'done' if phase['done'] else 'stopped'}: "

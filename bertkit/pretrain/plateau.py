@@ -23,12 +23,13 @@ class Plateau:
         if not labels:
             return None
         token_id, count = labels.most_common(1)[0]
-        vocab_file = holdout.dir / "vocab.txt"
-        if vocab_file.is_file():
-            from bertkit.tokenization import read_vocab
+        from bertkit.tokenization import TokenizerError, load_tokenizer, token_text
 
-            vocab = read_vocab(vocab_file)
-        return cls(count / sum(labels.values()), vocab[token_id] if vocab_file.is_file() else f"id {token_id}")
+        try:   # as a person reads it (a byte-level BPE's bytes as text)
+            token = token_text(load_tokenizer(holdout.dir), token_id)
+        except TokenizerError:
+            token = None
+        return cls(count / sum(labels.values()), token or f"id {token_id}")
 
     def check(self, ev: dict, step: int, progress: float) -> str | None:
         """The message, once, when the held-out [MASK] accuracy is still within MARGIN of the baseline."""
@@ -37,7 +38,7 @@ class Plateau:
             return None
         self.said = True
         return (f"note: held-out [MASK] accuracy {100 * acc:.1f} % at step {step} is not above the unigram baseline "
-                f"({100 * self.baseline:.1f} %, always guessing {self.token!r}): the model has not left the plateau. "
+                f"({100 * self.baseline:.1f} %, always guessing '{self.token}'): the model has not left the plateau. "
                 "What usually moves it: a learning rate and batch that fit the model size (tiny models take 1e-3), "
                 "more steps, a corpus without repeated lines (prepare-corpus removes exact duplicates; see its "
                 "manifest), sequences long enough for the objective; on a small budget `--recipe budget` (MLM only, "
