@@ -113,6 +113,9 @@ def test_plans_that_cannot_run_say_which_phase_and_setting(plan, tmp_path):
     r = CliRunner().invoke(main, ["pretrain", "--plan", str(plan / "plan.toml"), "--out", str(tmp_path / "r"),
                                   "--lr", "1e-3"])
     assert r.exit_code == 2 and "--lr with --plan: put the setting in the plan" in r.output
+    (tmp_path / "gone.toml").write_text(f'batch_tokens = 64\n[[phase]]\ninstances = "{tmp_path / "gone"}"\n')
+    r = CliRunner().invoke(main, ["pretrain", "--plan", str(tmp_path / "gone.toml"), "--out", str(tmp_path / "r")])
+    assert r.exit_code == 1 and "no such instances folder" in r.output and r.exception.__class__ is SystemExit
 
 
 def test_a_phase_given_in_tokens_runs_the_steps_they_make(plan, tmp_path):
