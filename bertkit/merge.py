@@ -15,14 +15,23 @@ class MergeError(ValueError):
     pass
 
 
+RECORDS = ("bertkit", "_name_or_path", "transformers_version", "architectures")
+# settings that neither shape the weights nor change what they compute in the encoder: how they were initialised,
+# dropped out, stored, or read by a fine-tuning head (a released folder and a bertkit export of it differ here)
+NOT_ARCHITECTURE = ("dropout", "classifier_", "initializer_", "dtype", "sparse_pred", "deterministic_",
+                    "reference_compile", "repad_", "use_cache")
+
+
 def _architecture(folder: Path) -> dict:
-    """config.json less what does not shape the weights (bertkit's record, names, versions)."""
+    """config.json's settings that shape the weights or what they compute (not records, dropout, initialisation,
+    storage type or fine-tuning heads' settings)."""
     try:
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise MergeError(f"{folder}: no readable config.json ({e}); give export folders") from None
-    return {k: v for k, v in config.items() if k not in ("bertkit", "_name_or_path", "transformers_version",
-                                                          "architectures", "torch_dtype")}
+    if not isinstance(config, dict):
+        raise MergeError(f"{folder}: config.json is not a JSON object; give export folders")
+    return {k: v for k, v in config.items() if k not in RECORDS and not any(n in k for n in NOT_ARCHITECTURE)}
 
 
 def _vocabulary(folder: Path) -> dict | None:
@@ -43,7 +52,9 @@ def check_mergeable(folders: list[Path]) -> None:
     first, vocab = _architecture(folders[0]), _vocabulary(folders[0])
     for folder in folders[1:]:
         other = _architecture(folder)
-        differs = sorted(k for k in set(first) | set(other) if first.get(k) != other.get(k))
+        # a setting one folder leaves out (or null) is its writer's default, which the other may spell out
+        differs = sorted(k for k in set(first) & set(other)
+                         if None not in (first[k], other[k]) and first[k] != other[k])
         if differs:
             raise MergeError(f"{folder}: another architecture than {folders[0]} ({differs[0]}: {other.get(differs[0])}"
                              f" against {first.get(differs[0])}); merge models of one shape")

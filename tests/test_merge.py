@@ -113,3 +113,24 @@ def test_vocabularies_held_only_in_tokenizer_json_are_compared(tmp_path):
     (same / "tokenizer.json").unlink()   # one folder says its vocabulary, the other does not
     with pytest.raises(MergeError, match="another vocabulary"):
         merge([a, same], tmp_path / "y")
+
+
+def test_ties_against_a_released_base_whose_config_spells_things_otherwise(tmp_path):
+    """A released folder and bertkit's exports of models trained from it differ in config.json where the weights do
+    not (initialisation, dropout, storage type, a fine-tuning head's pooling, a default left out): TIES against it
+    is merged; a setting that changes what the same-shaped weights compute (the activation) is refused."""
+    a, b = model_folder(tmp_path, "a", 0), model_folder(tmp_path, "b", 1)
+
+    def base_with(name, **changes):
+        folder = model_folder(tmp_path, name, 2)
+        config = json.loads((folder / "config.json").read_text())
+        config = {k: v for k, v in {**config, **changes}.items() if v != "leave out"}
+        (folder / "config.json").write_text(json.dumps(config))
+        return folder
+
+    spelled = base_with("released", classifier_pooling="cls", classifier_dropout=0.3, initializer_range=0.05,
+                        hidden_dropout_prob=0.0, torch_dtype="bfloat16", transformers_version="5.0",
+                        layer_norm_eps="leave out", position_embedding_type=None)
+    assert merge([a, b], tmp_path / "t", method="ties", base=spelled, density=0.5).is_dir()
+    with pytest.raises(MergeError, match="another architecture.*hidden_act"):
+        merge([a, b], tmp_path / "u", method="ties", base=base_with("relu", hidden_act="relu"))
