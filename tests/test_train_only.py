@@ -77,3 +77,12 @@ max_steps = 2
     assert any(k.startswith("bert.layers.") for k in moved(head, final))   # the encoder trains again
     config = json.loads((tmp_path / "run" / "02-all" / "config.json").read_text())["pretrain"]
     assert config["init_optimizer"] is False and config["train_only"] == []
+
+
+def test_a_plan_may_name_the_parts_as_on_the_command_line(tmp_path):
+    from bertkit.pretrain.plan import phase_config
+
+    inst = make_instances_dir(tmp_path / "inst", n=16, holdout=2, max_len=32)
+    for given in ("head, embeddings", ["head", "embeddings"]):
+        cfg = phase_config({"instances": str(inst)}, {"name": "a", "train_only": given}, 0, tmp_path, None, False)
+        assert cfg.train_only == ("head", "embeddings")

@@ -113,6 +113,8 @@ def phase_config(defaults: dict, phase: dict, index: int, out: Path, previous: P
     if "mixture" in settings:
         settings["mixture"] = tuple(settings["mixture"])
         settings.setdefault("instances", "instances")
+    if isinstance(settings.get("train_only"), str):   # "head,embeddings" as on the command line
+        settings["train_only"] = [part.strip() for part in settings["train_only"].split(",") if part.strip()]
     for name in ("betas", "train_only"):
         if name in settings:
             settings[name] = tuple(settings[name])
