@@ -86,3 +86,5 @@ def test_a_plan_may_name_the_parts_as_on_the_command_line(tmp_path):
     for given in ("head, embeddings", ["head", "embeddings"]):
         cfg = phase_config({"instances": str(inst)}, {"name": "a", "train_only": given}, 0, tmp_path, None, False)
         assert cfg.train_only == ("head", "embeddings")
+    mixed = phase_config({}, {"name": "b", "mixture": f"{inst}=0.7, {inst}=0.3"}, 0, tmp_path, None, False)
+    assert mixed.mixture == (f"{inst}=0.7", f"{inst}=0.3")   # a mixture too

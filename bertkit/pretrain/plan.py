@@ -110,12 +110,12 @@ def phase_config(defaults: dict, phase: dict, index: int, out: Path, previous: P
                  progress: bool, before: dict | None = None) -> PretrainConfig:
     """`phase` (after the phase `before`, whose run folder is `previous`) as a PretrainConfig."""
     settings = {**defaults, **{k: v for k, v in phase.items() if k not in ("name", "tokens")}}
+    for name in ("mixture", "train_only"):   # a list, or "a=0.7, b=0.3" as on the command line
+        if isinstance(settings.get(name), str):
+            settings[name] = [item.strip() for item in settings[name].split(",") if item.strip()]
     if "mixture" in settings:
-        settings["mixture"] = tuple(settings["mixture"])
         settings.setdefault("instances", "instances")
-    if isinstance(settings.get("train_only"), str):   # "head,embeddings" as on the command line
-        settings["train_only"] = [part.strip() for part in settings["train_only"].split(",") if part.strip()]
-    for name in ("betas", "train_only"):
+    for name in ("betas", "mixture", "train_only"):
         if name in settings:
             settings[name] = tuple(settings[name])
     settings["seed"] = int(settings.get("seed", 42)) + index   # a data order of its own
