@@ -110,6 +110,14 @@ def test_plans_that_cannot_run_say_which_phase_and_setting(plan, tmp_path):
     refused('[[phase]]\nname = "a"\n[[phase]]\nname = "a"\n', "phase 2's name 'a'")
     refused('[[phase]]\n[[phase]]\ninit_from = "x"\n', "phase 2 sets init_from")
     refused('[[phase]]\nout = "x"\n', "phase 1 sets 'out'")
+    refused('[[phase]]\nmax_steps = "3"\n', "phase 1 sets max_steps = '3'; give a whole number")
+    refused('[[phase]]\nmax_steps = 2.5\n', "max_steps = 2.5; give a whole number")
+    refused('unpadded = "yes"\n[[phase]]\n', "the top level sets unpadded = 'yes'; give true or false")
+    refused('[[phase]]\nlr = "1e-3"\n', "give a number")
+    refused('[[phase]]\ntime_budget = "soon"\n', "phase 1: time_budget 'soon' is not a duration")
+    (tmp_path / "p.toml").write_text('[[phase]]\ntime_budget = "1h30m"\n[[phase]]\nmax_steps = 1e3\n')
+    _, phases = read_plan(tmp_path / "p.toml")   # as on the command line; a whole number written 1e3 as an int
+    assert phases[0]["time_budget"] == 5400.0 and phases[1]["max_steps"] == 1000 and type(phases[1]["max_steps"]) is int
     r = CliRunner().invoke(main, ["pretrain", "--plan", str(plan / "plan.toml"), "--out", str(tmp_path / "r"),
                                   "--lr", "1e-3"])
     assert r.exit_code == 2 and "--lr with --plan: put the setting in the plan" in r.output

@@ -93,6 +93,8 @@ def read_plan(path, scale: float = 1.0, overrides: dict | None = None) -> tuple[
         if unknown:
             raise ConfigError(f"--plan {path}: {where} sets {sorted(unknown)[0]!r}, not a pretrain setting (the "
                               "flags' names with _ for -, e.g. max_steps)")
+    data = typed(data, path, "the top level")
+    phases = [typed(p, path, f"phase {i + 1}") for i, p in enumerate(phases)]
     for i, phase in enumerate(phases):
         if "tokens" in phase and "max_steps" in phase:
             raise ConfigError(f"--plan {path}: phase {i + 1} gives both tokens and max_steps; its length is one")
@@ -104,6 +106,31 @@ def read_plan(path, scale: float = 1.0, overrides: dict | None = None) -> tuple[
             raise ConfigError(f"--plan {path}: phase {i + 1}'s name {name!r}: letters, digits, - and _, once each")
         names.append(name)
     return scaled(data, scale), [scaled({**p, "name": n}, scale) for p, n in zip(phases, names)]
+
+
+def typed(settings: dict, path, where: str) -> dict:
+    """Each setting of the type its flag takes: time_budget as on the command line ("2h") in seconds, a whole
+    number written 1e3 as an int; text where a number or true/false belongs refused, naming where."""
+    from bertkit.pretrain.budget import parse_duration
+
+    kinds = {f.name: str(f.type).replace("<class '", "").replace("'>", "").replace(" | None", "")
+             for f in fields(PretrainConfig)}   # int, float, bool, str, tuple
+    out = dict(settings)
+    for key, value in settings.items():
+        kind = kinds.get(key)
+        fraction = isinstance(value, float) and not value.is_integer()
+        if key == "time_budget" and isinstance(value, str):
+            try:
+                out[key] = parse_duration(value)
+            except ValueError as e:
+                raise ConfigError(f"--plan {path}: {where}: time_budget {e}") from None
+        elif kind == "bool" and not isinstance(value, bool) or \
+                kind in ("int", "float") and (isinstance(value, (str, bool)) or kind == "int" and fraction):
+            want = {"bool": "true or false", "int": "a whole number"}.get(kind, "a number")
+            raise ConfigError(f"--plan {path}: {where} sets {key} = {value!r}; give {want}")
+        elif kind == "int" and isinstance(value, float):
+            out[key] = int(value)
+    return out
 
 
 def phase_config(defaults: dict, phase: dict, index: int, out: Path, previous: Path | None,
