@@ -229,7 +229,8 @@ def plan_report(plan_dir: Path) -> str:
                      "tokens": phase.get("tokens"), "sequences a step": phase.get("global_batch"),
                      "length": phase.get("max_seq_length"), "masked_lm_prob": settings.get("masked_lm_prob"),
                      "rope_theta": settings.get("rope_theta"),
-                     "rope_theta_local": settings.get("rope_theta_local"), "optimizer state": (
+                     "rope_theta_local": settings.get("rope_theta_local"),
+                     "trains": ",".join(settings.get("train_only") or []) or "all", "optimizer state": (
                          "carried" if settings.get("init_optimizer") else "new"),
                      "done": phase.get("done"), "last checkpoint": Path(phase.get("checkpoint") or "").name})
         offset += phase.get("step") or 0

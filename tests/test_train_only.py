@@ -77,6 +77,10 @@ max_steps = 2
     assert any(k.startswith("bert.layers.") for k in moved(head, final))   # the encoder trains again
     config = json.loads((tmp_path / "run" / "02-all" / "config.json").read_text())["pretrain"]
     assert config["init_optimizer"] is False and config["train_only"] == []
+    from bertkit.report import report
+
+    page = report(tmp_path / "run").read_text()   # the phase table says what each phase trained
+    assert "<td>&quot;head&quot;</td>" in page and "<td>&quot;all&quot;</td>" in page
 
 
 def test_a_plan_may_name_the_parts_as_on_the_command_line(tmp_path):
