@@ -391,7 +391,8 @@ class _Rows:
         self.dataset, self.pad_multiple, self.unpadded, self.split_at = dataset, pad_multiple, unpadded, split_at
 
     def __getitem__(self, keys):
-        rows = [self.dataset[k] for k in keys]
+        batched = getattr(self.dataset, "rows", None)   # a mixture finds a micro batch's rows together
+        rows = batched(keys) if batched else [self.dataset[k] for k in keys]
         if self.unpadded:
             return collate_packed(rows, self.pad_multiple, self.split_at)
         return collate(rows, self.pad_multiple)

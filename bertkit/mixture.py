@@ -129,11 +129,20 @@ class Mixture:
         return kept[1]
 
     def __getitem__(self, key):
-        epoch, slot, *rate = key   # a scheduled masking rate passes through to the source
-        if not 0 <= slot < len(self):
-            raise IndexError(f"slot {slot} out of range ({len(self)} in the mixture)")
-        source, passes, row = (int(x[0]) for x in self.rows_of(int(epoch), [slot]))
-        return self.datasets[source][(passes, row, *rate)]
+        return self.rows([key])[0]
+
+    def rows(self, keys) -> list[dict]:
+        """The rows of (epoch, slot[, rate]) keys (a scheduled masking rate passes through to the source), a micro
+        batch's sources and rows found together: a row at a time, finding them cost three times the reading."""
+        keys, found = [tuple(k) for k in keys], {}
+        for epoch in sorted({int(k[0]) for k in keys}):
+            mine = [i for i, k in enumerate(keys) if int(k[0]) == epoch]
+            slots = [int(keys[i][1]) for i in mine]
+            for slot in (s for s in slots if not 0 <= s < len(self)):
+                raise IndexError(f"slot {slot} out of range ({len(self)} in the mixture)")
+            for i, source, passes, row in zip(mine, *(x.tolist() for x in self.rows_of(epoch, slots))):
+                found[i] = self.datasets[source][(passes, row, *keys[i][2:])]
+        return [found[i] for i in range(len(keys))]
 
     def realised(self, sampler, micro_batches: int) -> dict:
         """Rows and tokens of each source in the first `micro_batches` micro batches every rank drew from `sampler`

@@ -63,6 +63,22 @@ def test_every_epoch_holds_each_source_in_its_share():
     assert not seen_big[0] & seen_big[1] and len(seen_big[0] | seen_big[1] | seen_big[2]) == 240
 
 
+def test_a_micro_batch_s_rows_found_together_are_those_found_one_by_one():
+    """Mixture.rows (what the loader reads a micro batch with) against finding each key's source and row alone,
+    over keys of three epochs in any order, some with a scheduled rate."""
+    mixture = Mixture([Rows("big", 300), Rows("small", 20)], np.array([0.25, 0.75]), seed=3)
+    rng = np.random.default_rng(0)
+    keys = [(int(e), int(s), *([0.2] if i % 3 == 0 else []))
+            for i, (e, s) in enumerate(zip(rng.integers(0, 3, 64), rng.integers(0, 320, 64)))]
+    alone = []
+    for epoch, slot, *rate in keys:
+        source, passes, row = (int(x[0]) for x in mixture.rows_of(epoch, [slot]))
+        alone.append(mixture.datasets[source][(passes, row, *rate)])
+    assert mixture.rows(keys) == alone and mixture[keys[0]] == alone[0]
+    with pytest.raises(IndexError, match="slot 320 out of range"):
+        mixture.rows([(0, 5), (1, 320)])
+
+
 @pytest.mark.parametrize("world", [1, 2])
 def test_realised_counts_what_every_rank_drew(world):
     """Mixture.realised against the rows every rank's micro batches held, counted one by one."""
