@@ -8,6 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from bertkit.cli import main
+from bertkit.data import InstanceDataset
 from bertkit.pretrain import ConfigError
 from bertkit.pretrain.plan import read_plan, run_plan
 from bertkit.testing import make_instances_dir
@@ -156,6 +157,24 @@ def test_a_phase_given_in_tokens_runs_the_steps_they_make(plan, tmp_path):
     (tmp_path / "both.toml").write_text('[[phase]]\ntokens = 5\nmax_steps = 3\n')
     with pytest.raises(ConfigError, match="both tokens and max_steps"):
         read_plan(tmp_path / "both.toml")
+
+
+def test_a_run_s_lengths_given_in_tokens_on_the_command_line(plan, tmp_path, clean_dist_env):
+    """pretrain --max-tokens (and --warmup-tokens, --save-every-tokens, --eval-every-tokens) without a plan: the
+    steps recorded in config.json are the tokens over micro batch x the mean row length, rounded up."""
+    import math
+
+    per_step = 8 * InstanceDataset(plan / "ko", "train").lengths().mean()
+    args = ["pretrain", "--instances", str(plan / "ko"), "--model", str(plan / "model.json"), "--micro-batch", "8",
+            "--optimizer", "adamw", "--num-workers", "0", "--report-to", "none", "--no-progress"]
+    r = CliRunner().invoke(main, args + ["--out", str(tmp_path / "run"), "--max-tokens", "1500", "--warmup-tokens",
+                                         "300", "--save-every-tokens", "600", "--eval-every-tokens", "900"])
+    assert r.exit_code == 0, r.output
+    recorded = json.loads((tmp_path / "run" / "config.json").read_text())["pretrain"]
+    assert [recorded[k] for k in ("max_steps", "warmup", "save_every", "eval_every")] == [
+        math.ceil(t / per_step) for t in (1500, 300, 600, 900)]
+    r = CliRunner().invoke(main, args + ["--out", str(tmp_path / "x"), "--max-tokens", "1500", "--max-steps", "3"])
+    assert r.exit_code == 2 and "--max-tokens and --max-steps: give one" in r.output
 
 
 def test_three_phases_of_a_tiny_modernbert_as_the_issue_measures_them(tmp_path, clean_dist_env, monkeypatch):

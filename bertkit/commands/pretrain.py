@@ -76,6 +76,14 @@ class Duration(click.ParamType):
 @click.option("--max-steps", type=click.IntRange(min=1),
               help="Optimizer steps  [default: 10000; with --time-budget: until the time is spent; with "
                    "--schedule-from: the steps recorded there].")
+@click.option("--max-tokens", type=POSITIVE, metavar="TOKENS",
+              help="The run's length in tokens (2e9): steps = tokens / (sequences a step x the mean tokens of the "
+                   "data's rows), rounded up; --warmup-tokens, --save-every-tokens, --eval-every-tokens and "
+                   "--batch-warmup-tokens likewise.")
+@click.option("--warmup-tokens", type=POSITIVE, metavar="TOKENS", help="--warmup in tokens.")
+@click.option("--save-every-tokens", type=POSITIVE, metavar="TOKENS", help="--save-every in tokens.")
+@click.option("--eval-every-tokens", type=POSITIVE, metavar="TOKENS", help="--eval-every in tokens.")
+@click.option("--batch-warmup-tokens", type=POSITIVE, metavar="TOKENS", help="--batch-warmup-steps in tokens.")
 @click.option("--time-budget", type=Duration(),
               help="Train for this long (2h, 30m, 1h30m): warmup and decay follow the clock, then save and stop. "
                    "The run records its schedule, and --resume counts the time already used.")
@@ -198,6 +206,7 @@ def pretrain(**flags):
     for name in ("mixture", "train_only"):
         flags[name] = tuple(x.strip() for x in flags[name].split(",") if x.strip()) if flags[name] else ()
     try:
+        flags = flags_in_steps(flags, given)
         result = run(PretrainConfig(**flags), given=given)  # on --resume, a flag not given is the run's own
     except (FormatError, FolderError, ConfigError, TrainingError) as e:
         raise click.ClickException(str(e)) from e
@@ -213,6 +222,21 @@ def pretrain(**flags):
             click.echo(f"next: bertkit export {flags['out']} --out model/", err=True)
     if result.get("stopped_by_signal"):  # saved, but not finished: 130 / 143 as shells expect, so `&& export` waits
         raise SystemExit(128 + int(result["stopped_by_signal"]))
+
+
+def flags_in_steps(flags: dict, given: set) -> dict:
+    """--max-tokens and the other lengths in tokens as the step flags they stand for (added to `given`)."""
+    from bertkit.pretrain.plan import IN_TOKENS, in_steps
+
+    in_tokens = {name: flags.pop(name) for name in ("max_tokens", *IN_TOKENS)}
+    named = {"max_tokens": "max_steps", **IN_TOKENS}
+    for name in (n for n, value in in_tokens.items() if value is not None):
+        if named[name] in given:
+            raise click.UsageError(f"--{name.replace('_', '-')} and --{named[name].replace('_', '-')}: give one")
+        given.add(named[name])
+    tokens = in_tokens.pop("max_tokens")
+    settings = in_steps({**flags, **{k: v for k, v in in_tokens.items() if v is not None}}, tokens)
+    return {k: v for k, v in settings.items() if k in flags or k in named.values()}
 
 
 def _run_plan(flags: dict, given: set) -> None:

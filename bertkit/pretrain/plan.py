@@ -153,18 +153,26 @@ def phase_config(defaults: dict, phase: dict, index: int, out: Path, previous: P
         settings.setdefault("init_optimizer", trained[0] == trained[1])
     if "batch_tokens" in settings:
         settings.update(batch_for_tokens(settings, int(settings.pop("batch_tokens")), phase["name"]))
-    in_tokens = {setting: settings.pop(key) for key, setting in IN_TOKENS.items() if key in settings}
-    if "tokens" in phase:
-        in_tokens["max_steps"] = phase["tokens"]
-    if in_tokens:   # the phase's data read once for all of them
-        per_step = tokens_a_step(settings)
-        settings.update({setting: max(1, math.ceil(float(tokens) / per_step)) for setting, tokens in in_tokens.items()})
+    settings = in_steps(settings, phase.get("tokens"))
     folder = out / f"{index + 1:02d}-{phase['name']}"
     try:
         return PretrainConfig(**settings, out=str(folder), progress=progress,
                               resume=(folder / "checkpoints" / "latest").is_file())
     except TypeError as e:   # a required setting missing (instances)
         raise ConfigError(f"--plan: phase {phase['name']}: {e}") from None
+
+
+def in_steps(settings: dict, tokens: float | None = None) -> dict:
+    """`settings` with each length given in tokens (IN_TOKENS' keys, and `tokens` the run's) as steps at the tokens
+    a step of its data holds, rounded up."""
+    settings = dict(settings)
+    in_tokens = {setting: settings.pop(key) for key, setting in IN_TOKENS.items() if key in settings}
+    if tokens is not None:
+        in_tokens["max_steps"] = tokens
+    if in_tokens:   # the data read once for all of them
+        per_step = tokens_a_step(settings)
+        settings.update({setting: max(1, math.ceil(float(value) / per_step)) for setting, value in in_tokens.items()})
+    return settings
 
 
 def data_folders(mixture, instances) -> list[str]:
