@@ -3,6 +3,7 @@ pair, ModernBERT, or a registered one), sized to the instances' vocabulary, with
 folder or a model folder) when given, or the shape of the run being resumed (whose weights then come from its
 checkpoint). Nothing here knows a family: it asks the spec."""
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -85,8 +86,9 @@ def train_only(model, parts, objective: str) -> int:
     for p in model.parameters():
         p.requires_grad_(("head" in parts and id(p) not in in_encoder) or ("embeddings" in parts and p is words))
     trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    say(f"--train-only {','.join(parts)}: {trained:,} of {sum(p.numel() for p in model.parameters()):,} "
-        "parameters train; the rest are frozen")
+    if os.environ.get("RANK", "0") == "0":
+        say(f"--train-only {','.join(parts)}: {trained:,} of {sum(p.numel() for p in model.parameters()):,} "
+            "parameters train; the rest are frozen")
     return trained
 
 
