@@ -79,7 +79,7 @@ def test_schedules():
         sched.step()
     assert opt.param_groups[0]["lr"] == pytest.approx(2.0 * math.sqrt(1 - 20 / 90))
     with pytest.raises(ValueError, match="unknown schedule"):
-        build_scheduler(opt, 100, 10, "cosine")
+        build_scheduler(opt, 100, 10, "cosine-restarts")
 
 
 def _cfg(**kw):
