@@ -30,7 +30,7 @@ import statistics
 from pathlib import Path
 
 import _lib_path  # noqa: F401  (benchmarks/lib on the import path)
-from benchlib import SHARED, done, say, trained_to_the_end
+from benchlib import SHARED, done, masked_only_accuracy, say, trained_to_the_end
 from record import read_result, run_info, write_result
 
 from bertkit.testing import minilm_dir
@@ -146,6 +146,15 @@ def arm_model(args, arm: str, seed: int, made: list[int] | None) -> Path:
     return decayed(args.work, base, seed, args.steps, args.lr, args.head_steps if "-headfirst" in arm else 0)
 
 
+def held_out_mlm(args, base: str, made: list[int]) -> dict:
+    """Every-chosen-token-masked accuracy and loss (benchlib.masked_only_accuracy, 400 held-out rows) of each decay
+    seed's export and of their merge: the heads were drawn at random per seed, so a merge averages two heads."""
+    models = {f"decay/{seed}": decayed(args.work, base, seed, args.steps, args.lr) for seed in made}
+    models["merged"] = merged(args.work, base, made, args.steps, args.lr)
+    return {name: {k: round(v, 4) for k, v in masked_only_accuracy(model, args.work / f"{base}-instances").items()
+                   if k in ("masked_only_acc", "loss")} for name, model in models.items()}
+
+
 def finetune_name(args, arm: str, seed: int, made: list[int] | None) -> str:
     """The fine-tune's folder, named by what it starts from (a decay's budget, a merge's seeds)."""
     if arm.endswith("-merged"):
@@ -208,6 +217,9 @@ def main():
                 for key in [k for k in cells if k.split("/")[0] == arm]:
                     del cells[key]
                 result["merged_from"][base], result["summary"] = made, summary(cells)
+        if made and arm not in result.get("held_out_mlm", {}):   # the merge and its inputs on held-out Korean MLM
+            result.setdefault("held_out_mlm", {})[arm] = held_out_mlm(args, base, made)
+            write_result(NAME, result)
         for seed in args.seeds:
             if f"{arm}/{seed}" in cells:
                 continue
