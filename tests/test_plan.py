@@ -115,6 +115,8 @@ def test_plans_that_cannot_run_say_which_phase_and_setting(plan, tmp_path):
     refused('[[phase]]\nmax_steps = 2.5\n', "max_steps = 2.5; give a whole number")
     refused('unpadded = "yes"\n[[phase]]\n', "the top level sets unpadded = 'yes'; give true or false")
     refused('[[phase]]\nlr = "1e-3"\n', "give a number")
+    refused('[[phase]]\ntokens = "2e9"\n', "tokens = '2e9'; give a number")
+    refused('batch_tokens = 100.5\n[[phase]]\n', "batch_tokens = 100.5; give a whole number")
     refused('[[phase]]\ntime_budget = "soon"\n', "phase 1: time_budget 'soon' is not a duration")
     (tmp_path / "p.toml").write_text('[[phase]]\ntime_budget = "1h30m"\n[[phase]]\nmax_steps = 1e3\n')
     _, phases = read_plan(tmp_path / "p.toml")   # as on the command line; a whole number written 1e3 as an int

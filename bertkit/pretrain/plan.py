@@ -115,6 +115,7 @@ def typed(settings: dict, path, where: str) -> dict:
 
     kinds = {f.name: str(f.type).replace("<class '", "").replace("'>", "").replace(" | None", "")
              for f in fields(PretrainConfig)}   # int, float, bool, str, tuple
+    kinds.update({**dict.fromkeys((*IN_TOKENS, "tokens"), "float"), "batch_tokens": "int"})   # a plan's own
     out = dict(settings)
     for key, value in settings.items():
         kind = kinds.get(key)
